@@ -1,0 +1,1 @@
+//! Kernel OOM-killer reports: parsing every layout the kernel has printed.

@@ -1,0 +1,1 @@
+//! Reading the live kernel log: /dev/kmsg, then dmesg, then journalctl -k.

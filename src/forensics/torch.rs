@@ -1,0 +1,1 @@
+//! PyTorch error messages: CUDA out-of-memory and DataLoader worker deaths.

@@ -1,0 +1,2 @@
+//! oomguard binary entry point.
+fn main() {}

@@ -1,0 +1,1 @@
+//! GPU memory through NVML (nvml-wrapper), loaded at run time.

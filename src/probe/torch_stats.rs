@@ -1,0 +1,1 @@
+//! PyTorch caching-allocator statistics reported from inside the job (`--torch-stats`).
