@@ -1,2 +1,15 @@
-//! oomguard binary entry point.
-fn main() {}
+//! The `oomguard` binary: parses the command line, runs the subcommand and
+//! turns its result into the process exit code. Only this file (and the TUI)
+//! knows about the terminal.
+
+use clap::Parser;
+use oomguard::cli::{Cli, Command};
+use oomguard::run::{RunConfig, run};
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Run(args) => run(RunConfig::from_args(args)),
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,131 @@
+//! Command-line types (clap derive). Only what the user typed lives here;
+//! `run::RunConfig` holds the validated settings.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::units::{self, SizeOrPercent};
+
+/// Keep ML training jobs from being killed by the kernel OOM killer.
+#[derive(Debug, Parser)]
+#[command(name = "oomguard", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Launch a command and supervise its whole process tree.
+    Run(RunArgs),
+}
+
+/// Whether oomguard runs the job in a memory cgroup of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CgroupMode {
+    /// Create one where permitted (root with cgroup v1, or a delegated v2
+    /// subtree), otherwise follow the job through /proc.
+    Auto,
+    /// Never create a cgroup.
+    Off,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Write the NDJSON log (schema oomguard/1) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+
+    /// Time between samples.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
+    pub interval: Duration,
+
+    /// Maximum age of a PSS reading (smaps_rollup is swept in the
+    /// background at this cadence; between sweeps PSS follows RSS changes).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    pub pss_interval: Duration,
+
+    /// How often sample lines in the log carry per-process detail.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    pub procs_interval: Duration,
+
+    /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
+    #[arg(long, value_name = "SIZE|PCT", value_parser = size_or_percent)]
+    pub budget: Option<SizeOrPercent>,
+
+    /// Run the job in a memory cgroup of oomguard's own where permitted.
+    #[arg(long, value_enum, default_value_t = CgroupMode::Auto)]
+    pub cgroup: CgroupMode,
+
+    /// After SIGTERM, how long the tree may take to exit before SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    pub kill_after: Duration,
+
+    /// Do not print the summary at exit.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// The command to run, after `--`.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = units::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err(format!("'{s}' must be greater than zero"));
+    }
+    Ok(d)
+}
+
+fn size_or_percent(s: &str) -> Result<SizeOrPercent, String> {
+    units::parse_size_or_percent(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_parses() {
+        let c = Cli::try_parse_from([
+            "oomguard",
+            "run",
+            "--budget",
+            "75%",
+            "--interval",
+            "500ms",
+            "--",
+            "bash",
+            "-c",
+            "echo --log",
+        ])
+        .unwrap();
+        let Command::Run(r) = c.command;
+        assert_eq!(r.budget, Some(SizeOrPercent::Percent(75.0)));
+        assert_eq!(r.interval, Duration::from_millis(500));
+        assert_eq!(r.command, vec!["bash", "-c", "echo --log"]);
+        assert_eq!(r.log, None);
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(Cli::try_parse_from(["oomguard", "run", "--budget", "lots", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["oomguard", "run", "--interval", "0", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["oomguard", "run"]).is_err());
+    }
+}

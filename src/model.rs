@@ -1,0 +1,579 @@
+//! The vocabulary every other module speaks: one tick's raw readings
+//! (`Sample`) and what follows from them (`View`: ceilings, headroom, ETA).
+//!
+//! Plain data only. No file system, no clock, no runtime: time arrives as
+//! `Sample::t` (seconds since the run started), so everything here can be
+//! tested with hand-built sequences.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a process sits in the job (see design.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// sh, bash, env, timeout, srun, torchrun and other wrappers.
+    Launcher,
+    /// The first process below the launchers: the training script.
+    Trainer,
+    /// A descendant of a trainer (DataLoader workers).
+    Worker,
+    /// Anything else in the tree (orphans of unknown origin, helpers).
+    Other,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Launcher, Role::Trainer, Role::Worker, Role::Other];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Launcher => "launcher",
+            Role::Trainer => "trainer",
+            Role::Worker => "worker",
+            Role::Other => "other",
+        }
+    }
+}
+
+/// One process of the tree at one tick.
+///
+/// `pss_bytes` and `uss_bytes` come from `smaps_rollup`, which is expensive
+/// and therefore swept at most every `--pss-interval`; between sweeps they
+/// are carried forward by the process's RSS change, since fresh allocations
+/// are private and count fully. `swap_bytes` is the process's share of swap
+/// (SwapPss) from the same sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProcSample {
+    pub pid: u32,
+    pub ppid: u32,
+    pub role: Role,
+    pub comm: String,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+    pub uss_bytes: u64,
+    pub swap_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_bytes: Option<u64>,
+    /// Kernel start time in clock ticks: with `pid`, the identity of the
+    /// process (pids are reused).
+    #[serde(skip)]
+    pub start_time: u64,
+}
+
+/// Sums over the tree. The footprint is the PSS sum, never the RSS sum.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TreeTotals {
+    pub procs: u32,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+    pub uss_bytes: u64,
+    pub swap_bytes: u64,
+    /// What the job costs right now: the working set of the cgroup oomguard
+    /// created for it when it has one (exact, includes page cache it cannot
+    /// drop and `/dev/shm`), otherwise the PSS sum.
+    pub footprint_bytes: u64,
+    /// Age of the oldest `smaps_rollup` reading behind `pss_bytes`.
+    pub pss_age_seconds: f64,
+}
+
+/// Machine-wide memory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemSample {
+    pub mem_total_bytes: u64,
+    pub mem_available_bytes: u64,
+    pub swap_total_bytes: u64,
+    pub swap_used_bytes: u64,
+    pub swap_in_bytes_per_s: f64,
+    pub swap_out_bytes_per_s: f64,
+    /// `/proc/vmstat` `oom_kill`: kernel OOM kills anywhere on the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_kill_total: Option<u64>,
+}
+
+/// The job's memory cgroup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CgroupSample {
+    /// 1 or 2.
+    pub version: u8,
+    /// The job's cgroup, relative to the hierarchy root (`/a/b`).
+    pub path: String,
+    /// Raw usage of the job's cgroup (includes page cache).
+    pub usage_bytes: u64,
+    /// The tightest limit of the cgroup and its ancestors; null when none.
+    pub limit_bytes: Option<u64>,
+    /// OOM kills of processes in the job's cgroup.
+    pub oom_kill_count: Option<u64>,
+    /// The cgroup that holds `limit_bytes` (may be an ancestor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_path: Option<String>,
+    /// Usage minus inactive file cache of the cgroup holding the limit: what
+    /// the kernel cannot simply drop before it starts killing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_working_set_bytes: Option<u64>,
+    /// Whether oomguard created this cgroup for the job.
+    #[serde(default)]
+    pub owned: bool,
+}
+
+/// Memory pressure stall information (`/proc/pressure/memory` or the
+/// cgroup's `memory.pressure`): share of the last 10 s some / all tasks
+/// were stalled on memory, in percent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Psi {
+    pub some_avg10: f64,
+    pub full_avg10: f64,
+}
+
+/// One GPU at one tick (NVML).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub used_bytes: u64,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// NVML's driver reserve, not PyTorch's cache.
+    pub reserved_bytes: u64,
+    pub util_percent: Option<u32>,
+    /// GPU memory of processes in the tree.
+    #[serde(default)]
+    pub tree_bytes: u64,
+    /// GPU memory of processes outside the tree.
+    #[serde(default)]
+    pub foreign_bytes: u64,
+}
+
+/// The raw readings of one tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// Seconds since the run started.
+    pub t: f64,
+    pub tree: TreeTotals,
+    pub procs: Vec<ProcSample>,
+    pub system: SystemSample,
+    pub cgroup: Option<CgroupSample>,
+    pub psi: Option<Psi>,
+    pub gpus: Vec<GpuSample>,
+    /// The user's `--budget`, resolved to bytes.
+    pub budget_bytes: Option<u64>,
+}
+
+/// What kind of limit a ceiling is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CeilingSource {
+    Cgroup,
+    Budget,
+    System,
+}
+
+impl CeilingSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CeilingSource::Cgroup => "cgroup",
+            CeilingSource::Budget => "budget",
+            CeilingSource::System => "system",
+        }
+    }
+}
+
+/// A limit the job must stay under.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Ceiling {
+    pub source: CeilingSource,
+    pub bytes: u64,
+}
+
+/// A ceiling with how much is left under it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CeilingState {
+    pub ceiling: Ceiling,
+    pub used_bytes: u64,
+    pub headroom_bytes: u64,
+}
+
+impl CeilingState {
+    pub fn headroom_percent(&self) -> f64 {
+        percent(self.headroom_bytes, self.ceiling.bytes)
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (part as f64 / whole as f64 * 100.0).clamp(0.0, 100.0)
+    }
+}
+
+impl Sample {
+    /// Every ceiling that applies, with the headroom under it.
+    pub fn ceilings(&self) -> Vec<CeilingState> {
+        let mut out = Vec::with_capacity(3);
+        if let Some(cg) = &self.cgroup
+            && let Some(limit) = cg.limit_bytes
+        {
+            let used = cg.limit_working_set_bytes.unwrap_or(cg.usage_bytes);
+            out.push(CeilingState {
+                ceiling: Ceiling {
+                    source: CeilingSource::Cgroup,
+                    bytes: limit,
+                },
+                used_bytes: used,
+                headroom_bytes: limit.saturating_sub(used),
+            });
+        }
+        if let Some(budget) = self.budget_bytes {
+            out.push(CeilingState {
+                ceiling: Ceiling {
+                    source: CeilingSource::Budget,
+                    bytes: budget,
+                },
+                used_bytes: self.tree.footprint_bytes,
+                headroom_bytes: budget.saturating_sub(self.tree.footprint_bytes),
+            });
+        }
+        if self.system.mem_total_bytes > 0 {
+            out.push(CeilingState {
+                ceiling: Ceiling {
+                    source: CeilingSource::System,
+                    bytes: self.system.mem_total_bytes,
+                },
+                used_bytes: self
+                    .system
+                    .mem_total_bytes
+                    .saturating_sub(self.system.mem_available_bytes),
+                headroom_bytes: self.system.mem_available_bytes,
+            });
+        }
+        out
+    }
+
+    /// The ceiling with the least headroom left: the one the job hits first.
+    pub fn nearest(&self) -> Option<CeilingState> {
+        self.ceilings()
+            .into_iter()
+            .min_by_key(|c| (c.headroom_bytes, c.ceiling.bytes))
+    }
+}
+
+/// The derived view of one tick: what policies and sinks act on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub t: f64,
+    pub nearest: Option<CeilingState>,
+    /// Seconds until headroom reaches 0 at the current growth; `None` when
+    /// memory is not growing or there is too little history.
+    pub eta_seconds: Option<f64>,
+    /// Headroom change in bytes/s over the ETA window (negative = growing).
+    pub headroom_slope: Option<f64>,
+    /// The process whose footprint grew fastest over the window, bytes/s.
+    pub fastest: Option<(u32, f64)>,
+}
+
+impl View {
+    pub fn headroom_bytes(&self) -> Option<u64> {
+        self.nearest.map(|c| c.headroom_bytes)
+    }
+
+    pub fn headroom_percent(&self) -> Option<f64> {
+        self.nearest.map(|c| c.headroom_percent())
+    }
+}
+
+/// A bounded history of recent ticks, from which rates and the ETA are
+/// derived by least squares.
+#[derive(Debug, Clone)]
+pub struct History {
+    window: f64,
+    points: VecDeque<Point>,
+}
+
+#[derive(Debug, Clone)]
+struct Point {
+    t: f64,
+    headroom: f64,
+    procs: Vec<(u32, u64, u64)>,
+}
+
+/// Fewer points than this and the slope is noise.
+const MIN_POINTS: usize = 3;
+
+impl History {
+    /// `window`: seconds of history the ETA and growth rates look at.
+    pub fn new(window: f64) -> Self {
+        Self {
+            window: window.max(0.5),
+            points: VecDeque::new(),
+        }
+    }
+
+    /// Records a sample and returns its view.
+    pub fn push(&mut self, sample: &Sample) -> View {
+        let nearest = sample.nearest();
+        if let Some(last) = self.points.back()
+            && sample.t < last.t
+        {
+            // Time went backwards (a new attempt): old history says nothing.
+            self.points.clear();
+        }
+        if let Some(n) = nearest {
+            self.points.push_back(Point {
+                t: sample.t,
+                headroom: n.headroom_bytes as f64,
+                procs: sample
+                    .procs
+                    .iter()
+                    .map(|p| (p.pid, p.start_time, p.pss_bytes))
+                    .collect(),
+            });
+        }
+        while let Some(front) = self.points.front() {
+            if sample.t - front.t > self.window && self.points.len() > MIN_POINTS {
+                self.points.pop_front();
+            } else {
+                break;
+            }
+        }
+        let headroom_slope = self.slope();
+        let eta_seconds = match (nearest, headroom_slope) {
+            (Some(n), Some(slope)) if slope < 0.0 => {
+                Some((n.headroom_bytes as f64 / -slope).max(0.0))
+            }
+            _ => None,
+        };
+        View {
+            t: sample.t,
+            nearest,
+            eta_seconds,
+            headroom_slope,
+            fastest: self.fastest(),
+        }
+    }
+
+    /// Forgets everything (a new attempt starts).
+    pub fn clear(&mut self) {
+        self.points.clear();
+    }
+
+    fn slope(&self) -> Option<f64> {
+        if self.points.len() < MIN_POINTS {
+            return None;
+        }
+        least_squares_slope(self.points.iter().map(|p| (p.t, p.headroom)))
+    }
+
+    fn fastest(&self) -> Option<(u32, f64)> {
+        let (first, last) = (self.points.front()?, self.points.back()?);
+        let dt = last.t - first.t;
+        if dt <= 0.0 {
+            return None;
+        }
+        last.procs
+            .iter()
+            .filter_map(|&(pid, start, pss)| {
+                let before = first
+                    .procs
+                    .iter()
+                    .find(|&&(p, s, _)| p == pid && s == start)?;
+                Some((pid, (pss as f64 - before.2 as f64) / dt))
+            })
+            .filter(|&(_, rate)| rate > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+}
+
+/// Ordinary least-squares slope of y over x; `None` for fewer than two
+/// distinct x values.
+pub fn least_squares_slope(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<f64> {
+    let (mut n, mut sx, mut sy) = (0.0, 0.0, 0.0);
+    for (x, y) in points.clone() {
+        n += 1.0;
+        sx += x;
+        sy += y;
+    }
+    if n < 2.0 {
+        return None;
+    }
+    let (mx, my) = (sx / n, sy / n);
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (x, y) in points {
+        sxy += (x - mx) * (y - my);
+        sxx += (x - mx) * (x - mx);
+    }
+    if sxx <= f64::EPSILON {
+        None
+    } else {
+        Some(sxy / sxx)
+    }
+}
+
+#[cfg(test)]
+pub mod testing {
+    //! Builders for hand-made samples, shared by the policy tests.
+    use super::*;
+
+    /// A sample at `t` under a 1000-byte budget with `footprint` used and a
+    /// machine that has plenty of memory.
+    pub fn budget_sample(t: f64, footprint: u64) -> Sample {
+        Sample {
+            t,
+            tree: TreeTotals {
+                procs: 1,
+                pss_bytes: footprint,
+                footprint_bytes: footprint,
+                ..Default::default()
+            },
+            system: SystemSample {
+                mem_total_bytes: 1 << 40,
+                mem_available_bytes: 1 << 39,
+                ..Default::default()
+            },
+            budget_bytes: Some(1000),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::budget_sample;
+    use super::*;
+
+    #[test]
+    fn nearest_ceiling_is_the_one_with_least_headroom() {
+        let mut s = budget_sample(0.0, 400);
+        s.cgroup = Some(CgroupSample {
+            version: 1,
+            path: "/job".into(),
+            usage_bytes: 900,
+            limit_bytes: Some(2000),
+            oom_kill_count: Some(0),
+            limit_path: Some("/".into()),
+            limit_working_set_bytes: Some(1700),
+            owned: false,
+        });
+        let n = s.nearest().unwrap();
+        assert_eq!(n.ceiling.source, CeilingSource::Cgroup);
+        assert_eq!(n.headroom_bytes, 300);
+        assert!((n.headroom_percent() - 15.0).abs() < 1e-9);
+        s.tree.footprint_bytes = 800;
+        assert_eq!(s.nearest().unwrap().ceiling.source, CeilingSource::Budget);
+    }
+
+    #[test]
+    fn over_budget_headroom_is_zero_not_negative() {
+        let s = budget_sample(0.0, 5000);
+        assert_eq!(s.nearest().unwrap().headroom_bytes, 0);
+        assert_eq!(s.nearest().unwrap().headroom_percent(), 0.0);
+    }
+
+    #[test]
+    fn eta_on_linear_growth() {
+        let mut h = History::new(30.0);
+        let mut v = None;
+        for i in 0..10 {
+            // 10 bytes/s growth under a 1000-byte budget.
+            v = Some(h.push(&budget_sample(i as f64, 100 + 10 * i)));
+        }
+        let v = v.unwrap();
+        assert_eq!(v.headroom_bytes(), Some(810));
+        assert!((v.eta_seconds.unwrap() - 81.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn eta_on_noisy_growth_is_close() {
+        let mut h = History::new(60.0);
+        let mut v = None;
+        let noise = [7i64, -5, 3, -8, 6, -2, 4, -6, 1, 0, 5, -4];
+        for (i, n) in noise.iter().enumerate() {
+            let fp = (100 + 20 * i as i64 + n) as u64;
+            v = Some(h.push(&budget_sample(i as f64, fp)));
+        }
+        let eta = v.unwrap().eta_seconds.unwrap();
+        // True: headroom ~ 1000 - 320 = 680 at 20 B/s => ~34 s.
+        assert!((eta - 34.0).abs() < 3.0, "eta {eta}");
+    }
+
+    #[test]
+    fn no_eta_when_flat_or_shrinking_or_too_short() {
+        let mut h = History::new(30.0);
+        assert_eq!(h.push(&budget_sample(0.0, 500)).eta_seconds, None);
+        assert_eq!(h.push(&budget_sample(1.0, 600)).eta_seconds, None);
+        let mut h = History::new(30.0);
+        for i in 0..5 {
+            assert_eq!(h.push(&budget_sample(i as f64, 500)).eta_seconds, None);
+        }
+        for i in 5..10 {
+            assert_eq!(
+                h.push(&budget_sample(i as f64, 500 - 20 * (i - 4)))
+                    .eta_seconds,
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn window_drops_old_points() {
+        let mut h = History::new(5.0);
+        // Fast growth long ago, flat now: the ETA must forget the past.
+        for i in 0..10 {
+            h.push(&budget_sample(i as f64, 100 * i));
+        }
+        let mut v = None;
+        for i in 10..20 {
+            v = Some(h.push(&budget_sample(i as f64, 900)));
+        }
+        assert_eq!(v.unwrap().eta_seconds, None);
+    }
+
+    #[test]
+    fn fastest_process() {
+        let mut h = History::new(30.0);
+        let mk = |t: f64, a: u64, b: u64| {
+            let mut s = budget_sample(t, a + b);
+            s.procs = vec![
+                ProcSample {
+                    pid: 10,
+                    ppid: 1,
+                    role: Role::Trainer,
+                    comm: "python".into(),
+                    rss_bytes: a,
+                    pss_bytes: a,
+                    uss_bytes: a,
+                    swap_bytes: 0,
+                    gpu_bytes: None,
+                    start_time: 5,
+                },
+                ProcSample {
+                    pid: 11,
+                    ppid: 10,
+                    role: Role::Worker,
+                    comm: "python".into(),
+                    rss_bytes: b,
+                    pss_bytes: b,
+                    uss_bytes: b,
+                    swap_bytes: 0,
+                    gpu_bytes: None,
+                    start_time: 6,
+                },
+            ];
+            s
+        };
+        h.push(&mk(0.0, 100, 100));
+        let v = h.push(&mk(2.0, 110, 300));
+        assert_eq!(v.fastest, Some((11, 100.0)));
+    }
+
+    #[test]
+    fn time_going_backwards_resets() {
+        let mut h = History::new(30.0);
+        for i in 0..5 {
+            h.push(&budget_sample(i as f64, 100 * i));
+        }
+        let v = h.push(&budget_sample(0.0, 100));
+        assert_eq!(v.eta_seconds, None);
+    }
+}

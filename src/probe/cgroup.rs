@@ -1,0 +1,484 @@
+//! The job's memory cgroup: finding it (v1, v2 and hybrid layouts), reading
+//! its usage, the effective limit (the tightest of the cgroup and its
+//! ancestors) and its OOM-kill counter, and creating a child cgroup of
+//! oomguard's own for the job where that is permitted.
+//!
+//! Paths come from `/proc/PID/cgroup` and the mount table, so the readers
+//! work under any root; parsers take text. Files that are missing (the root
+//! cgroup has no `memory.current`, v2 without the memory controller has no
+//! memory files at all) give `None`, never an error.
+//! See Documentation/admin-guide/cgroup-v1/memory.rst and cgroup-v2.rst.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use procfs::FromBufRead;
+
+use crate::model::CgroupSample;
+
+/// v1 prints "unlimited" as PAGE_COUNTER_MAX in bytes (9223372036854771712
+/// with 4 KiB pages); anything this large is no limit.
+const UNLIMITED: u64 = 1 << 62;
+
+/// Which cgroup hierarchy holds the memory controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+impl Version {
+    pub fn number(self) -> u8 {
+        match self {
+            Version::V1 => 1,
+            Version::V2 => 2,
+        }
+    }
+}
+
+/// A memory cgroup on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub version: Version,
+    /// Where the hierarchy is mounted.
+    pub mount_point: PathBuf,
+    /// The cgroup's path inside the hierarchy, as `/proc/PID/cgroup` has it.
+    pub path: String,
+}
+
+impl Location {
+    /// The cgroup's directory.
+    pub fn dir(&self) -> PathBuf {
+        join_cgroup(&self.mount_point, &self.path)
+    }
+
+    /// The directories from this cgroup up to the hierarchy root.
+    fn chain(&self) -> Vec<(String, PathBuf)> {
+        let mut out = Vec::new();
+        let mut path = self.path.trim_end_matches('/').to_string();
+        loop {
+            let shown = if path.is_empty() {
+                "/".to_string()
+            } else {
+                path.clone()
+            };
+            out.push((shown, join_cgroup(&self.mount_point, &path)));
+            match path.rfind('/') {
+                Some(i) if !path.is_empty() => path.truncate(i),
+                _ => break,
+            }
+        }
+        out
+    }
+
+    pub fn child(&self, name: &str) -> Location {
+        let base = self.path.trim_end_matches('/');
+        Location {
+            path: format!("{base}/{name}"),
+            ..self.clone()
+        }
+    }
+}
+
+fn join_cgroup(mount: &Path, path: &str) -> PathBuf {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(rel)
+    }
+}
+
+/// Finds the memory cgroup of a process from its `/proc/PID/cgroup` and the
+/// mount table (`/proc/self/mountinfo`). A v1 memory hierarchy wins over v2
+/// (hybrid layouts mount v2 without the memory controller).
+pub fn resolve(mountinfo: &str, proc_cgroup: &str) -> Option<Location> {
+    let mounts = procfs::process::MountInfos::from_buf_read(mountinfo.as_bytes()).ok()?;
+    let mut v2_path = None;
+    let mut v1_path = None;
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if id == "0" && ctrls.is_empty() {
+            v2_path = Some(path.to_string());
+        } else if ctrls.split(',').any(|c| c == "memory") {
+            v1_path = Some(path.to_string());
+        }
+    }
+    if let Some(path) = v1_path {
+        let m = mounts
+            .iter()
+            .find(|m| m.fs_type == "cgroup" && m.super_options.contains_key("memory"))?;
+        return Some(Location {
+            version: Version::V1,
+            mount_point: m.mount_point.clone(),
+            path: strip_mount_root(&path, &m.root),
+        });
+    }
+    let path = v2_path?;
+    let m = mounts.iter().find(|m| m.fs_type == "cgroup2")?;
+    Some(Location {
+        version: Version::V2,
+        mount_point: m.mount_point.clone(),
+        path: strip_mount_root(&path, &m.root),
+    })
+}
+
+/// Inside a container the hierarchy may be mounted from a subdirectory
+/// (mountinfo root `/docker/abc`) while `/proc/PID/cgroup` shows the full
+/// path; the part below the mount root is what exists on disk.
+fn strip_mount_root(path: &str, root: &str) -> String {
+    if root == "/" || root.is_empty() {
+        return path.to_string();
+    }
+    match path.strip_prefix(root) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            if rest.is_empty() {
+                "/".into()
+            } else {
+                rest.into()
+            }
+        }
+        _ => path.to_string(),
+    }
+}
+
+/// Parses a limit file: a byte count, `max` (v2) or the v1 huge value.
+pub fn parse_limit(text: &str) -> Option<Option<u64>> {
+    let t = text.trim();
+    if t == "max" {
+        return Some(None);
+    }
+    let v: u64 = t.parse().ok()?;
+    Some((v < UNLIMITED).then_some(v))
+}
+
+/// Looks up `key value` in flat keyed files (`memory.stat`,
+/// `memory.events`, `memory.oom_control`).
+pub fn parse_keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_ascii_whitespace();
+        (it.next()? == key).then(|| it.next()?.parse().ok())?
+    })
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Memory readings of one cgroup directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Level {
+    pub usage: u64,
+    pub limit: Option<u64>,
+    /// Usage minus inactive file cache.
+    pub working_set: u64,
+}
+
+fn names(v: Version) -> (&'static str, &'static str, &'static str) {
+    match v {
+        Version::V1 => (
+            "memory.usage_in_bytes",
+            "memory.limit_in_bytes",
+            "total_inactive_file",
+        ),
+        Version::V2 => ("memory.current", "memory.max", "inactive_file"),
+    }
+}
+
+/// Reads the job's cgroup each tick.
+#[derive(Debug, Clone)]
+pub struct CgroupReader {
+    loc: Location,
+    owned: bool,
+}
+
+impl CgroupReader {
+    pub fn new(loc: Location, owned: bool) -> Self {
+        Self { loc, owned }
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.loc
+    }
+
+    pub fn owned(&self) -> bool {
+        self.owned
+    }
+
+    fn level_usage(&self, dir: &Path) -> Option<u64> {
+        read_u64(&dir.join(names(self.loc.version).0))
+    }
+
+    fn level_limit(&self, dir: &Path) -> Option<u64> {
+        let text = fs::read_to_string(dir.join(names(self.loc.version).1)).ok()?;
+        parse_limit(&text).flatten()
+    }
+
+    /// Usage minus inactive file pages: page cache the kernel would drop
+    /// before it kills anything is not pressure.
+    fn working_set(&self, dir: &Path, usage: u64) -> u64 {
+        let inactive = fs::read_to_string(dir.join("memory.stat"))
+            .ok()
+            .and_then(|t| parse_keyed(&t, names(self.loc.version).2))
+            .unwrap_or(0);
+        usage.saturating_sub(inactive)
+    }
+
+    /// The job cgroup's own readings.
+    pub fn level(&self) -> Option<Level> {
+        let dir = self.loc.dir();
+        let usage = self.level_usage(&dir)?;
+        Some(Level {
+            usage,
+            limit: self.level_limit(&dir),
+            working_set: self.working_set(&dir, usage),
+        })
+    }
+
+    /// One tick's reading. `None` when this cgroup has no memory files.
+    pub fn read(&self) -> Option<CgroupSample> {
+        let dir = self.loc.dir();
+        let usage = self.level_usage(&dir)?;
+        // The effective ceiling is whichever level runs out first, which is
+        // not always the smallest limit: an ancestor's limit is shared with
+        // everything else below it.
+        let mut best: Option<(u64, String, u64, u64)> = None; // headroom, path, limit, ws
+        for (path, d) in self.loc.chain() {
+            let Some(limit) = self.level_limit(&d) else {
+                continue;
+            };
+            let Some(u) = (if d == dir {
+                Some(usage)
+            } else {
+                self.level_usage(&d)
+            }) else {
+                continue;
+            };
+            let ws = self.working_set(&d, u);
+            let headroom = limit.saturating_sub(ws);
+            if best.as_ref().is_none_or(|b| headroom < b.0) {
+                best = Some((headroom, path, limit, ws));
+            }
+        }
+        let oom_kill_count = match self.loc.version {
+            Version::V1 => fs::read_to_string(dir.join("memory.oom_control")).ok(),
+            Version::V2 => fs::read_to_string(dir.join("memory.events")).ok(),
+        }
+        .and_then(|t| parse_keyed(&t, "oom_kill"));
+        Some(CgroupSample {
+            version: self.loc.version.number(),
+            path: self.loc.path.clone(),
+            usage_bytes: usage,
+            limit_bytes: best.as_ref().map(|b| b.2),
+            oom_kill_count,
+            limit_path: best.as_ref().map(|b| b.1.clone()),
+            limit_working_set_bytes: best.as_ref().map(|b| b.3),
+            owned: self.owned,
+        })
+    }
+
+    /// The pids in the cgroup (v1 `cgroup.procs` lists thread-group ids).
+    pub fn procs(&self) -> Option<Vec<u32>> {
+        let f = fs::File::open(self.loc.dir().join("cgroup.procs")).ok()?;
+        Some(
+            std::io::BufReader::new(f)
+                .lines()
+                .map_while(Result::ok)
+                .filter_map(|l| l.trim().parse().ok())
+                .collect(),
+        )
+    }
+}
+
+/// Why oomguard could not create a cgroup for the job (the run goes on
+/// with the /proc tree; the reason is logged).
+#[derive(Debug, thiserror::Error)]
+pub enum OwnError {
+    #[error("cannot create '{path}': {source}")]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the cgroup v2 memory controller is not delegated to '{0}' (its cgroup.subtree_control lacks 'memory')"
+    )]
+    NotDelegated(PathBuf),
+    #[error("'{0}' has no memory controller files")]
+    NoMemoryController(PathBuf),
+}
+
+/// A cgroup oomguard created for the job; removed again on drop.
+#[derive(Debug)]
+pub struct OwnedCgroup {
+    loc: Location,
+    procs_file: CString,
+}
+
+impl OwnedCgroup {
+    /// Creates `<parent>/<name>`. On v2 the parent must already delegate
+    /// the memory controller to its children (a delegated subtree or the
+    /// root cgroup); oomguard does not rearrange other people's cgroups.
+    pub fn create(parent: &Location, name: &str) -> Result<Self, OwnError> {
+        let pdir = parent.dir();
+        match parent.version {
+            Version::V1 => {
+                if !pdir.join("memory.usage_in_bytes").exists() {
+                    return Err(OwnError::NoMemoryController(pdir));
+                }
+            }
+            Version::V2 => {
+                let ctl =
+                    fs::read_to_string(pdir.join("cgroup.subtree_control")).unwrap_or_default();
+                if !ctl.split_ascii_whitespace().any(|c| c == "memory") {
+                    return Err(OwnError::NotDelegated(pdir));
+                }
+            }
+        }
+        let loc = parent.child(name);
+        let dir = loc.dir();
+        fs::create_dir(&dir).map_err(|source| OwnError::Create {
+            path: dir.clone(),
+            source,
+        })?;
+        let procs = dir.join("cgroup.procs");
+        let procs_file =
+            CString::new(procs.as_os_str().as_encoded_bytes()).map_err(|_| OwnError::Create {
+                path: dir.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"),
+            })?;
+        Ok(Self { loc, procs_file })
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.loc
+    }
+
+    /// `cgroup.procs` of the cgroup, for the child to join itself before
+    /// exec (so nothing it starts can be born outside).
+    pub fn procs_file(&self) -> &CString {
+        &self.procs_file
+    }
+
+    /// Writes a pid into the cgroup.
+    pub fn add(&self, pid: u32) -> std::io::Result<()> {
+        fs::write(self.loc.dir().join("cgroup.procs"), pid.to_string())
+    }
+}
+
+impl Drop for OwnedCgroup {
+    fn drop(&mut self) {
+        // The last tasks may still be exiting; rmdir fails with EBUSY until
+        // they are gone. A few short retries cover that without hanging.
+        let dir = self.loc.dir();
+        for _ in 0..50 {
+            match fs::remove_dir(&dir) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+/// Resolves the memory cgroup of `pid` under `proc_root`.
+pub fn locate(proc_root: &Path, pid: &str) -> Option<Location> {
+    let mountinfo = fs::read_to_string(proc_root.join(pid).join("mountinfo"))
+        .or_else(|_| fs::read_to_string(proc_root.join("self/mountinfo")))
+        .ok()?;
+    let cg = fs::read_to_string(proc_root.join(pid).join("cgroup")).ok()?;
+    let loc = resolve(&mountinfo, &cg)?;
+    // The path as seen from the process may be outside our view of the
+    // hierarchy (another cgroup namespace): fall back to the mount root.
+    if loc.dir().is_dir() {
+        Some(loc)
+    } else {
+        Some(Location {
+            path: "/".into(),
+            ..loc
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTS: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const HYBRID_CG: &str = "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+
+    #[test]
+    fn resolves_hybrid_to_v1_memory() {
+        let loc = resolve(HYBRID_MOUNTS, HYBRID_CG).unwrap();
+        assert_eq!(loc.version, Version::V1);
+        assert_eq!(loc.mount_point, PathBuf::from("/sys/fs/cgroup/memory"));
+        assert_eq!(loc.path, "/process_api/abc");
+        assert_eq!(
+            loc.dir(),
+            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")
+        );
+    }
+
+    #[test]
+    fn resolves_pure_v2() {
+        let mounts = "25 1 0:22 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let loc = resolve(mounts, "0::/user.slice/user-1000.slice/session-2.scope\n").unwrap();
+        assert_eq!(loc.version, Version::V2);
+        assert_eq!(loc.path, "/user.slice/user-1000.slice/session-2.scope");
+        let chain: Vec<String> = loc.chain().into_iter().map(|c| c.0).collect();
+        assert_eq!(
+            chain,
+            vec![
+                "/user.slice/user-1000.slice/session-2.scope",
+                "/user.slice/user-1000.slice",
+                "/user.slice",
+                "/"
+            ]
+        );
+    }
+
+    #[test]
+    fn container_mount_root_is_stripped() {
+        let mounts = "25 1 0:22 /kubepods/pod1 /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n";
+        let loc = resolve(mounts, "0::/kubepods/pod1/ctr\n").unwrap();
+        assert_eq!(loc.path, "/ctr");
+        let loc = resolve(mounts, "0::/\n").unwrap();
+        assert_eq!(loc.path, "/");
+    }
+
+    #[test]
+    fn no_memory_hierarchy() {
+        let mounts = "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
+        assert_eq!(resolve(mounts, "1:cpu:/\n"), None);
+        assert_eq!(resolve("", ""), None);
+    }
+
+    #[test]
+    fn limits() {
+        assert_eq!(parse_limit("max\n"), Some(None));
+        assert_eq!(parse_limit("9223372036854771712\n"), Some(None));
+        assert_eq!(parse_limit("314572800\n"), Some(Some(314572800)));
+        assert_eq!(parse_limit("lots"), None);
+    }
+
+    #[test]
+    fn keyed() {
+        let oc = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(parse_keyed(oc, "oom_kill"), Some(3));
+        assert_eq!(parse_keyed(oc, "oom"), None);
+        assert_eq!(
+            parse_keyed("low 0\nhigh 2\nmax 9\noom 1\noom_kill 1\n", "oom_kill"),
+            Some(1)
+        );
+    }
+}

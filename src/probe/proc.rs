@@ -1,0 +1,816 @@
+//! The job's process tree from `/proc`: who is in it, their roles, and what
+//! each one costs.
+//!
+//! The per-tick path reads only `/proc/PID/stat` (ppid, start time, comm and
+//! RSS in one cheap read). PSS, USS and swap need `smaps_rollup`, which walks
+//! every mapping and costs milliseconds on a large process, so a background
+//! [`PssSweeper`] thread refreshes them at most every `--pss-interval` and
+//! the tick carries them forward by the RSS change since (new allocations
+//! are private, so they count fully in PSS and USS).
+//!
+//! A process that vanishes mid-scan or whose files cannot be read (hidepid,
+//! another user) is skipped quietly: never an error, never a crash.
+//! See proc_pid_stat(5) and Documentation/filesystems/proc.rst.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::model::{ProcSample, Role, TreeTotals};
+
+/// The fields of `/proc/PID/stat` oomguard uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatLine {
+    pub pid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    pub pgrp: i32,
+    pub session: i32,
+    /// Field 22, in clock ticks since boot: with the pid, the identity.
+    pub start_time: u64,
+    /// Field 24, resident pages.
+    pub rss_pages: u64,
+}
+
+/// Parses `/proc/PID/stat`. `comm` may contain spaces and parentheses, so
+/// the fields after it are found from the *last* `)`.
+pub fn parse_stat(text: &str) -> Option<StatLine> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    if close < open {
+        return None;
+    }
+    let pid = text[..open].trim().parse().ok()?;
+    let comm = text[open + 1..close].to_string();
+    let mut rest = text[close + 1..].split_ascii_whitespace();
+    // Fields are numbered from 1; `rest` starts at field 3 (state).
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgrp = rest.next()?.parse().ok()?;
+    let session = rest.next()?.parse().ok()?;
+    // Skip fields 7..=21 (15 fields) to reach start time (22).
+    let mut rest = rest.skip(15);
+    let start_time = rest.next()?.parse().ok()?;
+    let _vsize = rest.next()?;
+    let rss_pages = rest.next()?.parse::<i64>().ok()?.max(0) as u64;
+    Some(StatLine {
+        pid,
+        comm,
+        state,
+        ppid,
+        pgrp,
+        session,
+        start_time,
+        rss_pages,
+    })
+}
+
+/// The totals of `/proc/PID/smaps_rollup`, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rollup {
+    pub rss: u64,
+    pub pss: u64,
+    /// Private_Clean + Private_Dirty (+ Private_Hugetlb).
+    pub uss: u64,
+    /// SwapPss when the kernel has it (so tree sums do not double-count
+    /// shared swapped pages), Swap otherwise.
+    pub swap: u64,
+}
+
+/// Parses `/proc/PID/smaps_rollup` (or a whole `smaps`, whose lines it sums).
+pub fn parse_smaps_rollup(text: &str) -> Option<Rollup> {
+    let mut r = Rollup::default();
+    let (mut swap, mut swap_pss, mut seen) = (0u64, None::<u64>, false);
+    for line in text.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        let kb = || -> Option<u64> {
+            let v = value.trim().strip_suffix("kB")?.trim();
+            v.parse::<u64>().ok().map(|v| v * 1024)
+        };
+        match key {
+            "Rss" => {
+                r.rss += kb()?;
+                seen = true;
+            }
+            "Pss" => r.pss += kb()?,
+            "Private_Clean" | "Private_Dirty" | "Private_Hugetlb" => r.uss += kb()?,
+            "Swap" => swap += kb()?,
+            "SwapPss" => *swap_pss.get_or_insert(0) += kb()?,
+            _ => {}
+        }
+    }
+    r.swap = swap_pss.unwrap_or(swap);
+    seen.then_some(r)
+}
+
+/// Commands that only start other commands. A process below a chain of these
+/// is a trainer. Kept in one place so the README can list it.
+pub const LAUNCHERS: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "ksh",
+    "fish",
+    "env",
+    "timeout",
+    "nohup",
+    "nice",
+    "ionice",
+    "taskset",
+    "numactl",
+    "stdbuf",
+    "time",
+    "setsid",
+    "chrt",
+    "flock",
+    "srun",
+    "mpirun",
+    "mpiexec",
+    "orterun",
+    "prterun",
+    "torchrun",
+    "accelerate",
+    "deepspeed",
+    "uv",
+    "conda",
+    "poetry",
+    "pipenv",
+    "pyenv",
+    "sudo",
+    "su",
+    "runuser",
+    "xargs",
+    "make",
+    "just",
+    "tini",
+    "dumb-init",
+    "hydra_pmi_proxy",
+    "pmi_proxy",
+];
+
+/// Python command lines that are launchers although their comm is `python`.
+const PYTHON_LAUNCHER_ARGS: &[&str] = &[
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "torchrun",
+    "accelerate",
+    "deepspeed",
+];
+
+/// Whether a process is a launcher, from its comm and (for interpreters)
+/// its command line (NUL-separated, as in `/proc/PID/cmdline`).
+pub fn is_launcher(comm: &str, cmdline: Option<&[u8]>) -> bool {
+    if LAUNCHERS.contains(&comm) {
+        return true;
+    }
+    let interpreter = comm.starts_with("python") || comm == "uv";
+    match cmdline {
+        Some(cmd) if interpreter => cmd
+            .split(|&b| b == 0)
+            .skip(1)
+            .take(4)
+            .filter_map(|a| std::str::from_utf8(a).ok())
+            .any(|a| {
+                let base = a.rsplit('/').next().unwrap_or(a);
+                PYTHON_LAUNCHER_ARGS.contains(&base)
+            }),
+        _ => false,
+    }
+}
+
+/// Where the tree hangs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeRoot {
+    /// Every descendant of this process (oomguard itself, a child
+    /// subreaper): the job, its orphans and anything that left its session.
+    ChildrenOf(u32),
+    /// This process and its descendants (`attach`).
+    Process(u32),
+}
+
+/// One process found by a scan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Found {
+    pub stat: StatLine,
+    pub role: Role,
+    pub rss_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Known {
+    start_time: u64,
+    comm: String,
+    launcher: bool,
+    role: Role,
+    seen: bool,
+}
+
+/// Finds the tree each tick and remembers roles across ticks, so a worker
+/// orphaned to oomguard is still known as a worker.
+#[derive(Debug)]
+pub struct TreeScanner {
+    proc_root: PathBuf,
+    root: TreeRoot,
+    page_size: u64,
+    /// The job's main process (its role is computed, not remembered).
+    job_pid: Option<u32>,
+    /// oomguard's own helpers (hooks): never part of the tree.
+    excluded: HashSet<u32>,
+    known: HashMap<u32, Known>,
+    buf: String,
+}
+
+impl TreeScanner {
+    pub fn new(proc_root: impl Into<PathBuf>, root: TreeRoot) -> Self {
+        Self {
+            proc_root: proc_root.into(),
+            root,
+            page_size: page_size(),
+            job_pid: None,
+            excluded: HashSet::new(),
+            known: HashMap::new(),
+            buf: String::with_capacity(512),
+        }
+    }
+
+    /// Sets the job's main process (a new attempt has a new one).
+    pub fn set_job(&mut self, pid: Option<u32>) {
+        self.job_pid = pid;
+    }
+
+    /// Marks a process of oomguard's own (a hook) as not part of the tree.
+    pub fn exclude(&mut self, pid: u32) {
+        self.excluded.insert(pid);
+    }
+
+    /// Forgets an exclusion once the helper is reaped.
+    pub fn include(&mut self, pid: u32) {
+        self.excluded.remove(&pid);
+    }
+
+    /// Scans the tree. `members`, when given (the cgroup oomguard owns), is
+    /// the authoritative list of the job's pids and spares a full /proc walk;
+    /// descendants of them are still found through ppid.
+    pub fn scan(&mut self, members: Option<&[u32]>) -> Vec<Found> {
+        let mut stats: HashMap<u32, StatLine> = HashMap::new();
+        match members {
+            Some(pids) => {
+                for &pid in pids {
+                    if let Some(st) = self.read_stat(pid) {
+                        stats.insert(pid, st);
+                    }
+                }
+            }
+            None => {
+                let Ok(dir) = fs::read_dir(&self.proc_root) else {
+                    return Vec::new();
+                };
+                for entry in dir.flatten() {
+                    let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
+                        continue;
+                    };
+                    if let Some(st) = self.read_stat(pid) {
+                        stats.insert(pid, st);
+                    }
+                }
+            }
+        }
+        let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+        for st in stats.values() {
+            children.entry(st.ppid).or_default().push(st.pid);
+        }
+        for list in children.values_mut() {
+            list.sort_unstable();
+        }
+
+        // Top-level processes and the role their parent gives them.
+        let mut stack: Vec<(u32, Option<Role>)> = Vec::new();
+        match (self.root, members) {
+            (TreeRoot::Process(pid), _) => stack.push((pid, None)),
+            (TreeRoot::ChildrenOf(parent), Some(_)) => {
+                // Members whose parent is not a member are top-level.
+                for st in stats.values() {
+                    if st.ppid == parent || !stats.contains_key(&st.ppid) {
+                        stack.push((st.pid, None));
+                    }
+                }
+            }
+            (TreeRoot::ChildrenOf(parent), None) => {
+                for &pid in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
+                    stack.push((pid, None));
+                }
+            }
+        }
+
+        for k in self.known.values_mut() {
+            k.seen = false;
+        }
+        let mut out = Vec::with_capacity(stats.len().min(4096));
+        let mut visited = HashSet::new();
+        while let Some((pid, parent_role)) = stack.pop() {
+            if self.excluded.contains(&pid) || !visited.insert(pid) {
+                continue;
+            }
+            let Some(st) = stats.remove(&pid) else {
+                continue;
+            };
+            let launcher = self.launcher(&st);
+            let remembered = self
+                .known
+                .get(&pid)
+                .filter(|k| k.start_time == st.start_time)
+                .map(|k| k.role);
+            let role = match parent_role {
+                Some(Role::Launcher) | None if launcher => Role::Launcher,
+                Some(Role::Launcher) => Role::Trainer,
+                Some(Role::Trainer | Role::Worker) => Role::Worker,
+                Some(Role::Other) => Role::Other,
+                None if Some(pid) == self.job_pid => Role::Trainer,
+                // An orphan re-parented to oomguard keeps the role it had.
+                None => match remembered {
+                    Some(Role::Launcher) | None => Role::Other,
+                    Some(r) => r,
+                },
+            };
+            if let Some(k) = self.known.get_mut(&pid) {
+                k.role = role;
+                k.seen = true;
+            }
+            for &child in children.get(&pid).map(Vec::as_slice).unwrap_or(&[]) {
+                stack.push((child, Some(role)));
+            }
+            out.push(Found {
+                rss_bytes: st.rss_pages * self.page_size,
+                stat: st,
+                role,
+            });
+        }
+        self.known.retain(|_, k| k.seen);
+        out.sort_by_key(|f| f.stat.pid);
+        out
+    }
+
+    fn read_stat(&mut self, pid: u32) -> Option<StatLine> {
+        use std::io::Read;
+        self.buf.clear();
+        let path = self.proc_root.join(pid.to_string()).join("stat");
+        fs::File::open(path)
+            .ok()?
+            .read_to_string(&mut self.buf)
+            .ok()?;
+        parse_stat(&self.buf)
+    }
+
+    fn launcher(&mut self, st: &StatLine) -> bool {
+        if let Some(k) = self.known.get(&st.pid)
+            && k.start_time == st.start_time
+            && k.comm == st.comm
+        {
+            return k.launcher;
+        }
+        let cmdline = if st.comm.starts_with("python") || st.comm == "uv" {
+            fs::read(self.proc_root.join(st.pid.to_string()).join("cmdline")).ok()
+        } else {
+            None
+        };
+        let launcher = is_launcher(&st.comm, cmdline.as_deref());
+        let role = self
+            .known
+            .get(&st.pid)
+            .filter(|k| k.start_time == st.start_time)
+            .map_or(Role::Other, |k| k.role);
+        self.known.insert(
+            st.pid,
+            Known {
+                start_time: st.start_time,
+                comm: st.comm.clone(),
+                launcher,
+                role,
+                seen: true,
+            },
+        );
+        launcher
+    }
+}
+
+/// The system page size (for `stat`'s RSS in pages).
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    start_time: u64,
+    rollup: Rollup,
+    at: Instant,
+}
+
+#[derive(Debug, Default)]
+struct SweepState {
+    targets: Vec<(u32, u64)>,
+    results: HashMap<u32, Measured>,
+    stop: bool,
+}
+
+/// Reads `smaps_rollup` for every tree process on its own thread, so the
+/// expensive part of accounting never delays a tick. New processes are
+/// measured first; the others whenever their reading is older than
+/// `interval`.
+pub struct PssSweeper {
+    shared: Arc<(Mutex<SweepState>, Condvar)>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl PssSweeper {
+    pub fn start(proc_root: PathBuf, interval: Duration) -> Self {
+        let shared = Arc::new((Mutex::new(SweepState::default()), Condvar::new()));
+        let thread_shared = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("oomguard-pss".into())
+            .spawn(move || sweep_loop(&proc_root, interval, &thread_shared))
+            .ok();
+        Self { shared, handle }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SweepState> {
+        // A poisoned lock only means the sweeper panicked mid-update; the
+        // data is still plain numbers, so keep using it.
+        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the sweeper which processes (pid, start time) form the tree.
+    pub fn set_targets(&self, targets: Vec<(u32, u64)>) {
+        let mut st = self.lock();
+        let new = targets
+            .iter()
+            .any(|(pid, start)| st.results.get(pid).is_none_or(|m| m.start_time != *start));
+        st.results
+            .retain(|pid, m| targets.iter().any(|&(p, s)| p == *pid && s == m.start_time));
+        st.targets = targets;
+        drop(st);
+        if new {
+            self.shared.1.notify_one();
+        }
+    }
+
+    /// Applies the latest measurements to this tick's processes and returns
+    /// the age of the oldest one used.
+    pub fn apply(&self, procs: &mut [ProcSample], now: Instant) -> f64 {
+        let st = self.lock();
+        let mut oldest = 0.0f64;
+        for p in procs.iter_mut() {
+            match st
+                .results
+                .get(&p.pid)
+                .filter(|m| m.start_time == p.start_time)
+            {
+                Some(m) => {
+                    let grown = p.rss_bytes as i64 - m.rollup.rss as i64;
+                    p.pss_bytes = (m.rollup.pss as i64 + grown).max(0) as u64;
+                    p.uss_bytes = (m.rollup.uss as i64 + grown).max(0) as u64;
+                    p.swap_bytes = m.rollup.swap;
+                    oldest = oldest.max(now.saturating_duration_since(m.at).as_secs_f64());
+                }
+                None => {
+                    // Not measured yet (it appeared this tick). A forked
+                    // worker shares its parent's pages, so counting it as
+                    // 0 until the sweep reaches it is closer to the truth
+                    // than counting its RSS.
+                    p.pss_bytes = 0;
+                    p.uss_bytes = 0;
+                    p.swap_bytes = 0;
+                }
+            }
+        }
+        oldest
+    }
+
+    /// Waits (up to `timeout`) until every target has been measured once.
+    pub fn wait_all_measured(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            {
+                let st = self.lock();
+                if st
+                    .targets
+                    .iter()
+                    .all(|(pid, start)| st.results.get(pid).is_some_and(|m| m.start_time == *start))
+                {
+                    return true;
+                }
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for PssSweeper {
+    fn drop(&mut self) {
+        self.lock().stop = true;
+        self.shared.1.notify_all();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn sweep_loop(proc_root: &Path, interval: Duration, shared: &(Mutex<SweepState>, Condvar)) {
+    let (lock, cvar) = shared;
+    let mut buf = String::with_capacity(2048);
+    loop {
+        let target = {
+            let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if st.stop {
+                    return;
+                }
+                let now = Instant::now();
+                // Never measured first, then the stalest that is due.
+                let mut best: Option<(u32, u64, Option<Instant>)> = None;
+                for &(pid, start) in &st.targets {
+                    let at = st
+                        .results
+                        .get(&pid)
+                        .filter(|m| m.start_time == start)
+                        .map(|m| m.at);
+                    let better = match (&best, at) {
+                        (None, _) => true,
+                        (Some((_, _, Some(_))), None) => true,
+                        (Some((_, _, Some(b))), Some(a)) => a < *b,
+                        _ => false,
+                    };
+                    if better {
+                        best = Some((pid, start, at));
+                    }
+                }
+                match best {
+                    Some((pid, start, None)) => break (pid, start),
+                    Some((pid, start, Some(at))) if now.duration_since(at) >= interval => {
+                        break (pid, start);
+                    }
+                    Some((_, _, Some(at))) => {
+                        let wait = interval.saturating_sub(now.duration_since(at));
+                        st = cvar
+                            .wait_timeout(st, wait)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                    None => {
+                        st = cvar
+                            .wait_timeout(st, interval)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                }
+            }
+        };
+        let (pid, start) = target;
+        let dir = proc_root.join(pid.to_string());
+        let rollup =
+            read_into(&dir.join("smaps_rollup"), &mut buf).and_then(|()| parse_smaps_rollup(&buf));
+        // The pid may have been reused between listing and reading: only
+        // keep the reading if the start time still matches.
+        let same = read_into(&dir.join("stat"), &mut buf)
+            .and_then(|()| parse_stat(&buf))
+            .is_some_and(|s| s.start_time == start);
+        let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
+        match rollup {
+            Some(rollup) if same => {
+                st.results.insert(
+                    pid,
+                    Measured {
+                        start_time: start,
+                        rollup,
+                        at: Instant::now(),
+                    },
+                );
+            }
+            _ => {
+                // Gone or unreadable: stop trying until the tick lists it
+                // again with a new identity.
+                st.targets.retain(|&(p, s)| !(p == pid && s == start));
+            }
+        }
+    }
+}
+
+fn read_into(path: &Path, buf: &mut String) -> Option<()> {
+    use std::io::Read;
+    buf.clear();
+    fs::File::open(path).ok()?.read_to_string(buf).ok()?;
+    Some(())
+}
+
+/// Sums a tick's processes.
+pub fn totals(procs: &[ProcSample]) -> TreeTotals {
+    let mut t = TreeTotals {
+        procs: procs.len() as u32,
+        ..Default::default()
+    };
+    for p in procs {
+        t.rss_bytes += p.rss_bytes;
+        t.pss_bytes += p.pss_bytes;
+        t.uss_bytes += p.uss_bytes;
+        t.swap_bytes += p.swap_bytes;
+    }
+    t.footprint_bytes = t.pss_bytes;
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "4242 (python3 (x) y) S 4200 4200 4100 34816 4242 4194304 3014 0 0 0 \
+        12 3 0 0 20 0 5 0 987654 1234567890 25600 18446744073709551615 1 1 0 0 0 0 0 \
+        16781312 2 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+
+    #[test]
+    fn stat_with_parens_and_spaces_in_comm() {
+        let s = parse_stat(STAT).unwrap();
+        assert_eq!(s.pid, 4242);
+        assert_eq!(s.comm, "python3 (x) y");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 4200);
+        assert_eq!(s.pgrp, 4200);
+        assert_eq!(s.session, 4100);
+        assert_eq!(s.start_time, 987654);
+        assert_eq!(s.rss_pages, 25600);
+    }
+
+    #[test]
+    fn stat_garbage_is_none() {
+        for bad in ["", "1 (x", "x) (", "12 (a) S", "12 (a) S 1 2 3"] {
+            assert_eq!(parse_stat(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn rollup() {
+        let text = "55d5-7ffe ---p 00000000 00:00 0    [rollup]\n\
+            Rss:              524800 kB\nPss:              105000 kB\nPss_Anon: 1 kB\n\
+            Shared_Clean:       1000 kB\nShared_Dirty:     520000 kB\n\
+            Private_Clean:       300 kB\nPrivate_Dirty:      3500 kB\n\
+            Swap:                 64 kB\nSwapPss:              16 kB\nLocked: 0 kB\n";
+        let r = parse_smaps_rollup(text).unwrap();
+        assert_eq!(r.rss, 524800 * 1024);
+        assert_eq!(r.pss, 105000 * 1024);
+        assert_eq!(r.uss, 3800 * 1024);
+        assert_eq!(r.swap, 16 * 1024);
+        let no_swappss = "Rss: 10 kB\nPss: 5 kB\nSwap: 8 kB\n";
+        assert_eq!(parse_smaps_rollup(no_swappss).unwrap().swap, 8 * 1024);
+        assert_eq!(parse_smaps_rollup(""), None);
+        assert_eq!(parse_smaps_rollup("Rss: lots\n"), None);
+    }
+
+    #[test]
+    fn launchers() {
+        assert!(is_launcher("bash", None));
+        assert!(is_launcher("torchrun", None));
+        assert!(!is_launcher("python3", Some(b"python3\0train.py\0")));
+        assert!(is_launcher(
+            "python3",
+            Some(b"python3\0-m\0torch.distributed.run\0--nproc_per_node=2\0train.py\0")
+        ));
+        assert!(is_launcher(
+            "python",
+            Some(b"python\0/usr/bin/torchrun\0train.py\0")
+        ));
+        assert!(!is_launcher("pt_data_worker", None));
+    }
+
+    /// Builds a fake /proc with (pid, ppid, comm, rss_pages, cmdline).
+    fn fake_proc(dir: &Path, procs: &[(u32, u32, &str, u64, &str)]) {
+        for &(pid, ppid, comm, rss, cmd) in procs {
+            let d = dir.join(pid.to_string());
+            fs::create_dir_all(&d).unwrap();
+            let stat = format!(
+                "{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 1000 {rss} 0\n",
+                1000 + pid
+            );
+            fs::write(d.join("stat"), stat).unwrap();
+            fs::write(d.join("cmdline"), cmd.replace(' ', "\0")).unwrap();
+        }
+    }
+
+    #[test]
+    fn roles_through_launchers_and_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        // 100 = oomguard; 101 bash -> 102 env -> 103 python (trainer) -> 104,105
+        // workers -> 106 (worker's child); 107 is an orphan re-parented to
+        // oomguard; 108 is a hook; 1 is unrelated.
+        fake_proc(
+            dir.path(),
+            &[
+                (1, 0, "init", 10, "init"),
+                (101, 100, "bash", 10, "bash train.sh"),
+                (102, 101, "env", 10, "env X=1 python3 train.py"),
+                (103, 102, "python3", 1000, "python3 train.py"),
+                (104, 103, "python3", 900, "python3 train.py"),
+                (105, 103, "pt_data_worker", 900, "python3 train.py"),
+                (106, 104, "sh", 5, "sh -c x"),
+                (107, 100, "python3", 50, "python3 orphan.py"),
+                (108, 100, "sh", 5, "sh hook.sh"),
+                (109, 108, "notify", 5, "notify"),
+            ],
+        );
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::ChildrenOf(100));
+        sc.set_job(Some(101));
+        sc.exclude(108);
+        let found = sc.scan(None);
+        let roles: Vec<(u32, Role)> = found.iter().map(|f| (f.stat.pid, f.role)).collect();
+        assert_eq!(
+            roles,
+            vec![
+                (101, Role::Launcher),
+                (102, Role::Launcher),
+                (103, Role::Trainer),
+                (104, Role::Worker),
+                (105, Role::Worker),
+                (106, Role::Worker),
+                (107, Role::Other),
+            ]
+        );
+        assert_eq!(found[2].rss_bytes, 1000 * page_size());
+
+        // Worker 104 is orphaned to oomguard: it stays a worker.
+        fake_proc(
+            dir.path(),
+            &[(104, 100, "python3", 900, "python3 train.py")],
+        );
+        let found = sc.scan(None);
+        let w = found.iter().find(|f| f.stat.pid == 104).unwrap();
+        assert_eq!(w.role, Role::Worker);
+
+        // Vanished processes disappear without error.
+        fs::remove_dir_all(dir.path().join("105")).unwrap();
+        assert!(sc.scan(None).iter().all(|f| f.stat.pid != 105));
+    }
+
+    #[test]
+    fn job_that_is_not_a_launcher_is_the_trainer() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            &[
+                (201, 200, "python3", 10, "python3 train.py"),
+                (202, 201, "python3", 10, "python3 train.py"),
+            ],
+        );
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::ChildrenOf(200));
+        sc.set_job(Some(201));
+        let roles: Vec<Role> = sc.scan(None).iter().map(|f| f.role).collect();
+        assert_eq!(roles, vec![Role::Trainer, Role::Worker]);
+        // With a member list (owned cgroup) the same tree is found.
+        let roles: Vec<Role> = sc.scan(Some(&[202, 201])).iter().map(|f| f.role).collect();
+        assert_eq!(roles, vec![Role::Trainer, Role::Worker]);
+    }
+
+    #[test]
+    fn attach_root_is_included() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            &[
+                (301, 1, "python3", 10, "python3 t.py"),
+                (302, 301, "python3", 10, "python3 t.py"),
+            ],
+        );
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::Process(301));
+        sc.set_job(Some(301));
+        let roles: Vec<(u32, Role)> = sc.scan(None).iter().map(|f| (f.stat.pid, f.role)).collect();
+        assert_eq!(roles, vec![(301, Role::Trainer), (302, Role::Worker)]);
+    }
+
+    #[test]
+    fn totals_sum() {
+        let p = |pss| ProcSample {
+            pid: 1,
+            ppid: 0,
+            role: Role::Worker,
+            comm: "x".into(),
+            rss_bytes: 100,
+            pss_bytes: pss,
+            uss_bytes: 5,
+            swap_bytes: 1,
+            gpu_bytes: None,
+            start_time: 0,
+        };
+        let t = totals(&[p(20), p(30)]);
+        assert_eq!(
+            (t.procs, t.rss_bytes, t.pss_bytes, t.uss_bytes, t.swap_bytes),
+            (2, 200, 50, 10, 2)
+        );
+        assert_eq!(t.footprint_bytes, 50);
+    }
+}

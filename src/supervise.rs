@@ -1,0 +1,414 @@
+//! Launching the job and owning its processes: spawn in its own process
+//! group (and cgroup), become a child subreaper, reap everything that is
+//! ours, and signal only processes that are provably in the tree.
+//!
+//! One reaper owns every `waitpid`: oomguard never uses `tokio::process`
+//! or `Command::wait`, which would race with the subreaper loop for the
+//! same statuses. Signals go through a pidfd opened *before* the start time
+//! is checked, so a pid recycled between the scan and the signal is never
+//! hit.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsString};
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use rustix::process::{Pid, PidfdFlags, Signal, WaitOptions};
+
+use crate::probe::proc::parse_stat;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl Status {
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn code(self) -> i32 {
+        match self {
+            Status::Exited(c) => c,
+            Status::Signaled(s) => 128 + s,
+        }
+    }
+}
+
+/// Why the job could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("cannot run '{cmd}': command not found")]
+    NotFound { cmd: String },
+    #[error("cannot run '{cmd}': permission denied (is it executable?)")]
+    NotExecutable { cmd: String },
+    #[error("cannot run '{cmd}': {source}")]
+    Other { cmd: String, source: io::Error },
+    #[error("no command given (usage: oomguard run [OPTIONS] -- COMMAND [ARGS...])")]
+    Empty,
+}
+
+impl SpawnError {
+    /// 127 for a missing command, 126 for one that cannot be executed.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            SpawnError::NotFound { .. } | SpawnError::Empty => 127,
+            SpawnError::NotExecutable { .. } | SpawnError::Other { .. } => 126,
+        }
+    }
+}
+
+/// What to start and how.
+#[derive(Debug, Default)]
+pub struct SpawnSpec<'a> {
+    pub argv: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    /// `cgroup.procs` of a cgroup the child joins before exec.
+    pub cgroup_procs: Option<&'a CString>,
+    /// The controlling terminal, when the job should become its foreground
+    /// process group (interactive runs: Ctrl-C, pdb and tqdm work as
+    /// without oomguard).
+    pub foreground_tty: Option<BorrowedFd<'a>>,
+    /// Replacement stdout/stderr (the TUI and output scanning pipe them).
+    pub stdout: Option<Stdio>,
+    pub stderr: Option<Stdio>,
+    pub stdin: Option<Stdio>,
+}
+
+/// The job's main process.
+#[derive(Debug)]
+pub struct Job {
+    pub pid: u32,
+    pub start_time: u64,
+    /// A pidfd, where the kernel has them (5.3+).
+    pub pidfd: Option<OwnedFd>,
+}
+
+/// Makes oomguard a child subreaper, so orphaned workers and processes that
+/// left the job's session are re-parented to it, stay in the tree and are
+/// reaped by it.
+pub fn become_subreaper() -> io::Result<()> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(io::Error::from)
+}
+
+/// Starts the job in a new process group.
+pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
+    let Some(program) = spec.argv.first() else {
+        return Err(SpawnError::Empty);
+    };
+    let cmd_name = program.to_string_lossy().into_owned();
+    let mut cmd = Command::new(program);
+    cmd.args(&spec.argv[1..]);
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
+    cmd.process_group(0);
+    if let Some(s) = spec.stdout {
+        cmd.stdout(s);
+    }
+    if let Some(s) = spec.stderr {
+        cmd.stderr(s);
+    }
+    if let Some(s) = spec.stdin {
+        cmd.stdin(s);
+    }
+    let cgroup = spec.cgroup_procs.cloned();
+    let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
+    if cgroup.is_some() || tty.is_some() {
+        child_setup(&mut cmd, cgroup, tty);
+    }
+    let child = cmd.spawn().map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => SpawnError::NotFound {
+            cmd: cmd_name.clone(),
+        },
+        io::ErrorKind::PermissionDenied => SpawnError::NotExecutable {
+            cmd: cmd_name.clone(),
+        },
+        _ => SpawnError::Other {
+            cmd: cmd_name.clone(),
+            source: e,
+        },
+    })?;
+    let pid = child.id();
+    // `child` is dropped without waiting: the reaper owns the status. Its
+    // pid cannot be reused before we reap it, so this pidfd is the child.
+    drop(child);
+    let pidfd = Pid::from_raw(pid as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+    let start_time = read_start_time(proc_root, pid).unwrap_or(0);
+    Ok(Job {
+        pid,
+        start_time,
+        pidfd,
+    })
+}
+
+/// Runs in the forked child before exec: join the cgroup, take the terminal.
+#[allow(unsafe_code)]
+fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>) {
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (open, write, close, sigaction, tcsetpgrp,
+    // getpid) on data prepared before the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if let Some(path) = &cgroup {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let n = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = io::Error::last_os_error();
+                libc::close(fd);
+                if n != 1 {
+                    return Err(err);
+                }
+            }
+            if let Some(fd) = tty {
+                // We are in a background group now; without ignoring
+                // SIGTTOU, tcsetpgrp would stop us.
+                let mut old: libc::sigaction = std::mem::zeroed();
+                let mut ign: libc::sigaction = std::mem::zeroed();
+                ign.sa_sigaction = libc::SIG_IGN;
+                libc::sigaction(libc::SIGTTOU, &ign, &mut old);
+                libc::tcsetpgrp(fd, libc::getpid());
+                libc::sigaction(libc::SIGTTOU, &old, std::ptr::null_mut());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Gives the terminal's foreground back to oomguard's own process group
+/// (so a second Ctrl-C during shutdown reaches oomguard).
+#[allow(unsafe_code)]
+pub fn reclaim_foreground(tty: BorrowedFd<'_>) {
+    // SAFETY: plain syscalls on a valid fd; SIGTTOU is ignored around the
+    // call because a background process calling tcsetpgrp receives it.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let mut ign: libc::sigaction = std::mem::zeroed();
+        ign.sa_sigaction = libc::SIG_IGN;
+        libc::sigaction(libc::SIGTTOU, &ign, &mut old);
+        libc::tcsetpgrp(tty.as_raw_fd(), libc::getpgrp());
+        libc::sigaction(libc::SIGTTOU, &old, std::ptr::null_mut());
+    }
+}
+
+/// Whether oomguard's process group is in the foreground of this terminal
+/// (it should only hand the terminal over if it had it).
+pub fn owns_foreground(tty: BorrowedFd<'_>) -> bool {
+    rustix::termios::tcgetpgrp(tty).is_ok_and(|pg| pg == rustix::process::getpgrp())
+}
+
+fn read_start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    parse_stat(&text).map(|s| s.start_time)
+}
+
+/// A reaped process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    pub pid: u32,
+    pub status: Status,
+}
+
+/// Reaps every child that has exited: the job's main process, adopted
+/// orphans and oomguard's own helpers alike. Never blocks.
+pub fn reap_all() -> Vec<Reaped> {
+    let mut out = Vec::new();
+    // Ok(None): children remain but none has exited; ECHILD: none left.
+    while let Ok(Some((pid, st))) = rustix::process::wait(WaitOptions::NOHANG) {
+        let status = match st.terminating_signal() {
+            Some(sig) => Status::Signaled(sig),
+            None => Status::Exited(st.exit_status().unwrap_or(0)),
+        };
+        out.push(Reaped {
+            pid: pid.as_raw_nonzero().get() as u32,
+            status,
+        });
+    }
+    out
+}
+
+/// Why a signal was not delivered.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SignalError {
+    #[error("pid {0} is gone")]
+    Gone(u32),
+    #[error("pid {0} is now another process (start time changed); not signalled")]
+    Reused(u32),
+    #[error("signal {sig} to pid {pid} failed: {errno}")]
+    Failed { pid: u32, sig: i32, errno: String },
+}
+
+/// Signals one tree process, identified by pid and start time.
+pub fn signal_process(
+    proc_root: &Path,
+    pid: u32,
+    start_time: u64,
+    sig: i32,
+) -> Result<(), SignalError> {
+    let signal = Signal::from_named_raw(sig).ok_or(SignalError::Failed {
+        pid,
+        sig,
+        errno: "unknown signal".into(),
+    })?;
+    let raw = Pid::from_raw(pid as i32).ok_or(SignalError::Gone(pid))?;
+    match rustix::process::pidfd_open(raw, PidfdFlags::empty()) {
+        Ok(fd) => {
+            // The pidfd now pins one process; checking the start time after
+            // opening it closes the reuse race.
+            match read_start_time(proc_root, pid) {
+                Some(st) if st == start_time => {}
+                Some(_) => return Err(SignalError::Reused(pid)),
+                None => return Err(SignalError::Gone(pid)),
+            }
+            rustix::process::pidfd_send_signal(fd.as_fd(), signal).map_err(|e| {
+                if e == rustix::io::Errno::SRCH {
+                    SignalError::Gone(pid)
+                } else {
+                    SignalError::Failed {
+                        pid,
+                        sig,
+                        errno: e.to_string(),
+                    }
+                }
+            })
+        }
+        Err(rustix::io::Errno::SRCH) => Err(SignalError::Gone(pid)),
+        Err(_) => {
+            // No pidfds (kernel < 5.3): check, then kill. A small race
+            // remains, as in every tool on such kernels.
+            match read_start_time(proc_root, pid) {
+                Some(st) if st == start_time => {}
+                Some(_) => return Err(SignalError::Reused(pid)),
+                None => return Err(SignalError::Gone(pid)),
+            }
+            rustix::process::kill_process(raw, signal).map_err(|e| SignalError::Failed {
+                pid,
+                sig,
+                errno: e.to_string(),
+            })
+        }
+    }
+}
+
+/// Signals a process group (forwarding, as a terminal would).
+pub fn signal_group(pgid: u32, sig: i32) -> io::Result<()> {
+    let signal = Signal::from_named_raw(sig)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "unknown signal"))?;
+    let pid = Pid::from_raw(pgid as i32)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "pgid 0"))?;
+    rustix::process::kill_process_group(pid, signal).map_err(io::Error::from)
+}
+
+/// Signal names for messages and the log (`SIGTERM`), and parsing of user
+/// input (`TERM`, `SIGUSR1`, `10`).
+pub fn signal_name(sig: i32) -> String {
+    SIGNALS
+        .iter()
+        .find(|(n, _)| *n == sig)
+        .map_or_else(|| format!("SIG{sig}"), |(_, name)| format!("SIG{name}"))
+}
+
+/// Parses `TERM`, `SIGTERM`, `sigterm` or `15`.
+pub fn parse_signal(text: &str) -> Option<i32> {
+    let t = text.trim();
+    if let Ok(n) = t.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let up = t.to_ascii_uppercase();
+    let name = up.strip_prefix("SIG").unwrap_or(&up);
+    SIGNALS.iter().find(|(_, n)| *n == name).map(|(s, _)| *s)
+}
+
+const SIGNALS: &[(i32, &str)] = &[
+    (libc::SIGHUP, "HUP"),
+    (libc::SIGINT, "INT"),
+    (libc::SIGQUIT, "QUIT"),
+    (libc::SIGILL, "ILL"),
+    (libc::SIGTRAP, "TRAP"),
+    (libc::SIGABRT, "ABRT"),
+    (libc::SIGBUS, "BUS"),
+    (libc::SIGFPE, "FPE"),
+    (libc::SIGKILL, "KILL"),
+    (libc::SIGUSR1, "USR1"),
+    (libc::SIGSEGV, "SEGV"),
+    (libc::SIGUSR2, "USR2"),
+    (libc::SIGPIPE, "PIPE"),
+    (libc::SIGALRM, "ALRM"),
+    (libc::SIGTERM, "TERM"),
+    (libc::SIGCHLD, "CHLD"),
+    (libc::SIGCONT, "CONT"),
+    (libc::SIGSTOP, "STOP"),
+    (libc::SIGTSTP, "TSTP"),
+    (libc::SIGTTIN, "TTIN"),
+    (libc::SIGTTOU, "TTOU"),
+    (libc::SIGXCPU, "XCPU"),
+    (libc::SIGXFSZ, "XFSZ"),
+    (libc::SIGWINCH, "WINCH"),
+];
+
+/// Tracks oomguard's own helper processes (hooks) so the reaper can tell
+/// their statuses apart from the job's.
+#[derive(Debug, Default)]
+pub struct Helpers {
+    running: HashMap<u32, String>,
+}
+
+impl Helpers {
+    pub fn add(&mut self, pid: u32, what: String) {
+        self.running.insert(pid, what);
+    }
+
+    /// Returns what the helper was, if `pid` was one.
+    pub fn finished(&mut self, pid: u32) -> Option<String> {
+        self.running.remove(&pid)
+    }
+
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.running.keys().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes() {
+        assert_eq!(Status::Exited(3).code(), 3);
+        assert_eq!(Status::Signaled(9).code(), 137);
+        assert_eq!(SpawnError::NotFound { cmd: "x".into() }.exit_code(), 127);
+        assert_eq!(
+            SpawnError::NotExecutable { cmd: "x".into() }.exit_code(),
+            126
+        );
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(parse_signal("TERM"), Some(15));
+        assert_eq!(parse_signal("sigusr1"), Some(10));
+        assert_eq!(parse_signal("SIGINT"), Some(2));
+        assert_eq!(parse_signal("12"), Some(12));
+        assert_eq!(parse_signal("0"), None);
+        assert_eq!(parse_signal("TREM"), None);
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(40), "SIG40");
+    }
+
+    #[test]
+    fn never_signals_a_reused_pid() {
+        // Our own pid with a wrong start time must be refused.
+        let me = std::process::id();
+        let err = signal_process(Path::new("/proc"), me, 1, libc::SIGCONT).unwrap_err();
+        assert_eq!(err, SignalError::Reused(me));
+        let st = read_start_time(Path::new("/proc"), me).unwrap();
+        assert_eq!(
+            signal_process(Path::new("/proc"), me, st, libc::SIGCONT),
+            Ok(())
+        );
+    }
+}

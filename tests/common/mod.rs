@@ -1,0 +1,230 @@
+//! Shared test harness: the oomguard binary, strict NDJSON types, memory
+//! cgroups for tests that grow memory, and small process helpers.
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod schema;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn oomguard() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_oomguard"));
+    // Tests must not depend on the developer's environment.
+    c.env_remove("GITHUB_ACTIONS")
+        .env_remove("GITHUB_STEP_SUMMARY");
+    c.stdin(Stdio::null());
+    c
+}
+
+/// True when the tests run in CI, where skipping is failing.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Skips (returns false) when a requirement is missing, unless in CI where
+/// it panics: CI must run every test.
+pub fn require(ok: bool, what: &str) -> bool {
+    if ok {
+        return true;
+    }
+    if in_ci() {
+        panic!("CI=true but this test cannot run here: {what}");
+    }
+    eprintln!("SKIPPED: {what}");
+    false
+}
+
+/// A python3 script written to a temp dir.
+pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, body).unwrap();
+    p
+}
+
+/// Reads the NDJSON log, every line checked against the strict schema.
+pub fn read_log(path: &Path) -> Vec<schema::Line> {
+    let text = fs::read_to_string(path).unwrap();
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            schema::parse_line(l).unwrap_or_else(|e| {
+                panic!("log line {} does not match the schema: {e}\n{l}", i + 1)
+            })
+        })
+        .collect()
+}
+
+/// The memory cgroup v1 hierarchy this process runs in, if it can make
+/// child cgroups there.
+pub fn own_memory_cgroup() -> Option<PathBuf> {
+    if !rustix_is_root() {
+        return None;
+    }
+    let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = cg.lines().find_map(|l| {
+        let mut p = l.splitn(3, ':');
+        let (_, ctrl, path) = (p.next()?, p.next()?, p.next()?);
+        ctrl.split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
+    })?;
+    let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    dir.join("memory.limit_in_bytes").exists().then_some(dir)
+}
+
+fn rustix_is_root() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// A child memory cgroup with a limit, removed (with everything in it
+/// killed) on drop. Everything that grows memory on purpose runs in one.
+pub struct MemCgroup {
+    pub dir: PathBuf,
+    /// Path inside the hierarchy, as /proc/PID/cgroup shows it.
+    pub path: String,
+}
+
+impl MemCgroup {
+    /// None when this machine cannot make one (then the test skips, or
+    /// fails under CI).
+    pub fn new(name: &str, limit: u64) -> Option<Self> {
+        let parent = own_memory_cgroup()?;
+        let dir = parent.join(format!("test-{name}-{}", std::process::id()));
+        let _ = fs::create_dir(&dir);
+        fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        let root = Path::new("/sys/fs/cgroup/memory");
+        let path = format!("/{}", dir.strip_prefix(root).ok()?.display());
+        Some(Self { dir, path })
+    }
+
+    /// A command that runs `argv` inside this cgroup.
+    pub fn command(&self, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+            .arg(&self.dir)
+            .arg(program)
+            .args(args);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    pub fn read(&self, file: &str) -> String {
+        fs::read_to_string(self.dir.join(file)).unwrap_or_default()
+    }
+
+    pub fn oom_kills(&self) -> u64 {
+        self.read("memory.oom_control")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    /// Kills everything left in the cgroup and its children.
+    pub fn kill_all(&self) {
+        for _ in 0..100 {
+            let mut any = false;
+            for d in walk(&self.dir) {
+                for pid in fs::read_to_string(d.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                {
+                    any = true;
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            if !any {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(walk(&e.path()));
+            }
+        }
+    }
+    out
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        self.kill_all();
+        let mut dirs = walk(&self.dir);
+        dirs.reverse();
+        for d in dirs {
+            for _ in 0..50 {
+                if fs::remove_dir(&d).is_ok() || !d.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Waits until `f` is true or the timeout passes.
+pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// `/proc/PID/stat` state letter, None when gone.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..].trim().chars().next()
+}
+
+/// Pids whose parent is `ppid`, with their state.
+pub fn children_of(ppid: u32) -> Vec<(u32, char)> {
+    let mut out = Vec::new();
+    for e in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(s) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = s.rfind(')') else { continue };
+        let mut it = s[close + 1..].split_whitespace();
+        let state = it.next().and_then(|x| x.chars().next()).unwrap_or('?');
+        if it.next().and_then(|x| x.parse::<u32>().ok()) == Some(ppid) {
+            out.push((pid, state));
+        }
+    }
+    out
+}
+
+/// Sends a signal with kill(1).
+pub fn send(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill -{sig} {pid}");
+}

@@ -1,0 +1,258 @@
+//! The NDJSON contract (design.md §4.1), restated independently of the
+//! implementation with `deny_unknown_fields`: a field added or renamed in
+//! the code without updating the contract fails here.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// One log line: the envelope, and the event checked strictly.
+#[derive(Debug)]
+pub struct Line {
+    pub schema: String,
+    pub ts: String,
+    pub t: f64,
+    pub attempt: u32,
+    pub event: Event,
+}
+
+/// Parses a line: envelope fields must be present with the right types,
+/// and the rest must be exactly one known event (serde's `flatten` cannot
+/// be combined with `deny_unknown_fields`, hence the two steps).
+pub fn parse_line(text: &str) -> Result<Line, String> {
+    let mut v: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let obj = v.as_object_mut().ok_or("not an object")?;
+    let mut take = |k: &str| obj.remove(k).ok_or(format!("missing '{k}'"));
+    let schema = take("schema")?
+        .as_str()
+        .ok_or("schema not a string")?
+        .to_string();
+    let ts = take("ts")?.as_str().ok_or("ts not a string")?.to_string();
+    let t = take("t")?.as_f64().ok_or("t not a number")?;
+    let attempt = take("attempt")?.as_u64().ok_or("attempt not an integer")? as u32;
+    let event = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    Ok(Line {
+        schema,
+        ts,
+        t,
+        attempt,
+        event,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    RunStart(RunStart),
+    Sample(Box<Sample>),
+    ChildExit(ChildExit),
+    RunEnd(RunEnd),
+    Rule(Rule),
+    Action(Action),
+    Restart(serde_json::Value),
+    OomKill(serde_json::Value),
+    CudaOom(serde_json::Value),
+    WorkerDied(serde_json::Value),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ceiling {
+    pub source: String,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunStart {
+    pub argv: Vec<String>,
+    pub pid: u32,
+    pub ceilings: Vec<Ceiling>,
+    pub cgroup: Option<CgroupInfo>,
+    pub policy: serde_json::Value,
+    pub gpu: GpuInfo,
+    pub version: String,
+    pub interval_seconds: f64,
+    pub pss_interval_seconds: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CgroupInfo {
+    pub version: u8,
+    pub path: String,
+    pub owned: bool,
+    #[serde(default)]
+    pub not_owned_reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    pub available: bool,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sample {
+    pub headroom_bytes: Option<u64>,
+    pub headroom_percent: Option<f64>,
+    pub ceiling: Option<Ceiling>,
+    pub eta_seconds: Option<f64>,
+    pub tree: Tree,
+    pub system: System,
+    pub cgroup: Option<Cgroup>,
+    pub psi: Option<Psi>,
+    pub gpus: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub procs: Option<Vec<Proc>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tree {
+    pub procs: u32,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+    pub uss_bytes: u64,
+    pub swap_bytes: u64,
+    pub footprint_bytes: u64,
+    pub pss_age_seconds: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct System {
+    pub mem_total_bytes: u64,
+    pub mem_available_bytes: u64,
+    pub swap_total_bytes: u64,
+    pub swap_used_bytes: u64,
+    pub swap_in_bytes_per_s: f64,
+    pub swap_out_bytes_per_s: f64,
+    #[serde(default)]
+    pub oom_kill_total: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cgroup {
+    pub version: u8,
+    pub path: String,
+    pub usage_bytes: u64,
+    pub limit_bytes: Option<u64>,
+    pub oom_kill_count: Option<u64>,
+    #[serde(default)]
+    pub limit_path: Option<String>,
+    #[serde(default)]
+    pub limit_working_set_bytes: Option<u64>,
+    pub owned: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Psi {
+    pub some_avg10: f64,
+    pub full_avg10: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    pub role: String,
+    pub comm: String,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+    pub uss_bytes: u64,
+    pub swap_bytes: u64,
+    #[serde(default)]
+    pub gpu_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildExit {
+    pub pid: u32,
+    #[serde(default)]
+    pub code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peak {
+    pub tree_pss_bytes: u64,
+    pub tree_rss_bytes: u64,
+    pub swap_used_bytes: u64,
+    pub gpu_used_bytes: u64,
+    pub t: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunEnd {
+    pub outcome: String,
+    pub exit_code: i32,
+    pub peak: Peak,
+    pub restarts: u32,
+    pub actions: BTreeMap<String, u32>,
+    pub duration_seconds: f64,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub rule: String,
+    pub metric: String,
+    pub value: f64,
+    pub threshold: f64,
+    pub state: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Action {
+    pub action: String,
+    pub reason: String,
+    pub pids: Vec<u32>,
+    #[serde(default)]
+    pub signal: Option<String>,
+    pub result: String,
+}
+
+impl Line {
+    pub fn sample(&self) -> Option<&Sample> {
+        match &self.event {
+            Event::Sample(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Checks the envelope of every line and that run_end is last.
+pub fn check_envelope(lines: &[Line]) {
+    assert!(!lines.is_empty(), "empty log");
+    for l in lines {
+        assert_eq!(l.schema, "oomguard/1");
+        assert!(l.ts.ends_with('Z') && l.ts.len() == 24, "ts {}", l.ts);
+        assert!(l.t >= 0.0);
+        assert!(l.attempt >= 1);
+    }
+    assert!(
+        matches!(lines.last().unwrap().event, Event::RunEnd(_)),
+        "run_end is not last"
+    );
+}
+
+pub fn run_end(lines: &[Line]) -> &RunEnd {
+    match &lines.last().unwrap().event {
+        Event::RunEnd(e) => e,
+        other => panic!("last line is {other:?}"),
+    }
+}

@@ -1,0 +1,575 @@
+//! `oomguard run` against real processes: exit codes, signal forwarding,
+//! reaping, accounting, the NDJSON log and a real memory cgroup.
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::schema::{self, Event};
+use common::*;
+
+fn py(dir: &std::path::Path, name: &str, body: &str) -> String {
+    script(dir, name, body).display().to_string()
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    for code in [0, 1, 2, 127, 255] {
+        let st = oomguard()
+            .args(["run", "-q", "--", "sh", "-c", &format!("exit {code}")])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(code), "exit {code}");
+    }
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    for (sig, code) in [("SIGTERM", 143), ("SIGKILL", 137)] {
+        let st = oomguard()
+            .args([
+                "run",
+                "-q",
+                "--",
+                "python3",
+                "-c",
+                &format!("import os, signal; os.kill(os.getpid(), signal.{sig})"),
+            ])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(code), "{sig}");
+    }
+}
+
+#[test]
+fn missing_and_non_executable_commands() {
+    let out = oomguard()
+        .args(["run", "--", "/no/such/cmd-xyz"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'/no/such/cmd-xyz'") && err.contains("not found"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one-line message: {err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("not-exec.sh");
+    fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
+    let out = oomguard().args(["run", "--"]).arg(&f).output().unwrap();
+    assert_eq!(out.status.code(), Some(126));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&f.display().to_string()), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = oomguard()
+        .args(["run", "--budget", "lots", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("'lots'"));
+    assert_eq!(
+        oomguard().args(["run"]).output().unwrap().status.code(),
+        Some(2)
+    );
+    assert_eq!(
+        oomguard()
+            .args(["frobnicate"])
+            .output()
+            .unwrap()
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn stdout_and_stdin_pass_through_untouched() {
+    let mut child = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--",
+            "sh",
+            "-c",
+            "read x; echo \"got $x\"; echo err >&2",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "got hello\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+}
+
+const SIGNAL_RECORDER: &str = r#"
+import os, signal, sys, time
+out = sys.argv[1]
+def handler(sig, frame):
+    with open(out, "a") as f:
+        f.write(signal.Signals(sig).name + "\n")
+    if sig == signal.SIGTERM:
+        sys.exit(0)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, handler)
+open(out + ".ready", "w").close()
+while True:
+    time.sleep(0.05)
+"#;
+
+#[test]
+fn each_forwarded_signal_reaches_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = py(dir.path(), "rec.py", SIGNAL_RECORDER);
+    let out = dir.path().join("got.txt");
+    let log = dir.path().join("run.ndjson");
+    let mut child = oomguard()
+        .args(["run", "-q", "--log"])
+        .arg(&log)
+        .args(["--", "python3", &rec])
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    let ready = dir.path().join("got.txt.ready");
+    assert!(wait_for(Duration::from_secs(10), || ready.exists()));
+    // Non-terminating signals first; INT/HUP/QUIT do not end this job (it
+    // handles them), TERM does.
+    let sigs = ["USR1", "USR2", "HUP", "QUIT", "INT", "TERM"];
+    for (i, s) in sigs.iter().enumerate() {
+        send(child.id(), s);
+        let want = i + 1;
+        assert!(
+            wait_for(Duration::from_secs(5), || fs::read_to_string(&out)
+                .map(|t| t.lines().count() >= want)
+                .unwrap_or(false)),
+            "signal {s} not received"
+        );
+    }
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(0));
+    let got = fs::read_to_string(&out).unwrap();
+    let names: Vec<&str> = got.lines().collect();
+    assert_eq!(
+        names,
+        [
+            "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT", "SIGINT", "SIGTERM"
+        ]
+    );
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    assert_eq!(schema::run_end(&lines).outcome, "exited");
+}
+
+#[test]
+fn job_ignoring_sigterm_is_killed_after_kill_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(
+        dir.path(),
+        "stubborn.py",
+        "import signal, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen(sys.argv[1], 'w').close()\ntime.sleep(600)\n",
+    );
+    let ready = dir.path().join("ready");
+    let log = dir.path().join("run.ndjson");
+    let mut child = oomguard()
+        .args(["run", "-q", "--kill-after", "1s", "--log"])
+        .arg(&log)
+        .args(["--", "python3", &job])
+        .arg(&ready)
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || ready.exists()));
+    let t0 = Instant::now();
+    send(child.id(), "TERM");
+    let st = child.wait().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(st.code(), Some(137));
+    assert!(
+        took >= Duration::from_millis(900),
+        "killed too early: {took:?}"
+    );
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let end = schema::run_end(&lines);
+    assert_eq!(end.exit_code, 137);
+    assert_eq!(end.outcome, "signaled");
+}
+
+#[test]
+fn second_interrupt_kills_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(
+        dir.path(),
+        "stubborn.py",
+        "import signal, time, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nopen(sys.argv[1], 'w').close()\ntime.sleep(600)\n",
+    );
+    let ready = dir.path().join("ready");
+    let mut child = oomguard()
+        .args(["run", "-q", "--kill-after", "60s", "--", "python3", &job])
+        .arg(&ready)
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || ready.exists()));
+    send(child.id(), "INT");
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    send(child.id(), "INT");
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(137));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn run_end_is_written_when_oomguard_gets_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let mut child = oomguard()
+        .args(["run", "-q", "--interval", "100ms", "--log"])
+        .arg(&log)
+        .args(["--", "sleep", "600"])
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || fs::read_to_string(
+        &log
+    )
+    .is_ok_and(|t| t.contains("\"sample\""))));
+    send(child.id(), "TERM");
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(143));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let end = schema::run_end(&lines);
+    assert_eq!((end.outcome.as_str(), end.exit_code), ("signaled", 143));
+    assert!(lines.iter().any(
+        |l| matches!(&l.event, Event::ChildExit(c) if c.signal.as_deref() == Some("SIGTERM"))
+    ));
+}
+
+const ORPHANS: &str = r#"
+import os, sys, time
+# 100 grandchildren orphaned at once: each child forks a grandchild and
+# exits, so the grandchild is re-parented to the subreaper (oomguard).
+for i in range(100):
+    pid = os.fork()
+    if pid == 0:
+        if os.fork() == 0:
+            time.sleep(0.2)
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+open(sys.argv[1], "w").close()
+time.sleep(float(sys.argv[2]))
+"#;
+
+#[test]
+fn orphaned_grandchildren_leave_no_zombies() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(dir.path(), "orphans.py", ORPHANS);
+    let ready = dir.path().join("ready");
+    let mut child = oomguard()
+        .args(["run", "-q", "--", "python3", &job])
+        .arg(&ready)
+        .arg("3")
+        .spawn()
+        .unwrap();
+    let me = child.id();
+    assert!(wait_for(Duration::from_secs(20), || ready.exists()));
+    // The grandchildren exit 0.2 s after they were made; oomguard must have
+    // reaped all of them shortly after.
+    assert!(
+        wait_for(Duration::from_secs(5), || children_of(me)
+            .iter()
+            .all(|&(_, st)| st != 'Z')
+            && children_of(me).len() <= 1),
+        "zombies or orphans left: {:?}",
+        children_of(me)
+    );
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+const SETSID_WORKER: &str = r#"
+import os, sys, time
+ready, pidfile = sys.argv[1], sys.argv[2]
+if os.fork() == 0:
+    os.setsid()              # like torchrun's ranks: a session of its own
+    if os.fork() == 0:
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)      # outlives the job: oomguard must stop it
+        os._exit(0)
+    os._exit(0)
+time.sleep(2.5)
+open(ready, "w").close()
+"#;
+
+#[test]
+fn double_forked_worker_in_its_own_session_stays_in_the_tree_and_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(dir.path(), "setsid.py", SETSID_WORKER);
+    let (ready, pidfile) = (dir.path().join("ready"), dir.path().join("pid"));
+    let log = dir.path().join("run.ndjson");
+    let st = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--cgroup",
+            "off",
+            "--interval",
+            "200ms",
+            "--procs-interval",
+            "200ms",
+        ])
+        .args(["--kill-after", "2s", "--log"])
+        .arg(&log)
+        .args(["--", "python3", &job])
+        .arg(&ready)
+        .arg(&pidfile)
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let gpid: u32 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Gone (stopped and reaped), not a zombie, not running.
+    assert_eq!(
+        proc_state(gpid),
+        None,
+        "escaped process {gpid} still exists"
+    );
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let seen = lines.iter().filter_map(|l| l.sample()).any(|s| {
+        s.procs
+            .as_ref()
+            .is_some_and(|ps| ps.iter().any(|p| p.pid == gpid))
+    });
+    assert!(
+        seen,
+        "the setsid grandchild {gpid} never appeared in the tree"
+    );
+}
+
+const COW_WORKERS: &str = r#"
+import os, sys, time
+MiB = 1 << 20
+buf = bytearray(512 * MiB)
+for i in range(0, len(buf), 4096):    # touch every page: resident, private
+    buf[i] = 1
+kids = []
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:                       # workers only keep the shared pages
+        time.sleep(float(sys.argv[1]))
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+"#;
+
+#[test]
+fn forked_workers_are_counted_once_by_pss() {
+    let Some(cg) = MemCgroup::new("pss", 1 << 30) else {
+        require(false, "needs root and a cgroup v1 memory hierarchy");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(dir.path(), "cow.py", COW_WORKERS);
+    let log = dir.path().join("run.ndjson");
+    let mut cmd = cg.command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+        &[
+            "run",
+            "-q",
+            "--interval",
+            "250ms",
+            "--pss-interval",
+            "500ms",
+            "--procs-interval",
+            "250ms",
+            "--log",
+        ],
+    );
+    cmd.arg(&log).args(["--", "python3", &job, "4"]);
+    let st = cmd.status().unwrap();
+    assert_eq!(st.code(), Some(0));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    // Samples with all 5 processes measured (PSS younger than a sweep).
+    let full: Vec<&schema::Sample> = lines
+        .iter()
+        .filter_map(|l| l.sample())
+        .filter(|s| {
+            s.tree.procs >= 5
+                && s.procs
+                    .as_ref()
+                    .is_some_and(|p| p.iter().all(|p| p.pss_bytes > 0))
+        })
+        .collect();
+    assert!(!full.is_empty(), "no sample saw the whole tree measured");
+    let s = full.last().unwrap();
+    let truth = 512u64 << 20;
+    let pss = s.tree.pss_bytes as f64;
+    let rss = s.tree.rss_bytes as f64;
+    // Interpreter overhead is a few MiB per process on top of the buffer.
+    assert!(
+        (pss - truth as f64).abs() / (truth as f64) < 0.10,
+        "tree PSS {} vs true footprint {truth}",
+        s.tree.pss_bytes
+    );
+    assert!(rss / pss > 4.5, "RSS sum {rss} should be ~5x PSS {pss}");
+    // The owned cgroup's usage is the exact footprint: also within 10%.
+    let cgu = s.cgroup.as_ref().unwrap().usage_bytes as f64;
+    assert!(
+        (pss - cgu).abs() / cgu < 0.10,
+        "PSS {pss} vs cgroup usage {cgu}"
+    );
+    let roles: Vec<&str> = s
+        .procs
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| p.role.as_str())
+        .collect();
+    assert_eq!(
+        roles.iter().filter(|r| **r == "worker").count(),
+        4,
+        "{roles:?}"
+    );
+    assert_eq!(
+        roles.iter().filter(|r| **r == "trainer").count(),
+        1,
+        "{roles:?}"
+    );
+}
+
+#[test]
+fn reports_the_memory_cgroup_it_runs_in() {
+    let Some(cg) = MemCgroup::new("limit", 300 << 20) else {
+        require(false, "needs root and a cgroup v1 memory hierarchy");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let mut cmd = cg.command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+        &["run", "-q", "--interval", "100ms", "--log"],
+    );
+    cmd.arg(&log).args([
+        "--",
+        "python3",
+        "-c",
+        "b = bytearray(64 << 20); import time; time.sleep(1)",
+    ]);
+    assert_eq!(cmd.status().unwrap().code(), Some(0));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let Event::RunStart(start) = &lines[0].event else {
+        panic!("first line is not run_start")
+    };
+    let info = start.cgroup.as_ref().expect("cgroup in run_start");
+    assert_eq!(info.version, 1);
+    assert!(
+        info.path.starts_with(&cg.path),
+        "{} under {}",
+        info.path,
+        cg.path
+    );
+    assert!(
+        start
+            .ceilings
+            .iter()
+            .any(|c| c.source == "cgroup" && c.bytes == 300 << 20)
+    );
+    let s = lines
+        .iter()
+        .filter_map(|l| l.sample())
+        .max_by_key(|s| s.cgroup.as_ref().map(|c| c.usage_bytes))
+        .unwrap();
+    let c = s.cgroup.as_ref().unwrap();
+    assert_eq!(c.limit_bytes, Some(300 << 20));
+    assert_eq!(c.limit_path.as_deref(), Some(cg.path.as_str()));
+    assert!(c.usage_bytes >= 60 << 20, "usage {}", c.usage_bytes);
+    let ceiling = s.ceiling.as_ref().unwrap();
+    assert_eq!(
+        (ceiling.source.as_str(), ceiling.bytes),
+        ("cgroup", 300 << 20)
+    );
+    let head = s.headroom_bytes.unwrap();
+    assert!(head < (300 << 20) - (60 << 20), "headroom {head}");
+}
+
+#[test]
+fn budget_is_a_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let st = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--budget",
+            "64MiB",
+            "--interval",
+            "100ms",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "sleep", "0.5"])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let lines = read_log(&log);
+    let Event::RunStart(start) = &lines[0].event else {
+        panic!()
+    };
+    assert!(
+        start
+            .ceilings
+            .iter()
+            .any(|c| c.source == "budget" && c.bytes == 64 << 20)
+    );
+    let s = lines.iter().filter_map(|l| l.sample()).next().unwrap();
+    assert_eq!(s.ceiling.as_ref().unwrap().source, "budget");
+}
+
+#[test]
+fn summary_on_stderr() {
+    let mut child = oomguard()
+        .args([
+            "run",
+            "--interval",
+            "100ms",
+            "--",
+            "python3",
+            "-c",
+            "import time; b = bytearray(32 << 20); time.sleep(0.6)",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(err.contains("exited with 0"), "{err}");
+    assert!(err.contains("peak footprint"), "{err}");
+    assert!(err.contains("nearest ceiling"), "{err}");
+    for l in err.lines() {
+        assert!(l.starts_with("oomguard: "), "unprefixed line: {l}");
+    }
+}
