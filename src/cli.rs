@@ -68,6 +68,9 @@ pub struct RunArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
     /// The command to run, after `--`.
     #[arg(
         trailing_var_arg = true,
@@ -76,6 +79,75 @@ pub struct RunArgs {
         value_name = "COMMAND"
     )]
     pub command: Vec<OsString>,
+}
+
+/// What oomguard does about memory (see also `--config`).
+#[derive(Debug, Args, Default)]
+pub struct PolicyArgs {
+    /// `default` (warn, then act before the OOM killer) or `none` (observe).
+    #[arg(long, value_name = "NAME", value_parser = ["default", "none"])]
+    pub policy: Option<String>,
+
+    /// Warn when usage reaches this share of the nearest ceiling [default: 80%].
+    #[arg(long, value_name = "PCT", value_parser = usage_percent)]
+    pub warn_at: Option<f64>,
+
+    /// Critical when usage reaches this share of the nearest ceiling [default: 92%].
+    #[arg(long, value_name = "PCT", value_parser = usage_percent)]
+    pub critical_at: Option<f64>,
+
+    /// What a critical rule does [default: stop].
+    #[arg(long, value_enum, value_name = "ACTION")]
+    pub on_critical: Option<CriticalAction>,
+
+    /// TOML file with settings and rules [default: ./oomguard.toml if present].
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// A pause never lasts longer than this; then the critical action runs [default: 10m].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub max_pause: Option<Duration>,
+
+    /// How long the trainer has to checkpoint and exit after the checkpoint signal [default: 60s].
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub grace: Option<Duration>,
+
+    /// The signal asking the trainer to checkpoint and exit [default: TERM].
+    #[arg(long, value_name = "SIGNAL", value_parser = signal)]
+    pub checkpoint_signal: Option<i32>,
+
+    /// Run CMD (with sh -c) on every warning; OOMGUARD_* variables describe it.
+    #[arg(long, value_name = "CMD")]
+    pub on_warn: Option<String>,
+
+    /// No desktop notifications (they are off anyway when headless or CI=true).
+    #[arg(long)]
+    pub no_notify: bool,
+}
+
+/// Actions a critical rule may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CriticalAction {
+    Pause,
+    Stop,
+    Kill,
+    Restart,
+}
+
+fn usage_percent(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    t.strip_suffix('%')
+        .unwrap_or(t)
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| (0.0..100.0).contains(v) && *v > 0.0)
+        .ok_or_else(|| format!("'{s}' is not a usage percentage between 0% and 100% (e.g. 80%)"))
+}
+
+fn signal(s: &str) -> Result<i32, String> {
+    crate::supervise::parse_signal(s)
+        .ok_or_else(|| format!("'{s}' is not a signal (expected e.g. TERM, USR1, INT or a number)"))
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

@@ -17,9 +17,11 @@
 //! oomguard's own lines go to stderr with an `oomguard:` prefix.
 
 pub mod cli;
+pub mod config;
 pub mod forensics;
 pub mod log;
 pub mod model;
+pub mod policy;
 pub mod probe;
 pub mod run;
 pub mod supervise;

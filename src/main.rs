@@ -9,7 +9,13 @@ use oomguard::run::{RunConfig, run};
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Run(args) => run(RunConfig::from_args(args)),
+        Command::Run(args) => match RunConfig::from_args(args) {
+            Ok(cfg) => run(cfg),
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                2
+            }
+        },
     };
     std::process::exit(code);
 }

@@ -300,6 +300,8 @@ struct Point {
 
 /// Fewer points than this and the slope is noise.
 const MIN_POINTS: usize = 3;
+/// Seconds over which memory must still be growing for an ETA to exist.
+const RECENT: f64 = 2.0;
 
 impl History {
     /// `window`: seconds of history the ETA and growth rates look at.
@@ -320,6 +322,11 @@ impl History {
             self.points.clear();
         }
         if let Some(n) = nearest {
+            // Fast polling near a ceiling would flood the window; keep at
+            // most one point per 100 ms (the newest).
+            if self.points.back().is_some_and(|p| sample.t - p.t < 0.1) && self.points.len() > 1 {
+                self.points.pop_back();
+            }
             self.points.push_back(Point {
                 t: sample.t,
                 headroom: n.headroom_bytes as f64,
@@ -337,9 +344,13 @@ impl History {
                 break;
             }
         }
-        let headroom_slope = self.slope();
-        let eta_seconds = match (nearest, headroom_slope) {
-            (Some(n), Some(slope)) if slope < 0.0 => {
+        let headroom_slope = self.slope(self.window);
+        // A burst that is over (a checkpoint loaded at start-up) still tilts
+        // the long window for a while: only memory that is *still*
+        // shrinking over the last few seconds has an ETA.
+        let recent = self.slope(RECENT.min(self.window));
+        let eta_seconds = match (nearest, headroom_slope, recent) {
+            (Some(n), Some(slope), Some(r)) if slope < 0.0 && r < 0.0 => {
                 Some((n.headroom_bytes as f64 / -slope).max(0.0))
             }
             _ => None,
@@ -358,11 +369,14 @@ impl History {
         self.points.clear();
     }
 
-    fn slope(&self) -> Option<f64> {
-        if self.points.len() < MIN_POINTS {
+    /// Least-squares slope of headroom over the last `window` seconds.
+    fn slope(&self, window: f64) -> Option<f64> {
+        let last = self.points.back()?.t;
+        let pts = self.points.iter().filter(|p| last - p.t <= window);
+        if pts.clone().count() < MIN_POINTS {
             return None;
         }
-        least_squares_slope(self.points.iter().map(|p| (p.t, p.headroom)))
+        least_squares_slope(pts.map(|p| (p.t, p.headroom)))
     }
 
     fn fastest(&self) -> Option<(u32, f64)> {
@@ -527,6 +541,17 @@ mod tests {
             v = Some(h.push(&budget_sample(i as f64, 900)));
         }
         assert_eq!(v.unwrap().eta_seconds, None);
+    }
+
+    #[test]
+    fn a_burst_that_stopped_has_no_eta() {
+        let mut h = History::new(10.0);
+        // 500 bytes at once, then flat: not a leak.
+        let mut last = None;
+        for (t, fp) in [(0.0, 0), (1.0, 250), (2.0, 500), (3.0, 500), (4.0, 500), (5.0, 500), (6.0, 500)] {
+            last = Some(h.push(&budget_sample(t, fp)));
+        }
+        assert_eq!(last.unwrap().eta_seconds, None);
     }
 
     #[test]

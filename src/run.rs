@@ -2,26 +2,43 @@
 //!
 //! One task on a current-thread runtime owns everything that changes state:
 //! it reaps children on SIGCHLD, forwards signals sent to oomguard, samples
-//! the tree every tick, and walks the shutdown ladder. The only other thread
-//! is the PSS sweeper, which never blocks a tick. Keeping every `waitpid`
-//! and every signal in this one place is what makes the reaper safe (no
-//! other component waits for our children) and the log ordered.
+//! the tree, runs the policy engine and carries out its decisions, and walks
+//! the shutdown ladder. The other threads only measure (the PSS sweeper).
+//! Keeping every `waitpid` and every signal in this one place is what makes
+//! the reaper safe (nothing else waits for our children) and the log
+//! ordered.
+//!
+//! Near a ceiling the loop speeds up: the cheap counters are polled every
+//! 20–250 ms instead of every `--interval`, and on cgroup v1 the kernel
+//! wakes the loop the moment usage crosses the warn and critical levels.
+//!
+//! Stopping while memory is still growing: the trainer gets the checkpoint
+//! signal and must reach a step boundary, which a data-bound trainer only
+//! does with its next batch. So instead of freezing the growers outright
+//! (which can deadlock the very checkpoint we wait for), the growing
+//! non-trainer processes are *throttled*: held with SIGSTOP and let run for
+//! a short slice every cycle, so growth slows ~10× while the pipeline still
+//! delivers. Below a last-resort level everything is frozen: the kernel must
+//! never be the one that ends the job.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::CgroupMode;
+use crate::config::PolicySettings;
 use crate::log::{
     CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart, SampleEvent,
 };
 use crate::model::{CeilingState, History, ProcSample, Role, Sample, View};
-use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
+use crate::policy::{Action, Decision, Engine, Readings};
+use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
 use crate::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
 use crate::probe::system::SystemReader;
 use crate::supervise::{self, Job, SpawnSpec, Status};
@@ -44,32 +61,54 @@ pub struct RunConfig {
     pub cgroup: CgroupMode,
     pub kill_after: Duration,
     pub quiet: bool,
+    pub notify: bool,
+    pub policy: PolicySettings,
     pub proc_root: PathBuf,
 }
 
 impl RunConfig {
-    pub fn from_args(a: crate::cli::RunArgs) -> Self {
-        Self {
+    /// Merges the flags with the configuration file.
+    pub fn from_args(a: crate::cli::RunArgs) -> Result<Self, crate::config::ConfigError> {
+        let p = &a.policy;
+        let flags = crate::config::PolicyFlags {
+            policy: p.policy.clone(),
+            warn_at: p.warn_at,
+            critical_at: p.critical_at,
+            on_critical: p.on_critical.map(|c| match c {
+                crate::cli::CriticalAction::Pause => Action::Pause,
+                crate::cli::CriticalAction::Stop => Action::Stop,
+                crate::cli::CriticalAction::Kill => Action::Kill,
+                crate::cli::CriticalAction::Restart => Action::Restart,
+            }),
+            max_pause: p.max_pause,
+            grace: p.grace,
+            checkpoint_signal: p.checkpoint_signal,
+            on_warn: p.on_warn.clone(),
+            config: p.config.clone(),
+        };
+        let settings = crate::config::resolve(&flags)?;
+        let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+        let notify = !p.no_notify && !in_ci && settings.notify.unwrap_or(true);
+        Ok(Self {
             argv: a.command,
             log: a.log,
             interval: a.interval,
             pss_interval: a.pss_interval,
             procs_interval: a.procs_interval,
-            budget: a.budget,
+            budget: a.budget.or(settings.budget),
             cgroup: a.cgroup,
-            kill_after: a.kill_after,
+            kill_after: settings.kill_after.unwrap_or(a.kill_after),
             quiet: a.quiet,
+            notify,
+            policy: settings,
             proc_root: PathBuf::from("/proc"),
-        }
+        })
     }
 }
 
 /// Runs the job under supervision and returns oomguard's exit code.
 pub fn run(cfg: RunConfig) -> i32 {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("oomguard: cannot start the runtime: {e}");
@@ -82,6 +121,7 @@ pub fn run(cfg: RunConfig) -> i32 {
 const SIG_TERM: i32 = libc::SIGTERM;
 const SIG_KILL: i32 = libc::SIGKILL;
 const SIG_CONT: i32 = libc::SIGCONT;
+const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
 /// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
@@ -95,6 +135,46 @@ const FORWARDED: [(i32, bool); 6] = [
     (libc::SIGUSR2, false),
 ];
 
+/// Fastest polling cadence (near the ceiling and while stopping).
+const FAST: Duration = Duration::from_millis(20);
+/// Throttle cycle for growers during a stop: run `THROTTLE_RUN` of every
+/// `THROTTLE_CYCLE`.
+const THROTTLE_CYCLE: Duration = Duration::from_millis(500);
+const THROTTLE_RUN: Duration = Duration::from_millis(50);
+/// Warn notifications are abandoned after this long (a hung notification
+/// daemon must not matter).
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+/// Hooks are killed after this long.
+const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Identity of a process: pid and start time.
+type Ident = (u32, u64);
+
+/// The graceful stop in progress.
+#[derive(Debug)]
+struct Stop {
+    reason: String,
+    action: Action,
+    grace_end: Instant,
+    step: StopStep,
+    /// Growers held by the throttle (stopped except for short slices).
+    throttled: HashSet<Ident>,
+    throttle_running: bool,
+    throttle_switch: Instant,
+    /// Everything frozen at the last-resort level.
+    frozen_all: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StopStep {
+    /// Waiting for the trainers to checkpoint and exit.
+    Checkpoint,
+    /// SIGTERM sent to the rest; SIGKILL at the deadline.
+    Terminate { until: Instant },
+    /// SIGKILL sent; waiting for the tree to be gone.
+    Killed,
+}
+
 struct Supervisor {
     cfg: RunConfig,
     started: Instant,
@@ -106,6 +186,7 @@ struct Supervisor {
     owned: Option<OwnedCgroup>,
     budget_bytes: Option<u64>,
     history: History,
+    engine: Engine,
     job: Job,
     foreground: bool,
     main_status: Option<Status>,
@@ -119,8 +200,22 @@ struct Supervisor {
     killed: bool,
     /// The INT or TERM that started the shutdown, if one did.
     shutdown_signal: Option<i32>,
+    /// Processes oomguard paused (policy `pause`).
+    paused: HashSet<Ident>,
+    stop: Option<Stop>,
+    /// The critical action that ended the attempt, if the policy did.
+    policy_end: Option<Action>,
+    helpers: supervise::Helpers,
+    hook_deadlines: HashMap<u32, Instant>,
+    next_tick: Instant,
+    next_full: Instant,
+    last_logged: Option<f64>,
     last_procs_log: Option<f64>,
+    last_view: Option<View>,
+    last_sample: Option<Sample>,
     oom_kills_at_start: Option<u64>,
+    vm_oom_kills_at_start: Option<u64>,
+    thresholds: Vec<AsyncFd<Threshold>>,
     stats: RunStats,
 }
 
@@ -193,15 +288,13 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     };
     let (job, owned, not_owned_reason) = match spawn_with(owned.as_ref()) {
         Ok(job) => (job, owned, not_owned_reason),
-        // Joining the cgroup can fail (a v1 hierarchy that refuses the
-        // move); the job matters more than the cgroup.
+        // Joining the cgroup can fail (a hierarchy that refuses the move);
+        // the job matters more than the cgroup.
         Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
             match spawn_with(None) {
-                Ok(job) => (
-                    job,
-                    None,
-                    Some(format!("cannot move the job into its cgroup: {source}")),
-                ),
+                Ok(job) => {
+                    (job, None, Some(format!("cannot move the job into its cgroup: {source}")))
+                }
                 Err(e) => return spawn_failed(&mut log, &e),
             }
         }
@@ -222,13 +315,14 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     let mut scanner = TreeScanner::new(&cfg.proc_root, TreeRoot::ChildrenOf(std::process::id()));
     scanner.set_job(Some(job.pid));
 
+    let now = Instant::now();
+    let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
     let mut sup = Supervisor {
         sweeper: PssSweeper::start(cfg.proc_root.clone(), cfg.pss_interval),
-        history: History::new(30.0),
-        oom_kills_at_start: cgroup_reader
-            .as_ref()
-            .and_then(|c| c.read())
-            .and_then(|c| c.oom_kill_count),
+        history: History::new(10.0),
+        engine: Engine::new(cfg.policy.policy.clone()),
+        oom_kills_at_start: cg_first.as_ref().and_then(|c| c.oom_kill_count),
+        vm_oom_kills_at_start: first_system.oom_kill_total,
         cfg,
         started,
         log,
@@ -245,25 +339,32 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         kill_at: None,
         killed: false,
         shutdown_signal: None,
+        paused: HashSet::new(),
+        stop: None,
+        policy_end: None,
+        helpers: supervise::Helpers::default(),
+        hook_deadlines: HashMap::new(),
+        next_tick: now,
+        next_full: now,
+        last_logged: None,
         last_procs_log: None,
+        last_view: None,
+        last_sample: None,
+        thresholds: Vec::new(),
         stats: RunStats::default(),
     };
     sup.write_run_start(not_owned_reason);
+    sup.register_thresholds(cg_first.as_ref());
 
-    let mut ticker = tokio::time::interval(sup.cfg.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // After the main process is gone, the tree is polled quickly so that
-    // oomguard exits as soon as the last process does.
-    let mut fast = tokio::time::interval(Duration::from_millis(50));
     loop {
         let forwarded = recv_any(&mut streams);
-        let kill_at = sup.kill_at;
+        let wake = sup.next_wake();
+        let threshold = threshold_crossed(&sup.thresholds);
         tokio::select! {
             _ = sigchld.recv() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
-            _ = ticker.tick() => sup.tick(),
-            _ = fast.tick(), if sup.main_status.is_some() => sup.reap(),
-            _ = sleep_until_opt(kill_at) => sup.kill_tree("--kill-after expired"),
+            _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
+            () = threshold => sup.tick(true),
         }
         if sup.finished() {
             break;
@@ -273,23 +374,18 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
 }
 
 async fn recv_any(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
-    let futs = streams.iter_mut().map(|(sig, s)| {
-        let sig = *sig;
-        Box::pin(async move {
-            s.recv().await;
-            sig
+    let mut futs: Vec<_> = streams
+        .iter_mut()
+        .map(|(sig, s)| {
+            let sig = *sig;
+            Box::pin(async move {
+                s.recv().await;
+                sig
+            })
         })
-    });
-    futures_select_all(futs).await
-}
-
-/// Waits for the first of several futures (a tiny `select_all`, to avoid
-/// a dependency for one call).
-async fn futures_select_all<F>(futs: impl Iterator<Item = std::pin::Pin<Box<F>>>) -> i32
-where
-    F: std::future::Future<Output = i32>,
-{
-    let mut futs: Vec<_> = futs.collect();
+        .collect();
+    // A tiny select-all over a handful of futures, to avoid a dependency
+    // for one call.
     std::future::poll_fn(move |cx| {
         for f in futs.iter_mut() {
             if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
@@ -301,11 +397,34 @@ where
     .await
 }
 
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
+/// Resolves when any threshold eventfd fires (and drains it).
+async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
+    if fds.is_empty() {
+        return std::future::pending().await;
     }
+    let mut futs: Vec<_> = fds.iter().map(|fd| Box::pin(fd.readable())).collect();
+    std::future::poll_fn(move |cx| {
+        for f in futs.iter_mut() {
+            if let std::task::Poll::Ready(Ok(mut guard)) = f.as_mut().poll(cx) {
+                let mut buf = [0u8; 8];
+                let fd = guard.get_inner().eventfd.as_fd();
+                match rustix::io::read(fd, &mut buf) {
+                    Ok(_) => {}
+                    Err(_) => guard.clear_ready(),
+                }
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+#[allow(unsafe_code)]
+fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
+    // SAFETY: `Threshold` owns its eventfd and never replaces it, so the fd
+    // stays open and the same for the whole life of the AsyncFd.
+    unsafe { AsyncFd::register(t) }.map_err(|_| ())
 }
 
 fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
@@ -328,7 +447,7 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
 
 impl Supervisor {
     fn write_run_start(&mut self, not_owned_reason: Option<String>) {
-        let sample = self.sample();
+        let sample = self.sample(false);
         let cgroup = self.cgroup.as_ref().map(|c| CgroupInfo {
             version: c.location().version.number(),
             path: c.location().path.clone(),
@@ -336,36 +455,52 @@ impl Supervisor {
             not_owned_reason: not_owned_reason.clone(),
         });
         let start = RunStart {
-            argv: self
-                .cfg
-                .argv
-                .iter()
-                .map(|a| a.to_string_lossy().into_owned())
-                .collect(),
+            argv: self.cfg.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
             pid: self.job.pid,
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
-            policy: serde_json::json!({ "rules": [] }),
-            gpu: GpuInfo {
-                available: false,
-                reason: Some("GPU monitoring is not enabled".into()),
-            },
+            policy: self.engine.policy().to_json(),
+            gpu: GpuInfo { available: false, reason: Some("GPU monitoring is not enabled".into()) },
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
         };
         self.log.write_at("run_start", sample.t, &start);
+        self.last_sample = Some(sample);
     }
 
-    /// Reads one tick's sample.
-    fn sample(&mut self) -> Sample {
+    /// On cgroup v1, asks the kernel to wake us when usage crosses the
+    /// warn, critical and last-resort levels of the cgroup ceiling.
+    fn register_thresholds(&mut self, cg: Option<&crate::model::CgroupSample>) {
+        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else { return };
+        let (Some(limit), Some(path)) = (cg.limit_bytes, cg.limit_path.as_deref()) else { return };
+        let Some(dir) = reader.limit_dir(path) else { return };
+        let (warn, crit) = self.engine.policy().thresholds();
+        let mut levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)].into_iter().flatten().collect();
+        levels.dedup();
+        for h in levels {
+            let bytes = (limit as f64 * (1.0 - h / 100.0)) as u64;
+            let Ok(t) = Threshold::register(&dir, bytes) else {
+                break; // not permitted: polling still covers it
+            };
+            if let Ok(fd) = watch_threshold(t) {
+                self.thresholds.push(fd);
+            }
+        }
+    }
+
+    /// Reads one tick's sample. A quick sample re-reads only the processes
+    /// already known (no /proc walk): cheap enough for 20 ms polling.
+    fn sample(&mut self, quick: bool) -> Sample {
         let now = Instant::now();
-        let members = self
-            .cgroup
-            .as_ref()
-            .filter(|c| c.owned())
-            .and_then(|c| c.procs());
+        let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
+            Some(self.tree.iter().map(|p| p.pid).collect())
+        } else {
+            self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.procs())
+        };
         let found = self.scanner.scan(members.as_deref());
+        let me = std::process::id();
+        self.zombie_children = found.iter().filter(|f| f.stat.state == 'Z' && f.stat.ppid == me).count();
         let mut procs: Vec<ProcSample> = found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
@@ -382,18 +517,14 @@ impl Supervisor {
                 start_time: f.stat.start_time,
             })
             .collect();
-        self.sweeper
-            .set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
+        if !quick {
+            self.sweeper.set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
+        }
         let pss_age = self.sweeper.apply(&mut procs, now);
         let mut tree = totals(&procs);
         tree.pss_age_seconds = pss_age;
         let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
-        if let Some(level) = self
-            .cgroup
-            .as_ref()
-            .filter(|c| c.owned())
-            .and_then(|c| c.level())
-        {
+        if let Some(level) = self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.level()) {
             tree.footprint_bytes = level.working_set;
         }
         let system = self.system.read(now);
@@ -411,14 +542,91 @@ impl Supervisor {
         }
     }
 
-    fn tick(&mut self) {
-        self.reap();
-        let sample = self.sample();
-        let view = self.history.push(&sample);
-        self.record(&sample, &view);
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.next_tick;
+        if let Some(k) = self.kill_at {
+            wake = wake.min(k);
+        }
+        if self.main_status.is_some() {
+            wake = wake.min(Instant::now() + Duration::from_millis(50));
+        }
+        if let Some(d) = self.hook_deadlines.values().min() {
+            wake = wake.min(*d);
+        }
+        wake
     }
 
-    fn record(&mut self, sample: &Sample, view: &View) {
+    fn on_timer(&mut self) {
+        let now = Instant::now();
+        self.reap();
+        if self.kill_at.is_some_and(|k| now >= k) {
+            self.kill_tree("--kill-after expired");
+        }
+        self.expire_hooks(now);
+        if now >= self.next_tick {
+            let full = now >= self.next_full;
+            self.tick(!full);
+        }
+    }
+
+    /// One tick: sample, derive, decide, act, record.
+    fn tick(&mut self, quick: bool) {
+        self.reap();
+        let now = Instant::now();
+        if !quick {
+            self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
+        }
+        let sample = self.sample(quick);
+        let view = self.history.push(&sample);
+        let readings = Readings::from_sample(&sample, &view, None, None);
+        let decisions = if self.main_status.is_some() || self.shutdown_signal.is_some() {
+            Vec::new()
+        } else {
+            self.engine.step(&readings)
+        };
+        let acted = !decisions.is_empty();
+        for d in decisions {
+            self.apply(d, &sample, &view);
+        }
+        if !self.paused.is_empty() {
+            // Processes born just before the pause are paused too.
+            self.pause_new();
+        }
+        if self.stop.is_some() {
+            self.guard(&sample, &view, now);
+        }
+        self.record(&sample, &view, acted);
+        let every = self.cadence(&view);
+        self.next_tick = now + every;
+        if every >= self.cfg.interval {
+            self.next_full = self.next_tick;
+        }
+        self.last_view = Some(view);
+        self.last_sample = Some(sample);
+    }
+
+    /// How soon the next tick comes: faster as headroom shrinks.
+    fn cadence(&self, view: &View) -> Duration {
+        let base = self.cfg.interval;
+        if self.stop.is_some() || !self.paused.is_empty() {
+            return FAST.max(Duration::from_millis(20));
+        }
+        let (warn, crit) = self.engine.policy().thresholds();
+        let (warn, crit) = (warn.unwrap_or(20.0), crit.unwrap_or(8.0));
+        let fast = match view.headroom_percent() {
+            Some(h) if h < crit * 2.0 => FAST,
+            Some(h) if h < warn => Duration::from_millis(100),
+            Some(h) if h < warn + 10.0 => Duration::from_millis(250),
+            _ => base,
+        };
+        let fast = match view.eta_seconds {
+            Some(eta) if eta < 30.0 => fast.min(Duration::from_millis(100)),
+            _ => fast,
+        };
+        fast.min(base)
+    }
+
+    fn record(&mut self, sample: &Sample, view: &View, force: bool) {
         self.stats.samples += 1;
         let s = &mut self.stats;
         if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
@@ -435,40 +643,384 @@ impl Supervisor {
         let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
         s.peak.gpu_used_bytes = s.peak.gpu_used_bytes.max(gpu);
         if let Some(n) = view.nearest
-            && s.least_headroom
-                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
+            && s.least_headroom.is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
         {
             s.least_headroom = Some(n);
         }
-        let with_procs = self
-            .last_procs_log
-            .is_none_or(|last| sample.t - last >= self.cfg.procs_interval.as_secs_f64());
+        // Fast ticks are not all logged: one line per --interval, plus
+        // every tick where a rule or action happened.
+        let due = self
+            .last_logged
+            .is_none_or(|last| sample.t - last >= self.cfg.interval.as_secs_f64() * 0.95);
+        if !(due || force) {
+            return;
+        }
+        self.last_logged = Some(sample.t);
+        let with_procs = force
+            || self
+                .last_procs_log
+                .is_none_or(|last| sample.t - last >= self.cfg.procs_interval.as_secs_f64());
         if with_procs {
             self.last_procs_log = Some(sample.t);
         }
-        self.log.write_at(
-            "sample",
-            sample.t,
-            &SampleEvent::new(sample, view, with_procs),
+        self.log.write_at("sample", sample.t, &SampleEvent::new(sample, view, with_procs));
+    }
+
+    fn count(&mut self, action: &str) {
+        *self.stats.actions.entry(action.to_string()).or_insert(0) += 1;
+    }
+
+    fn log_action(&mut self, action: &str, reason: &str, pids: Vec<u32>, signal: Option<i32>, result: String) {
+        self.count(action);
+        self.log.write(
+            "action",
+            &serde_json::json!({
+                "action": action,
+                "reason": reason,
+                "pids": pids,
+                "signal": signal.map(supervise::signal_name),
+                "result": result,
+            }),
         );
+    }
+
+    /// Signals processes by identity; returns the pids reached and the
+    /// first error, if any.
+    fn signal_all(&self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
+        let mut reached = Vec::new();
+        let mut err = None;
+        for &(pid, start) in targets {
+            match supervise::signal_process(&self.cfg.proc_root, pid, start, sig) {
+                Ok(()) => reached.push(pid),
+                Err(supervise::SignalError::Gone(_)) => {}
+                Err(e) => {
+                    err.get_or_insert(e.to_string());
+                }
+            }
+        }
+        (reached, err.unwrap_or_else(|| "ok".into()))
+    }
+
+    fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
+        self.tree.iter().filter(|p| pred(p)).map(|p| (p.pid, p.start_time)).collect()
+    }
+
+    fn apply(&mut self, d: Decision, sample: &Sample, view: &View) {
+        match d {
+            Decision::Rule { rule, metric, value, threshold, firing } => {
+                let value = if value.is_finite() { value } else { f64::MAX };
+                self.log.write(
+                    "rule",
+                    &serde_json::json!({
+                        "rule": rule,
+                        "metric": metric.name(),
+                        "value": (value * 1000.0).round() / 1000.0,
+                        "threshold": threshold,
+                        "state": if firing { "firing" } else { "cleared" },
+                    }),
+                );
+            }
+            Decision::Act { action, reason, hook } => {
+                if action == Action::Warn {
+                    self.warn(&reason, sample, view);
+                } else {
+                    self.describe(action, &reason, view);
+                }
+                match action {
+                    Action::Warn => {
+                        self.log_action("warn", &reason, Vec::new(), None, "ok".into());
+                    }
+                    Action::Pause => self.pause(&reason),
+                    Action::Stop | Action::Restart => self.begin_stop(action, &reason),
+                    Action::Kill => {
+                        self.policy_end = Some(Action::Kill);
+                        let targets = self.idents(|_| true);
+                        let (pids, result) = self.signal_all(&targets, SIG_KILL);
+                        self.log_action("kill", &reason, pids, Some(SIG_KILL), result);
+                        self.kill_tree("policy kill");
+                    }
+                }
+                let hook = hook.or_else(|| {
+                    (action == Action::Warn).then(|| self.cfg.policy.on_warn.clone()).flatten()
+                });
+                if let Some(cmd) = hook {
+                    self.run_hook(&cmd, action, &reason, view);
+                }
+            }
+            Decision::Resume { reason } => self.resume(&reason),
+        }
+    }
+
+    fn describe(&self, action: Action, reason: &str, view: &View) {
+        if self.cfg.quiet {
+            return;
+        }
+        let head = view.nearest.map_or_else(String::new, |n| {
+            format!(
+                ": headroom {} ({:.1}%) under the {} ceiling of {}",
+                HumanBytes(n.headroom_bytes),
+                n.headroom_percent(),
+                n.ceiling.source.as_str(),
+                HumanBytes(n.ceiling.bytes)
+            )
+        });
+        let what = match action {
+            Action::Pause => "pausing the job".to_string(),
+            Action::Stop => format!(
+                "stopping the job gracefully ({} to the trainer, {} grace)",
+                supervise::signal_name(self.cfg.policy.checkpoint_signal),
+                human_duration(self.cfg.policy.grace)
+            ),
+            Action::Restart => "stopping the job to restart it".to_string(),
+            Action::Kill => "killing the job".to_string(),
+            Action::Warn => "warning".to_string(),
+        };
+        eprintln!("oomguard: {reason}{head}; {what}");
+    }
+
+    fn warn(&mut self, reason: &str, sample: &Sample, view: &View) {
+        let head = view.nearest.map_or_else(String::new, |n| {
+            format!(
+                "headroom {} ({:.1}%) under the {} ceiling of {}",
+                HumanBytes(n.headroom_bytes),
+                n.headroom_percent(),
+                n.ceiling.source.as_str(),
+                HumanBytes(n.ceiling.bytes)
+            )
+        });
+        let eta = view.eta_seconds.map_or_else(String::new, |e| format!("; full in ~{e:.0}s"));
+        let top = sample
+            .procs
+            .iter()
+            .max_by_key(|p| p.pss_bytes)
+            .map_or_else(String::new, |p| {
+                format!("; largest {} (pid {}, {}) {}", p.comm, p.pid, p.role.as_str(), HumanBytes(p.pss_bytes))
+            });
+        let msg = format!("{head}{eta}{top}");
+        if !self.cfg.quiet {
+            eprintln!("oomguard: warning ({reason}): {msg}");
+        }
+        if self.cfg.notify {
+            notify(format!("oomguard: memory warning ({reason})"), msg);
+        }
+    }
+
+    fn pause(&mut self, reason: &str) {
+        let targets = self.idents(|_| true);
+        let (pids, result) = self.signal_all(&targets, SIG_STOP);
+        self.paused.extend(targets);
+        self.log_action("pause", reason, pids, Some(SIG_STOP), result);
+    }
+
+    fn pause_new(&mut self) {
+        let new: Vec<Ident> = self.idents(|p| !self.paused.contains(&(p.pid, p.start_time)));
+        if !new.is_empty() {
+            self.signal_all(&new, SIG_STOP);
+            self.paused.extend(new);
+        }
+    }
+
+    fn resume(&mut self, reason: &str) {
+        let targets: Vec<Ident> = self.paused.drain().collect();
+        let (pids, result) = self.signal_all(&targets, SIG_CONT);
+        self.log_action("resume", reason, pids, Some(SIG_CONT), result);
+        if !self.cfg.quiet {
+            eprintln!("oomguard: {reason} cleared; resuming the job");
+        }
+    }
+
+    /// Starts the graceful ladder: checkpoint signal to the trainers only.
+    fn begin_stop(&mut self, action: Action, reason: &str) {
+        self.policy_end = Some(action);
+        let now = Instant::now();
+        // A paused trainer cannot checkpoint: let it run (growers stay held
+        // by the throttle below).
+        let mut trainers = self.idents(|p| p.role == Role::Trainer);
+        if trainers.is_empty() {
+            trainers = self.idents(|p| p.pid == self.job.pid);
+        }
+        let growers = self.growers();
+        if !self.paused.is_empty() {
+            let resume: Vec<Ident> =
+                self.paused.drain().filter(|id| !growers.contains(id)).collect();
+            self.signal_all(&resume, SIG_CONT);
+        }
+        let sig = self.cfg.policy.checkpoint_signal;
+        let (pids, result) = self.signal_all(&trainers, sig);
+        self.log_action(action.name(), reason, pids, Some(sig), result);
+        self.stop = Some(Stop {
+            reason: reason.to_string(),
+            action,
+            grace_end: now + self.cfg.policy.grace,
+            step: StopStep::Checkpoint,
+            throttled: HashSet::new(),
+            throttle_running: false,
+            throttle_switch: now,
+            frozen_all: false,
+        });
+        if let Some(s) = &mut self.stop {
+            s.throttled = growers;
+        }
+    }
+
+    /// Non-trainer processes whose memory grew over the recent window
+    /// (usually DataLoader workers with a leaking cache).
+    fn growers(&self) -> HashSet<Ident> {
+        let Some(prev) = &self.last_sample else { return HashSet::new() };
+        let before: HashMap<Ident, u64> =
+            prev.procs.iter().map(|p| ((p.pid, p.start_time), p.rss_bytes)).collect();
+        self.tree
+            .iter()
+            .filter(|p| matches!(p.role, Role::Worker | Role::Other))
+            .filter(|p| before.get(&(p.pid, p.start_time)).is_none_or(|&b| p.rss_bytes > b))
+            .map(|p| (p.pid, p.start_time))
+            .collect()
+    }
+
+    /// Keeps the kernel out while the stop is in progress, and walks the
+    /// ladder: trainers exit (or grace ends) → SIGTERM + SIGCONT to the
+    /// rest → `--kill-after` → SIGKILL.
+    fn guard(&mut self, sample: &Sample, view: &View, now: Instant) {
+        let (_, crit) = self.engine.policy().thresholds();
+        let crit = crit.unwrap_or(8.0);
+        let last_resort = crit / 2.0;
+        let headroom = view.headroom_percent();
+        let trainers_alive = sample.procs.iter().any(|p| p.role == Role::Trainer)
+            || (self.main_status.is_none() && sample.procs.iter().all(|p| p.role != Role::Worker && p.role != Role::Other));
+        let new_growers = self.growers();
+        let Some(mut st) = self.stop.take() else { return };
+        match st.step {
+            StopStep::Checkpoint => {
+                let low = headroom.is_some_and(|h| h < last_resort);
+                if low && !st.frozen_all {
+                    let all = self.idents(|_| true);
+                    let (pids, result) = self.signal_all(&all, SIG_STOP);
+                    st.frozen_all = true;
+                    self.log_action("pause", &format!("last resort during {}", st.reason), pids, Some(SIG_STOP), result);
+                } else if st.frozen_all && headroom.is_some_and(|h| h >= last_resort * 1.5) {
+                    // Room again: the trainers may go on to their checkpoint.
+                    let trainers = self.idents(|p| p.role == Role::Trainer);
+                    self.signal_all(&trainers, SIG_CONT);
+                    st.frozen_all = false;
+                }
+                // Throttle: growers held, with a short run slice per cycle
+                // so a data-bound trainer still gets its batches.
+                st.throttled.extend(new_growers);
+                if !st.frozen_all && !st.throttled.is_empty() {
+                    let targets: Vec<Ident> = st.throttled.iter().copied().collect();
+                    if now >= st.throttle_switch {
+                        if st.throttle_running || headroom.is_some_and(|h| h < crit) {
+                            self.signal_all(&targets, SIG_STOP);
+                            st.throttle_running = false;
+                            st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
+                        } else {
+                            self.signal_all(&targets, SIG_CONT);
+                            st.throttle_running = true;
+                            st.throttle_switch = now + THROTTLE_RUN;
+                        }
+                    }
+                }
+                let grace_over = now >= st.grace_end;
+                if !trainers_alive || grace_over {
+                    let rest = self.idents(|_| true);
+                    if st.frozen_all && grace_over {
+                        // Resuming a tree at the edge would hand the kernel
+                        // the kill; end it here instead.
+                        self.signal_all(&rest, SIG_KILL);
+                        self.killed = true;
+                        st.step = StopStep::Killed;
+                    } else {
+                        self.signal_all(&rest, SIG_TERM);
+                        self.signal_all(&rest, SIG_CONT);
+                        st.step = StopStep::Terminate { until: now + self.cfg.kill_after };
+                    }
+                    if grace_over && trainers_alive && !self.cfg.quiet {
+                        eprintln!(
+                            "oomguard: the trainer did not exit within the {} grace; terminating the job",
+                            human_duration(self.cfg.policy.grace)
+                        );
+                    }
+                }
+            }
+            StopStep::Terminate { until } => {
+                if now >= until {
+                    let rest = self.idents(|_| true);
+                    self.signal_all(&rest, SIG_KILL);
+                    self.killed = true;
+                    st.step = StopStep::Killed;
+                }
+            }
+            StopStep::Killed => {
+                let rest = self.idents(|_| true);
+                self.signal_all(&rest, SIG_KILL);
+            }
+        }
+        let _ = st.action;
+        self.stop = Some(st);
+    }
+
+    fn run_hook(&mut self, cmd: &str, action: Action, reason: &str, view: &View) {
+        use std::process::{Command, Stdio};
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c").arg(cmd).stdin(Stdio::null());
+        {
+            use std::os::unix::process::CommandExt;
+            // Its own group: signals forwarded to the job's group never
+            // reach the hook, nor the other way round.
+            c.process_group(0);
+        }
+        c.env("OOMGUARD_EVENT", "action")
+            .env("OOMGUARD_ACTION", action.name())
+            .env("OOMGUARD_RULE", reason)
+            .env("OOMGUARD_JOB_PID", self.job.pid.to_string());
+        if let Some(n) = view.nearest {
+            c.env("OOMGUARD_HEADROOM_BYTES", n.headroom_bytes.to_string())
+                .env("OOMGUARD_HEADROOM_PERCENT", format!("{:.2}", n.headroom_percent()))
+                .env("OOMGUARD_CEILING_BYTES", n.ceiling.bytes.to_string())
+                .env("OOMGUARD_CEILING_SOURCE", n.ceiling.source.as_str());
+        }
+        if let Some(eta) = view.eta_seconds {
+            c.env("OOMGUARD_ETA_SECONDS", format!("{eta:.1}"));
+        }
+        if let Some(p) = &self.cfg.log {
+            c.env("OOMGUARD_LOG", p);
+        }
+        match c.spawn() {
+            Ok(child) => {
+                let pid = child.id();
+                drop(child); // reaped by our reaper
+                self.scanner.exclude(pid);
+                self.helpers.add(pid, cmd.to_string());
+                self.hook_deadlines.insert(pid, Instant::now() + HOOK_TIMEOUT);
+            }
+            Err(e) => eprintln!("oomguard: cannot run hook '{cmd}': {e}"),
+        }
+    }
+
+    fn expire_hooks(&mut self, now: Instant) {
+        let late: Vec<u32> =
+            self.hook_deadlines.iter().filter(|&(_, d)| now >= *d).map(|(p, _)| *p).collect();
+        for pid in late {
+            self.hook_deadlines.remove(&pid);
+            let _ = supervise::signal_group(pid, SIG_KILL);
+            eprintln!("oomguard: hook (pid {pid}) took longer than {}s; killed", HOOK_TIMEOUT.as_secs());
+        }
     }
 
     fn reap(&mut self) {
         for r in supervise::reap_all() {
+            if self.helpers.finished(r.pid).is_some() {
+                self.hook_deadlines.remove(&r.pid);
+                self.scanner.include(r.pid);
+                continue;
+            }
             if r.pid == self.job.pid && self.main_status.is_none() {
                 self.main_status = Some(r.status);
                 let (code, signal) = match r.status {
                     Status::Exited(c) => (Some(c), None),
                     Status::Signaled(s) => (None, Some(supervise::signal_name(s))),
                 };
-                self.log.write(
-                    "child_exit",
-                    &ChildExit {
-                        pid: r.pid,
-                        code,
-                        signal,
-                    },
-                );
+                self.log.write("child_exit", &ChildExit { pid: r.pid, code, signal });
                 self.on_main_exit();
             }
         }
@@ -478,7 +1030,7 @@ impl Supervisor {
     /// memory and GPU would otherwise outlive the job), then oomguard exits.
     fn on_main_exit(&mut self) {
         self.refresh_tree();
-        if self.tree.is_empty() {
+        if self.tree.is_empty() || self.stop.is_some() {
             return;
         }
         if !self.cfg.quiet {
@@ -487,24 +1039,20 @@ impl Supervisor {
                 self.tree.len()
             );
         }
-        self.terminate_tree();
+        let rest = self.idents(|_| true);
+        self.signal_all(&rest, SIG_TERM);
+        self.signal_all(&rest, SIG_CONT);
         if self.kill_at.is_none() {
             self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
     fn refresh_tree(&mut self) {
-        let members = self
-            .cgroup
-            .as_ref()
-            .filter(|c| c.owned())
-            .and_then(|c| c.procs());
+        let members = self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.procs());
         let found = self.scanner.scan(members.as_deref());
         let me = std::process::id();
-        self.zombie_children = found
-            .iter()
-            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
-            .count();
+        self.zombie_children =
+            found.iter().filter(|f| f.stat.state == 'Z' && f.stat.ppid == me).count();
         self.tree = found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
@@ -536,6 +1084,9 @@ impl Supervisor {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
             }
+            // A paused job cannot handle the signal: let it run.
+            let paused: Vec<Ident> = self.paused.drain().collect();
+            self.signal_all(&paused, SIG_CONT);
             self.shutdown_signal = Some(sig);
             self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
@@ -548,17 +1099,8 @@ impl Supervisor {
             return;
         }
         self.refresh_tree();
-        for p in &self.tree {
-            let _ = supervise::signal_process(&self.cfg.proc_root, p.pid, p.start_time, sig);
-        }
-    }
-
-    /// SIGTERM (and SIGCONT, so a paused process can die) to every process.
-    fn terminate_tree(&mut self) {
-        for p in &self.tree {
-            let _ = supervise::signal_process(&self.cfg.proc_root, p.pid, p.start_time, SIG_TERM);
-            let _ = supervise::signal_process(&self.cfg.proc_root, p.pid, p.start_time, SIG_CONT);
-        }
+        let all = self.idents(|_| true);
+        self.signal_all(&all, sig);
     }
 
     fn kill_tree(&mut self, why: &str) {
@@ -567,9 +1109,8 @@ impl Supervisor {
             eprintln!("oomguard: {why}: killing {} process(es)", self.tree.len());
         }
         self.killed = true;
-        for p in &self.tree {
-            let _ = supervise::signal_process(&self.cfg.proc_root, p.pid, p.start_time, SIG_KILL);
-        }
+        let all = self.idents(|_| true);
+        self.signal_all(&all, SIG_KILL);
         if self.main_status.is_none() {
             let _ = supervise::signal_group(self.job.pid, SIG_KILL);
         }
@@ -589,21 +1130,22 @@ impl Supervisor {
 
     fn finish(mut self) -> i32 {
         let status = self.main_status.unwrap_or(Status::Exited(0));
-        let sample = self.sample();
+        let sample = self.sample(false);
         let view = self.history.push(&sample);
-        self.record(&sample, &view);
-        let oom_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        let oom_killed = matches!(status, Status::Signaled(9))
-            && !self.killed
-            && oom_kills
-                .zip(self.oom_kills_at_start)
-                .is_some_and(|(now, before)| now > before);
-        let outcome = match status {
-            _ if oom_killed => Outcome::OomKilled,
-            Status::Exited(_) => Outcome::Exited,
-            Status::Signaled(_) => Outcome::Signaled,
+        self.record(&sample, &view, false);
+        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
+        let kernel_killed = match (cg_kills, self.oom_kills_at_start) {
+            (Some(now), Some(before)) => now > before,
+            // No cgroup to ask: the machine-wide counter is the best hint.
+            _ => sample.system.oom_kill_total.zip(self.vm_oom_kills_at_start).is_some_and(|(n, b)| n > b),
         };
-        let exit_code = status.code();
+        let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
+        let (outcome, exit_code) = match status {
+            _ if oom_killed => (Outcome::OomKilled, status.code()),
+            _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
+            Status::Exited(c) => (Outcome::Exited, c),
+            Status::Signaled(s) => (Outcome::Signaled, 128 + s),
+        };
         let duration = self.started.elapsed();
         self.log.write(
             "run_end",
@@ -621,43 +1163,30 @@ impl Supervisor {
             supervise::reclaim_foreground(std::io::stdin().as_fd());
         }
         if !self.cfg.quiet {
-            self.summary(status, outcome, duration);
+            self.summary(status, outcome, exit_code, duration);
         }
         drop(self.owned.take());
         exit_code
     }
 
-    fn summary(&self, status: Status, outcome: Outcome, duration: Duration) {
-        let cmd = self
-            .cfg
-            .argv
-            .iter()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ");
+    fn summary(&self, status: Status, outcome: Outcome, exit_code: i32, duration: Duration) {
+        let cmd = self.cfg.argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
         let how = match (outcome, status) {
             (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
+            (Outcome::StoppedByPolicy, _) => format!(
+                "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
+                self.stop.as_ref().map_or("kill", |s| s.reason.as_str())
+            ),
             (_, Status::Exited(c)) => format!("exited with {c}"),
             (_, Status::Signaled(s)) => {
-                format!(
-                    "was killed by {} (exit {})",
-                    supervise::signal_name(s),
-                    128 + s
-                )
+                format!("was killed by {} (exit {})", supervise::signal_name(s), 128 + s)
             }
         };
         let s = &self.stats;
         eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration));
-        let holder = s
-            .peak_holder
-            .as_ref()
-            .map_or(String::new(), |(pid, comm, role, pss)| {
-                format!(
-                    "; largest: {comm} (pid {pid}, {}) {}",
-                    role.as_str(),
-                    HumanBytes(*pss)
-                )
-            });
+        let holder = s.peak_holder.as_ref().map_or(String::new(), |(pid, comm, role, pss)| {
+            format!("; largest: {comm} (pid {pid}, {}) {}", role.as_str(), HumanBytes(*pss))
+        });
         eprintln!(
             "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}",
             HumanBytes(s.peak.tree_pss_bytes),
@@ -674,5 +1203,25 @@ impl Supervisor {
                 HumanBytes(s.peak.swap_used_bytes),
             );
         }
+        if !s.actions.is_empty() {
+            let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();
+            eprintln!("oomguard: actions: {}", list.join(", "));
+        }
     }
+}
+
+/// Shows a desktop notification off the supervision path: fire and forget,
+/// abandoned after `NOTIFY_TIMEOUT`, and only when a session bus exists.
+fn notify(summary: String, body: String) {
+    let bus = std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
+        || std::env::var_os("XDG_RUNTIME_DIR")
+            .is_some_and(|d| std::path::Path::new(&d).join("bus").exists());
+    if !bus {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut n = notify_rust::Notification::new();
+        n.summary(&summary).body(&body).appname("oomguard");
+        let _ = tokio::time::timeout(NOTIFY_TIMEOUT, n.show_async()).await;
+    });
 }
