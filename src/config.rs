@@ -36,7 +36,11 @@ pub enum ConfigError {
     #[error("cannot read '{path}': {reason}")]
     Read { path: PathBuf, reason: String },
     #[error("cannot read '{path}' line {line}: {message}")]
-    Invalid { path: PathBuf, line: usize, message: String },
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     #[error("{0}")]
     Flag(String),
 }
@@ -109,11 +113,18 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn line(&self, span: Range<usize>) -> usize {
-        self.text[..span.start.min(self.text.len())].matches('\n').count() + 1
+        self.text[..span.start.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
     }
 
     fn err(&self, span: Range<usize>, message: String) -> ConfigError {
-        ConfigError::Invalid { path: self.path.to_path_buf(), line: self.line(span), message }
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line: self.line(span),
+            message,
+        }
     }
 }
 
@@ -124,10 +135,18 @@ fn value_text(v: &toml::Value) -> String {
     }
 }
 
-fn duration_of(ctx: &Ctx<'_>, field: &str, v: &Spanned<toml::Value>) -> Result<Duration, ConfigError> {
+fn duration_of(
+    ctx: &Ctx<'_>,
+    field: &str,
+    v: &Spanned<toml::Value>,
+) -> Result<Duration, ConfigError> {
     let text = value_text(v.get_ref());
-    units::parse_duration(&text)
-        .map_err(|_| ctx.err(v.span(), format!("{field}: '{text}' is not a duration (expected e.g. 500ms, 60s, 10m)")))
+    units::parse_duration(&text).map_err(|_| {
+        ctx.err(
+            v.span(),
+            format!("{field}: '{text}' is not a duration (expected e.g. 500ms, 60s, 10m)"),
+        )
+    })
 }
 
 /// A usage level such as `"80%"` (or 80) for `warn_at` / `critical_at`.
@@ -142,22 +161,39 @@ fn threshold(metric: Metric, text: &str) -> Result<f64, String> {
     let t = text.trim();
     match unit(metric) {
         "percent" => {
-            let v: f64 = t.strip_suffix('%').unwrap_or(t).trim().parse().map_err(|_| {
-                format!("'{text}' is not a percentage (expected e.g. 20%)")
-            })?;
-            if (0.0..=100.0).contains(&v) { Ok(v) } else { Err(format!("'{text}' is not between 0% and 100%")) }
+            let v: f64 = t
+                .strip_suffix('%')
+                .unwrap_or(t)
+                .trim()
+                .parse()
+                .map_err(|_| format!("'{text}' is not a percentage (expected e.g. 20%)"))?;
+            if (0.0..=100.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(format!("'{text}' is not between 0% and 100%"))
+            }
         }
-        "bytes" => units::parse_size(t).map(|b| b as f64).map_err(|e| e.to_string()),
+        "bytes" => units::parse_size(t)
+            .map(|b| b as f64)
+            .map_err(|e| e.to_string()),
         "bytes_per_second" => {
             let t = t.strip_suffix("/s").unwrap_or(t);
-            units::parse_size(t).map(|b| b as f64).map_err(|e| e.to_string())
+            units::parse_size(t)
+                .map(|b| b as f64)
+                .map_err(|e| e.to_string())
         }
-        _ => units::parse_duration(t).map(|d| d.as_secs_f64()).map_err(|e| e.to_string()),
+        _ => units::parse_duration(t)
+            .map(|d| d.as_secs_f64())
+            .map_err(|e| e.to_string()),
     }
 }
 
 fn expected_metrics() -> String {
-    Metric::ALL.iter().map(|m| m.name()).collect::<Vec<_>>().join(", ")
+    Metric::ALL
+        .iter()
+        .map(|m| m.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Reads the file (explicit, or `./oomguard.toml` when present) and merges
@@ -188,7 +224,9 @@ pub fn resolve_text(
 ) -> Result<PolicySettings, ConfigError> {
     let raw = match (path, text) {
         (Some(p), Some(t)) => Some(toml::from_str::<RawFile>(t).map_err(|e| {
-            let line = e.span().map_or(1, |s| t[..s.start.min(t.len())].matches('\n').count() + 1);
+            let line = e
+                .span()
+                .map_or(1, |s| t[..s.start.min(t.len())].matches('\n').count() + 1);
             ConfigError::Invalid {
                 path: p.to_path_buf(),
                 line,
@@ -198,7 +236,10 @@ pub fn resolve_text(
         _ => None,
     };
     let empty = Path::new("");
-    let ctx = Ctx { path: path.unwrap_or(empty), text: text.unwrap_or("") };
+    let ctx = Ctx {
+        path: path.unwrap_or(empty),
+        text: text.unwrap_or(""),
+    };
 
     // Simple settings: flag > file > default.
     let mut warn = 80.0;
@@ -218,20 +259,36 @@ pub fn resolve_text(
         if let Some(v) = &raw.policy {
             policy_name = v.get_ref().clone();
             if !["default", "none"].contains(&policy_name.as_str()) {
-                return Err(ctx.err(v.span(), format!("unknown policy '{policy_name}' (expected default, none)")));
+                return Err(ctx.err(
+                    v.span(),
+                    format!("unknown policy '{policy_name}' (expected default, none)"),
+                ));
             }
         }
-        for (field, slot, v) in [("warn_at", &mut warn, &raw.warn_at), ("critical_at", &mut crit, &raw.critical_at)] {
+        for (field, slot, v) in [
+            ("warn_at", &mut warn, &raw.warn_at),
+            ("critical_at", &mut crit, &raw.critical_at),
+        ] {
             if let Some(v) = v {
                 let text = value_text(v.get_ref());
                 *slot = usage_percent(&text).ok_or_else(|| {
-                    ctx.err(v.span(), format!("{field}: '{text}' is not a usage percentage (expected e.g. 80%)"))
+                    ctx.err(
+                        v.span(),
+                        format!("{field}: '{text}' is not a usage percentage (expected e.g. 80%)"),
+                    )
                 })?;
             }
         }
         if let Some(v) = &raw.on_critical {
-            on_critical = critical_action(v.get_ref())
-                .ok_or_else(|| ctx.err(v.span(), format!("unknown on_critical action '{}' (expected pause, stop, kill, restart)", v.get_ref())))?;
+            on_critical = critical_action(v.get_ref()).ok_or_else(|| {
+                ctx.err(
+                    v.span(),
+                    format!(
+                        "unknown on_critical action '{}' (expected pause, stop, kill, restart)",
+                        v.get_ref()
+                    ),
+                )
+            })?;
         }
         if let Some(v) = &raw.max_pause {
             max_pause = duration_of(&ctx, "max_pause", v)?;
@@ -250,7 +307,10 @@ pub fn resolve_text(
         }
         if let Some(v) = &raw.budget {
             let text = value_text(v.get_ref());
-            budget = Some(units::parse_size_or_percent(&text).map_err(|e| ctx.err(v.span(), format!("budget: {e}")))?);
+            budget = Some(
+                units::parse_size_or_percent(&text)
+                    .map_err(|e| ctx.err(v.span(), format!("budget: {e}")))?,
+            );
         }
         on_warn = raw.on_warn.clone();
         notify = raw.notify;
@@ -279,7 +339,11 @@ pub fn resolve_text(
     let mut policy = match policy_name.as_str() {
         "none" => Policy::none(),
         "default" => Policy::default_with(warn, crit, on_critical),
-        other => return Err(ConfigError::Flag(format!("unknown policy '{other}' (expected default, none)"))),
+        other => {
+            return Err(ConfigError::Flag(format!(
+                "unknown policy '{other}' (expected default, none)"
+            )));
+        }
     };
     if !custom.is_empty() {
         if !include_defaults {
@@ -296,7 +360,10 @@ pub fn resolve_text(
     let mut names = std::collections::HashSet::new();
     for r in &policy.rules {
         if !names.insert(r.name.clone()) {
-            return Err(ConfigError::Flag(format!("two rules are named '{}': rule names must be unique", r.name)));
+            return Err(ConfigError::Flag(format!(
+                "two rules are named '{}': rule names must be unique",
+                r.name
+            )));
         }
     }
     Ok(PolicySettings {
@@ -321,24 +388,45 @@ fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, Conf
     let r = r.get_ref();
     let metric_name = r.metric.get_ref();
     let metric = Metric::from_name(metric_name).ok_or_else(|| {
-        ctx.err(r.metric.span(), format!("unknown metric '{metric_name}' (expected {})", expected_metrics()))
+        ctx.err(
+            r.metric.span(),
+            format!(
+                "unknown metric '{metric_name}' (expected {})",
+                expected_metrics()
+            ),
+        )
     })?;
     let action_name = r.action.get_ref();
     let action = Action::from_name(action_name).ok_or_else(|| {
-        ctx.err(r.action.span(), format!("unknown action '{action_name}' (expected {})", Action::NAMES))
+        ctx.err(
+            r.action.span(),
+            format!(
+                "unknown action '{action_name}' (expected {})",
+                Action::NAMES
+            ),
+        )
     })?;
     let (op, limit) = match (&r.below, &r.above) {
         (Some(v), None) => (Op::Below, v),
         (None, Some(v)) => (Op::Above, v),
         _ => {
-            return Err(ctx.err(span, format!(
-                "rule {}: give exactly one of 'below' or 'above'", i + 1
-            )));
+            return Err(ctx.err(
+                span,
+                format!("rule {}: give exactly one of 'below' or 'above'", i + 1),
+            ));
         }
     };
     let text = value_text(limit.get_ref());
-    let th = threshold(metric, &text).map_err(|m| ctx.err(limit.span(), format!("{}: {m}", if op == Op::Below { "below" } else { "above" })))?;
-    let name = r.name.as_ref().map_or_else(|| format!("rule-{}", i + 1), |n| n.get_ref().clone());
+    let th = threshold(metric, &text).map_err(|m| {
+        ctx.err(
+            limit.span(),
+            format!("{}: {m}", if op == Op::Below { "below" } else { "above" }),
+        )
+    })?;
+    let name = r
+        .name
+        .as_ref()
+        .map_or_else(|| format!("rule-{}", i + 1), |n| n.get_ref().clone());
     if metric.is_gpu() && action == Action::Kill {
         return Err(ctx.err(r.action.span(), format!(
             "GPU memory pressure is not a kernel OOM: action 'kill' is not allowed on '{metric_name}' (expected warn, pause, stop, restart)"
@@ -347,16 +435,20 @@ fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, Conf
     let mut rule = Rule::new(&name, metric, op, th, action);
     if let Some(v) = &r.clear {
         let text = value_text(v.get_ref());
-        rule.clear = threshold(metric, &text).map_err(|m| ctx.err(v.span(), format!("clear: {m}")))?;
+        rule.clear =
+            threshold(metric, &text).map_err(|m| ctx.err(v.span(), format!("clear: {m}")))?;
         let wrong_side = match op {
             Op::Below => rule.clear < th,
             Op::Above => rule.clear > th,
         };
         if wrong_side {
-            return Err(ctx.err(v.span(), format!(
-                "clear: '{text}' must be on the safe side of the threshold '{}' (hysteresis)",
-                value_text(limit.get_ref())
-            )));
+            return Err(ctx.err(
+                v.span(),
+                format!(
+                    "clear: '{text}' must be on the safe side of the threshold '{}' (hysteresis)",
+                    value_text(limit.get_ref())
+                ),
+            ));
         }
     }
     if let Some(v) = &r.for_ {
@@ -374,7 +466,11 @@ mod tests {
     use super::*;
 
     fn from(text: &str) -> Result<PolicySettings, ConfigError> {
-        resolve_text(&PolicyFlags::default(), Some(Path::new("oomguard.toml")), Some(text))
+        resolve_text(
+            &PolicyFlags::default(),
+            Some(Path::new("oomguard.toml")),
+            Some(text),
+        )
     }
 
     #[test]
@@ -387,8 +483,17 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let flags = PolicyFlags { warn_at: Some(70.0), on_critical: Some(Action::Kill), ..Default::default() };
-        let s = resolve_text(&flags, Some(Path::new("f.toml")), Some("warn_at = \"60%\"\ncritical_at = 95\ngrace = \"2m\"\n")).unwrap();
+        let flags = PolicyFlags {
+            warn_at: Some(70.0),
+            on_critical: Some(Action::Kill),
+            ..Default::default()
+        };
+        let s = resolve_text(
+            &flags,
+            Some(Path::new("f.toml")),
+            Some("warn_at = \"60%\"\ncritical_at = 95\ngrace = \"2m\"\n"),
+        )
+        .unwrap();
         assert_eq!(s.policy.thresholds(), (Some(30.0), Some(5.0)));
         assert_eq!(s.policy.rules[1].action, Action::Kill);
         assert_eq!(s.grace, Duration::from_secs(120));
@@ -400,15 +505,27 @@ mod tests {
         let s = from(text).unwrap();
         assert_eq!(s.policy.rules.len(), 1);
         let r = &s.policy.rules[0];
-        assert_eq!((r.metric, r.op, r.threshold, r.for_seconds), (Metric::SwapInRate, Op::Above, 50.0 * 1048576.0, 10.0));
+        assert_eq!(
+            (r.metric, r.op, r.threshold, r.for_seconds),
+            (Metric::SwapInRate, Op::Above, 50.0 * 1048576.0, 10.0)
+        );
         let s = from(&format!("include_defaults = true\n{text}")).unwrap();
         assert_eq!(s.policy.rules.len(), 5);
     }
 
     #[test]
     fn policy_none() {
-        let flags = PolicyFlags { policy: Some("none".into()), ..Default::default() };
-        assert!(resolve_text(&flags, None, None).unwrap().policy.rules.is_empty());
+        let flags = PolicyFlags {
+            policy: Some("none".into()),
+            ..Default::default()
+        };
+        assert!(
+            resolve_text(&flags, None, None)
+                .unwrap()
+                .policy
+                .rules
+                .is_empty()
+        );
     }
 
     #[test]
@@ -423,7 +540,16 @@ mod tests {
 
     #[test]
     fn critical_below_warn_is_rejected() {
-        let flags = PolicyFlags { warn_at: Some(90.0), critical_at: Some(85.0), ..Default::default() };
-        assert!(resolve_text(&flags, None, None).unwrap_err().to_string().contains("must be above"));
+        let flags = PolicyFlags {
+            warn_at: Some(90.0),
+            critical_at: Some(85.0),
+            ..Default::default()
+        };
+        assert!(
+            resolve_text(&flags, None, None)
+                .unwrap_err()
+                .to_string()
+                .contains("must be above")
+        );
     }
 }

@@ -548,7 +548,15 @@ mod tests {
         let mut h = History::new(10.0);
         // 500 bytes at once, then flat: not a leak.
         let mut last = None;
-        for (t, fp) in [(0.0, 0), (1.0, 250), (2.0, 500), (3.0, 500), (4.0, 500), (5.0, 500), (6.0, 500)] {
+        for (t, fp) in [
+            (0.0, 0),
+            (1.0, 250),
+            (2.0, 500),
+            (3.0, 500),
+            (4.0, 500),
+            (5.0, 500),
+            (6.0, 500),
+        ] {
             last = Some(h.push(&budget_sample(t, fp)));
         }
         assert_eq!(last.unwrap().eta_seconds, None);

@@ -85,7 +85,10 @@ impl Metric {
 
     /// Whether the metric is a GPU metric (GPU pressure is not a kernel OOM).
     pub fn is_gpu(self) -> bool {
-        matches!(self, Metric::GpuUsedPercent | Metric::GpuEta | Metric::TorchFragmentation)
+        matches!(
+            self,
+            Metric::GpuUsedPercent | Metric::GpuEta | Metric::TorchFragmentation
+        )
     }
 }
 
@@ -114,9 +117,15 @@ impl Action {
     }
 
     pub fn from_name(s: &str) -> Option<Action> {
-        [Action::Warn, Action::Pause, Action::Restart, Action::Stop, Action::Kill]
-            .into_iter()
-            .find(|a| a.name() == s)
+        [
+            Action::Warn,
+            Action::Pause,
+            Action::Restart,
+            Action::Stop,
+            Action::Kill,
+        ]
+        .into_iter()
+        .find(|a| a.name() == s)
     }
 
     /// Ordering for "the strongest action wins".
@@ -231,7 +240,11 @@ pub struct Policy {
 impl Policy {
     /// No rules: only observe.
     pub fn none() -> Self {
-        Self { rules: Vec::new(), max_pause_seconds: 600.0, after_pause: Action::Stop }
+        Self {
+            rules: Vec::new(),
+            max_pause_seconds: 600.0,
+            after_pause: Action::Stop,
+        }
     }
 
     /// The default, safe for an unattended overnight run: warn under 20 %
@@ -239,24 +252,53 @@ impl Policy {
     /// been under 10 s for 2 s while less than 30 % headroom is left (with
     /// more room than that, a fast rise is usually a checkpoint or dataset
     /// being loaded, and the 8 % rule plus fast polling still catch a leak).
-    pub fn default_with(warn_used_percent: f64, critical_used_percent: f64, on_critical: Action) -> Self {
+    pub fn default_with(
+        warn_used_percent: f64,
+        critical_used_percent: f64,
+        on_critical: Action,
+    ) -> Self {
         let warn = 100.0 - warn_used_percent;
         let crit = 100.0 - critical_used_percent;
         let mut eta = Rule::new("critical-eta", Metric::Eta, Op::Below, 10.0, on_critical);
         eta.clear = 30.0;
         eta.for_seconds = 2.0;
-        eta.also = Some(Guard { metric: Metric::HeadroomPercent, op: Op::Below, threshold: 30.0 });
-        let mut warn_rule = Rule::new("warn-headroom", Metric::HeadroomPercent, Op::Below, warn, Action::Warn);
+        eta.also = Some(Guard {
+            metric: Metric::HeadroomPercent,
+            op: Op::Below,
+            threshold: 30.0,
+        });
+        let mut warn_rule = Rule::new(
+            "warn-headroom",
+            Metric::HeadroomPercent,
+            Op::Below,
+            warn,
+            Action::Warn,
+        );
         warn_rule.clear = (warn + 5.0).min(100.0);
-        let mut crit_rule =
-            Rule::new("critical-headroom", Metric::HeadroomPercent, Op::Below, crit, on_critical);
+        let mut crit_rule = Rule::new(
+            "critical-headroom",
+            Metric::HeadroomPercent,
+            Op::Below,
+            crit,
+            on_critical,
+        );
         crit_rule.clear = (crit + 4.0).min(100.0);
-        let mut gpu = Rule::new("warn-gpu", Metric::GpuUsedPercent, Op::Above, 95.0, Action::Warn);
+        let mut gpu = Rule::new(
+            "warn-gpu",
+            Metric::GpuUsedPercent,
+            Op::Above,
+            95.0,
+            Action::Warn,
+        );
         gpu.clear = 90.0;
         Self {
             rules: vec![warn_rule, crit_rule, eta, gpu],
             max_pause_seconds: 600.0,
-            after_pause: if on_critical == Action::Pause { Action::Stop } else { on_critical },
+            after_pause: if on_critical == Action::Pause {
+                Action::Stop
+            } else {
+                on_critical
+            },
         }
     }
 
@@ -342,22 +384,43 @@ impl Readings {
     }
 
     /// Extracts every metric from a sample and its view.
-    pub fn from_sample(sample: &Sample, view: &View, gpu_eta: Option<f64>, frag: Option<f64>) -> Self {
-        let mut r = Readings { t: sample.t, ..Default::default() };
+    pub fn from_sample(
+        sample: &Sample,
+        view: &View,
+        gpu_eta: Option<f64>,
+        frag: Option<f64>,
+    ) -> Self {
+        let mut r = Readings {
+            t: sample.t,
+            ..Default::default()
+        };
         r.set(Metric::HeadroomPercent, view.headroom_percent());
-        r.set(Metric::HeadroomBytes, view.headroom_bytes().map(|b| b as f64));
+        r.set(
+            Metric::HeadroomBytes,
+            view.headroom_bytes().map(|b| b as f64),
+        );
         r.set(Metric::TreePss, Some(sample.tree.footprint_bytes as f64));
         let sys_known = sample.system.mem_total_bytes > 0;
-        r.set(Metric::SwapUsed, sys_known.then_some(sample.system.swap_used_bytes as f64));
-        r.set(Metric::SwapInRate, sys_known.then_some(sample.system.swap_in_bytes_per_s));
+        r.set(
+            Metric::SwapUsed,
+            sys_known.then_some(sample.system.swap_used_bytes as f64),
+        );
+        r.set(
+            Metric::SwapInRate,
+            sys_known.then_some(sample.system.swap_in_bytes_per_s),
+        );
         r.set(Metric::PsiSome, sample.psi.map(|p| p.some_avg10));
         r.set(Metric::PsiFull, sample.psi.map(|p| p.full_avg10));
         // Flat memory: the ETA is infinite, which is a value, not unknown.
         r.set(
             Metric::Eta,
-            view.nearest.map(|_| view.eta_seconds.unwrap_or(f64::INFINITY)),
+            view.nearest
+                .map(|_| view.eta_seconds.unwrap_or(f64::INFINITY)),
         );
-        r.set(Metric::FastestGrowth, Some(view.fastest.map_or(0.0, |(_, rate)| rate)));
+        r.set(
+            Metric::FastestGrowth,
+            Some(view.fastest.map_or(0.0, |(_, rate)| rate)),
+        );
         let gpu_pct = sample
             .gpus
             .iter()
@@ -365,7 +428,10 @@ impl Readings {
             .map(|g| g.used_bytes as f64 / g.total_bytes as f64 * 100.0)
             .max_by(f64::total_cmp);
         r.set(Metric::GpuUsedPercent, gpu_pct);
-        r.set(Metric::GpuEta, gpu_pct.map(|_| gpu_eta.unwrap_or(f64::INFINITY)));
+        r.set(
+            Metric::GpuEta,
+            gpu_pct.map(|_| gpu_eta.unwrap_or(f64::INFINITY)),
+        );
         r.set(Metric::TorchFragmentation, frag);
         r
     }
@@ -375,9 +441,19 @@ impl Readings {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// A rule changed state (for the `rule` log event).
-    Rule { rule: String, metric: Metric, value: f64, threshold: f64, firing: bool },
+    Rule {
+        rule: String,
+        metric: Metric,
+        value: f64,
+        threshold: f64,
+        firing: bool,
+    },
     /// Run an action because of `reason` (a rule name, or `max-pause`).
-    Act { action: Action, reason: String, hook: Option<String> },
+    Act {
+        action: Action,
+        reason: String,
+        hook: Option<String>,
+    },
     /// The pause is over: the rule that caused it cleared.
     Resume { reason: String },
 }
@@ -409,9 +485,21 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(policy: Policy) -> Self {
-        let states =
-            policy.rules.iter().map(|_| RuleState { state: State::Idle, last_action: None }).collect();
-        Self { policy, states, last_t: None, paused: None, ended: false }
+        let states = policy
+            .rules
+            .iter()
+            .map(|_| RuleState {
+                state: State::Idle,
+                last_action: None,
+            })
+            .collect();
+        Self {
+            policy,
+            states,
+            last_t: None,
+            paused: None,
+            ended: false,
+        }
     }
 
     pub fn policy(&self) -> &Policy {
@@ -447,7 +535,9 @@ impl Engine {
         self.last_t = Some(r.t);
         let mut wanted: Option<(Action, String, Option<String>)> = None;
         for (rule, st) in self.policy.rules.iter().zip(self.states.iter_mut()) {
-            let Some(value) = r.get(rule.metric) else { continue };
+            let Some(value) = r.get(rule.metric) else {
+                continue;
+            };
             let guard_ok = match rule.also {
                 None => Some(true),
                 Some(g) => r.get(g.metric).map(|v| g.op.holds(v, g.threshold)),
@@ -472,9 +562,13 @@ impl Engine {
                     threshold: rule.threshold,
                     firing: true,
                 });
-                let cooled =
-                    st.last_action.is_none_or(|last| r.t - last >= rule.cooldown_seconds);
-                if cooled && wanted.as_ref().is_none_or(|(a, _, _)| rule.action.strength() > a.strength())
+                let cooled = st
+                    .last_action
+                    .is_none_or(|last| r.t - last >= rule.cooldown_seconds);
+                if cooled
+                    && wanted
+                        .as_ref()
+                        .is_none_or(|(a, _, _)| rule.action.strength() > a.strength())
                 {
                     wanted = Some((rule.action, rule.name.clone(), rule.hook.clone()));
                 }
@@ -487,9 +581,15 @@ impl Engine {
                     threshold: rule.threshold,
                     firing: false,
                 });
-                if self.paused.as_ref().is_some_and(|(_, why)| *why == rule.name) {
+                if self
+                    .paused
+                    .as_ref()
+                    .is_some_and(|(_, why)| *why == rule.name)
+                {
                     self.paused = None;
-                    out.push(Decision::Resume { reason: rule.name.clone() });
+                    out.push(Decision::Resume {
+                        reason: rule.name.clone(),
+                    });
                 }
             }
         }
@@ -517,7 +617,11 @@ impl Engine {
                 }
                 _ => {}
             }
-            out.push(Decision::Act { action, reason, hook });
+            out.push(Decision::Act {
+                action,
+                reason,
+                hook,
+            });
         }
         out
     }
@@ -528,7 +632,10 @@ mod tests {
     use super::*;
 
     fn at(t: f64, headroom: f64) -> Readings {
-        let mut r = Readings { t, ..Default::default() };
+        let mut r = Readings {
+            t,
+            ..Default::default()
+        };
         r.set(Metric::HeadroomPercent, Some(headroom));
         r.set(Metric::Eta, Some(f64::INFINITY));
         r
@@ -547,7 +654,11 @@ mod tests {
         let mut r = Rule::new("w", Metric::HeadroomPercent, Op::Below, 20.0, Action::Warn);
         r.clear = 25.0;
         r.cooldown_seconds = 10.0;
-        Policy { rules: vec![r], max_pause_seconds: 600.0, after_pause: Action::Stop }
+        Policy {
+            rules: vec![r],
+            max_pause_seconds: 600.0,
+            after_pause: Action::Stop,
+        }
     }
 
     #[test]
@@ -599,7 +710,12 @@ mod tests {
         let d = e.step(&at(0.0, 5.0));
         assert_eq!(acts(&d), vec![(Action::Stop, "critical-headroom".into())]);
         // Both rules report firing.
-        assert_eq!(d.iter().filter(|d| matches!(d, Decision::Rule { firing: true, .. })).count(), 2);
+        assert_eq!(
+            d.iter()
+                .filter(|d| matches!(d, Decision::Rule { firing: true, .. }))
+                .count(),
+            2
+        );
         // After a critical action the engine is done for this attempt.
         assert!(e.step(&at(1.0, 1.0)).is_empty());
         e.reset();
@@ -611,18 +727,26 @@ mod tests {
         let mut p = Policy::default_with(80.0, 92.0, Action::Pause);
         p.max_pause_seconds = 10.0;
         let mut e = Engine::new(p.clone());
-        assert_eq!(acts(&e.step(&at(0.0, 5.0))), vec![(Action::Pause, "critical-headroom".into())]);
+        assert_eq!(
+            acts(&e.step(&at(0.0, 5.0))),
+            vec![(Action::Pause, "critical-headroom".into())]
+        );
         assert!(e.paused());
         // Clears at >= 12 %: resume.
         let d = e.step(&at(1.0, 13.0));
-        assert!(d.contains(&Decision::Resume { reason: "critical-headroom".into() }));
+        assert!(d.contains(&Decision::Resume {
+            reason: "critical-headroom".into()
+        }));
         assert!(!e.paused());
 
         let mut e = Engine::new(p);
         e.step(&at(0.0, 5.0));
         assert!(acts(&e.step(&at(5.0, 5.0))).is_empty());
         let d = e.step(&at(10.0, 5.0));
-        assert_eq!(acts(&d), vec![(Action::Stop, "max-pause (critical-headroom)".into())]);
+        assert_eq!(
+            acts(&d),
+            vec![(Action::Stop, "max-pause (critical-headroom)".into())]
+        );
         assert!(!e.paused());
     }
 
@@ -634,12 +758,21 @@ mod tests {
         assert!(e.step(&at(5.0, 1.0)).is_empty());
         assert!(e.step(&at(4.0, 1.0)).is_empty());
         // Missing value: neither fires nor clears.
-        let missing = Readings { t: 6.0, ..Default::default() };
+        let missing = Readings {
+            t: 6.0,
+            ..Default::default()
+        };
         assert!(e.step(&missing).is_empty());
         assert_eq!(acts(&e.step(&at(7.0, 1.0))).len(), 1);
-        let missing = Readings { t: 8.0, ..Default::default() };
+        let missing = Readings {
+            t: 8.0,
+            ..Default::default()
+        };
         assert!(e.step(&missing).is_empty());
-        assert!(e.step(&at(9.0, 22.0)).is_empty(), "still firing between threshold and clear");
+        assert!(
+            e.step(&at(9.0, 22.0)).is_empty(),
+            "still firing between threshold and clear"
+        );
     }
 
     #[test]
@@ -647,7 +780,10 @@ mod tests {
         let mut e = Engine::new(Policy::default_with(80.0, 92.0, Action::Stop));
         let mut r = at(0.0, 90.0);
         r.set(Metric::Eta, Some(5.0));
-        assert!(e.step(&r).is_empty(), "plenty of headroom: a burst, not a leak");
+        assert!(
+            e.step(&r).is_empty(),
+            "plenty of headroom: a burst, not a leak"
+        );
         let mut r = at(1.0, 29.0);
         r.set(Metric::Eta, Some(5.0));
         assert!(acts(&e.step(&r)).is_empty(), "must hold for 2 s");
@@ -656,7 +792,10 @@ mod tests {
         assert!(acts(&e.step(&r)).is_empty(), "must hold for 2 s");
         let mut r = at(3.0, 28.0);
         r.set(Metric::Eta, Some(4.0));
-        assert_eq!(acts(&e.step(&r)), vec![(Action::Stop, "critical-eta".into())]);
+        assert_eq!(
+            acts(&e.step(&r)),
+            vec![(Action::Stop, "critical-eta".into())]
+        );
     }
 
     #[test]
@@ -675,7 +814,10 @@ mod tests {
         assert_eq!(j["rules"][0]["metric"], "headroom_percent");
         assert_eq!(j["rules"][1]["action"], "stop");
         assert_eq!(j["rules"][2]["also"]["metric"], "headroom_percent");
-        assert_eq!(Policy::none().to_json()["rules"].as_array().unwrap().len(), 0);
+        assert_eq!(
+            Policy::none().to_json()["rules"].as_array().unwrap().len(),
+            0
+        );
     }
 
     #[test]

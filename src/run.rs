@@ -108,7 +108,10 @@ impl RunConfig {
 
 /// Runs the job under supervision and returns oomguard's exit code.
 pub fn run(cfg: RunConfig) -> i32 {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("oomguard: cannot start the runtime: {e}");
@@ -144,6 +147,9 @@ const THROTTLE_RUN: Duration = Duration::from_millis(50);
 /// Warn notifications are abandoned after this long (a hung notification
 /// daemon must not matter).
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+/// A tree frozen at the last-resort level that has not found room again
+/// after this long cannot reach a checkpoint: it is ended.
+const LAST_RESORT_HOLD: Duration = Duration::from_secs(5);
 /// Hooks are killed after this long.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -161,8 +167,11 @@ struct Stop {
     throttled: HashSet<Ident>,
     throttle_running: bool,
     throttle_switch: Instant,
-    /// Everything frozen at the last-resort level.
+    /// Everything frozen at the last-resort level, since when.
     frozen_all: bool,
+    frozen_since: Option<Instant>,
+    /// The processes that got the checkpoint signal.
+    signalled: Vec<Ident>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -292,9 +301,11 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         // the job matters more than the cgroup.
         Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
             match spawn_with(None) {
-                Ok(job) => {
-                    (job, None, Some(format!("cannot move the job into its cgroup: {source}")))
-                }
+                Ok(job) => (
+                    job,
+                    None,
+                    Some(format!("cannot move the job into its cgroup: {source}")),
+                ),
                 Err(e) => return spawn_failed(&mut log, &e),
             }
         }
@@ -455,12 +466,20 @@ impl Supervisor {
             not_owned_reason: not_owned_reason.clone(),
         });
         let start = RunStart {
-            argv: self.cfg.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            argv: self
+                .cfg
+                .argv
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
             pid: self.job.pid,
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
             policy: self.engine.policy().to_json(),
-            gpu: GpuInfo { available: false, reason: Some("GPU monitoring is not enabled".into()) },
+            gpu: GpuInfo {
+                available: false,
+                reason: Some("GPU monitoring is not enabled".into()),
+            },
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
@@ -471,20 +490,41 @@ impl Supervisor {
 
     /// On cgroup v1, asks the kernel to wake us when usage crosses the
     /// warn, critical and last-resort levels of the cgroup ceiling.
+    ///
+    /// A `--budget` gets the same treatment through the cgroup oomguard
+    /// owns (its usage is the job's footprint), so a fast leak cannot race
+    /// past the budget between two ticks either.
     fn register_thresholds(&mut self, cg: Option<&crate::model::CgroupSample>) {
-        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else { return };
-        let (Some(limit), Some(path)) = (cg.limit_bytes, cg.limit_path.as_deref()) else { return };
-        let Some(dir) = reader.limit_dir(path) else { return };
+        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else {
+            return;
+        };
+        let mut targets = Vec::new();
+        if let (Some(limit), Some(path)) = (cg.limit_bytes, cg.limit_path.as_deref())
+            && let Some(dir) = reader.limit_dir(path)
+        {
+            targets.push((dir, limit));
+        }
+        if let Some(budget) = self.budget_bytes
+            && reader.owned()
+            && let Some(dir) = reader.limit_dir(&cg.path)
+        {
+            targets.push((dir, budget));
+        }
         let (warn, crit) = self.engine.policy().thresholds();
-        let mut levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)].into_iter().flatten().collect();
+        let mut levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)]
+            .into_iter()
+            .flatten()
+            .collect();
         levels.dedup();
-        for h in levels {
-            let bytes = (limit as f64 * (1.0 - h / 100.0)) as u64;
-            let Ok(t) = Threshold::register(&dir, bytes) else {
-                break; // not permitted: polling still covers it
-            };
-            if let Ok(fd) = watch_threshold(t) {
-                self.thresholds.push(fd);
+        for (dir, ceiling) in targets {
+            for &h in &levels {
+                let bytes = (ceiling as f64 * (1.0 - h / 100.0)) as u64;
+                let Ok(t) = Threshold::register(&dir, bytes) else {
+                    return; // not permitted: polling still covers it
+                };
+                if let Ok(fd) = watch_threshold(t) {
+                    self.thresholds.push(fd);
+                }
             }
         }
     }
@@ -496,11 +536,17 @@ impl Supervisor {
         let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
             Some(self.tree.iter().map(|p| p.pid).collect())
         } else {
-            self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.procs())
+            self.cgroup
+                .as_ref()
+                .filter(|c| c.owned())
+                .and_then(|c| c.procs())
         };
         let found = self.scanner.scan(members.as_deref());
         let me = std::process::id();
-        self.zombie_children = found.iter().filter(|f| f.stat.state == 'Z' && f.stat.ppid == me).count();
+        self.zombie_children = found
+            .iter()
+            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
+            .count();
         let mut procs: Vec<ProcSample> = found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
@@ -518,13 +564,19 @@ impl Supervisor {
             })
             .collect();
         if !quick {
-            self.sweeper.set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
+            self.sweeper
+                .set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
         }
         let pss_age = self.sweeper.apply(&mut procs, now);
         let mut tree = totals(&procs);
         tree.pss_age_seconds = pss_age;
         let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
-        if let Some(level) = self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.level()) {
+        if let Some(level) = self
+            .cgroup
+            .as_ref()
+            .filter(|c| c.owned())
+            .and_then(|c| c.level())
+        {
             tree.footprint_bytes = level.working_set;
         }
         let system = self.system.read(now);
@@ -593,7 +645,7 @@ impl Supervisor {
             self.pause_new();
         }
         if self.stop.is_some() {
-            self.guard(&sample, &view, now);
+            self.guard(&sample, now);
         }
         self.record(&sample, &view, acted);
         let every = self.cadence(&view);
@@ -623,6 +675,18 @@ impl Supervisor {
             Some(eta) if eta < 30.0 => fast.min(Duration::from_millis(100)),
             _ => fast,
         };
+        // A steep drop since the last tick (before there is history for an
+        // ETA): look again soon.
+        let dropped = self
+            .last_view
+            .as_ref()
+            .and_then(|prev| Some(prev.headroom_percent()? - view.headroom_percent()?))
+            .is_some_and(|d| d > 2.0);
+        let fast = if dropped {
+            fast.min(Duration::from_millis(100))
+        } else {
+            fast
+        };
         fast.min(base)
     }
 
@@ -643,7 +707,8 @@ impl Supervisor {
         let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
         s.peak.gpu_used_bytes = s.peak.gpu_used_bytes.max(gpu);
         if let Some(n) = view.nearest
-            && s.least_headroom.is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
+            && s.least_headroom
+                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
         {
             s.least_headroom = Some(n);
         }
@@ -663,14 +728,25 @@ impl Supervisor {
         if with_procs {
             self.last_procs_log = Some(sample.t);
         }
-        self.log.write_at("sample", sample.t, &SampleEvent::new(sample, view, with_procs));
+        self.log.write_at(
+            "sample",
+            sample.t,
+            &SampleEvent::new(sample, view, with_procs),
+        );
     }
 
     fn count(&mut self, action: &str) {
         *self.stats.actions.entry(action.to_string()).or_insert(0) += 1;
     }
 
-    fn log_action(&mut self, action: &str, reason: &str, pids: Vec<u32>, signal: Option<i32>, result: String) {
+    fn log_action(
+        &mut self,
+        action: &str,
+        reason: &str,
+        pids: Vec<u32>,
+        signal: Option<i32>,
+        result: String,
+    ) {
         self.count(action);
         self.log.write(
             "action",
@@ -702,12 +778,22 @@ impl Supervisor {
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
-        self.tree.iter().filter(|p| pred(p)).map(|p| (p.pid, p.start_time)).collect()
+        self.tree
+            .iter()
+            .filter(|p| pred(p))
+            .map(|p| (p.pid, p.start_time))
+            .collect()
     }
 
     fn apply(&mut self, d: Decision, sample: &Sample, view: &View) {
         match d {
-            Decision::Rule { rule, metric, value, threshold, firing } => {
+            Decision::Rule {
+                rule,
+                metric,
+                value,
+                threshold,
+                firing,
+            } => {
                 let value = if value.is_finite() { value } else { f64::MAX };
                 self.log.write(
                     "rule",
@@ -720,7 +806,11 @@ impl Supervisor {
                     }),
                 );
             }
-            Decision::Act { action, reason, hook } => {
+            Decision::Act {
+                action,
+                reason,
+                hook,
+            } => {
                 if action == Action::Warn {
                     self.warn(&reason, sample, view);
                 } else {
@@ -741,7 +831,9 @@ impl Supervisor {
                     }
                 }
                 let hook = hook.or_else(|| {
-                    (action == Action::Warn).then(|| self.cfg.policy.on_warn.clone()).flatten()
+                    (action == Action::Warn)
+                        .then(|| self.cfg.policy.on_warn.clone())
+                        .flatten()
                 });
                 if let Some(cmd) = hook {
                     self.run_hook(&cmd, action, &reason, view);
@@ -788,13 +880,21 @@ impl Supervisor {
                 HumanBytes(n.ceiling.bytes)
             )
         });
-        let eta = view.eta_seconds.map_or_else(String::new, |e| format!("; full in ~{e:.0}s"));
+        let eta = view
+            .eta_seconds
+            .map_or_else(String::new, |e| format!("; full in ~{e:.0}s"));
         let top = sample
             .procs
             .iter()
             .max_by_key(|p| p.pss_bytes)
             .map_or_else(String::new, |p| {
-                format!("; largest {} (pid {}, {}) {}", p.comm, p.pid, p.role.as_str(), HumanBytes(p.pss_bytes))
+                format!(
+                    "; largest {} (pid {}, {}) {}",
+                    p.comm,
+                    p.pid,
+                    p.role.as_str(),
+                    HumanBytes(p.pss_bytes)
+                )
             });
         let msg = format!("{head}{eta}{top}");
         if !self.cfg.quiet {
@@ -841,8 +941,11 @@ impl Supervisor {
         }
         let growers = self.growers();
         if !self.paused.is_empty() {
-            let resume: Vec<Ident> =
-                self.paused.drain().filter(|id| !growers.contains(id)).collect();
+            let resume: Vec<Ident> = self
+                .paused
+                .drain()
+                .filter(|id| !growers.contains(id))
+                .collect();
             self.signal_all(&resume, SIG_CONT);
         }
         let sig = self.cfg.policy.checkpoint_signal;
@@ -853,26 +956,34 @@ impl Supervisor {
             action,
             grace_end: now + self.cfg.policy.grace,
             step: StopStep::Checkpoint,
-            throttled: HashSet::new(),
+            throttled: growers,
             throttle_running: false,
             throttle_switch: now,
             frozen_all: false,
+            frozen_since: None,
+            signalled: trainers,
         });
-        if let Some(s) = &mut self.stop {
-            s.throttled = growers;
-        }
     }
 
     /// Non-trainer processes whose memory grew over the recent window
     /// (usually DataLoader workers with a leaking cache).
     fn growers(&self) -> HashSet<Ident> {
-        let Some(prev) = &self.last_sample else { return HashSet::new() };
-        let before: HashMap<Ident, u64> =
-            prev.procs.iter().map(|p| ((p.pid, p.start_time), p.rss_bytes)).collect();
+        let Some(prev) = &self.last_sample else {
+            return HashSet::new();
+        };
+        let before: HashMap<Ident, u64> = prev
+            .procs
+            .iter()
+            .map(|p| ((p.pid, p.start_time), p.rss_bytes))
+            .collect();
         self.tree
             .iter()
             .filter(|p| matches!(p.role, Role::Worker | Role::Other))
-            .filter(|p| before.get(&(p.pid, p.start_time)).is_none_or(|&b| p.rss_bytes > b))
+            .filter(|p| {
+                before
+                    .get(&(p.pid, p.start_time))
+                    .is_none_or(|&b| p.rss_bytes > b)
+            })
             .map(|p| (p.pid, p.start_time))
             .collect()
     }
@@ -880,36 +991,52 @@ impl Supervisor {
     /// Keeps the kernel out while the stop is in progress, and walks the
     /// ladder: trainers exit (or grace ends) → SIGTERM + SIGCONT to the
     /// rest → `--kill-after` → SIGKILL.
-    fn guard(&mut self, sample: &Sample, view: &View, now: Instant) {
+    fn guard(&mut self, sample: &Sample, now: Instant) {
         let (_, crit) = self.engine.policy().thresholds();
         let crit = crit.unwrap_or(8.0);
         let last_resort = crit / 2.0;
-        let headroom = view.headroom_percent();
-        let trainers_alive = sample.procs.iter().any(|p| p.role == Role::Trainer)
-            || (self.main_status.is_none() && sample.procs.iter().all(|p| p.role != Role::Worker && p.role != Role::Other));
+        // Freezing everything is only for ceilings the kernel enforces: a
+        // budget overrun is not an OOM kill, so the trainer keeps its
+        // chance to checkpoint there.
+        let hard = sample
+            .ceilings()
+            .into_iter()
+            .filter(|c| c.ceiling.source != crate::model::CeilingSource::Budget)
+            .map(|c| c.headroom_percent())
+            .min_by(f64::total_cmp);
         let new_growers = self.growers();
-        let Some(mut st) = self.stop.take() else { return };
+        let Some(mut st) = self.stop.take() else {
+            return;
+        };
+        let trainers_alive = st
+            .signalled
+            .iter()
+            .any(|id| sample.procs.iter().any(|p| (p.pid, p.start_time) == *id));
         match st.step {
             StopStep::Checkpoint => {
-                let low = headroom.is_some_and(|h| h < last_resort);
+                let low = hard.is_some_and(|h| h < last_resort);
                 if low && !st.frozen_all {
                     let all = self.idents(|_| true);
                     let (pids, result) = self.signal_all(&all, SIG_STOP);
                     st.frozen_all = true;
-                    self.log_action("pause", &format!("last resort during {}", st.reason), pids, Some(SIG_STOP), result);
-                } else if st.frozen_all && headroom.is_some_and(|h| h >= last_resort * 1.5) {
+                    st.frozen_since = Some(now);
+                    st.throttle_running = false;
+                    let why = format!("last resort during {}", st.reason);
+                    self.log_action("pause", &why, pids, Some(SIG_STOP), result);
+                } else if st.frozen_all && hard.is_some_and(|h| h >= last_resort * 1.5) {
                     // Room again: the trainers may go on to their checkpoint.
-                    let trainers = self.idents(|p| p.role == Role::Trainer);
-                    self.signal_all(&trainers, SIG_CONT);
+                    self.signal_all(&st.signalled, SIG_CONT);
                     st.frozen_all = false;
+                    st.frozen_since = None;
                 }
                 // Throttle: growers held, with a short run slice per cycle
                 // so a data-bound trainer still gets its batches.
                 st.throttled.extend(new_growers);
+                st.throttled.retain(|id| !st.signalled.contains(id));
                 if !st.frozen_all && !st.throttled.is_empty() {
                     let targets: Vec<Ident> = st.throttled.iter().copied().collect();
                     if now >= st.throttle_switch {
-                        if st.throttle_running || headroom.is_some_and(|h| h < crit) {
+                        if st.throttle_running {
                             self.signal_all(&targets, SIG_STOP);
                             st.throttle_running = false;
                             st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
@@ -920,7 +1047,8 @@ impl Supervisor {
                         }
                     }
                 }
-                let grace_over = now >= st.grace_end;
+                let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
+                let grace_over = now >= st.grace_end || stuck;
                 if !trainers_alive || grace_over {
                     let rest = self.idents(|_| true);
                     if st.frozen_all && grace_over {
@@ -932,7 +1060,9 @@ impl Supervisor {
                     } else {
                         self.signal_all(&rest, SIG_TERM);
                         self.signal_all(&rest, SIG_CONT);
-                        st.step = StopStep::Terminate { until: now + self.cfg.kill_after };
+                        st.step = StopStep::Terminate {
+                            until: now + self.cfg.kill_after,
+                        };
                     }
                     if grace_over && trainers_alive && !self.cfg.quiet {
                         eprintln!(
@@ -975,7 +1105,10 @@ impl Supervisor {
             .env("OOMGUARD_JOB_PID", self.job.pid.to_string());
         if let Some(n) = view.nearest {
             c.env("OOMGUARD_HEADROOM_BYTES", n.headroom_bytes.to_string())
-                .env("OOMGUARD_HEADROOM_PERCENT", format!("{:.2}", n.headroom_percent()))
+                .env(
+                    "OOMGUARD_HEADROOM_PERCENT",
+                    format!("{:.2}", n.headroom_percent()),
+                )
                 .env("OOMGUARD_CEILING_BYTES", n.ceiling.bytes.to_string())
                 .env("OOMGUARD_CEILING_SOURCE", n.ceiling.source.as_str());
         }
@@ -991,19 +1124,27 @@ impl Supervisor {
                 drop(child); // reaped by our reaper
                 self.scanner.exclude(pid);
                 self.helpers.add(pid, cmd.to_string());
-                self.hook_deadlines.insert(pid, Instant::now() + HOOK_TIMEOUT);
+                self.hook_deadlines
+                    .insert(pid, Instant::now() + HOOK_TIMEOUT);
             }
             Err(e) => eprintln!("oomguard: cannot run hook '{cmd}': {e}"),
         }
     }
 
     fn expire_hooks(&mut self, now: Instant) {
-        let late: Vec<u32> =
-            self.hook_deadlines.iter().filter(|&(_, d)| now >= *d).map(|(p, _)| *p).collect();
+        let late: Vec<u32> = self
+            .hook_deadlines
+            .iter()
+            .filter(|&(_, d)| now >= *d)
+            .map(|(p, _)| *p)
+            .collect();
         for pid in late {
             self.hook_deadlines.remove(&pid);
             let _ = supervise::signal_group(pid, SIG_KILL);
-            eprintln!("oomguard: hook (pid {pid}) took longer than {}s; killed", HOOK_TIMEOUT.as_secs());
+            eprintln!(
+                "oomguard: hook (pid {pid}) took longer than {}s; killed",
+                HOOK_TIMEOUT.as_secs()
+            );
         }
     }
 
@@ -1020,7 +1161,14 @@ impl Supervisor {
                     Status::Exited(c) => (Some(c), None),
                     Status::Signaled(s) => (None, Some(supervise::signal_name(s))),
                 };
-                self.log.write("child_exit", &ChildExit { pid: r.pid, code, signal });
+                self.log.write(
+                    "child_exit",
+                    &ChildExit {
+                        pid: r.pid,
+                        code,
+                        signal,
+                    },
+                );
                 self.on_main_exit();
             }
         }
@@ -1048,11 +1196,17 @@ impl Supervisor {
     }
 
     fn refresh_tree(&mut self) {
-        let members = self.cgroup.as_ref().filter(|c| c.owned()).and_then(|c| c.procs());
+        let members = self
+            .cgroup
+            .as_ref()
+            .filter(|c| c.owned())
+            .and_then(|c| c.procs());
         let found = self.scanner.scan(members.as_deref());
         let me = std::process::id();
-        self.zombie_children =
-            found.iter().filter(|f| f.stat.state == 'Z' && f.stat.ppid == me).count();
+        self.zombie_children = found
+            .iter()
+            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
+            .count();
         self.tree = found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
@@ -1132,12 +1286,16 @@ impl Supervisor {
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.history.push(&sample);
-        self.record(&sample, &view, false);
+        self.record(&sample, &view, true);
         let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
         let kernel_killed = match (cg_kills, self.oom_kills_at_start) {
             (Some(now), Some(before)) => now > before,
             // No cgroup to ask: the machine-wide counter is the best hint.
-            _ => sample.system.oom_kill_total.zip(self.vm_oom_kills_at_start).is_some_and(|(n, b)| n > b),
+            _ => sample
+                .system
+                .oom_kill_total
+                .zip(self.vm_oom_kills_at_start)
+                .is_some_and(|(n, b)| n > b),
         };
         let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
         let (outcome, exit_code) = match status {
@@ -1170,7 +1328,13 @@ impl Supervisor {
     }
 
     fn summary(&self, status: Status, outcome: Outcome, exit_code: i32, duration: Duration) {
-        let cmd = self.cfg.argv.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
+        let cmd = self
+            .cfg
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
         let how = match (outcome, status) {
             (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
             (Outcome::StoppedByPolicy, _) => format!(
@@ -1179,14 +1343,25 @@ impl Supervisor {
             ),
             (_, Status::Exited(c)) => format!("exited with {c}"),
             (_, Status::Signaled(s)) => {
-                format!("was killed by {} (exit {})", supervise::signal_name(s), 128 + s)
+                format!(
+                    "was killed by {} (exit {})",
+                    supervise::signal_name(s),
+                    128 + s
+                )
             }
         };
         let s = &self.stats;
         eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration));
-        let holder = s.peak_holder.as_ref().map_or(String::new(), |(pid, comm, role, pss)| {
-            format!("; largest: {comm} (pid {pid}, {}) {}", role.as_str(), HumanBytes(*pss))
-        });
+        let holder = s
+            .peak_holder
+            .as_ref()
+            .map_or(String::new(), |(pid, comm, role, pss)| {
+                format!(
+                    "; largest: {comm} (pid {pid}, {}) {}",
+                    role.as_str(),
+                    HumanBytes(*pss)
+                )
+            });
         eprintln!(
             "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}",
             HumanBytes(s.peak.tree_pss_bytes),

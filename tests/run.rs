@@ -1,6 +1,8 @@
 //! `oomguard run` against real processes: exit codes, signal forwarding,
 //! reaping, accounting, the NDJSON log and a real memory cgroup.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::fs;

@@ -504,7 +504,11 @@ impl Threshold {
         let efd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
         let line = format!("{} {} {}", efd.as_raw_fd(), usage.as_raw_fd(), bytes);
         fs::write(dir.join("cgroup.event_control"), line)?;
-        Ok(Threshold { bytes, eventfd: efd, _usage: usage })
+        Ok(Threshold {
+            bytes,
+            eventfd: efd,
+            _usage: usage,
+        })
     }
 }
 

@@ -1,0 +1,492 @@
+//! Acting before the OOM killer, against real processes and the real kernel
+//! OOM killer inside small memory cgroups (design.md §5).
+//!
+//! Tests named `serial_*` grow memory against a limit or measure reaction
+//! time; nextest runs them one at a time.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::schema::{self, Event};
+use common::*;
+
+fn train_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/train.py")
+}
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_oomguard"))
+}
+
+fn cgroup_or_skip(name: &str, limit: u64) -> Option<MemCgroup> {
+    let cg = MemCgroup::new(name, limit);
+    require(cg.is_some(), "needs root and a cgroup v1 memory hierarchy").then_some(())?;
+    cg
+}
+
+/// Runs oomguard inside `cg` and returns (exit code, log lines, stderr).
+fn run_in(
+    cg: &MemCgroup,
+    log: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, Vec<schema::Line>, String) {
+    let mut cmd = cg.command(bin(), &["run", "--log", log.to_str().unwrap()]);
+    cmd.args(args).stderr(Stdio::piped()).stdout(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let lines = read_log(log);
+    schema::check_envelope(&lines);
+    (
+        out.status.code(),
+        lines,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn max_oom_kill_count(lines: &[schema::Line]) -> u64 {
+    lines
+        .iter()
+        .filter_map(|l| l.sample())
+        .filter_map(|s| s.cgroup.as_ref().and_then(|c| c.oom_kill_count))
+        .max()
+        .unwrap_or(0)
+}
+
+fn actions(lines: &[schema::Line]) -> Vec<(String, String, Option<String>)> {
+    lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Action(a) => Some((a.action.clone(), a.reason.clone(), a.signal.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn prevented(leak_in: &str, workers: &str) {
+    let Some(cg) = cgroup_or_skip(&format!("prevent-{leak_in}"), 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, sigs) = (dir.path().join("ckpt"), dir.path().join("sigs"));
+    fs::create_dir(&sigs).unwrap();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            leak_in,
+            "--chunk-mib",
+            "2",
+            "--period",
+            "0.05",
+            "--ckpt-dir",
+            ckpt.to_str().unwrap(),
+            "--signals-dir",
+            sigs.to_str().unwrap(),
+        ],
+        &[("NUM_WORKERS", workers)],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
+    assert_eq!(
+        cg.oom_kills(),
+        0,
+        "the kernel killed something in the test cgroup"
+    );
+    assert_eq!(
+        max_oom_kill_count(&lines),
+        0,
+        "the kernel killed something in the job's cgroup"
+    );
+    let acts = actions(&lines);
+    assert!(
+        acts.iter()
+            .any(|(a, _, s)| a == "stop" && s.as_deref() == Some("SIGTERM")),
+        "{acts:?}"
+    );
+    // The trainer reached its checkpoint.
+    let saved: Vec<_> = fs::read_dir(&ckpt).unwrap().flatten().collect();
+    assert!(!saved.is_empty(), "no checkpoint written; stderr:\n{err}");
+}
+
+#[test]
+fn serial_leaking_workers_are_stopped_before_the_kernel() {
+    prevented("workers", "4");
+}
+
+#[test]
+fn serial_leaking_trainer_is_stopped_before_the_kernel() {
+    prevented("trainer", "2");
+}
+
+#[test]
+fn serial_without_a_policy_the_kernel_kills_and_oomguard_says_so() {
+    let Some(cg) = cgroup_or_skip("nopolicy", 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--policy",
+            "none",
+            "--interval",
+            "200ms",
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            "trainer",
+            "--chunk-mib",
+            "4",
+            "--period",
+            "0.02",
+        ],
+        &[("NUM_WORKERS", "0")],
+    );
+    assert_eq!(code, Some(137), "stderr:\n{err}");
+    let end = schema::run_end(&lines);
+    assert_eq!(end.outcome, "oom_killed");
+    assert!(
+        max_oom_kill_count(&lines) >= 1,
+        "oom_kill_count never rose in the samples"
+    );
+    assert!(err.contains("OOM killer"), "{err}");
+}
+
+#[test]
+fn serial_fast_leak_is_stopped_before_the_kernel() {
+    let Some(cg) = cgroup_or_skip("fast", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // 200 MiB chunks as fast as memset goes: well over 1 GB/s.
+    let leak = "import time\nkeep = []\nwhile True:\n    keep.append(bytearray(200 << 20))\n";
+    let t0 = Instant::now();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &["--", "python3", "-c", leak],
+        &[],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    assert_eq!(cg.oom_kills(), 0);
+    assert_eq!(max_oom_kill_count(&lines), 0);
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
+    let Some(cg) = cgroup_or_skip("ckptsig", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sigs = dir.path().join("sigs");
+    fs::create_dir(&sigs).unwrap();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--budget",
+            "160MiB",
+            "--checkpoint-signal",
+            "USR1",
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            "trainer",
+            "--chunk-mib",
+            "2",
+            "--period",
+            "0.02",
+            "--ckpt-signal",
+            "USR1",
+            "--signals-dir",
+            sigs.to_str().unwrap(),
+        ],
+        &[("NUM_WORKERS", "3")],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    let mut trainer_got = String::new();
+    let mut workers = 0;
+    for e in fs::read_dir(&sigs).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let text = fs::read_to_string(e.path()).unwrap();
+        if name.starts_with("trainer-") {
+            trainer_got.push_str(&text);
+        } else {
+            workers += 1;
+            assert!(
+                !text.contains("SIGUSR1"),
+                "worker {name} got the checkpoint signal: {text}"
+            );
+        }
+    }
+    assert!(
+        trainer_got.contains("SIGUSR1"),
+        "trainer got: {trainer_got:?}"
+    );
+    let acts = actions(&lines);
+    assert!(
+        acts.iter()
+            .any(|(a, _, s)| a == "stop" && s.as_deref() == Some("SIGUSR1")),
+        "{acts:?}"
+    );
+    let _ = workers;
+}
+
+#[test]
+fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
+    let Some(cg) = cgroup_or_skip("stubborn", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--budget",
+            "160MiB",
+            "--grace",
+            "1s",
+            "--kill-after",
+            "1s",
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            "trainer",
+            "--chunk-mib",
+            "2",
+            "--period",
+            "0.02",
+            "--ignore-signal",
+        ],
+        &[("NUM_WORKERS", "2")],
+    );
+    let took = t0.elapsed();
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    assert!(err.contains("did not exit within"), "{err}");
+    assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
+    let stop_t = lines
+        .iter()
+        .find_map(|l| matches!(&l.event, Event::Action(a) if a.action == "stop").then_some(l.t))
+        .expect("stop action");
+    let end_t = lines.last().unwrap().t;
+    assert!(
+        end_t - stop_t >= 1.0,
+        "stopped before the grace ran out ({stop_t} -> {end_t})"
+    );
+    assert!(took < Duration::from_secs(40));
+}
+
+#[test]
+fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
+    let Some(cg) = cgroup_or_skip("pause", 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pause.toml");
+    fs::write(
+        &cfg,
+        "[[rule]]\nname = \"squeeze\"\nmetric = \"headroom_percent\"\nbelow = \"30%\"\nclear = \"60%\"\naction = \"pause\"\n",
+    )
+    .unwrap();
+    let log = dir.path().join("run.ndjson");
+    let ready = dir.path().join("ready");
+    let mut sup = cg.command(bin(), &["run", "-q", "--interval", "100ms", "--config"]);
+    sup.arg(&cfg).arg("--log").arg(&log);
+    sup.args([
+        "--",
+        "python3",
+        train_py().to_str().unwrap(),
+        "--period",
+        "0.2",
+        "--ready",
+    ]);
+    sup.arg(&ready)
+        .env("NUM_WORKERS", "2")
+        .stdout(Stdio::null());
+    let mut sup = sup.spawn().unwrap();
+    assert!(wait_for(Duration::from_secs(10), || ready.exists()));
+    // Another process in the same cgroup (not the job) takes the room.
+    let release = dir.path().join("release");
+    let mut noise = cg.command(
+        Path::new("python3"),
+        &["-c", &format!(
+            "import os, time\nb = bytearray(380 << 20)\nwhile not os.path.exists({:?}): time.sleep(0.05)\n",
+            release.display().to_string()
+        )],
+    );
+    let mut noise = noise.spawn().unwrap();
+    let paused_pids = || -> Option<Vec<u32>> {
+        read_log_lossy(&log).iter().find_map(|l| match &l.event {
+            Event::Action(a) if a.action == "pause" => Some(a.pids.clone()),
+            _ => None,
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(15), || paused_pids().is_some()),
+        "never paused"
+    );
+    let pids = paused_pids().unwrap();
+    assert_eq!(pids.len(), 3, "trainer and 2 workers: {pids:?}");
+    assert!(
+        wait_for(Duration::from_secs(5), || pids.iter().all(|&p| proc_state(
+            p
+        ) == Some(
+            'T'
+        ))),
+        "not all stopped: {:?}",
+        pids.iter().map(|&p| proc_state(p)).collect::<Vec<_>>()
+    );
+    fs::write(&release, "").unwrap();
+    noise.wait().unwrap();
+    let resumed = || {
+        read_log_lossy(&log)
+            .iter()
+            .any(|l| matches!(&l.event, Event::Action(a) if a.action == "resume"))
+    };
+    assert!(wait_for(Duration::from_secs(15), resumed), "never resumed");
+    assert!(
+        wait_for(Duration::from_secs(5), || pids
+            .iter()
+            .all(|&p| proc_state(p).is_some_and(|s| s != 'T'))),
+        "still stopped: {:?}",
+        pids.iter().map(|&p| proc_state(p)).collect::<Vec<_>>()
+    );
+    send(sup.id(), "TERM");
+    let code = sup.wait().unwrap().code();
+    // The job ends on the forwarded TERM (how is its own business).
+    assert!(code.is_some(), "{code:?}");
+}
+
+/// Reads whatever lines are complete so far (the log is being written).
+fn read_log_lossy(path: &Path) -> Vec<schema::Line> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| schema::parse_line(l).ok())
+        .collect()
+}
+
+#[test]
+fn warn_runs_the_hook_with_the_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hook.env");
+    let hook = format!("env | grep ^OOMGUARD_ | sort > {}", out.display());
+    let st = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--budget",
+            "200MiB",
+            "--warn-at",
+            "50%",
+            "--critical-at",
+            "99%",
+        ])
+        .args(["--interval", "100ms", "--on-warn", &hook, "--"])
+        .args([
+            "python3",
+            "-c",
+            "import time\nb = bytearray(130 << 20)\ntime.sleep(1.5)\n",
+        ])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    assert!(wait_for(Duration::from_secs(5), || out.exists()));
+    let env = fs::read_to_string(&out).unwrap();
+    assert!(env.contains("OOMGUARD_ACTION=warn"), "{env}");
+    assert!(env.contains("OOMGUARD_RULE=warn-headroom"), "{env}");
+    assert!(env.contains("OOMGUARD_CEILING_SOURCE=budget"), "{env}");
+    let pct: f64 = env
+        .lines()
+        .find_map(|l| l.strip_prefix("OOMGUARD_HEADROOM_PERCENT="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pct < 50.0, "{pct}");
+}
+
+#[test]
+fn invalid_configs_are_rejected_before_the_job_starts() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configs/invalid");
+    let mut n = 0;
+    let marker = tempfile::tempdir().unwrap();
+    let started = marker.path().join("started");
+    for e in fs::read_dir(&dir).unwrap().flatten() {
+        let path = e.path();
+        let text = fs::read_to_string(&path).unwrap();
+        let expect = text
+            .lines()
+            .next()
+            .unwrap()
+            .strip_prefix("# expect: ")
+            .unwrap();
+        let out = oomguard()
+            .args(["run", "--config"])
+            .arg(&path)
+            .args(["--", "touch"])
+            .arg(&started)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {err}", path.display());
+        let want = format!("oomguard: cannot read '{}' {expect}", path.display());
+        assert!(
+            err.starts_with(&want),
+            "{}:\n got: {err}\nwant: {want}",
+            path.display()
+        );
+        assert!(
+            !started.exists(),
+            "the job started despite {}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 10, "only {n} bad configs");
+}
+
+#[test]
+fn bad_flags_exit_2() {
+    for args in [
+        vec!["--on-critical", "explode"],
+        vec!["--warn-at", "120%"],
+        vec!["--checkpoint-signal", "SIGNOPE"],
+        vec!["--warn-at", "90%", "--critical-at", "80%"],
+        vec!["--config", "/no/such/oomguard.toml"],
+    ] {
+        let out = oomguard()
+            .arg("run")
+            .args(&args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[allow(dead_code)]
+fn unused(_: Command) {}
