@@ -21,6 +21,34 @@ pub struct Cli {
 pub enum Command {
     /// Launch a command and supervise its whole process tree.
     Run(RunArgs),
+    /// Watch a leaking demo job get stopped before the OOM killer (needs python3).
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The demo job's memory budget.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = size)]
+    pub budget: u64,
+
+    /// Write the NDJSON log to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub tui: TuiArgs,
+}
+
+/// Live dashboard switches.
+#[derive(Debug, Args, Default, Clone, Copy)]
+pub struct TuiArgs {
+    /// Show the live dashboard (default when stdin and stdout are terminals and CI is unset).
+    #[arg(long, conflicts_with = "no_tui")]
+    pub tui: bool,
+
+    /// Never show the live dashboard.
+    #[arg(long)]
+    pub no_tui: bool,
 }
 
 /// Whether oomguard runs the job in a memory cgroup of its own.
@@ -70,6 +98,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub tui: TuiArgs,
 
     /// The command to run, after `--`.
     #[arg(
@@ -158,6 +189,10 @@ fn duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+fn size(s: &str) -> Result<u64, String> {
+    units::parse_size(s).map_err(|e| e.to_string())
+}
+
 fn size_or_percent(s: &str) -> Result<SizeOrPercent, String> {
     units::parse_size_or_percent(s).map_err(|e| e.to_string())
 }
@@ -187,7 +222,9 @@ mod tests {
             "echo --log",
         ])
         .unwrap();
-        let Command::Run(r) = c.command;
+        let Command::Run(r) = c.command else {
+            panic!("not run")
+        };
         assert_eq!(r.budget, Some(SizeOrPercent::Percent(75.0)));
         assert_eq!(r.interval, Duration::from_millis(500));
         assert_eq!(r.command, vec!["bash", "-c", "echo --log"]);

@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod forensics;
 pub mod log;
 pub mod model;

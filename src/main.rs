@@ -16,6 +16,7 @@ fn main() {
                 2
             }
         },
+        Command::Demo(args) => oomguard::demo::demo(args),
     };
     std::process::exit(code);
 }

@@ -64,6 +64,7 @@ pub struct RunConfig {
     pub notify: bool,
     pub policy: PolicySettings,
     pub proc_root: PathBuf,
+    pub tui: crate::cli::TuiArgs,
 }
 
 impl RunConfig {
@@ -102,6 +103,7 @@ impl RunConfig {
             notify,
             policy: settings,
             proc_root: PathBuf::from("/proc"),
+            tui: a.tui,
         })
     }
 }
