@@ -20,7 +20,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Launch a command and supervise its whole process tree.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Watch a leaking demo job get stopped before the OOM killer (needs python3).
     Demo(DemoArgs),
 }

@@ -9,7 +9,7 @@ use oomguard::run::{RunConfig, run};
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Run(args) => match RunConfig::from_args(args) {
+        Command::Run(args) => match RunConfig::from_args(*args) {
             Ok(cfg) => run(cfg),
             Err(e) => {
                 eprintln!("oomguard: {e}");
