@@ -76,8 +76,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
     pub pss_interval: Duration,
 
-    /// How often sample lines in the log carry per-process detail.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+    /// How often sample lines in the log carry per-process detail (and on
+    /// every rule or action).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration)]
     pub procs_interval: Duration,
 
     /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
@@ -98,6 +99,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub restart: RestartArgs,
 
     #[command(flatten)]
     pub tui: TuiArgs,
@@ -154,6 +158,47 @@ pub struct PolicyArgs {
     /// No desktop notifications (they are off anyway when headless or CI=true).
     #[arg(long)]
     pub no_notify: bool,
+}
+
+/// Restarting from a checkpoint (`--on-critical restart`).
+#[derive(Debug, Args, Default, Clone)]
+pub struct RestartArgs {
+    /// Where the job writes checkpoints: after the checkpoint signal oomguard
+    /// waits (up to --grace) for a new, complete one before stopping the rest.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// Which files in --checkpoint-dir are checkpoints.
+    #[arg(long, value_name = "GLOB", default_value = "*")]
+    pub checkpoint_glob: String,
+
+    /// Command for attempts after the first; {checkpoint} is replaced by the
+    /// newest checkpoint [default: the same command].
+    #[arg(long, value_name = "CMD")]
+    pub resume_cmd: Option<String>,
+
+    /// Change an environment variable on each memory-motivated restart:
+    /// NAME=half|dec|VALUE[,min=N] (repeatable), e.g. NUM_WORKERS=half,min=1.
+    #[arg(long, value_name = "NAME=HOW", value_parser = crate::restart::parse_degrade)]
+    pub degrade: Vec<crate::restart::Degrade>,
+
+    /// How many times the job may be restarted.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub max_restarts: u32,
+
+    /// Delay before the first restart; it doubles each time (at most 5m).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    pub restart_delay: Duration,
+
+    /// Also restart when memory killed the job anyway (not only after a
+    /// `restart` action): `oom-kill` (the kernel OOM killer took a process
+    /// of the job). Repeatable.
+    #[arg(long, value_name = "KIND", value_parser = ["oom-kill"])]
+    pub restart_on: Vec<String>,
+
+    /// An attempt that ran this long resets the restart count.
+    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = duration)]
+    pub restart_reset: Duration,
 }
 
 /// Actions a critical rule may take.

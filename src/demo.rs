@@ -62,6 +62,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         policy,
         proc_root: PathBuf::from("/proc"),
         tui: args.tui,
+        restart: crate::cli::RestartArgs::default(),
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

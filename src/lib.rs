@@ -24,6 +24,7 @@ pub mod log;
 pub mod model;
 pub mod policy;
 pub mod probe;
+pub mod restart;
 pub mod run;
 pub mod supervise;
 pub mod units;

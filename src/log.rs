@@ -280,3 +280,100 @@ mod tests {
         assert_eq!(s, "\"stopped_by_policy\"");
     }
 }
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+    use crate::model::{
+        CgroupSample, ProcSample, Psi, Role, Sample, SystemSample, TreeTotals, View,
+    };
+
+    fn big_sample() -> Sample {
+        let procs = (0..64)
+            .map(|i| ProcSample {
+                pid: 4_000_000 + i,
+                ppid: 4_000_000,
+                role: if i == 0 { Role::Trainer } else { Role::Worker },
+                comm: "pt_data_worker".into(),
+                rss_bytes: 12_345_678_901,
+                pss_bytes: 1_234_567_890,
+                uss_bytes: 1_234_567_890,
+                swap_bytes: 123_456_789,
+                gpu_bytes: None,
+                start_time: 0,
+            })
+            .collect();
+        Sample {
+            t: 86_399.123,
+            tree: TreeTotals {
+                procs: 64,
+                rss_bytes: 790_123_456_789,
+                pss_bytes: 79_012_345_678,
+                uss_bytes: 79_012_345_678,
+                swap_bytes: 7_901_234_567,
+                footprint_bytes: 79_012_345_678,
+                pss_age_seconds: 4.999,
+            },
+            procs,
+            system: SystemSample {
+                mem_total_bytes: 1_099_511_627_776,
+                mem_available_bytes: 999_511_627_776,
+                swap_total_bytes: 68_719_476_736,
+                swap_used_bytes: 1_234_567_890,
+                swap_in_bytes_per_s: 12_345_678.0,
+                swap_out_bytes_per_s: 12_345_678.0,
+                oom_kill_total: Some(12),
+            },
+            cgroup: Some(CgroupSample {
+                version: 2,
+                path: "/system.slice/slurmstepd.scope/job_1234567/step_0/user/task_0".into(),
+                usage_bytes: 99_012_345_678,
+                limit_bytes: Some(137_438_953_472),
+                oom_kill_count: Some(0),
+                limit_path: Some("/system.slice/slurmstepd.scope/job_1234567".into()),
+                limit_working_set_bytes: Some(98_012_345_678),
+                owned: false,
+            }),
+            psi: Some(Psi {
+                some_avg10: 12.34,
+                full_avg10: 5.67,
+            }),
+            gpus: Vec::new(),
+            budget_bytes: None,
+        }
+    }
+
+    /// design.md: a 24 h run of a 64-process tree at default settings
+    /// (a line per second, the process list every 60 s) stays under 100 MB.
+    #[test]
+    fn a_day_of_a_64_process_tree_fits_in_100_mb() {
+        let sample = big_sample();
+        let view = View {
+            t: sample.t,
+            nearest: sample.nearest(),
+            eta_seconds: Some(1234.5),
+            headroom_slope: None,
+            fastest: None,
+        };
+        let line = |with_procs| {
+            let body = SampleEvent::new(&sample, &view, with_procs);
+            let env = Envelope {
+                schema: SCHEMA,
+                event: "sample",
+                ts: "2026-11-22T08:00:00.000Z".into(),
+                t: sample.t,
+                attempt: 1,
+                body: &body,
+            };
+            serde_json::to_string(&env).unwrap().len() as u64 + 1
+        };
+        let (short, long) = (line(false), line(true));
+        let day = 86_400u64;
+        let total = (day - day / 60) * short + (day / 60) * long;
+        eprintln!(
+            "sample line {short} B, with 64 procs {long} B, 24 h: {:.1} MB",
+            total as f64 / 1e6
+        );
+        assert!(total < 100_000_000, "24 h log would be {total} bytes");
+    }
+}

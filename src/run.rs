@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -41,6 +41,7 @@ use crate::policy::{Action, Decision, Engine, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
 use crate::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
 use crate::probe::system::SystemReader;
+use crate::restart::{Budget, CheckpointWatch};
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, SizeOrPercent, human_duration};
 
@@ -65,6 +66,7 @@ pub struct RunConfig {
     pub policy: PolicySettings,
     pub proc_root: PathBuf,
     pub tui: crate::cli::TuiArgs,
+    pub restart: crate::cli::RestartArgs,
 }
 
 impl RunConfig {
@@ -104,6 +106,7 @@ impl RunConfig {
             policy: settings,
             proc_root: PathBuf::from("/proc"),
             tui: a.tui,
+            restart: a.restart,
         })
     }
 }
@@ -174,6 +177,9 @@ struct Stop {
     frozen_since: Option<Instant>,
     /// The processes that got the checkpoint signal.
     signalled: Vec<Ident>,
+    /// Confirms the checkpoint (with `--checkpoint-dir`).
+    watch: Option<CheckpointWatch>,
+    began: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,6 +234,23 @@ struct Supervisor {
     vm_oom_kills_at_start: Option<u64>,
     thresholds: Vec<AsyncFd<Threshold>>,
     stats: RunStats,
+    /// 1-based attempt number.
+    attempt: u32,
+    attempt_started: Instant,
+    budget: Budget,
+    /// Environment changes for the next attempts (degradation).
+    env: BTreeMap<String, String>,
+    /// The newest known checkpoint.
+    checkpoint: Option<PathBuf>,
+    /// When the next attempt starts (between attempts).
+    relaunch_at: Option<Instant>,
+    restart_limit: bool,
+    /// One line per finished attempt, for the summary.
+    attempts: Vec<String>,
+    /// Restarts so far (never reset, unlike the budget).
+    restarts: u32,
+    /// A relaunch failed: no more attempts.
+    no_more_attempts: bool,
 }
 
 /// Running totals for `run_end` and the summary.
@@ -286,23 +309,19 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
 
     let stdin = std::io::stdin();
     let foreground = stdin.is_terminal() && supervise::owns_foreground(stdin.as_fd());
-    let spawn_with = |owned: Option<&OwnedCgroup>| {
-        supervise::spawn(
-            SpawnSpec {
-                argv: cfg.argv.clone(),
-                cgroup_procs: owned.map(|o| o.procs_file()),
-                foreground_tty: foreground.then(|| stdin.as_fd()),
-                ..Default::default()
-            },
-            &cfg.proc_root,
-        )
-    };
-    let (job, owned, not_owned_reason) = match spawn_with(owned.as_ref()) {
+    let first_env = attempt_env(1, None, &BTreeMap::new());
+    let (job, owned, not_owned_reason) = match launch(
+        &cfg,
+        &cfg.argv,
+        first_env.clone(),
+        owned.as_ref(),
+        foreground,
+    ) {
         Ok(job) => (job, owned, not_owned_reason),
-        // Joining the cgroup can fail (a hierarchy that refuses the move);
-        // the job matters more than the cgroup.
+        // Joining the cgroup can fail (a hierarchy that refuses the
+        // move); the job matters more than the cgroup.
         Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
-            match spawn_with(None) {
+            match launch(&cfg, &cfg.argv, first_env, None, foreground) {
                 Ok(job) => (
                     job,
                     None,
@@ -329,6 +348,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     scanner.set_job(Some(job.pid));
 
     let now = Instant::now();
+    let cfg_restart = cfg.restart.clone();
     let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
     let mut sup = Supervisor {
         sweeper: PssSweeper::start(cfg.proc_root.clone(), cfg.pss_interval),
@@ -365,6 +385,21 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         last_sample: None,
         thresholds: Vec::new(),
         stats: RunStats::default(),
+        attempt: 1,
+        attempt_started: now,
+        budget: Budget::new(
+            cfg_restart.max_restarts,
+            cfg_restart.restart_delay,
+            Duration::from_secs(300),
+            cfg_restart.restart_reset,
+        ),
+        env: BTreeMap::new(),
+        checkpoint: None,
+        relaunch_at: None,
+        restart_limit: false,
+        attempts: Vec::new(),
+        restarts: 0,
+        no_more_attempts: false,
     };
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
@@ -379,7 +414,10 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             () = threshold => sup.tick(true),
         }
-        if sup.finished() {
+        if sup.relaunch_at.is_some_and(|at| Instant::now() >= at) {
+            sup.relaunch();
+        }
+        if sup.relaunch_at.is_none() && sup.finished() && !sup.plan_restart() {
             break;
         }
     }
@@ -431,6 +469,51 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
         std::task::Poll::Pending
     })
     .await
+}
+
+/// The environment every attempt gets: its number, the newest checkpoint
+/// and the degraded variables.
+fn attempt_env(
+    attempt: u32,
+    checkpoint: Option<&std::path::Path>,
+    degraded: &BTreeMap<String, String>,
+) -> Vec<(OsString, OsString)> {
+    let mut env = vec![(
+        OsString::from("OOMGUARD_ATTEMPT"),
+        OsString::from(attempt.to_string()),
+    )];
+    if let Some(c) = checkpoint {
+        env.push((
+            OsString::from("OOMGUARD_CHECKPOINT"),
+            c.as_os_str().to_owned(),
+        ));
+    }
+    env.extend(
+        degraded
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
+    env
+}
+
+fn launch(
+    cfg: &RunConfig,
+    argv: &[OsString],
+    env: Vec<(OsString, OsString)>,
+    owned: Option<&OwnedCgroup>,
+    foreground: bool,
+) -> Result<Job, supervise::SpawnError> {
+    let stdin = std::io::stdin();
+    supervise::spawn(
+        SpawnSpec {
+            argv: argv.to_vec(),
+            env,
+            cgroup_procs: owned.map(|o| o.procs_file()),
+            foreground_tty: foreground.then(|| stdin.as_fd()),
+            ..Default::default()
+        },
+        &cfg.proc_root,
+    )
 }
 
 #[allow(unsafe_code)]
@@ -566,8 +649,12 @@ impl Supervisor {
             })
             .collect();
         if !quick {
-            self.sweeper
-                .set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
+            self.sweeper.set_targets(
+                procs
+                    .iter()
+                    .map(|p| (p.pid, p.start_time, p.rss_bytes))
+                    .collect(),
+            );
         }
         let pss_age = self.sweeper.apply(&mut procs, now);
         let mut tree = totals(&procs);
@@ -607,6 +694,9 @@ impl Supervisor {
         if let Some(d) = self.hook_deadlines.values().min() {
             wake = wake.min(*d);
         }
+        if let Some(r) = self.relaunch_at {
+            wake = r;
+        }
         wake
     }
 
@@ -617,7 +707,7 @@ impl Supervisor {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
-        if now >= self.next_tick {
+        if now >= self.next_tick && self.relaunch_at.is_none() {
             let full = now >= self.next_full;
             self.tick(!full);
         }
@@ -964,6 +1054,14 @@ impl Supervisor {
             frozen_all: false,
             frozen_since: None,
             signalled: trainers,
+            watch: self.cfg.restart.checkpoint_dir.clone().map(|dir| {
+                CheckpointWatch::new(
+                    dir,
+                    self.cfg.restart.checkpoint_glob.clone(),
+                    SystemTime::now(),
+                )
+            }),
+            began: now,
         });
     }
 
@@ -1051,7 +1149,30 @@ impl Supervisor {
                 }
                 let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
                 let grace_over = now >= st.grace_end || stuck;
-                if !trainers_alive || grace_over {
+                // With --checkpoint-dir, a new complete checkpoint is the
+                // signal to go on; the trainer is never cut off while it
+                // is still writing one within the grace period.
+                let confirmed = st.watch.as_mut().and_then(|w| w.poll(now));
+                if !trainers_alive || grace_over || confirmed.is_some() {
+                    if let Some(w) = &st.watch {
+                        let path =
+                            confirmed.or_else(|| (!trainers_alive).then(|| w.written()).flatten());
+                        self.log.write(
+                            "checkpoint",
+                            &serde_json::json!({
+                                "path": path,
+                                "confirmed": path.is_some(),
+                                "waited_seconds": ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0,
+                            }),
+                        );
+                        if path.is_some() {
+                            self.checkpoint = path;
+                        } else if !self.cfg.quiet {
+                            eprintln!(
+                                "oomguard: no new checkpoint was confirmed in the checkpoint directory"
+                            );
+                        }
+                    }
                     let rest = self.idents(|_| true);
                     if st.frozen_all && grace_over {
                         // Resuming a tree at the edge would hand the kernel
@@ -1229,6 +1350,21 @@ impl Supervisor {
 
     fn on_signal(&mut self, sig: i32) {
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
+        if self.relaunch_at.is_some() {
+            // Between attempts there is no job to forward to: INT/TERM
+            // cancel the restart.
+            if ends {
+                self.relaunch_at = None;
+                self.shutdown_signal = Some(sig);
+                if !self.cfg.quiet {
+                    eprintln!(
+                        "oomguard: {} received; not restarting",
+                        supervise::signal_name(sig)
+                    );
+                }
+            }
+            return;
+        }
         if ends && self.shutdown_signal == Some(sig) {
             // The same Ctrl-C / TERM again while waiting: the user means now.
             self.kill_tree("second interrupt");
@@ -1275,6 +1411,192 @@ impl Supervisor {
         self.kill_at = Some(Instant::now() + Duration::from_millis(100));
     }
 
+    /// Whether the kernel OOM killer took a process of the job during this
+    /// attempt (the job cgroup's counter, else the machine's).
+    fn kernel_killed(&self, sample: &Sample) -> bool {
+        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
+        match (cg_kills, self.oom_kills_at_start) {
+            (Some(now), Some(before)) => now > before,
+            _ => sample
+                .system
+                .oom_kill_total
+                .zip(self.vm_oom_kills_at_start)
+                .is_some_and(|(n, b)| n > b),
+        }
+    }
+
+    /// Whether a kernel OOM kill leads to a restart: with
+    /// `--on-critical restart` (the policy meant to restart anyway) or
+    /// `--restart-on oom-kill`.
+    fn restart_enabled(&self) -> bool {
+        let p = self.engine.policy();
+        self.cfg.restart.restart_on.iter().any(|k| k == "oom-kill")
+            || p.after_pause == Action::Restart
+            || p.rules.iter().any(|r| r.action == Action::Restart)
+    }
+
+    /// The attempt is over (the tree is empty). Decides whether to start
+    /// another: after a `restart` action, or when the kernel OOM killer took
+    /// part of the job and restarts are configured. Returns false when the
+    /// run is over.
+    fn plan_restart(&mut self) -> bool {
+        let status = self.main_status.unwrap_or(Status::Exited(0));
+        let ran = self.attempt_started.elapsed();
+        let sample = self.sample(true);
+        let kernel = self.kernel_killed(&sample);
+        let how = match status {
+            _ if self.policy_end.is_some() => format!(
+                "stopped by oomguard ({})",
+                self.policy_end.map_or("", |a| a.name())
+            ),
+            _ if kernel => "hit by the kernel OOM killer".to_string(),
+            Status::Exited(c) => format!("exited with {c}"),
+            Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
+        };
+        if self.attempts.len() < self.attempt as usize {
+            self.attempts.push(format!(
+                "attempt {}: {how} after {}",
+                self.attempt,
+                human_duration(ran)
+            ));
+        }
+        let wanted = self.policy_end == Some(Action::Restart) || (kernel && self.restart_enabled());
+        if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
+            return false;
+        }
+        let Some(delay) = self.budget.next(ran) else {
+            self.restart_limit = true;
+            if !self.cfg.quiet {
+                eprintln!(
+                    "oomguard: not restarting: --max-restarts {} reached",
+                    self.cfg.restart.max_restarts
+                );
+            }
+            return false;
+        };
+        let r = &self.cfg.restart;
+        if let Some(dir) = &r.checkpoint_dir
+            && let Some((path, _, _)) = crate::restart::newest(dir, &r.checkpoint_glob, None)
+        {
+            self.checkpoint = Some(path);
+        }
+        let mut degraded = serde_json::Map::new();
+        for d in &r.degrade {
+            let current = self
+                .env
+                .get(&d.name)
+                .cloned()
+                .or_else(|| std::env::var(&d.name).ok());
+            match d.next(current.as_deref()) {
+                Some(new) => {
+                    degraded.insert(d.name.clone(), serde_json::json!([current, new]));
+                    self.env.insert(d.name.clone(), new);
+                }
+                None => eprintln!(
+                    "oomguard: cannot degrade {}: it is {} (half and dec need a number)",
+                    d.name,
+                    current.map_or("not set".to_string(), |c| format!("'{c}'"))
+                ),
+            }
+        }
+        let reason = match (&self.stop, self.policy_end) {
+            (Some(st), Some(Action::Restart)) => st.reason.clone(),
+            _ => "kernel OOM kill".to_string(),
+        };
+        self.restarts += 1;
+        // The restart line belongs to the attempt it starts: its envelope
+        // `attempt` is the new number.
+        self.log.set_attempt(self.attempt + 1);
+        self.log.write(
+            "restart",
+            &serde_json::json!({
+                "reason": reason,
+                "checkpoint": self.checkpoint,
+                "degraded": degraded,
+                "delay_seconds": delay.as_secs_f64(),
+            }),
+        );
+        if !self.cfg.quiet {
+            let changes: Vec<String> = degraded
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{k} {} -> {}",
+                        v[0].as_str().unwrap_or("unset"),
+                        v[1].as_str().unwrap_or("")
+                    )
+                })
+                .collect();
+            let changes = if changes.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", changes.join(", "))
+            };
+            eprintln!(
+                "oomguard: restarting in {} (attempt {} of at most {}){changes}{}",
+                human_duration(delay),
+                self.attempt + 1,
+                self.cfg.restart.max_restarts + 1,
+                self.checkpoint
+                    .as_ref()
+                    .map_or(String::new(), |c| format!(" from {}", c.display()))
+            );
+        }
+        if self.foreground {
+            // Between attempts Ctrl-C must reach oomguard.
+            supervise::reclaim_foreground(std::io::stdin().as_fd());
+        }
+        self.relaunch_at = Some(Instant::now() + delay);
+        true
+    }
+
+    /// Starts the next attempt.
+    fn relaunch(&mut self) {
+        self.relaunch_at = None;
+        self.attempt += 1;
+        self.log.set_attempt(self.attempt);
+        let argv = match &self.cfg.restart.resume_cmd {
+            Some(cmd) if self.checkpoint.is_some() => vec![
+                OsString::from("/bin/sh"),
+                OsString::from("-c"),
+                OsString::from(crate::restart::substitute(cmd, self.checkpoint.as_deref())),
+            ],
+            _ => self.cfg.argv.clone(),
+        };
+        let env = attempt_env(self.attempt, self.checkpoint.as_deref(), &self.env);
+        match launch(&self.cfg, &argv, env, self.owned.as_ref(), self.foreground) {
+            Ok(job) => {
+                let now = Instant::now();
+                self.scanner.set_job(Some(job.pid));
+                self.job = job;
+                self.main_status = None;
+                self.tree.clear();
+                self.zombie_children = 0;
+                self.kill_at = None;
+                self.killed = false;
+                self.paused.clear();
+                self.stop = None;
+                self.policy_end = None;
+                self.engine.reset();
+                self.history.clear();
+                self.next_tick = now;
+                self.next_full = now;
+                self.last_view = None;
+                self.last_sample = None;
+                self.last_logged = None;
+                self.attempt_started = now;
+                let cg = self.cgroup.as_ref().and_then(|c| c.read());
+                self.oom_kills_at_start = cg.and_then(|c| c.oom_kill_count);
+                self.vm_oom_kills_at_start = self.system.read(now).oom_kill_total;
+            }
+            Err(e) => {
+                eprintln!("oomguard: cannot restart: {e}");
+                self.no_more_attempts = true;
+                self.main_status = Some(Status::Exited(e.exit_code()));
+            }
+        }
+    }
+
     fn finished(&mut self) -> bool {
         if self.main_status.is_none() {
             return false;
@@ -1301,6 +1623,7 @@ impl Supervisor {
         };
         let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
         let (outcome, exit_code) = match status {
+            _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
             Status::Exited(c) => (Outcome::Exited, c),
@@ -1313,7 +1636,7 @@ impl Supervisor {
                 outcome,
                 exit_code,
                 peak: self.stats.peak.clone(),
-                restarts: 0,
+                restarts: self.restarts,
                 actions: self.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: None,
@@ -1338,6 +1661,10 @@ impl Supervisor {
             .collect::<Vec<_>>()
             .join(" ");
         let how = match (outcome, status) {
+            (Outcome::RestartLimit, _) => format!(
+                "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
+                self.restarts, self.cfg.restart.max_restarts
+            ),
             (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
             (Outcome::StoppedByPolicy, _) => format!(
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
@@ -1383,6 +1710,11 @@ impl Supervisor {
         if !s.actions.is_empty() {
             let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();
             eprintln!("oomguard: actions: {}", list.join(", "));
+        }
+        if self.attempts.len() > 1 {
+            for a in &self.attempts {
+                eprintln!("oomguard: {a}");
+            }
         }
     }
 }

@@ -409,15 +409,28 @@ pub fn page_size() -> u64 {
 struct Measured {
     start_time: u64,
     rollup: Rollup,
+    /// When the reading was taken or last found still valid.
     at: Instant,
+    /// The process's RSS (from `stat`) and the tree generation then.
+    rss_at: u64,
+    generation: u64,
 }
+
+/// A tree process the sweeper should measure: pid, start time, RSS.
+pub type Target = (u32, u64, u64);
 
 #[derive(Debug, Default)]
 struct SweepState {
-    targets: Vec<(u32, u64)>,
+    targets: Vec<Target>,
+    /// Bumped whenever the set of tree processes changes: sharing, and
+    /// with it everyone's PSS, may have changed.
+    generation: u64,
     results: HashMap<u32, Measured>,
     stop: bool,
 }
+
+/// RSS changes below this do not make a PSS reading stale.
+const RSS_SLACK: u64 = 64 * 1024;
 
 /// Reads `smaps_rollup` for every tree process on its own thread, so the
 /// expensive part of accounting never delays a tick. New processes are
@@ -445,14 +458,26 @@ impl PssSweeper {
         self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the sweeper which processes (pid, start time) form the tree.
-    pub fn set_targets(&self, targets: Vec<(u32, u64)>) {
+    /// Tells the sweeper which processes (pid, start time, RSS) form the
+    /// tree.
+    pub fn set_targets(&self, targets: Vec<Target>) {
         let mut st = self.lock();
         let new = targets
             .iter()
-            .any(|(pid, start)| st.results.get(pid).is_none_or(|m| m.start_time != *start));
-        st.results
-            .retain(|pid, m| targets.iter().any(|&(p, s)| p == *pid && s == m.start_time));
+            .any(|(pid, start, _)| st.results.get(pid).is_none_or(|m| m.start_time != *start));
+        let same_set = targets.len() == st.targets.len()
+            && targets
+                .iter()
+                .zip(&st.targets)
+                .all(|(a, b)| a.0 == b.0 && a.1 == b.1);
+        if !same_set {
+            st.generation += 1;
+        }
+        st.results.retain(|pid, m| {
+            targets
+                .iter()
+                .any(|&(p, s, _)| p == *pid && s == m.start_time)
+        });
         st.targets = targets;
         drop(st);
         if new {
@@ -498,11 +523,9 @@ impl PssSweeper {
         loop {
             {
                 let st = self.lock();
-                if st
-                    .targets
-                    .iter()
-                    .all(|(pid, start)| st.results.get(pid).is_some_and(|m| m.start_time == *start))
-                {
+                if st.targets.iter().all(|(pid, start, _)| {
+                    st.results.get(pid).is_some_and(|m| m.start_time == *start)
+                }) {
                     return true;
                 }
             }
@@ -535,9 +558,23 @@ fn sweep_loop(proc_root: &Path, interval: Duration, shared: &(Mutex<SweepState>,
                     return;
                 }
                 let now = Instant::now();
+                // A due reading whose inputs have not changed (same RSS,
+                // same tree) still holds: renew it without the walk.
+                let generation = st.generation;
+                let due: Vec<Target> = st.targets.clone();
+                for (pid, start, rss) in due {
+                    if let Some(m) = st.results.get_mut(&pid)
+                        && m.start_time == start
+                        && now.duration_since(m.at) >= interval
+                        && m.generation == generation
+                        && m.rss_at.abs_diff(rss) <= RSS_SLACK
+                    {
+                        m.at = now;
+                    }
+                }
                 // Never measured first, then the stalest that is due.
                 let mut best: Option<(u32, u64, Option<Instant>)> = None;
-                for &(pid, start) in &st.targets {
+                for &(pid, start, _) in &st.targets {
                     let at = st
                         .results
                         .get(&pid)
@@ -575,6 +612,11 @@ fn sweep_loop(proc_root: &Path, interval: Duration, shared: &(Mutex<SweepState>,
             }
         };
         let (pid, start) = target;
+        let (rss_at, generation) = {
+            let st = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let rss = st.targets.iter().find(|t| t.0 == pid).map_or(0, |t| t.2);
+            (rss, st.generation)
+        };
         let dir = proc_root.join(pid.to_string());
         let rollup =
             read_into(&dir.join("smaps_rollup"), &mut buf).and_then(|()| parse_smaps_rollup(&buf));
@@ -592,13 +634,15 @@ fn sweep_loop(proc_root: &Path, interval: Duration, shared: &(Mutex<SweepState>,
                         start_time: start,
                         rollup,
                         at: Instant::now(),
+                        rss_at,
+                        generation,
                     },
                 );
             }
             _ => {
                 // Gone or unreadable: stop trying until the tick lists it
                 // again with a new identity.
-                st.targets.retain(|&(p, s)| !(p == pid && s == start));
+                st.targets.retain(|&(p, s, _)| !(p == pid && s == start));
             }
         }
     }

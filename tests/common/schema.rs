@@ -51,6 +51,7 @@ pub enum Event {
     Rule(Rule),
     Action(Action),
     Restart(serde_json::Value),
+    Checkpoint(serde_json::Value),
     OomKill(serde_json::Value),
     CudaOom(serde_json::Value),
     WorkerDied(serde_json::Value),

@@ -1,0 +1,119 @@
+//! Cost of one tick for trees of 8, 64 and 512 processes, with and without
+//! reading PSS (`smaps_rollup`), and oomguard's own footprint over a 60 s
+//! run of a 64-process tree at default settings.
+//!
+//! `cargo bench --bench tick` (add `-- quick` to skip the 60 s run).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oomguard::probe::proc::{TreeRoot, TreeScanner, parse_smaps_rollup};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn forker(n: usize, mib: usize, secs: u64) -> std::process::Child {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/forker.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args([n.to_string(), mib.to_string(), secs.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("ready");
+    child
+}
+
+fn tick_cost(n: usize) {
+    let mut child = forker(n, 30, 120);
+    let mut scanner = TreeScanner::new("/proc", TreeRoot::Process(child.id()));
+    scanner.set_job(Some(child.id()));
+    let mut cheap = Vec::new();
+    let mut full = Vec::new();
+    for _ in 0..30 {
+        let t0 = Instant::now();
+        let found = scanner.scan(None);
+        cheap.push(t0.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(found.len(), n);
+        let t0 = Instant::now();
+        let found = scanner.scan(None);
+        let mut pss = 0;
+        for f in &found {
+            let text = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", f.stat.pid))
+                .unwrap_or_default();
+            pss += parse_smaps_rollup(&text).map_or(0, |r| r.pss);
+        }
+        full.push(t0.elapsed().as_secs_f64() * 1e3);
+        assert!(pss > 0);
+    }
+    println!(
+        "tick, {n:>3} processes: {:7.3} ms without PSS, {:7.3} ms with PSS (median of 30)",
+        median(cheap),
+        median(full)
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn field(path: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    })
+}
+
+fn self_cost() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/forker.py");
+    let secs = 60u64;
+    let mut og = Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args(["run", "-q", "--log", "/dev/null", "--", "python3"])
+        .arg(script)
+        .args(["64", "30", &secs.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("oomguard");
+    let pid = og.id();
+    let t0 = Instant::now();
+    let (mut ticks, mut hwm) = (0u64, 0u64);
+    while og.try_wait().ok().flatten().is_none() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..])
+        {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime: fields 14 and 15 (index 11, 12 after state).
+            if let (Some(u), Some(s)) = (f.get(11), f.get(12)) {
+                ticks = u.parse::<u64>().unwrap_or(0) + s.parse::<u64>().unwrap_or(0);
+            }
+        }
+        if let Some(h) = field(&format!("/proc/{pid}/status"), "VmHWM:") {
+            hwm = h;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let hz = 100.0; // USER_HZ on Linux
+    let cpu = ticks as f64 / hz;
+    println!(
+        "oomguard itself over a {wall:.0} s run of a 64-process tree (defaults, --log): \
+         CPU {cpu:.2} s = {:.2}% of one core, peak RSS {:.1} MiB",
+        cpu / wall * 100.0,
+        hwm as f64 / 1024.0
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    for n in [8, 64, 512] {
+        tick_cost(n);
+    }
+    if !quick {
+        self_cost();
+    }
+}
