@@ -19,7 +19,9 @@
 pub mod cli;
 pub mod config;
 pub mod forensics;
+pub mod github;
 pub mod log;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod probe;
