@@ -21,6 +21,7 @@ pub mod forensics;
 pub mod log;
 pub mod model;
 pub mod probe;
+pub mod report;
 pub mod run;
 pub mod supervise;
 pub mod units;
