@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod probe;
+pub mod report;
 pub mod restart;
 pub mod run;
 pub mod supervise;

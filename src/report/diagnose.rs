@@ -1,0 +1,1457 @@
+//! Diagnosis: from the measurements in a [`RunLog`] to findings a person can
+//! act on. Each [`Finding`] cites the numbers it was computed from, so the
+//! advice can be checked against the timeline instead of being trusted.
+//!
+//! Pure functions of the log: no I/O, no clock.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::{EventKind, RunLog, SamplePoint};
+use crate::model::{Role, least_squares_slope};
+use crate::units::{HumanBytes, human_duration};
+
+const MIB: u64 = 1 << 20;
+
+/// The share of the ceiling the worker-count advice plans to use, leaving
+/// room for the page cache, the allocator's slack and the thresholds.
+pub const FIT_SHARE: f64 = 0.9;
+
+/// How urgent a finding is. Ordered from most to least urgent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The job was killed or failed because of memory.
+    Critical,
+    /// Something to change before the next run.
+    Warning,
+    /// Context and sizing.
+    Info,
+    /// What went right (e.g. a kill that oomguard prevented).
+    Ok,
+}
+
+impl Severity {
+    /// Lower-case name, as in the JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Critical => "critical",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+            Severity::Ok => "ok",
+        }
+    }
+}
+
+/// What a cited number measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    Bytes,
+    BytesPerSecond,
+    Seconds,
+    Percent,
+    Count,
+}
+
+/// A number a finding is based on: machine-readable value and the text a
+/// person reads.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cited {
+    /// Stable snake_case name (`per_worker_private_peak_bytes`).
+    pub name: String,
+    /// What it is, in words.
+    pub label: String,
+    pub value: f64,
+    pub unit: Unit,
+    /// `value` in human units.
+    pub text: String,
+}
+
+impl Cited {
+    fn bytes(name: &str, label: &str, v: u64) -> Self {
+        Self {
+            name: name.into(),
+            label: label.into(),
+            value: v as f64,
+            unit: Unit::Bytes,
+            text: HumanBytes(v).to_string(),
+        }
+    }
+
+    fn rate(name: &str, label: &str, v: f64) -> Self {
+        Self {
+            name: name.into(),
+            label: label.into(),
+            value: v,
+            unit: Unit::BytesPerSecond,
+            text: rate_text(v),
+        }
+    }
+
+    fn seconds(name: &str, label: &str, v: f64) -> Self {
+        Self {
+            name: name.into(),
+            label: label.into(),
+            value: v,
+            unit: Unit::Seconds,
+            text: time_text(v),
+        }
+    }
+
+    fn percent(name: &str, label: &str, v: f64) -> Self {
+        Self {
+            name: name.into(),
+            label: label.into(),
+            value: v,
+            unit: Unit::Percent,
+            text: format!("{v:.1}%"),
+        }
+    }
+
+    fn count(name: &str, label: &str, v: u64) -> Self {
+        Self {
+            name: name.into(),
+            label: label.into(),
+            value: v as f64,
+            unit: Unit::Count,
+            text: v.to_string(),
+        }
+    }
+}
+
+/// One piece of diagnosis.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    /// Stable identifier of the kind of finding (`worker_leak`,
+    /// `num_workers`, `fragmentation`, …), for scripts and tests.
+    pub kind: &'static str,
+    pub severity: Severity,
+    pub title: String,
+    /// What it means and what to change, in sentences.
+    pub advice: String,
+    pub numbers: Vec<Cited>,
+}
+
+/// One process over the run: its peaks and how its private memory moved.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcSummary {
+    pub attempt: u32,
+    pub pid: u32,
+    pub role: Role,
+    pub comm: String,
+    pub first_t: f64,
+    pub last_t: f64,
+    /// Per-process lists it appeared in.
+    pub snapshots: usize,
+    pub peak_pss_bytes: u64,
+    pub peak_uss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub peak_swap_bytes: u64,
+    pub first_uss_bytes: u64,
+    pub last_uss_bytes: u64,
+    /// Least-squares growth of USS, bytes/s (`None` with fewer than two
+    /// readings at distinct times).
+    pub uss_slope: Option<f64>,
+}
+
+impl ProcSummary {
+    /// Whether its private memory grew like a leak: steadily up, by a
+    /// margin that is not allocator noise.
+    pub fn leaks(&self) -> bool {
+        let growth = self.last_uss_bytes.saturating_sub(self.first_uss_bytes);
+        let enough = (8 * MIB).max(self.first_uss_bytes / 4);
+        self.uss_slope.is_some_and(|s| s > 0.0) && growth >= enough
+    }
+}
+
+/// Every process seen in a per-process list, keyed by attempt and pid,
+/// sorted by attempt then peak PSS (largest first).
+pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
+    // (attempt, pid) -> summary so far and its (t, USS) readings.
+    type Acc = (ProcSummary, Vec<(f64, f64)>);
+    let mut by: BTreeMap<(u32, u32), Acc> = BTreeMap::new();
+    for snap in &log.snapshots {
+        for p in &snap.procs {
+            let (s, pts) = by.entry((snap.attempt, p.pid)).or_insert_with(|| {
+                (
+                    ProcSummary {
+                        attempt: snap.attempt,
+                        pid: p.pid,
+                        role: p.role,
+                        comm: p.comm.clone(),
+                        first_t: snap.t,
+                        last_t: snap.t,
+                        snapshots: 0,
+                        peak_pss_bytes: 0,
+                        peak_uss_bytes: 0,
+                        peak_rss_bytes: 0,
+                        peak_swap_bytes: 0,
+                        first_uss_bytes: p.uss_bytes,
+                        last_uss_bytes: p.uss_bytes,
+                        uss_slope: None,
+                    },
+                    Vec::new(),
+                )
+            });
+            // A process that has not been swept yet reports zeros.
+            if p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0 {
+                continue;
+            }
+            if s.snapshots == 0 {
+                s.first_uss_bytes = p.uss_bytes;
+                s.first_t = snap.t;
+            }
+            s.snapshots += 1;
+            s.last_t = snap.t;
+            s.last_uss_bytes = p.uss_bytes;
+            s.role = p.role;
+            s.comm.clone_from(&p.comm);
+            s.peak_pss_bytes = s.peak_pss_bytes.max(p.pss_bytes);
+            s.peak_uss_bytes = s.peak_uss_bytes.max(p.uss_bytes);
+            s.peak_rss_bytes = s.peak_rss_bytes.max(p.rss_bytes);
+            s.peak_swap_bytes = s.peak_swap_bytes.max(p.swap_bytes);
+            pts.push((snap.t, p.uss_bytes as f64));
+        }
+    }
+    let mut out: Vec<ProcSummary> = by
+        .into_values()
+        .filter(|(s, _)| s.snapshots > 0)
+        .map(|(mut s, pts)| {
+            s.uss_slope = least_squares_slope(pts.iter().copied());
+            s
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        a.attempt
+            .cmp(&b.attempt)
+            .then(b.peak_pss_bytes.cmp(&a.peak_pss_bytes))
+            .then(a.pid.cmp(&b.pid))
+    });
+    out
+}
+
+/// Everything the log says, as findings, most urgent first.
+pub fn diagnose(log: &RunLog) -> Vec<Finding> {
+    let procs = processes(log);
+    let mut out = Vec::new();
+    oom_kills(log, &mut out);
+    cuda_ooms(log, &mut out);
+    worker_deaths(log, &mut out);
+    what_oomguard_did(log, &mut out);
+    worker_growth(&procs, &mut out);
+    trainer_growth(&procs, &mut out);
+    worker_fit(log, &procs, &mut out);
+    prefetch_share(log, &mut out);
+    swap_growth(log, &mut out);
+    log_integrity(log, &mut out);
+    // Stable: within a severity, the order above (causes before sizing).
+    out.sort_by_key(|f| f.severity);
+    out
+}
+
+fn oom_kills(log: &RunLog, out: &mut Vec<Finding>) {
+    for e in &log.events {
+        let EventKind::OomKill {
+            pid,
+            comm,
+            role,
+            anon_rss_bytes,
+            constraint,
+        } = &e.kind
+        else {
+            continue;
+        };
+        let who = proc_name(*pid, comm.as_deref(), role.as_deref());
+        let mut numbers = vec![Cited::seconds("t_seconds", "time of the kill", e.t)];
+        if let Some(a) = anon_rss_bytes {
+            numbers.push(Cited::bytes(
+                "anon_rss_bytes",
+                "victim's anonymous memory",
+                *a,
+            ));
+        }
+        let scope = match constraint.as_deref() {
+            Some(c) if c.contains("memcg") || c.contains("cgroup") => {
+                " The limit hit was the memory cgroup's, not the machine's."
+            }
+            Some(c) if c.contains("none") || c == "global" => {
+                " The whole machine ran out of memory."
+            }
+            _ => "",
+        };
+        let advice = match role.as_deref() {
+            Some("worker") => format!(
+                "The kernel chose a DataLoader worker: the workers' memory pushed the job over its ceiling.{scope} See the worker findings below for how many workers fit and whether they leak."
+            ),
+            Some("trainer") => format!(
+                "The kernel killed the training process itself, so anything since the last checkpoint is lost.{scope} Reduce the trainer's footprint (batch size, cached data) or give the job more memory, and let oomguard stop it gracefully before the ceiling."
+            ),
+            _ => format!(
+                "The kernel ended {who} because the job exceeded its memory ceiling.{scope}"
+            ),
+        };
+        out.push(Finding {
+            kind: "oom_kill",
+            severity: Severity::Critical,
+            title: format!("The kernel OOM killer killed {who} at {}", time_text(e.t)),
+            advice,
+            numbers,
+        });
+    }
+}
+
+fn cuda_ooms(log: &RunLog, out: &mut Vec<Finding>) {
+    for e in &log.events {
+        let EventKind::CudaOom {
+            device,
+            tried_bytes,
+            total_bytes,
+            free_bytes,
+            allocated_bytes,
+            reserved_unallocated_bytes,
+            reserved_bytes,
+            ..
+        } = &e.kind
+        else {
+            continue;
+        };
+        let dev = device
+            .as_deref()
+            .map_or_else(|| "the GPU".to_string(), |d| format!("GPU {d}"));
+        let slack = reserved_unallocated_bytes.or_else(|| {
+            reserved_bytes
+                .zip(*allocated_bytes)
+                .map(|(r, a)| r.saturating_sub(a))
+        });
+        let mut numbers = vec![Cited::seconds("t_seconds", "time", e.t)];
+        for (name, label, v) in [
+            ("tried_bytes", "failed request", tried_bytes),
+            ("total_bytes", "device capacity", total_bytes),
+            ("free_bytes", "free on the device", free_bytes),
+            ("allocated_bytes", "allocated by PyTorch", allocated_bytes),
+            (
+                "reserved_unallocated_bytes",
+                "reserved by PyTorch but unallocated",
+                &slack,
+            ),
+        ] {
+            if let Some(v) = v {
+                numbers.push(Cited::bytes(name, label, *v));
+            }
+        }
+        let fragmented = slack
+            .zip(*tried_bytes)
+            .is_some_and(|(s, t)| s >= t && t > 0);
+        if fragmented {
+            out.push(Finding {
+                kind: "fragmentation",
+                severity: Severity::Critical,
+                title: format!("CUDA out of memory on {dev}: the allocator was fragmented"),
+                advice: format!(
+                    "PyTorch held {} reserved but unallocated, at least the {} it failed to allocate, but not in one piece. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so the cache can grow segments instead of splitting them (or restart with oomguard's --restart-on cuda-oom, which adds it).",
+                    HumanBytes(slack.unwrap_or(0)),
+                    HumanBytes(tried_bytes.unwrap_or(0)),
+                ),
+                numbers,
+            });
+        } else {
+            let used = allocated_bytes
+                .zip(*total_bytes)
+                .map(|(a, t)| {
+                    format!(
+                        " PyTorch had {} of {} allocated.",
+                        HumanBytes(a),
+                        HumanBytes(t)
+                    )
+                })
+                .unwrap_or_default();
+            out.push(Finding {
+                kind: "cuda_oom",
+                severity: Severity::Critical,
+                title: format!("CUDA out of memory on {dev}"),
+                advice: format!(
+                    "The GPU was genuinely full, not fragmented.{used} Lower the batch size, use mixed precision or activation checkpointing, or free tensors held across steps (losses kept with their graph)."
+                ),
+                numbers,
+            });
+        }
+    }
+}
+
+fn worker_deaths(log: &RunLog, out: &mut Vec<Finding>) {
+    let killed_pids: Vec<u32> = log
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::OomKill { pid, .. } => pid,
+            _ => None,
+        })
+        .collect();
+    for e in &log.events {
+        let EventKind::WorkerDied {
+            pid,
+            signal,
+            exit_code,
+            shm_hint,
+        } = &e.kind
+        else {
+            continue;
+        };
+        let who = pid.map_or_else(
+            || "A DataLoader worker".to_string(),
+            |p| format!("DataLoader worker {p}"),
+        );
+        let how = match (signal, exit_code) {
+            (Some(s), _) => format!("was killed by {s}"),
+            (None, Some(c)) => format!("exited with {c}"),
+            _ => "died".to_string(),
+        };
+        let mut numbers = vec![Cited::seconds("t_seconds", "time", e.t)];
+        if let Some(p) = pid {
+            numbers.push(Cited::count("pid", "worker pid", u64::from(*p)));
+        }
+        if *shm_hint {
+            out.push(Finding {
+                kind: "shm",
+                severity: Severity::Critical,
+                title: format!("{who} {how}: /dev/shm is too small"),
+                advice: "DataLoader workers hand batches to the trainer through shared memory in /dev/shm; a bus error means it ran out. Enlarge it (Docker: --shm-size=8g or --ipc=host; Kubernetes: an emptyDir with medium Memory mounted at /dev/shm), or lower num_workers × prefetch_factor.".to_string(),
+                numbers,
+            });
+        } else if pid.is_some_and(|p| killed_pids.contains(&p)) {
+            // The oom_kill finding already tells this death's story.
+        } else if signal
+            .as_deref()
+            .is_some_and(|s| s.contains("KILL") || s.ends_with(" 9"))
+        {
+            out.push(Finding {
+                kind: "worker_killed",
+                severity: Severity::Critical,
+                title: format!("{who} {how}"),
+                advice: "A worker killed by SIGKILL that nobody signalled is almost always the kernel OOM killer. The log has no matching kernel report; check `oomguard forensics` on the machine's kernel log.".to_string(),
+                numbers,
+            });
+        } else {
+            out.push(Finding {
+                kind: "worker_died",
+                severity: Severity::Warning,
+                title: format!("{who} {how}"),
+                advice: "The worker died for a reason other than memory as far as the log shows; the job's own output has the traceback.".to_string(),
+                numbers,
+            });
+        }
+    }
+}
+
+fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
+    let kills: Vec<f64> = log
+        .events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::OomKill { .. }))
+        .map(|e| e.t)
+        .collect();
+    let oom_killed = !kills.is_empty()
+        || log
+            .end
+            .as_ref()
+            .is_some_and(|e| e.outcome.as_deref() == Some("oom_killed"));
+    let first_kill = kills.first().copied();
+    let mut actions = Vec::new();
+    let mut restarts = Vec::new();
+    let mut firings = Vec::new();
+    for e in &log.events {
+        match &e.kind {
+            EventKind::Action { action, reason, .. } => {
+                actions.push((e.t, action.as_str(), reason.as_deref()));
+            }
+            EventKind::Restart {
+                reason,
+                degraded,
+                next_attempt,
+                ..
+            } => restarts.push(Restart {
+                t: e.t,
+                attempt: next_attempt.unwrap_or(e.attempt),
+                reason: reason.as_deref(),
+                degraded,
+            }),
+            EventKind::Rule {
+                rule, state, value, ..
+            } if state == "firing" => firings.push((e.t, rule.as_str(), *value)),
+            _ => {}
+        }
+    }
+    let decisive = |a: &str| matches!(a, "stop" | "pause" | "kill" | "restart");
+    let min_headroom = log
+        .samples
+        .iter()
+        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let mut numbers = Vec::new();
+    if let Some((p, t)) = min_headroom {
+        numbers.push(Cited::percent(
+            "min_headroom_percent",
+            "least headroom left",
+            p,
+        ));
+        numbers.push(Cited::seconds(
+            "min_headroom_t_seconds",
+            "least headroom at",
+            t,
+        ));
+    }
+    numbers.push(Cited::count(
+        "rules_fired",
+        "rule firings",
+        firings.len() as u64,
+    ));
+    numbers.push(Cited::count(
+        "actions",
+        "actions taken",
+        actions.len() as u64,
+    ));
+    if !restarts.is_empty() {
+        numbers.push(Cited::count("restarts", "restarts", restarts.len() as u64));
+    }
+    let did = describe_actions(&actions, &restarts);
+    let rules = log.start.as_ref().map(|s| s.rules.len());
+    if oom_killed {
+        let before: Vec<_> = actions
+            .iter()
+            .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
+            .collect();
+        let (title, advice) = if let Some((t, a, _)) = before.first() {
+            let lead = first_kill.map(|k| k - t);
+            if let Some(lead) = lead {
+                numbers.push(Cited::seconds(
+                    "action_lead_seconds",
+                    "action before the kill",
+                    lead,
+                ));
+            }
+            (
+                "oomguard acted, but the kernel killed first".to_string(),
+                format!(
+                    "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
+                    time_text(*t),
+                    lead.map_or_else(|| "too little time".to_string(), time_text),
+                ),
+            )
+        } else if rules == Some(0) {
+            (
+                "No policy was active: oomguard only observed".to_string(),
+                "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
+            )
+        } else if firings.is_empty() {
+            (
+                "No rule fired before the kernel killed".to_string(),
+                format!(
+                    "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
+                ),
+            )
+        } else {
+            (
+                "Rules fired but took no decisive action before the kill".to_string(),
+                format!(
+                    "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
+                ),
+            )
+        };
+        out.push(Finding {
+            kind: "not_prevented",
+            severity: Severity::Critical,
+            title,
+            advice,
+            numbers,
+        });
+        return;
+    }
+    if actions.iter().any(|(_, a, _)| decisive(a)) {
+        let outcome = super::text::outcome_text(log);
+        out.push(Finding {
+            kind: "prevented",
+            severity: Severity::Ok,
+            title: "oomguard prevented a kernel OOM kill".to_string(),
+            advice: format!("{did} The kernel killed nothing, and the run ended: {outcome}."),
+            numbers,
+        });
+    } else if !actions.is_empty() || !firings.is_empty() {
+        out.push(Finding {
+            kind: "warned",
+            severity: Severity::Info,
+            title: "oomguard warned; memory stayed under the ceiling".to_string(),
+            advice: format!("{did} No decisive action was needed."),
+            numbers,
+        });
+    } else if !log.samples.is_empty() {
+        out.push(Finding {
+            kind: "quiet",
+            severity: Severity::Ok,
+            title: "No rule fired".to_string(),
+            advice: "Memory stayed clear of every threshold for the whole run.".to_string(),
+            numbers,
+        });
+    }
+}
+
+/// A restart as [`describe_actions`] tells it.
+struct Restart<'a> {
+    t: f64,
+    attempt: u32,
+    reason: Option<&'a str>,
+    degraded: &'a BTreeMap<String, (serde_json::Value, serde_json::Value)>,
+}
+
+fn describe_actions(actions: &[(f64, &str, Option<&str>)], restarts: &[Restart<'_>]) -> String {
+    if actions.is_empty() && restarts.is_empty() {
+        return "oomguard took no action.".to_string();
+    }
+    let mut parts: Vec<(f64, String)> = actions
+        .iter()
+        .map(|(t, a, r)| {
+            let s = match r {
+                Some(r) => format!("{a} at {} (rule {r})", time_text(*t)),
+                None => format!("{a} at {}", time_text(*t)),
+            };
+            (*t, s)
+        })
+        .collect();
+    for r in restarts {
+        let changes: Vec<String> = r
+            .degraded
+            .iter()
+            .map(|(k, (old, new))| format!("{k} {} → {}", value_text(old), value_text(new)))
+            .collect();
+        let mut s = format!("attempt {} launched at {}", r.attempt, time_text(r.t));
+        if let Some(reason) = r.reason {
+            s.push_str(&format!(" after {reason}"));
+        }
+        if !changes.is_empty() {
+            s.push_str(&format!(" with {}", changes.join(", ")));
+        }
+        parts.push((r.t, s));
+    }
+    parts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let parts: Vec<String> = parts.into_iter().map(|(_, s)| s).collect();
+    format!("oomguard: {}.", parts.join("; "))
+}
+
+fn worker_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
+    let workers: Vec<&ProcSummary> = procs
+        .iter()
+        .filter(|p| p.role == Role::Worker && p.snapshots >= 2 && p.last_t > p.first_t)
+        .collect();
+    if workers.is_empty() {
+        return;
+    }
+    let leaking: Vec<&&ProcSummary> = workers.iter().filter(|p| p.leaks()).collect();
+    if leaking.is_empty() {
+        let peak = workers.iter().map(|p| p.peak_uss_bytes).max().unwrap_or(0);
+        let drift = workers
+            .iter()
+            .map(|p| p.uss_slope.unwrap_or(0.0))
+            .fold(0.0_f64, |a, b| a.max(b));
+        out.push(Finding {
+            kind: "worker_flat",
+            severity: Severity::Info,
+            title: "Worker memory is flat: no leak in the workers".to_string(),
+            advice: format!(
+                "Each of the {} workers observed held at most {} of private memory and did not grow. Their cost is a fixed amount per worker: the number of workers, not a leak, decides whether they fit.",
+                workers.len(),
+                HumanBytes(peak)
+            ),
+            numbers: vec![
+                Cited::count("workers", "workers observed", workers.len() as u64),
+                Cited::bytes("per_worker_private_peak_bytes", "per-worker private peak", peak),
+                Cited::rate("max_growth_bytes_per_second", "largest drift", drift),
+            ],
+        });
+        return;
+    }
+    let rates: Vec<f64> = leaking.iter().filter_map(|p| p.uss_slope).collect();
+    let mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
+    // The tree's growth: the leaking workers of one attempt run together.
+    let mut per_attempt: BTreeMap<u32, f64> = BTreeMap::new();
+    for p in &leaking {
+        *per_attempt.entry(p.attempt).or_default() += p.uss_slope.unwrap_or(0.0);
+    }
+    let together = per_attempt.values().copied().fold(0.0, f64::max);
+    let first = leaking.iter().map(|p| p.first_uss_bytes).min().unwrap_or(0);
+    let peak = leaking.iter().map(|p| p.peak_uss_bytes).max().unwrap_or(0);
+    let names = name_workers(&leaking);
+    out.push(Finding {
+        kind: "worker_leak",
+        severity: Severity::Warning,
+        title: format!(
+            "{} of {} DataLoader workers leak: +{} each",
+            leaking.len(),
+            workers.len(),
+            rate_text(mean)
+        ),
+        advice: format!(
+            "The private memory (USS) of {names} grew steadily, from {} to {} per worker, at {} each: {} for the job while they ran together. Memory that grows in every worker is a leak in the dataset or a cache it fills (a dict or list of samples, decoded images, a Python object per item touched; reference counts also un-share copy-on-write pages). Bound the cache or keep it in the trainer, store samples as numpy arrays rather than Python lists, or set persistent_workers=False so workers are recycled each epoch. Fewer workers only postpones the kill.",
+            HumanBytes(first),
+            HumanBytes(peak),
+            rate_text(mean),
+            rate_text(together),
+        ),
+        numbers: vec![
+            Cited::count("leaking_workers", "leaking workers", leaking.len() as u64),
+            Cited::count("workers", "workers observed", workers.len() as u64),
+            Cited::rate("per_worker_growth_bytes_per_second", "growth per worker", mean),
+            Cited::bytes("first_private_bytes", "private memory at first sight", first),
+            Cited::bytes("peak_private_bytes", "private peak of a worker", peak),
+        ],
+    });
+}
+
+/// `workers 4110, 4111 (attempt 1) and 4210 (attempt 2), all
+/// pt_data_worker`, capped so the sentence stays readable with 32 workers.
+fn name_workers(ws: &[&&ProcSummary]) -> String {
+    let mut by: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for w in ws {
+        by.entry(w.attempt).or_default().push(w.pid);
+    }
+    let several = by.len() > 1;
+    let groups: Vec<String> = by
+        .into_iter()
+        .map(|(a, mut pids)| {
+            pids.sort_unstable();
+            let n = pids.len();
+            let mut names: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+            if n > 8 {
+                names.push(format!("{} more", n - 8));
+            }
+            let list = and_list(&names);
+            if several {
+                format!("{list} (attempt {a})")
+            } else {
+                list
+            }
+        })
+        .collect();
+    let plural = if ws.len() == 1 { "worker" } else { "workers" };
+    let mut comms: Vec<&str> = ws.iter().map(|w| w.comm.as_str()).collect();
+    comms.sort_unstable();
+    comms.dedup();
+    let comm = match comms.as_slice() {
+        [one] if ws.len() > 1 => format!(", all {one},"),
+        [one] => format!(" ({one})"),
+        _ => String::new(),
+    };
+    let joined = if several {
+        groups.join("; ")
+    } else {
+        groups.concat()
+    };
+    format!("{plural} {joined}{comm}")
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+fn trainer_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
+    for p in procs
+        .iter()
+        .filter(|p| p.role == Role::Trainer && p.leaks())
+    {
+        let rate = p.uss_slope.unwrap_or(0.0);
+        out.push(Finding {
+            kind: "trainer_growth",
+            severity: Severity::Warning,
+            title: format!(
+                "The trainer ({} {}) grew +{}",
+                p.pid,
+                p.comm,
+                rate_text(rate)
+            ),
+            advice: format!(
+                "The training process's private memory went from {} to {}. Growth in the trainer itself usually means something accumulates across steps: losses or outputs kept with their autograd graph (use loss.item() / detach()), a growing list of metrics, or a cache in the model code.",
+                HumanBytes(p.first_uss_bytes),
+                HumanBytes(p.peak_uss_bytes)
+            ),
+            numbers: vec![
+                Cited::count("pid", "trainer pid", u64::from(p.pid)),
+                Cited::rate("growth_bytes_per_second", "growth", rate),
+                Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
+            ],
+        });
+    }
+}
+
+/// The ceiling the job was closest to: that of the sample with the least
+/// headroom, else the smallest ceiling `run_start` knew.
+pub fn nearest_ceiling(log: &RunLog) -> Option<(String, u64)> {
+    log.samples
+        .iter()
+        .filter(|s| s.ceiling.is_some())
+        .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
+        .and_then(|s| s.ceiling.as_ref())
+        .map(|c| (c.source.clone(), c.bytes))
+        .or_else(|| {
+            log.start
+                .as_ref()?
+                .ceilings
+                .iter()
+                .min_by_key(|c| c.bytes)
+                .map(|c| (c.source.clone(), c.bytes))
+        })
+}
+
+/// The sizing numbers behind the worker-count advice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerFit {
+    pub ceiling_bytes: u64,
+    /// Private memory of everything that is not a worker, at its peak.
+    pub trainer_bytes: u64,
+    /// PSS sum − USS sum: pages shared between processes, counted once.
+    pub shared_bytes: u64,
+    pub per_worker_bytes: u64,
+    /// floor((ceiling × 0.9 − trainer − shared) / per-worker).
+    pub fits: u64,
+}
+
+/// Computes [`WorkerFit`] from the per-process lists; `None` without
+/// workers or a ceiling.
+pub fn worker_fit_numbers(log: &RunLog) -> Option<WorkerFit> {
+    let (_, ceiling) = nearest_ceiling(log)?;
+    let mut trainer = 0u64;
+    let mut shared = 0u64;
+    let mut per_worker = 0u64;
+    for snap in &log.snapshots {
+        let fixed: u64 = snap
+            .procs
+            .iter()
+            .filter(|p| p.role != Role::Worker)
+            .map(|p| p.uss_bytes)
+            .sum();
+        let pss: u64 = snap.procs.iter().map(|p| p.pss_bytes).sum();
+        let uss: u64 = snap.procs.iter().map(|p| p.uss_bytes).sum();
+        trainer = trainer.max(fixed);
+        shared = shared.max(pss.saturating_sub(uss));
+        for w in snap.procs.iter().filter(|p| p.role == Role::Worker) {
+            per_worker = per_worker.max(w.uss_bytes);
+        }
+    }
+    if per_worker == 0 {
+        return None;
+    }
+    let budget = ceiling as f64 * FIT_SHARE - trainer as f64 - shared as f64;
+    let fits = if budget <= 0.0 {
+        0
+    } else {
+        (budget / per_worker as f64).floor() as u64
+    };
+    Some(WorkerFit {
+        ceiling_bytes: ceiling,
+        trainer_bytes: trainer,
+        shared_bytes: shared,
+        per_worker_bytes: per_worker,
+        fits,
+    })
+}
+
+fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
+    let Some(fit) = worker_fit_numbers(log) else {
+        return;
+    };
+    let source = nearest_ceiling(log).map_or_else(String::new, |(s, _)| s);
+    let used = log
+        .attempts
+        .iter()
+        .map(|a| a.max_workers)
+        .max()
+        .unwrap_or(0) as u64;
+    let last = log.attempts.last().map_or(0, |a| a.max_workers) as u64;
+    let leaking = procs.iter().any(|p| p.role == Role::Worker && p.leaks());
+    let trouble = log.events.iter().any(|e| {
+        matches!(
+            e.kind,
+            EventKind::OomKill { .. } | EventKind::Restart { .. } | EventKind::Action { .. }
+        )
+    });
+    let left =
+        (fit.ceiling_bytes as f64 * FIT_SHARE - fit.trainer_bytes as f64 - fit.shared_bytes as f64)
+            .max(0.0) as u64;
+    let room = format!(
+        "{:.0}% of the {source} ceiling ({}) leaves {} after the trainer's {} private and {} shared",
+        FIT_SHARE * 100.0,
+        HumanBytes(fit.ceiling_bytes),
+        HumanBytes(left),
+        HumanBytes(fit.trainer_bytes),
+        HumanBytes(fit.shared_bytes),
+    );
+    let (severity, title, mut advice) = if fit.fits == 0 {
+        (
+            Severity::Warning,
+            "Not even one DataLoader worker fits: use num_workers=0 or more memory".to_string(),
+            format!(
+                "{room}; one worker needs {} at its peak. Load data in the main process (num_workers=0), shrink what each worker holds, or raise the limit.",
+                HumanBytes(fit.per_worker_bytes)
+            ),
+        )
+    } else if fit.fits < used {
+        (
+            if trouble {
+                Severity::Warning
+            } else {
+                Severity::Info
+            },
+            format!(
+                "At most {} DataLoader worker{} fit; the run used {used}: set num_workers={}",
+                fit.fits,
+                if fit.fits == 1 { "" } else { "s" },
+                fit.fits
+            ),
+            format!(
+                "{room}: room for {} workers at {} private each at their peak (set num_workers={}).",
+                fit.fits,
+                HumanBytes(fit.per_worker_bytes),
+                fit.fits
+            ),
+        )
+    } else {
+        (
+            Severity::Info,
+            format!(
+                "Up to {} DataLoader workers fit (the run used {used})",
+                fit.fits
+            ),
+            format!(
+                "{room}: room for {} workers at {} private each at their peak, so num_workers={} is within budget.",
+                fit.fits,
+                HumanBytes(fit.per_worker_bytes),
+                fit.fits
+            ),
+        )
+    };
+    if last != used && last > 0 {
+        advice.push_str(&format!(" The last attempt ran with {last}."));
+    }
+    if leaking {
+        advice.push_str(
+            " The workers leak, so their peak depends on how long they ran: this count holds for a run as long as this one, and fixing the leak matters more.",
+        );
+    }
+    out.push(Finding {
+        kind: "num_workers",
+        severity,
+        title,
+        advice,
+        numbers: vec![
+            Cited::bytes("ceiling_bytes", "ceiling", fit.ceiling_bytes),
+            Cited::bytes(
+                "trainer_private_bytes",
+                "trainer (and launchers) private",
+                fit.trainer_bytes,
+            ),
+            Cited::bytes(
+                "shared_bytes",
+                "shared (PSS sum − USS sum)",
+                fit.shared_bytes,
+            ),
+            Cited::bytes(
+                "per_worker_private_peak_bytes",
+                "per-worker private peak",
+                fit.per_worker_bytes,
+            ),
+            Cited::count("workers_used", "workers in the run", used),
+            Cited::count("workers_fit", "workers that fit", fit.fits),
+        ],
+    });
+}
+
+/// Shared memory that appears once the workers run is mostly batches in
+/// flight through `/dev/shm`: `num_workers × prefetch_factor` of them.
+fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
+    let mut best: Option<(u64, u64, u64, f64)> = None;
+    let mut attempts: BTreeMap<u32, Vec<(f64, u64, u64)>> = BTreeMap::new();
+    for snap in &log.snapshots {
+        if !snap.procs.iter().any(|p| p.role == Role::Worker) {
+            continue;
+        }
+        let pss: u64 = snap.procs.iter().map(|p| p.pss_bytes).sum();
+        let uss: u64 = snap.procs.iter().map(|p| p.uss_bytes).sum();
+        if pss == 0 {
+            continue;
+        }
+        attempts
+            .entry(snap.attempt)
+            .or_default()
+            .push((snap.t, pss.saturating_sub(uss), pss));
+    }
+    for pts in attempts.values() {
+        let Some(&(_, base, _)) = pts.first() else {
+            continue;
+        };
+        let Some(&(t, peak_shared, pss)) = pts.iter().max_by_key(|p| p.1) else {
+            continue;
+        };
+        let growth = peak_shared.saturating_sub(base);
+        if best.is_none_or(|b| growth > b.0) {
+            best = Some((growth, base, pss, t));
+        }
+    }
+    let Some((growth, base, pss, t)) = best else {
+        return;
+    };
+    let share = growth as f64 / pss as f64 * 100.0;
+    if growth < 32 * MIB || share < 10.0 {
+        return;
+    }
+    out.push(Finding {
+        kind: "prefetch",
+        severity: Severity::Info,
+        title: format!("About {share:.0}% of the footprint is batches in flight"),
+        advice: format!(
+            "Shared memory grew from {} to {} while the workers ran (at {}): batches the workers prepared and handed over through /dev/shm, num_workers × prefetch_factor of them. Lowering prefetch_factor (default 2) or the batch size shrinks this part without giving up workers.",
+            HumanBytes(base),
+            HumanBytes(base + growth),
+            time_text(t)
+        ),
+        numbers: vec![
+            Cited::bytes("shared_growth_bytes", "shared growth", growth),
+            Cited::bytes("tree_pss_bytes", "footprint then (PSS sum)", pss),
+            Cited::percent("prefetch_share_percent", "share of the footprint", share),
+        ],
+    });
+}
+
+fn swap_growth(log: &RunLog, out: &mut Vec<Finding>) {
+    let pts: Vec<(&SamplePoint, u64)> = log
+        .samples
+        .iter()
+        .filter_map(|s| s.swap_used_bytes.map(|w| (s, w)))
+        .collect();
+    let Some(&(first, base)) = pts.first() else {
+        return;
+    };
+    let Some(&(peak_s, peak)) = pts.iter().max_by_key(|p| p.1) else {
+        return;
+    };
+    let growth = peak.saturating_sub(base);
+    if growth < 64 * MIB {
+        return;
+    }
+    // When swap started to move: the first sample a sixteenth of the way up.
+    let onset = pts
+        .iter()
+        .find(|(_, w)| w.saturating_sub(base) >= (growth / 16).max(8 * MIB))
+        .map_or(first.t, |(s, _)| s.t);
+    let rate = if peak_s.t > onset {
+        growth as f64 / (peak_s.t - onset)
+    } else {
+        0.0
+    };
+    let next_trouble = log
+        .events
+        .iter()
+        .filter(|e| e.t >= onset)
+        .find(|e| match &e.kind {
+            EventKind::OomKill { .. } | EventKind::CudaOom { .. } => true,
+            EventKind::Rule { state, .. } => state == "firing",
+            _ => false,
+        });
+    let peak_in = log
+        .samples
+        .iter()
+        .filter_map(|s| s.swap_in_bytes_per_s)
+        .fold(0.0_f64, f64::max);
+    let mut numbers = vec![
+        Cited::bytes("swap_growth_bytes", "swap growth", growth),
+        Cited::seconds("onset_t_seconds", "swap started to grow at", onset),
+        Cited::rate("swap_growth_bytes_per_second", "growth rate", rate),
+    ];
+    if peak_in > 0.0 {
+        numbers.push(Cited::rate(
+            "peak_swap_in_bytes_per_second",
+            "peak swap-in",
+            peak_in,
+        ));
+    }
+    let lead = match next_trouble {
+        Some(e) => {
+            numbers.push(Cited::seconds(
+                "lead_seconds",
+                "warning ahead of the next alarm",
+                e.t - onset,
+            ));
+            format!(
+                " It started {} before the {} at {}: the earliest sign in this run.",
+                time_text(e.t - onset),
+                match &e.kind {
+                    EventKind::Rule { rule, .. } => format!("rule {rule}"),
+                    EventKind::OomKill { .. } => "kernel OOM kill".to_string(),
+                    EventKind::CudaOom { .. } => "CUDA out-of-memory error".to_string(),
+                    k => k.name().replace('_', " "),
+                },
+                time_text(e.t)
+            )
+        }
+        None => String::new(),
+    };
+    out.push(Finding {
+        kind: "swap_growth",
+        severity: Severity::Warning,
+        title: format!("Swap grew by {} from {}", HumanBytes(growth), time_text(onset)),
+        advice: format!(
+            "The machine moved memory to swap at {} (from {} to {}).{lead} Swapping slows training long before a kill; treat it as the early warning: add a rule on swap used or swap-in rate, or give the job memory for its peak.",
+            rate_text(rate),
+            HumanBytes(base),
+            HumanBytes(peak)
+        ),
+        numbers,
+    });
+}
+
+fn log_integrity(log: &RunLog, out: &mut Vec<Finding>) {
+    if log.end.is_none() {
+        let t = log.samples.last().map_or(0.0, |s| s.t);
+        out.push(Finding {
+            kind: "no_run_end",
+            severity: Severity::Warning,
+            title: "The log has no run_end line".to_string(),
+            advice: format!(
+                "The log stops at {} without run_end: oomguard was killed or is still running, so the outcome and the peaks below are what the samples show up to there.",
+                time_text(t)
+            ),
+            numbers: vec![Cited::seconds("last_t_seconds", "last line", t)],
+        });
+    }
+}
+
+fn proc_name(pid: Option<u32>, comm: Option<&str>, role: Option<&str>) -> String {
+    let mut s = match (pid, comm) {
+        (Some(p), Some(c)) => format!("pid {p} ({c}"),
+        (Some(p), None) => format!("pid {p} ("),
+        (None, Some(c)) => format!("{c} ("),
+        (None, None) => "a process (".to_string(),
+    };
+    match role {
+        Some(r) if s.ends_with('(') => s.push_str(r),
+        Some(r) => s.push_str(&format!(", {r}")),
+        None => {}
+    }
+    if s.ends_with('(') {
+        s.truncate(s.len() - 2);
+    } else {
+        s.push(')');
+    }
+    s
+}
+
+fn value_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "unset".to_string(),
+        v => v.to_string(),
+    }
+}
+
+/// A rate in human units: `4.0 MiB/s`; slow leaks per hour (`3.4 MiB/h`),
+/// which is how they are felt.
+pub fn rate_text(bytes_per_s: f64) -> String {
+    let sign = if bytes_per_s < 0.0 { "-" } else { "" };
+    let v = bytes_per_s.abs();
+    if v > 0.0 && v < 16.0 * 1024.0 {
+        format!("{sign}{}/h", HumanBytes((v * 3600.0).round() as u64))
+    } else {
+        format!("{sign}{}/s", HumanBytes(v.round() as u64))
+    }
+}
+
+/// A run time in human units: `12.5s`, `3m 05s`.
+pub fn time_text(seconds: f64) -> String {
+    // A damaged log can hold any number; Duration panics beyond its range.
+    let s = if seconds.is_finite() {
+        seconds.clamp(0.0, 1e10)
+    } else {
+        0.0
+    };
+    human_duration(Duration::from_secs_f64(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::load;
+
+    const ENV: &str = r#""schema":"oomguard/1","ts":"2026-01-01T00:00:00.000Z""#;
+
+    /// A log of a trainer with `n` workers sampled every second; worker
+    /// private memory is `w0 + rate × t` MiB.
+    fn workers_log(n: u32, w0: u64, rate: u64, seconds: u32, extra: &[String]) -> String {
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            1024 * MIB
+        )];
+        for s in 1..=seconds {
+            let t = f64::from(s);
+            let shared = 100 * MIB;
+            let mut procs = vec![format!(
+                r#"{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{},"pss_bytes":{},"uss_bytes":{}}}"#,
+                300 * MIB,
+                200 * MIB + shared / u64::from(n + 1),
+                200 * MIB
+            )];
+            let wp = (w0 + rate * u64::from(s)) * MIB;
+            for i in 0..n {
+                procs.push(format!(
+                    r#"{{"pid":{},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{},"pss_bytes":{},"uss_bytes":{wp}}}"#,
+                    101 + i,
+                    wp + shared,
+                    wp + shared / u64::from(n + 1),
+                ));
+            }
+            let pss = 200 * MIB + shared + u64::from(n) * wp;
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{pss},"rss_bytes":{}}},"procs":[{}]}}"#,
+                (1024 * MIB).saturating_sub(pss),
+                1024 * MIB,
+                pss * 2,
+                procs.join(",")
+            ));
+        }
+        lines.extend(extra.iter().cloned());
+        lines.join("\n")
+    }
+
+    fn kinds(f: &[Finding]) -> Vec<&'static str> {
+        f.iter().map(|f| f.kind).collect()
+    }
+
+    #[test]
+    fn leaking_workers_are_named_with_their_rate_and_a_count_that_fits() {
+        let log = load(&workers_log(4, 20, 5, 10, &[])).unwrap();
+        let f = diagnose(&log);
+        let leak = f.iter().find(|f| f.kind == "worker_leak").unwrap();
+        for pid in ["101", "102", "103", "104"] {
+            assert!(leak.advice.contains(pid), "{}", leak.advice);
+        }
+        assert!(leak.title.contains("4 of 4"), "{}", leak.title);
+        assert!(leak.title.contains("5.0 MiB/s"), "{}", leak.title);
+        let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
+        // 0.9 × 1024 − 200 − 100 = 621.6 MiB; peak worker 70 MiB → 8.
+        let n = fit
+            .numbers
+            .iter()
+            .find(|c| c.name == "workers_fit")
+            .unwrap();
+        assert_eq!(n.value, 8.0);
+        assert!(fit.title.contains("Up to 8"), "{}", fit.title);
+        assert!(fit.advice.contains("leak"), "{}", fit.advice);
+    }
+
+    #[test]
+    fn too_many_workers_give_a_smaller_num_workers() {
+        let log = load(&workers_log(8, 60, 5, 10, &[])).unwrap();
+        let fit = worker_fit_numbers(&log).unwrap();
+        // 0.9 × 1024 − 200 − 100 = 621.6 MiB over 110 MiB → 5.
+        assert_eq!(fit.fits, 5);
+        // 100 MiB split nine ways, rounded down per process.
+        assert!(
+            fit.shared_bytes.abs_diff(100 * MIB) < 16,
+            "{}",
+            fit.shared_bytes
+        );
+        assert_eq!(fit.trainer_bytes, 200 * MIB);
+        let f = diagnose(&log);
+        let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
+        assert!(fit.title.contains("num_workers=5"), "{}", fit.title);
+    }
+
+    #[test]
+    fn flat_workers_are_not_a_leak() {
+        let log = load(&workers_log(3, 50, 0, 10, &[])).unwrap();
+        let f = diagnose(&log);
+        assert!(kinds(&f).contains(&"worker_flat"), "{:?}", kinds(&f));
+        assert!(!kinds(&f).contains(&"worker_leak"));
+        // Not a single rule: nothing to prevent, nothing fired.
+        assert!(kinds(&f).contains(&"quiet"), "{:?}", kinds(&f));
+    }
+
+    #[test]
+    fn fragmentation_advises_expandable_segments() {
+        let e = |body: &str| format!(r#"{{{ENV},"event":"cuda_oom","t":5,"attempt":1,{body}}}"#);
+        let log = load(&workers_log(
+            1,
+            10,
+            0,
+            3,
+            &[
+                e(r#""device":"0","tried_bytes":2147483648,"reserved_unallocated_bytes":3221225472,"allocated_bytes":1,"total_bytes":4"#),
+                e(r#""device":"1","tried_bytes":2147483648,"reserved_bytes":3000,"allocated_bytes":2000,"total_bytes":4000"#),
+            ],
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let frag = f.iter().find(|f| f.kind == "fragmentation").unwrap();
+        assert!(frag.advice.contains("expandable_segments:True"));
+        assert!(frag.advice.contains("3.0 GiB"), "{}", frag.advice);
+        let full = f.iter().find(|f| f.kind == "cuda_oom").unwrap();
+        assert!(!full.advice.contains("expandable_segments"));
+        assert!(full.title.contains("GPU 1"));
+    }
+
+    #[test]
+    fn bus_error_points_at_dev_shm_and_sigkill_at_the_oom_killer() {
+        let e = |body: &str| format!(r#"{{{ENV},"event":"worker_died","t":5,"attempt":1,{body}}}"#);
+        let log = load(&workers_log(
+            2,
+            10,
+            0,
+            3,
+            &[
+                e(r#""pid":101,"signal":"SIGBUS","shm_hint":true"#),
+                e(r#""pid":102,"signal":"SIGKILL","shm_hint":false"#),
+            ],
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let shm = f.iter().find(|f| f.kind == "shm").unwrap();
+        assert!(shm.advice.contains("/dev/shm"));
+        assert!(shm.title.contains("101"));
+        let k = f.iter().find(|f| f.kind == "worker_killed").unwrap();
+        assert!(k.title.contains("102"));
+    }
+
+    #[test]
+    fn oom_kill_without_policy_and_swap_as_early_warning() {
+        let mut extra = Vec::new();
+        for s in 11..=20u64 {
+            extra.push(format!(
+                r#"{{{ENV},"event":"sample","t":{s},"attempt":1,"tree":{{"pss_bytes":1}},"system":{{"swap_used_bytes":{},"swap_in_bytes_per_s":1048576}}}}"#,
+                (s - 10) * 50 * MIB
+            ));
+        }
+        extra.push(format!(
+            r#"{{{ENV},"event":"oom_kill","t":21,"attempt":1,"pid":103,"comm":"python","role":"worker","anon_rss_bytes":{}}}"#,
+            300 * MIB
+        ));
+        extra.push(format!(
+            r#"{{{ENV},"event":"run_end","t":22,"attempt":1,"outcome":"oom_killed","exit_code":137}}"#
+        ));
+        let log = load(&workers_log(3, 20, 5, 10, &extra)).unwrap();
+        let f = diagnose(&log);
+        let k = kinds(&f);
+        assert_eq!(&k[..2], ["oom_kill", "not_prevented"], "{k:?}");
+        assert!(
+            f[0].title.contains("pid 103 (python, worker)"),
+            "{}",
+            f[0].title
+        );
+        assert!(f[1].title.contains("No policy"), "{}", f[1].title);
+        let swap = f.iter().find(|f| f.kind == "swap_growth").unwrap();
+        assert!(swap.title.contains("450 MiB"), "{}", swap.title);
+        assert!(
+            swap.advice.contains("before the kernel OOM kill"),
+            "{}",
+            swap.advice
+        );
+        assert!(!k.contains(&"no_run_end"));
+    }
+
+    #[test]
+    fn prevention_is_reported_with_the_actions() {
+        let ev = |t: u32, body: &str| {
+            format!(
+                r#"{{{ENV},"event":"{}","t":{t},"attempt":1,{body}}}"#,
+                if body.contains("\"action\"") {
+                    "action"
+                } else {
+                    "rule"
+                }
+            )
+        };
+        let log = load(&workers_log(
+            2,
+            20,
+            5,
+            10,
+            &[
+                ev(8, r#""rule":"critical","value":7.5,"threshold":8,"state":"firing""#),
+                ev(8, r#""action":"stop","reason":"critical","pids":[100],"signal":"SIGTERM","result":"ok""#),
+                format!(r#"{{{ENV},"event":"run_end","t":12,"attempt":1,"outcome":"stopped_by_policy","exit_code":75}}"#),
+            ],
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let p = f.iter().find(|f| f.kind == "prevented").unwrap();
+        assert_eq!(p.severity, Severity::Ok);
+        assert!(
+            p.advice.contains("stop at 8.0s (rule critical)"),
+            "{}",
+            p.advice
+        );
+        assert!(p.advice.contains("stopped by policy"), "{}", p.advice);
+    }
+
+    #[test]
+    fn every_finding_cites_numbers_and_a_missing_run_end_is_noted() {
+        let log = load(&workers_log(2, 20, 5, 5, &[])).unwrap();
+        let f = diagnose(&log);
+        assert!(kinds(&f).contains(&"no_run_end"));
+        for x in &f {
+            assert!(!x.numbers.is_empty(), "{} cites nothing", x.kind);
+            assert!(!x.advice.is_empty());
+        }
+        assert!(f.windows(2).all(|w| w[0].severity <= w[1].severity));
+    }
+
+    #[test]
+    fn growing_shared_memory_is_reported_as_batches_in_flight() {
+        // Flat private memory; the shared part grows from 100 to 300 MiB.
+        let mut lines = Vec::new();
+        for s in 0..6u64 {
+            let shared = (100 + 40 * s) * MIB;
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{s},"attempt":1,"tree":{{"pss_bytes":{}}},"procs":[{{"pid":1,"role":"trainer","pss_bytes":{},"uss_bytes":{}}},{{"pid":2,"role":"worker","pss_bytes":{},"uss_bytes":{}}}]}}"#,
+                400 * MIB + shared,
+                300 * MIB + shared / 2,
+                300 * MIB,
+                100 * MIB + shared / 2,
+                100 * MIB
+            ));
+        }
+        let log = load(&lines.join("\n")).unwrap();
+        let f = diagnose(&log);
+        let p = f.iter().find(|f| f.kind == "prefetch").unwrap();
+        assert!(p.advice.contains("from 100 MiB to 300 MiB"), "{}", p.advice);
+        let share = p
+            .numbers
+            .iter()
+            .find(|c| c.name == "prefetch_share_percent")
+            .unwrap();
+        // 200 MiB of a 700 MiB footprint.
+        assert!((share.value - 200.0 / 7.0).abs() < 0.5, "{}", share.value);
+        assert!(!kinds(&f).contains(&"worker_leak"));
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(rate_text(4.0 * MIB as f64), "4.0 MiB/s");
+        assert_eq!(rate_text(1000.0), "3.4 MiB/h");
+        assert_eq!(rate_text(-2048.0 * 1024.0), "-2.0 MiB/s");
+        assert_eq!(rate_text(0.0), "0 B/s");
+    }
+
+    #[test]
+    fn proc_names() {
+        assert_eq!(
+            proc_name(Some(5), Some("py"), Some("worker")),
+            "pid 5 (py, worker)"
+        );
+        assert_eq!(proc_name(Some(5), None, None), "pid 5");
+        assert_eq!(proc_name(None, None, None), "a process");
+        assert_eq!(proc_name(None, Some("py"), None), "py");
+    }
+}

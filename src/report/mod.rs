@@ -1,0 +1,219 @@
+//! `oomguard report`: turns a run's NDJSON log into a post-mortem, either one
+//! self-contained HTML page with a timeline, a terminal summary, or JSON.
+//!
+//! The pipeline is `load` (tolerant NDJSON reader) → `diagnose` (findings
+//! with the numbers they cite) → a renderer (`html` with `svg`, `text`). All
+//! of it works on text and data; only [`run_report`] touches files, and
+//! nothing here prints: the caller decides where output goes.
+
+mod diagnose;
+mod html;
+mod load;
+mod svg;
+mod text;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+pub use diagnose::{
+    Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, WorkerFit, diagnose, nearest_ceiling,
+    processes, worker_fit_numbers,
+};
+pub use html::render_html;
+pub use load::{
+    Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, PeakInfo, PolicyRule, ProcPoint,
+    RunLog, SamplePoint, Snapshot, StartInfo, load,
+};
+pub use text::{render_json, render_text};
+
+/// Why a report could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// A line of another schema (a newer oomguard, or another tool).
+    #[error(
+        "line {line}: schema '{found}' is not {schema}; this oomguard reads {schema} logs only",
+        schema = crate::log::SCHEMA
+    )]
+    Schema { line: usize, found: String },
+    /// A JSON line without a `schema` field: not an oomguard log.
+    #[error("line {line}: no \"schema\" field: this is not an oomguard log")]
+    NotALog { line: usize },
+    /// Nothing readable at all.
+    #[error("no oomguard/1 line found: the log is empty or not an oomguard log")]
+    Empty,
+    #[error("cannot read log '{path}': {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write report '{path}': {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A parse error, with the file it came from.
+    #[error("{path}: {source}")]
+    InLog {
+        path: PathBuf,
+        #[source]
+        source: Box<ReportError>,
+    },
+}
+
+/// Output formats of `oomguard report`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Format {
+    /// One self-contained HTML page with the timeline (the default).
+    #[default]
+    Html,
+    /// Summary and advice for the terminal.
+    Text,
+    /// The same as data.
+    Json,
+}
+
+/// Where [`run_report`] put the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// Written to this file.
+    File(PathBuf),
+    /// For the caller to print on stdout.
+    Stdout(String),
+}
+
+/// What [`run_report`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportOutput {
+    pub destination: Destination,
+    /// Lines of the log that were skipped (also shown in the report).
+    pub warnings: Vec<String>,
+}
+
+/// The whole `oomguard report` command.
+///
+/// - `input`: the NDJSON log; `-` reads stdin.
+/// - `output`: where to write. For HTML without `output`, next to the
+///   input as `<stem>.html` (`run.ndjson` → `run.html`; `report.html` for
+///   stdin; `<stem>.report.html` if that would overwrite the input). Text
+///   and JSON without `output`, and any format with `output` = `-`, come
+///   back as [`Destination::Stdout`] for the caller to print.
+///
+/// Nothing is printed; errors name the file and, for bad content, the line.
+pub fn run_report(
+    input: &Path,
+    output: Option<&Path>,
+    format: Format,
+) -> Result<ReportOutput, ReportError> {
+    let text = read_input(input)?;
+    let log = load(&text).map_err(|e| ReportError::InLog {
+        path: input.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    let findings = diagnose(&log);
+    let body = match format {
+        Format::Html => render_html(&log, &findings),
+        Format::Text => render_text(&log, &findings),
+        Format::Json => {
+            let mut s = serde_json::to_string_pretty(&render_json(&log, &findings))
+                .unwrap_or_else(|_| "{}".to_string());
+            s.push('\n');
+            s
+        }
+    };
+    let target = match (output, format) {
+        (Some(p), _) if p == Path::new("-") => None,
+        (Some(p), _) => Some(p.to_path_buf()),
+        (None, Format::Html) => Some(default_html_path(input)),
+        (None, _) => None,
+    };
+    let destination = match target {
+        Some(path) => {
+            std::fs::write(&path, body).map_err(|source| ReportError::Write {
+                path: path.clone(),
+                source,
+            })?;
+            Destination::File(path)
+        }
+        None => Destination::Stdout(body),
+    };
+    Ok(ReportOutput {
+        destination,
+        warnings: log.warnings,
+    })
+}
+
+/// The HTML path used when `-o` is not given.
+pub fn default_html_path(input: &Path) -> PathBuf {
+    if input == Path::new("-") {
+        return PathBuf::from("report.html");
+    }
+    let stem = input
+        .file_stem()
+        .map_or_else(|| "report".into(), |s| s.to_string_lossy().into_owned());
+    let candidate = input.with_file_name(format!("{stem}.html"));
+    if candidate == input {
+        input.with_file_name(format!("{stem}.report.html"))
+    } else {
+        candidate
+    }
+}
+
+fn read_input(input: &Path) -> Result<String, ReportError> {
+    let err = |source| ReportError::Read {
+        path: input.to_path_buf(),
+        source,
+    };
+    let bytes = if input == Path::new("-") {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map_err(err)?;
+        buf
+    } else {
+        std::fs::read(input).map_err(err)?
+    };
+    // A log cut mid-character must still load: replace, do not reject.
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_paths() {
+        assert_eq!(
+            default_html_path(Path::new("/x/run.ndjson")),
+            PathBuf::from("/x/run.html")
+        );
+        assert_eq!(
+            default_html_path(Path::new("run")),
+            PathBuf::from("run.html")
+        );
+        assert_eq!(
+            default_html_path(Path::new("a/r.html")),
+            PathBuf::from("a/r.report.html")
+        );
+        assert_eq!(
+            default_html_path(Path::new("-")),
+            PathBuf::from("report.html")
+        );
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("other.ndjson");
+        std::fs::write(&p, "{\"schema\":\"other/3\",\"event\":\"x\"}\n").unwrap();
+        let e = run_report(&p, None, Format::Text).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("other.ndjson") && msg.contains("line 1"),
+            "{msg}"
+        );
+        assert!(msg.contains("other/3"), "{msg}");
+        let missing = dir.path().join("missing.ndjson");
+        let e = run_report(&missing, None, Format::Html).unwrap_err();
+        assert!(e.to_string().contains("missing.ndjson"), "{e}");
+    }
+}

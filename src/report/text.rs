@@ -1,0 +1,493 @@
+//! The terminal and JSON renderings of a report, and the one-line wording
+//! of events that every rendering shares.
+
+use std::fmt::Write;
+
+use serde_json::{Value, json};
+
+use super::diagnose::{Finding, processes, time_text};
+use super::load::{Event, EventKind, RunLog};
+use crate::units::HumanBytes;
+
+/// One line saying what an event was, with its figures.
+pub(super) fn event_summary(e: &Event) -> String {
+    match &e.kind {
+        EventKind::Rule {
+            rule,
+            metric,
+            value,
+            threshold,
+            state,
+        } => {
+            let m = metric.as_deref().unwrap_or("");
+            let mut s = format!("rule {rule} {state}");
+            if let Some(v) = value {
+                let _ = write!(s, ": {} {}", m, metric_value(m, *v));
+                if let Some(th) = threshold {
+                    let _ = write!(s, " (threshold {})", metric_value(m, *th));
+                }
+            }
+            s
+        }
+        EventKind::Action {
+            action,
+            reason,
+            pids,
+            signal,
+            result,
+        } => {
+            let mut s = action.clone();
+            if let Some(r) = reason {
+                let _ = write!(s, " (rule {r})");
+            }
+            if let Some(sig) = signal {
+                let _ = write!(s, ", {sig}");
+            }
+            if !pids.is_empty() {
+                let shown: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+                let more = if pids.len() > 8 {
+                    format!(" +{}", pids.len() - 8)
+                } else {
+                    String::new()
+                };
+                let _ = write!(s, " to pid {}{more}", shown.join(", "));
+            }
+            if let Some(r) = result
+                && r != "ok"
+            {
+                let _ = write!(s, ": {r}");
+            }
+            s
+        }
+        EventKind::ChildExit { pid, code, signal } => {
+            let who = pid.map_or_else(|| "the job".to_string(), |p| format!("the job (pid {p})"));
+            match (code, signal) {
+                (_, Some(sig)) => format!("{who} was killed by {sig}"),
+                (Some(c), None) => format!("{who} exited with {c}"),
+                _ => format!("{who} ended"),
+            }
+        }
+        EventKind::Restart {
+            next_attempt,
+            reason,
+            checkpoint,
+            degraded,
+            delay_seconds,
+        } => {
+            let mut s = match next_attempt {
+                Some(n) => format!("restart as attempt {n}"),
+                None => "restart".to_string(),
+            };
+            if let Some(r) = reason {
+                let _ = write!(s, " ({r})");
+            }
+            for (k, (old, new)) in degraded {
+                let _ = write!(s, "; {k} {} → {}", plain(old), plain(new));
+            }
+            match checkpoint {
+                Some(c) => {
+                    let _ = write!(s, "; from checkpoint {c}");
+                }
+                None => s.push_str("; no checkpoint confirmed"),
+            }
+            if let Some(d) = delay_seconds {
+                let _ = write!(s, "; after {}", time_text(*d));
+            }
+            s
+        }
+        EventKind::OomKill {
+            pid,
+            comm,
+            role,
+            anon_rss_bytes,
+            ..
+        } => {
+            let mut s = "kernel OOM killer killed".to_string();
+            if let Some(p) = pid {
+                let _ = write!(s, " pid {p}");
+            }
+            match (comm, role) {
+                (Some(c), Some(r)) => {
+                    let _ = write!(s, " ({c}, {r})");
+                }
+                (Some(c), None) => {
+                    let _ = write!(s, " ({c})");
+                }
+                (None, Some(r)) => {
+                    let _ = write!(s, " ({r})");
+                }
+                (None, None) => {}
+            }
+            if let Some(a) = anon_rss_bytes {
+                let _ = write!(s, ", anon RSS {}", HumanBytes(*a));
+            }
+            s
+        }
+        EventKind::CudaOom {
+            device,
+            tried_bytes,
+            free_bytes,
+            reserved_unallocated_bytes,
+            reserved_bytes,
+            allocated_bytes,
+            ..
+        } => {
+            let mut s = match device {
+                Some(d) => format!("CUDA out of memory on GPU {d}"),
+                None => "CUDA out of memory".to_string(),
+            };
+            let slack = reserved_unallocated_bytes.or_else(|| {
+                reserved_bytes
+                    .zip(*allocated_bytes)
+                    .map(|(r, a)| r.saturating_sub(a))
+            });
+            for (label, v) in [
+                ("tried", tried_bytes),
+                ("free", free_bytes),
+                ("reserved unallocated", &slack),
+            ] {
+                if let Some(v) = v {
+                    let _ = write!(s, ", {label} {}", HumanBytes(*v));
+                }
+            }
+            s
+        }
+        EventKind::WorkerDied {
+            pid,
+            signal,
+            exit_code,
+            shm_hint,
+        } => {
+            let mut s = match pid {
+                Some(p) => format!("DataLoader worker {p} died"),
+                None => "a DataLoader worker died".to_string(),
+            };
+            match (signal, exit_code) {
+                (Some(sig), _) => {
+                    let _ = write!(s, " ({sig})");
+                }
+                (None, Some(c)) => {
+                    let _ = write!(s, " (exit {c})");
+                }
+                _ => {}
+            }
+            if *shm_hint {
+                s.push_str(": shared memory (/dev/shm) exhausted");
+            }
+            s
+        }
+    }
+}
+
+fn metric_value(metric: &str, v: f64) -> String {
+    if metric.ends_with("_percent") || metric.ends_with("avg10") {
+        format!("{v:.1}%")
+    } else if metric.ends_with("_bytes") {
+        HumanBytes(v.max(0.0) as u64).to_string()
+    } else if metric.ends_with("_seconds") {
+        time_text(v)
+    } else if metric.ends_with("_per_s") {
+        format!("{}/s", HumanBytes(v.max(0.0) as u64))
+    } else {
+        format!("{v}")
+    }
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "unset".into(),
+        v => v.to_string(),
+    }
+}
+
+/// The outcome in words: `stopped by policy (exit 75)`.
+pub(super) fn outcome_text(log: &RunLog) -> String {
+    match &log.end {
+        Some(end) => {
+            let o = end.outcome.as_deref().unwrap_or("ended").replace('_', " ");
+            match end.exit_code {
+                Some(c) => format!("{o} (exit {c})"),
+                None => o,
+            }
+        }
+        None => "unknown: the log has no run_end".to_string(),
+    }
+}
+
+/// The command line as one string.
+pub(super) fn command_text(log: &RunLog) -> String {
+    log.start
+        .as_ref()
+        .map(|s| {
+            s.argv
+                .iter()
+                .map(|a| {
+                    if a.is_empty() || a.contains(char::is_whitespace) || a.contains('\'') {
+                        format!("'{}'", a.replace('\'', r"'\''"))
+                    } else {
+                        a.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "(command unknown: no run_start)".to_string())
+}
+
+/// The duration of the run: `run_end`'s, else up to the last line.
+pub(super) fn duration(log: &RunLog) -> f64 {
+    log.end
+        .as_ref()
+        .and_then(|e| e.duration_seconds)
+        .unwrap_or_else(|| {
+            log.samples
+                .iter()
+                .map(|s| s.t)
+                .chain(log.events.iter().map(|e| e.t))
+                .fold(0.0, f64::max)
+        })
+}
+
+/// Peak figures: from `run_end.peak` when present, else from the samples.
+pub(super) struct Peaks {
+    pub pss: u64,
+    pub pss_t: f64,
+    pub rss: u64,
+    pub swap: u64,
+    pub gpu: u64,
+}
+
+pub(super) fn peaks(log: &RunLog) -> Peaks {
+    let from_samples = || {
+        let top = log.samples.iter().max_by_key(|s| s.pss_bytes);
+        Peaks {
+            pss: top.map_or(0, |s| s.pss_bytes),
+            pss_t: top.map_or(0.0, |s| s.t),
+            rss: log.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0),
+            swap: log
+                .samples
+                .iter()
+                .filter_map(|s| s.swap_used_bytes)
+                .max()
+                .unwrap_or(0),
+            gpu: log
+                .samples
+                .iter()
+                .map(|s| s.gpus.iter().map(|g| g.used_bytes).sum::<u64>())
+                .max()
+                .unwrap_or(0),
+        }
+    };
+    let s = from_samples();
+    // run_end's peaks see every tick, the log only the logged ones; a
+    // run_end below the samples would be a writer's bug, so the larger wins.
+    match log.end.as_ref().and_then(|e| e.peak.as_ref()) {
+        Some(p) => {
+            let pss = p.tree_pss_bytes.unwrap_or(0);
+            Peaks {
+                pss: pss.max(s.pss),
+                pss_t: if pss >= s.pss {
+                    p.t.unwrap_or(s.pss_t)
+                } else {
+                    s.pss_t
+                },
+                rss: p.tree_rss_bytes.unwrap_or(0).max(s.rss),
+                swap: p.swap_used_bytes.unwrap_or(0).max(s.swap),
+                gpu: p.gpu_used_bytes.unwrap_or(0).max(s.gpu),
+            }
+        }
+        None => s,
+    }
+}
+
+/// Greedy word wrap with a hanging indent.
+fn wrap(text: &str, indent: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty()
+            && indent.len() + line.chars().count() + 1 + word.chars().count() > width
+        {
+            let _ = writeln!(out, "{indent}{line}");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = writeln!(out, "{indent}{line}");
+    }
+    out
+}
+
+/// The summary and advice for a terminal (plain text, 80 columns, no
+/// colour: the caller knows whether stdout is a terminal, this does not).
+pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "oomguard report: {}", command_text(log));
+    let attempts = log.attempts.len().max(1);
+    let _ = writeln!(
+        o,
+        "  outcome   {} after {}, {attempts} attempt{}",
+        outcome_text(log),
+        time_text(duration(log)),
+        if attempts == 1 { "" } else { "s" }
+    );
+    let p = peaks(log);
+    let mut peak = format!(
+        "  peak      PSS {} at {} · RSS sum {} · swap {}",
+        HumanBytes(p.pss),
+        time_text(p.pss_t),
+        HumanBytes(p.rss),
+        HumanBytes(p.swap)
+    );
+    if p.gpu > 0 {
+        let _ = write!(peak, " · GPU {}", HumanBytes(p.gpu));
+    }
+    let _ = writeln!(o, "{peak}");
+    if let Some((source, bytes)) = super::diagnose::nearest_ceiling(log) {
+        let least = log
+            .samples
+            .iter()
+            .filter_map(|s| s.headroom_percent)
+            .fold(f64::INFINITY, f64::min);
+        let mut line = format!("  ceiling   {source} {}", HumanBytes(bytes));
+        if least.is_finite() {
+            let _ = write!(line, " · least headroom {least:.1}%");
+        }
+        let _ = writeln!(o, "{line}");
+    }
+
+    let _ = writeln!(o, "\nFindings");
+    if findings.is_empty() {
+        let _ = writeln!(o, "  (none: the log has too little data)");
+    }
+    for f in findings {
+        let _ = writeln!(o, "\n  [{}] {}", f.severity.as_str(), f.title);
+        o.push_str(&wrap(&f.advice, "      ", 80));
+        if !f.numbers.is_empty() {
+            let nums: Vec<String> = f
+                .numbers
+                .iter()
+                .map(|n| format!("{} {}", n.label, n.text))
+                .collect();
+            o.push_str(&wrap(
+                &format!("based on: {}", nums.join("; ")),
+                "      ",
+                80,
+            ));
+        }
+    }
+
+    if log.attempts.len() > 1 {
+        let _ = writeln!(o, "\nAttempts");
+        let _ = writeln!(
+            o,
+            "  {:>3}  {:>8}  {:>8}  {:>9}  {:>7}  ended by",
+            "#", "start", "end", "peak PSS", "workers"
+        );
+        for a in &log.attempts {
+            let _ = writeln!(
+                o,
+                "  {:>3}  {:>8}  {:>8}  {:>9}  {:>7}  {}",
+                a.number,
+                time_text(a.start_t),
+                time_text(a.end_t),
+                HumanBytes(a.peak_pss_bytes).to_string(),
+                a.max_workers,
+                a.ended_by
+            );
+        }
+    }
+
+    let markers: Vec<&Event> = log.events.iter().filter(|e| e.kind.has_marker()).collect();
+    if !markers.is_empty() {
+        let _ = writeln!(o, "\nEvents");
+        for e in markers.iter().take(40) {
+            let prefix = format!("  {:>4}  {:>8}  ", format!("#{}", e.seq), time_text(e.t));
+            let hang = " ".repeat(prefix.chars().count());
+            let body = wrap(&event_summary(e), &hang, 80);
+            o.push_str(&prefix);
+            o.push_str(body.trim_start());
+        }
+        if markers.len() > 40 {
+            let _ = writeln!(
+                o,
+                "  … {} more (see --format html or json)",
+                markers.len() - 40
+            );
+        }
+    }
+    if !log.warnings.is_empty() {
+        let _ = writeln!(o, "\nLog warnings");
+        for w in &log.warnings {
+            let _ = writeln!(o, "  {w}");
+        }
+    }
+    o
+}
+
+/// The report as data: the same facts and findings as the other formats.
+pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
+    let p = peaks(log);
+    let procs = processes(log);
+    let events: Vec<Value> = log
+        .events
+        .iter()
+        .map(|e| {
+            let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut v {
+                m.insert("summary".into(), Value::String(event_summary(e)));
+            }
+            v
+        })
+        .collect();
+    json!({
+        "schema": "oomguard-report/1",
+        "log_schema": crate::log::SCHEMA,
+        "command": log.start.as_ref().map(|s| s.argv.clone()),
+        "version": log.start.as_ref().and_then(|s| s.version.clone()),
+        "outcome": log.end.as_ref().and_then(|e| e.outcome.clone()),
+        "exit_code": log.end.as_ref().and_then(|e| e.exit_code),
+        "duration_seconds": duration(log),
+        "restarts": log.end.as_ref().and_then(|e| e.restarts),
+        "actions": log.end.as_ref().map(|e| e.actions.clone()),
+        "peak": {
+            "tree_pss_bytes": p.pss,
+            "t": p.pss_t,
+            "tree_rss_bytes": p.rss,
+            "swap_used_bytes": p.swap,
+            "gpu_used_bytes": p.gpu,
+        },
+        "ceiling": super::diagnose::nearest_ceiling(log)
+            .map(|(source, bytes)| json!({"source": source, "bytes": bytes})),
+        "policy": log.start.as_ref().map(|s| s.rules.clone()),
+        "attempts": log.attempts,
+        "processes": procs,
+        "events": events,
+        "findings": findings,
+        "warnings": log.warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrapping() {
+        let w = wrap("aaa bbb ccc ddd", "  ", 10);
+        assert_eq!(w, "  aaa bbb\n  ccc ddd\n");
+    }
+
+    #[test]
+    fn metric_values() {
+        assert_eq!(metric_value("headroom_percent", 7.56), "7.6%");
+        assert_eq!(metric_value("headroom_bytes", 1048576.0), "1.0 MiB");
+        assert_eq!(metric_value("eta_seconds", 9.0), "9.0s");
+    }
+}

@@ -1,0 +1,831 @@
+//! `oomguard report` on the logs of a prevented, a restarted and an
+//! OOM-killed run (`tests/fixtures/logs/`): the HTML is well-formed and
+//! self-contained, its SVG is strict XML with every series and one marker
+//! per event, the advice names the leaking workers and a worker count that
+//! fits, and headless Chromium renders a picture that is not blank.
+//!
+//! The fixtures may be replaced by recorded logs, so every expectation is
+//! computed from the log itself, never written down as bytes.
+// The helpers below (checkers, fixture readers) panic on bad input by design.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "support/screenshot.rs"]
+mod screenshot;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use oomguard::report::{
+    Destination, Format, diagnose, load, render_html, render_json, render_text, run_report,
+};
+use serde_json::Value;
+
+const FIXTURES: [&str; 3] = ["prevented", "restarted", "oom-killed"];
+const MARKER_EVENTS: [&str; 6] = [
+    "rule",
+    "action",
+    "restart",
+    "oom_kill",
+    "cuda_oom",
+    "worker_died",
+];
+
+fn fixture_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/logs")
+        .join(format!("{name}.ndjson"))
+}
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(fixture_path(name)).unwrap()
+}
+
+/// The log's lines as plain JSON, read independently of `report::load`.
+fn lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn html_of(name: &str) -> String {
+    let log = load(&fixture(name)).unwrap();
+    render_html(&log, &diagnose(&log))
+}
+
+#[test]
+fn fixtures_follow_the_log_schema() {
+    for name in FIXTURES {
+        let text = fixture(name);
+        let parsed: Vec<_> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| {
+                common::schema::parse_line(l)
+                    .unwrap_or_else(|e| panic!("{name}.ndjson line {}: {e}", i + 1))
+            })
+            .collect();
+        common::schema::check_envelope(&parsed);
+    }
+}
+
+// ---------------------------------------------------------------- HTML ---
+
+/// Checks that HTML is well-formed: every element closed in order (void
+/// elements excepted), attributes quoted and not repeated, `&` only in
+/// entities, ids unique. Returns the first problem.
+fn check_html(html: &str) -> Result<(), String> {
+    const VOID: [&str; 8] = ["meta", "br", "hr", "img", "input", "link", "col", "wbr"];
+    let b = html.as_bytes();
+    let mut stack: Vec<String> = Vec::new();
+    let mut ids = HashSet::new();
+    let mut i = 0;
+    let at = |i: usize| {
+        let line = html[..i].matches('\n').count() + 1;
+        format!("line {line}, byte {i}")
+    };
+    while i < b.len() {
+        match b[i] {
+            b'<' if html[i..].starts_with("<!--") => {
+                i += html[i..].find("-->").ok_or("unclosed comment")? + 3;
+            }
+            b'<' if html[i..].starts_with("<!") => {
+                i += html[i..].find('>').ok_or("unclosed doctype")? + 1;
+            }
+            b'<' if html[i..].starts_with("</") => {
+                let end = i + html[i..].find('>').ok_or("unclosed end tag")?;
+                let name = html[i + 2..end].trim();
+                match stack.pop() {
+                    Some(open) if open == name => {}
+                    other => {
+                        return Err(format!("{}: </{name}> closes {other:?}", at(i)));
+                    }
+                }
+                i = end + 1;
+            }
+            b'<' => {
+                let (name, attrs, self_closing, end) =
+                    parse_tag(html, i).map_err(|e| format!("{}: {e}", at(i)))?;
+                let mut seen = HashSet::new();
+                for (k, v) in &attrs {
+                    if !seen.insert(k.clone()) {
+                        return Err(format!("{}: attribute {k} repeated on <{name}>", at(i)));
+                    }
+                    check_entities(v).map_err(|e| format!("{}: {e}", at(i)))?;
+                    if k == "id" && !ids.insert(v.clone()) {
+                        return Err(format!("{}: duplicate id {v}", at(i)));
+                    }
+                }
+                i = end;
+                if name == "style" || name == "script" {
+                    let close = format!("</{name}>");
+                    i += html[i..].find(&close).ok_or("unclosed raw text element")? + close.len();
+                } else if !self_closing && !VOID.contains(&name.as_str()) {
+                    stack.push(name);
+                }
+            }
+            _ => {
+                let next = html[i..].find('<').map_or(b.len(), |n| i + n);
+                check_entities(&html[i..next]).map_err(|e| format!("{}: {e}", at(i)))?;
+                i = next;
+            }
+        }
+    }
+    if stack.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unclosed elements at the end: {stack:?}"))
+    }
+}
+
+type Tag = (String, Vec<(String, String)>, bool, usize);
+
+fn parse_tag(s: &str, start: usize) -> Result<Tag, String> {
+    let b = s.as_bytes();
+    let mut i = start + 1;
+    let name_end = i + s[i..]
+        .find(|c: char| c.is_whitespace() || c == '>' || c == '/')
+        .ok_or("tag runs to the end")?;
+    let name = s[i..name_end].to_string();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!("bad tag name {name:?}"));
+    }
+    i = name_end;
+    let mut attrs = Vec::new();
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b'>') => return Ok((name, attrs, false, i + 1)),
+            Some(b'/') if b.get(i + 1) == Some(&b'>') => return Ok((name, attrs, true, i + 2)),
+            None => return Err("tag runs to the end".into()),
+            _ => {}
+        }
+        let k_end = i + s[i..]
+            .find(|c: char| c == '=' || c.is_whitespace() || c == '>')
+            .ok_or("attribute runs to the end")?;
+        let key = s[i..k_end].to_string();
+        if key.is_empty() || key.contains(['"', '\'', '<', '/']) {
+            return Err(format!("bad attribute name {key:?} in <{name}>"));
+        }
+        i = k_end;
+        if b.get(i) != Some(&b'=') {
+            return Err(format!("attribute {key} of <{name}> has no quoted value"));
+        }
+        i += 1;
+        let q = *b.get(i).ok_or("attribute runs to the end")?;
+        if q != b'"' && q != b'\'' {
+            return Err(format!("attribute {key} of <{name}> is not quoted"));
+        }
+        let v_end = i
+            + 1
+            + s[i + 1..]
+                .find(q as char)
+                .ok_or("unclosed attribute value")?;
+        let value = &s[i + 1..v_end];
+        if value.contains('<') {
+            return Err(format!("'<' inside attribute {key} of <{name}>"));
+        }
+        attrs.push((key, value.to_string()));
+        i = v_end + 1;
+    }
+}
+
+fn check_entities(text: &str) -> Result<(), String> {
+    let mut rest = text;
+    while let Some(p) = rest.find('&') {
+        let after = &rest[p + 1..];
+        let semi = after
+            .find(';')
+            .ok_or_else(|| format!("bare & in {text:?}"))?;
+        let ent = &after[..semi];
+        let ok = matches!(ent, "amp" | "lt" | "gt" | "quot" | "apos")
+            || ent.strip_prefix('#').is_some_and(|n| {
+                n.parse::<u32>().is_ok()
+                    || n.strip_prefix('x')
+                        .is_some_and(|h| u32::from_str_radix(h, 16).is_ok())
+            });
+        if !ok {
+            return Err(format!("unknown entity &{ent}; in {text:?}"));
+        }
+        rest = &after[semi + 1..];
+    }
+    Ok(())
+}
+
+#[test]
+fn the_checker_catches_bad_markup() {
+    assert!(check_html("<p><b>x</b></p>").is_ok());
+    assert!(check_html("<p><b>x</p></b>").is_err());
+    assert!(check_html("<p>a & b</p>").is_err());
+    assert!(check_html("<p id=x>a</p>").is_err());
+    assert!(check_html("<p id=\"a\"></p><i id=\"a\"></i>").is_err());
+    assert!(check_html("<div><p></p>").is_err());
+    assert!(check_html("<meta charset=\"utf-8\"><br/><p>&lt;&#39;&#x2F;</p>").is_ok());
+}
+
+fn svg_of(html: &str) -> &str {
+    let start = html.find("<svg").expect("no <svg> in the report");
+    let end = html.rfind("</svg>").expect("no </svg>") + "</svg>".len();
+    &html[start..end]
+}
+
+#[test]
+fn html_is_well_formed_and_self_contained() {
+    for name in FIXTURES {
+        let html = html_of(name);
+        check_html(&html).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(html.starts_with("<!DOCTYPE html>"), "{name}");
+        assert_eq!(html.matches("<svg").count(), 1, "{name}: one timeline");
+        // Nothing to fetch and nothing to run.
+        let lower = html.to_ascii_lowercase();
+        for banned in [
+            "<script",
+            "<link",
+            "<img",
+            "<iframe",
+            "src=",
+            "@import",
+            "javascript:",
+        ] {
+            assert!(!lower.contains(banned), "{name}: contains {banned}");
+        }
+        let outside_ns = lower.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+        assert!(
+            !outside_ns.contains("http://") && !outside_ns.contains("https://"),
+            "{name}: refers to the network"
+        );
+        for (i, _) in lower.match_indices("url(") {
+            assert!(lower[i..].starts_with("url(#"), "{name}: external url()");
+        }
+        // The sections the issue asks for.
+        for id in [
+            "peaks",
+            "timeline",
+            "findings",
+            "attempts",
+            "events",
+            "processes",
+            "outcome",
+        ] {
+            assert!(html.contains(&format!("id=\"{id}\"")), "{name}: no #{id}");
+        }
+    }
+}
+
+#[test]
+fn svg_is_strict_xml() {
+    let have_python = Command::new("python3")
+        .arg("-c")
+        .arg("import xml.etree.ElementTree")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !common::require(have_python, "python3 (its XML parser checks the SVG)") {
+        return;
+    }
+    for name in FIXTURES {
+        let html = html_of(name);
+        let mut child = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import sys, xml.etree.ElementTree as ET\n\
+                 root = ET.fromstring(sys.stdin.buffer.read())\n\
+                 assert root.tag == '{http://www.w3.org/2000/svg}svg', root.tag\n\
+                 print(sum(1 for _ in root.iter()))",
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), svg_of(&html).as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: the SVG is not well-formed XML: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let elements: usize = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(elements > 50, "{name}: only {elements} SVG elements");
+    }
+}
+
+/// Every `<g>` with `id` in the SVG, with its class.
+fn svg_groups(svg: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (i, _) in svg.match_indices("<g ") {
+        let (_, attrs, _, _) = parse_tag(svg, i).unwrap();
+        let get = |k: &str| attrs.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone());
+        if let Some(id) = get("id") {
+            out.insert(id, get("class").unwrap_or_default());
+        }
+    }
+    out
+}
+
+#[test]
+fn svg_has_every_series_and_one_marker_per_event() {
+    for name in FIXTURES {
+        let text = fixture(name);
+        let ls = lines(&text);
+        let html = html_of(name);
+        let svg = svg_of(&html);
+        let groups = svg_groups(svg);
+        let has = |id: &str| groups.get(id).is_some_and(|c| !c.contains("off-scale"));
+
+        for id in [
+            "series-pss-total",
+            "series-rss",
+            "series-ceiling",
+            "series-pss-trainer",
+            "series-pss-worker",
+            "series-pss-launcher",
+        ] {
+            assert!(groups.contains_key(id), "{name}: no {id}");
+        }
+        // Roles that appear in the per-process lists have a drawn area.
+        let roles: BTreeSet<String> = ls
+            .iter()
+            .filter_map(|l| l["procs"].as_array())
+            .flatten()
+            .filter(|p| p["pss_bytes"].as_u64().unwrap_or(0) > 0)
+            .filter_map(|p| p["role"].as_str().map(str::to_string))
+            .collect();
+        for role in &roles {
+            let id = format!("series-pss-{role}");
+            assert!(svg.contains(&format!("id=\"{id}\"")), "{name}: no {id}");
+            let g = &svg[svg.find(&format!("id=\"{id}\"")).unwrap()..];
+            let g = &g[..g.find("</g>").unwrap()];
+            assert!(g.contains("<path d=\"M"), "{name}: {id} is empty");
+        }
+        // Ceiling and thresholds: drawn when the log gives them.
+        let start = ls.iter().find(|l| l["event"] == "run_start").unwrap();
+        let rules = start["policy"]["rules"].as_array().unwrap();
+        let headroom_rule = |actions: &[&str]| {
+            rules.iter().any(|r| {
+                r["metric"] == "headroom_percent"
+                    && actions.contains(&r["action"].as_str().unwrap_or(""))
+            })
+        };
+        assert_eq!(
+            has("series-warn"),
+            headroom_rule(&["warn"]),
+            "{name}: warn line"
+        );
+        assert_eq!(
+            has("series-critical"),
+            headroom_rule(&["stop", "pause", "kill", "restart"]),
+            "{name}: critical line"
+        );
+        assert!(has("series-ceiling"), "{name}: ceiling off scale");
+        let swap_moves = ls
+            .iter()
+            .filter_map(|l| l["system"]["swap_used_bytes"].as_u64())
+            .any(|v| v > 0);
+        assert_eq!(has("series-swap"), swap_moves, "{name}: swap line");
+        let gpus: BTreeSet<u64> = ls
+            .iter()
+            .filter_map(|l| l["gpus"].as_array())
+            .flatten()
+            .filter_map(|g| g["index"].as_u64())
+            .collect();
+        for g in &gpus {
+            assert!(has(&format!("series-gpu-{g}")), "{name}: no GPU {g} line");
+        }
+        assert_eq!(
+            groups
+                .keys()
+                .filter(|k| k.starts_with("series-gpu-"))
+                .count(),
+            gpus.len(),
+            "{name}: GPU lines"
+        );
+
+        // One marker per event, numbered 1..n in log order.
+        let mut expected = Vec::new();
+        for l in &ls {
+            let ev = l["event"].as_str().unwrap();
+            if MARKER_EVENTS.contains(&ev) {
+                expected.push(ev.to_string());
+            }
+        }
+        let markers: Vec<(String, String)> = groups
+            .iter()
+            .filter(|(_, c)| c.starts_with("marker "))
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect();
+        assert_eq!(markers.len(), expected.len(), "{name}: markers");
+        for (i, ev) in expected.iter().enumerate() {
+            let class = &groups[&format!("marker-{}", i + 1)];
+            assert_eq!(
+                class,
+                &format!("marker marker-{ev}"),
+                "{name}: marker {}",
+                i + 1
+            );
+        }
+        assert!(!expected.is_empty(), "{name}: fixture without events");
+    }
+}
+
+// ------------------------------------------------------------ advice ---
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+#[test]
+fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
+    for name in FIXTURES {
+        let text = fixture(name);
+        let ls = lines(&text);
+        // Independent arithmetic over the per-process lists.
+        let lists: Vec<&Vec<Value>> = ls.iter().filter_map(|l| l["procs"].as_array()).collect();
+        let mut workers: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        let (mut trainer, mut shared, mut per_worker) = (0u64, 0u64, 0u64);
+        for procs in &lists {
+            let mut fixed = 0;
+            let (mut pss, mut uss) = (0, 0);
+            for p in *procs {
+                pss += u(&p["pss_bytes"]);
+                uss += u(&p["uss_bytes"]);
+                if p["role"] == "worker" {
+                    workers
+                        .entry(u(&p["pid"]))
+                        .or_default()
+                        .push(u(&p["uss_bytes"]));
+                    per_worker = per_worker.max(u(&p["uss_bytes"]));
+                } else {
+                    fixed += u(&p["uss_bytes"]);
+                }
+            }
+            trainer = trainer.max(fixed);
+            shared = shared.max(pss.saturating_sub(uss));
+        }
+        let least_headroom = ls
+            .iter()
+            .filter(|l| l["event"] == "sample" && l["ceiling"].is_object())
+            .min_by_key(|l| u(&l["headroom_bytes"]))
+            .unwrap();
+        let ceiling = u(&least_headroom["ceiling"]["bytes"]);
+        let fits = ((ceiling as f64 * 0.9 - trainer as f64 - shared as f64) / per_worker as f64)
+            .floor()
+            .max(0.0) as u64;
+        // Workers seen at least twice whose private memory grew.
+        let leaking: Vec<u64> = workers
+            .iter()
+            .filter(|(_, v)| v.len() >= 2 && v[v.len() - 1] > v[0] + (8 << 20))
+            .map(|(pid, _)| *pid)
+            .collect();
+        assert!(
+            !leaking.is_empty(),
+            "{name}: the fixture's workers should leak"
+        );
+
+        let log = load(&text).unwrap();
+        let findings = diagnose(&log);
+        let leak = findings
+            .iter()
+            .find(|f| f.kind == "worker_leak")
+            .unwrap_or_else(|| panic!("{name}: no worker_leak finding"));
+        for pid in &leaking {
+            assert!(
+                leak.advice.contains(&pid.to_string()),
+                "{name}: leak advice does not name worker {pid}: {}",
+                leak.advice
+            );
+        }
+        assert!(
+            leak.advice.contains("/s") || leak.advice.contains("/h"),
+            "{name}: no growth rate"
+        );
+        let fit = findings
+            .iter()
+            .find(|f| f.kind == "num_workers")
+            .unwrap_or_else(|| panic!("{name}: no num_workers finding"));
+        let cited = |n: &str| {
+            fit.numbers
+                .iter()
+                .find(|c| c.name == n)
+                .unwrap_or_else(|| panic!("{name}: num_workers does not cite {n}"))
+                .value
+        };
+        assert_eq!(cited("workers_fit") as u64, fits, "{name}: {}", fit.advice);
+        assert_eq!(cited("ceiling_bytes") as u64, ceiling);
+        assert_eq!(cited("per_worker_private_peak_bytes") as u64, per_worker);
+        assert_eq!(cited("shared_bytes") as u64, shared);
+        assert_eq!(cited("trainer_private_bytes") as u64, trainer);
+        let text_all = format!("{} {}", fit.title, fit.advice);
+        assert!(
+            text_all.contains(&format!("num_workers={fits}")),
+            "{name}: no 'num_workers={fits}' in: {text_all}"
+        );
+        // And the page shows it.
+        let html = render_html(&log, &findings);
+        assert!(html.contains(&format!("num_workers={fits}")), "{name}");
+    }
+}
+
+#[test]
+fn each_run_is_explained() {
+    let kinds = |name: &str| -> Vec<&'static str> {
+        let log = load(&fixture(name)).unwrap();
+        diagnose(&log).iter().map(|f| f.kind).collect()
+    };
+
+    let prevented = kinds("prevented");
+    assert!(prevented.contains(&"prevented"), "{prevented:?}");
+    assert!(!prevented.contains(&"oom_kill"));
+
+    let log = load(&fixture("oom-killed")).unwrap();
+    let f = diagnose(&log);
+    let kill_line = lines(&fixture("oom-killed"))
+        .into_iter()
+        .find(|l| l["event"] == "oom_kill")
+        .unwrap();
+    let kill = f.iter().find(|f| f.kind == "oom_kill").unwrap();
+    assert!(
+        kill.title.contains(&kill_line["pid"].to_string()),
+        "{}",
+        kill.title
+    );
+    assert!(kill.title.contains("worker"), "{}", kill.title);
+    assert_eq!(f[0].severity, oomguard::report::Severity::Critical);
+    assert!(f.iter().any(|f| f.kind == "not_prevented"));
+    let swap = f.iter().find(|f| f.kind == "swap_growth").unwrap();
+    assert!(
+        swap.advice.contains("before the kernel OOM kill"),
+        "{}",
+        swap.advice
+    );
+
+    let log = load(&fixture("restarted")).unwrap();
+    let f = diagnose(&log);
+    assert!(log.attempts.len() >= 2);
+    let frag = f.iter().find(|f| f.kind == "fragmentation").unwrap();
+    assert!(frag.advice.contains("expandable_segments:True"));
+    let restarts = lines(&fixture("restarted"))
+        .into_iter()
+        .filter(|l| l["event"] == "restart")
+        .count();
+    assert_eq!(log.attempts.len(), restarts + 1);
+}
+
+#[test]
+fn text_and_json_carry_the_same_findings() {
+    for name in FIXTURES {
+        let log = load(&fixture(name)).unwrap();
+        let findings = diagnose(&log);
+        let text = render_text(&log, &findings);
+        for f in &findings {
+            assert!(text.contains(&f.title), "{name}: text lacks {}", f.title);
+        }
+        assert!(
+            text.lines().all(|l| l.chars().count() <= 100),
+            "{name}: long line"
+        );
+        let json = render_json(&log, &findings);
+        assert_eq!(json["findings"].as_array().unwrap().len(), findings.len());
+        assert_eq!(
+            json["attempts"].as_array().unwrap().len(),
+            log.attempts.len()
+        );
+        assert_eq!(json["events"].as_array().unwrap().len(), log.events.len());
+        let end = lines(&fixture(name)).pop().unwrap();
+        assert_eq!(json["exit_code"], end["exit_code"]);
+        assert_eq!(json["outcome"], end["outcome"]);
+        assert_eq!(
+            json["peak"]["tree_pss_bytes"],
+            end["peak"]["tree_pss_bytes"]
+        );
+        for f in json["findings"].as_array().unwrap() {
+            assert!(!f["numbers"].as_array().unwrap().is_empty(), "{name}: {f}");
+        }
+    }
+}
+
+#[test]
+fn damaged_and_extended_logs_still_render() {
+    for name in FIXTURES {
+        let text = fixture(name);
+        let all: Vec<&str> = text.lines().collect();
+        // Cut mid-line, as a killed writer leaves it.
+        let last = all[all.len() - 1];
+        let cut = format!(
+            "{}\n{}",
+            all[..all.len() - 1].join("\n"),
+            &last[..last.len() / 2]
+        );
+        let log = load(&cut).unwrap();
+        assert_eq!(log.warnings.len(), 1, "{name}");
+        assert!(log.end.is_none());
+        let html = render_html(&log, &diagnose(&log));
+        check_html(&html).unwrap();
+        assert!(html.contains("no run_end"), "{name}");
+        // Future events and fields are ignored.
+        let extended: String = all
+            .iter()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                v["future_field"] = serde_json::json!({"x": [1, 2]});
+                format!(
+                    "{v}\n{{\"schema\":\"oomguard/1\",\"event\":\"hologram\",\"t\":{},\"attempt\":1}}\n",
+                    v["t"]
+                )
+            })
+            .collect();
+        let a = load(&text).unwrap();
+        let b = load(&extended).unwrap();
+        assert_eq!(diagnose(&a), diagnose(&b), "{name}");
+        assert_eq!(b.events.len(), a.events.len());
+    }
+}
+
+#[test]
+fn run_report_writes_html_next_to_the_log_and_text_to_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("run.ndjson");
+    std::fs::copy(fixture_path("restarted"), &input).unwrap();
+    let out = run_report(&input, None, Format::Html).unwrap();
+    let html_path = dir.path().join("run.html");
+    assert_eq!(out.destination, Destination::File(html_path.clone()));
+    check_html(&std::fs::read_to_string(&html_path).unwrap()).unwrap();
+    let out = run_report(&input, Some(Path::new("-")), Format::Html).unwrap();
+    assert!(matches!(out.destination, Destination::Stdout(ref s) if s.starts_with("<!DOCTYPE")));
+    let out = run_report(&input, None, Format::Text).unwrap();
+    assert!(matches!(out.destination, Destination::Stdout(ref s) if s.contains("Findings")));
+    let json_path = dir.path().join("r.json");
+    run_report(&input, Some(&json_path), Format::Json).unwrap();
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(v["schema"], "oomguard-report/1");
+}
+
+// -------------------------------------------------------- screenshot ---
+
+#[test]
+fn inflate_matches_zlib() {
+    let have_python = Command::new("python3")
+        .arg("-c")
+        .arg("import zlib")
+        .status()
+        .is_ok_and(|s| s.success());
+    if !common::require(have_python, "python3 (zlib makes the reference data)") {
+        return;
+    }
+    // Stored (level 0), fixed (short) and dynamic (level 9) blocks.
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import zlib, sys\n\
+             data = bytes((i * 7 + i // 300) % 251 for i in range(70000)) + b'oomguard ' * 500\n\
+             for level in (0, 1, 9):\n\
+             \x20   sys.stdout.write(zlib.compress(data, level).hex() + '\\n')\n\
+             sys.stdout.write(zlib.compress(b'tiny', 9).hex() + '\\n')",
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let expected: Vec<u8> = (0..70000u32)
+        .map(|i| ((i * 7 + i / 300) % 251) as u8)
+        .chain(b"oomguard ".repeat(500))
+        .collect();
+    let streams: Vec<Vec<u8>> = text
+        .lines()
+        .map(|h| {
+            (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                .collect()
+        })
+        .collect();
+    for z in &streams[..3] {
+        assert_eq!(screenshot::inflate(&z[2..]).unwrap(), expected);
+    }
+    assert_eq!(screenshot::inflate(&streams[3][2..]).unwrap(), b"tiny");
+}
+
+/// Where screenshots are kept for people to look at (not committed).
+fn screenshot_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn screenshot_in_headless_chromium_is_a_real_picture() {
+    let Some(chrome) = screenshot::chromium() else {
+        common::require(false, "chromium not installed (apt-get install chromium)");
+        return;
+    };
+    for name in FIXTURES {
+        // Kept beside the screenshot so a person can open both.
+        let html = screenshot_dir().join(format!("report-{name}.html"));
+        std::fs::write(&html, html_of(name)).unwrap();
+        let png = screenshot_dir().join(format!("report-screenshot-{name}.png"));
+        screenshot::screenshot(&chrome, &html, &png, 1280, 1600);
+        let bytes = std::fs::read(&png).unwrap();
+        eprintln!("screenshot: {}", png.display());
+        let (w, h, _, _) = screenshot::png_header(&bytes).unwrap();
+        assert_eq!((w, h), (1280, 1600), "{name}");
+        assert!(bytes.len() > 40_000, "{name}: suspiciously small PNG");
+        let img = screenshot::decode_png(&bytes).unwrap();
+        // Not blank: a page of text, areas and lines has many colours,
+        // and much of it is not the background.
+        let bg = img.pixel(2, 2);
+        let non_bg = img.rgb.chunks_exact(3).filter(|p| *p != bg).count();
+        let share = non_bg as f64 / f64::from(w * h);
+        assert!(share > 0.15, "{name}: only {share:.2} of the page is drawn");
+        assert!(img.distinct_colours() > 200, "{name}: too few colours");
+        // The chart is there: the workers' orange area (#E69F00 at 42%
+        // over the plot's near-white) and the vermillion ceiling line.
+        let worker_area = img.count_near([0xf4, 0xd4, 0x9a], 14);
+        assert!(worker_area > 2_000, "{name}: worker area {worker_area} px");
+        let ceiling = img.count_near([0xD5, 0x5E, 0x00], 20);
+        assert!(ceiling > 300, "{name}: ceiling {ceiling} px");
+    }
+}
+
+// ------------------------------------------------------------ fuzzing ---
+
+/// One damage done to a log line.
+fn mutate(v: &mut Value, kind: u8, seed: i64) {
+    let Some(obj) = v.as_object_mut() else { return };
+    let keys: Vec<String> = obj.keys().cloned().collect();
+    let key = keys[(seed.unsigned_abs() as usize) % keys.len()].clone();
+    let weird = match kind % 6 {
+        0 => Value::Null,
+        1 => Value::from(format!("x{seed}")),
+        2 => Value::from(-seed.abs() - 1),
+        3 => serde_json::json!(1e300),
+        4 => serde_json::json!([seed, {"a": null}]),
+        _ => serde_json::json!(u64::MAX),
+    };
+    match kind % 3 {
+        // A nested field (tree, system, procs entries, peak…) when there is one.
+        0 => {
+            if let Some(inner) = obj.get_mut(&key).and_then(|x| x.as_object_mut()) {
+                let ks: Vec<String> = inner.keys().cloned().collect();
+                if !ks.is_empty() {
+                    let k = ks[(seed.unsigned_abs() as usize / 7) % ks.len()].clone();
+                    inner.insert(k, weird);
+                    return;
+                }
+            }
+            obj.insert(key, weird);
+        }
+        1 => {
+            obj.insert(key, weird);
+        }
+        _ => {
+            obj.remove(&key);
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+    /// Whatever a damaged or future log holds, the report never panics,
+    /// never loops, and its HTML stays well-formed.
+    #[test]
+    fn damaged_logs_never_break_the_report(
+        which in 0usize..3,
+        ops in proptest::collection::vec((0usize..10_000, 0u8..12, proptest::prelude::any::<i64>()), 0..24),
+        cut in 0usize..400,
+    ) {
+        let text = fixture(FIXTURES[which]);
+        let mut ls: Vec<Value> = lines(&text);
+        for (at, kind, seed) in ops {
+            if ls.is_empty() {
+                break;
+            }
+            let i = at % ls.len();
+            match kind {
+                10 => {
+                    ls.remove(i);
+                }
+                11 => {
+                    let j = (i + 1) % ls.len();
+                    ls.swap(i, j);
+                }
+                k => mutate(&mut ls[i], k, seed),
+            }
+        }
+        let mut damaged: String = ls.iter().map(|v| format!("{v}\n")).collect();
+        let keep = damaged.len().saturating_sub(cut);
+        while !damaged.is_char_boundary(keep.min(damaged.len())) {
+            damaged.pop();
+        }
+        damaged.truncate(keep);
+        if let Ok(log) = load(&damaged) {
+            let findings = diagnose(&log);
+            let html = render_html(&log, &findings);
+            proptest::prop_assert!(check_html(&html).is_ok(), "{:?}", check_html(&html));
+            let _ = render_text(&log, &findings);
+            let _ = render_json(&log, &findings);
+        }
+    }
+}
