@@ -23,4 +23,5 @@ pub mod model;
 pub mod probe;
 pub mod run;
 pub mod supervise;
+pub mod tui;
 pub mod units;
