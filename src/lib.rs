@@ -30,4 +30,5 @@ pub mod report;
 pub mod restart;
 pub mod run;
 pub mod supervise;
+pub mod tui;
 pub mod units;

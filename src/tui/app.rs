@@ -1,0 +1,1376 @@
+//! The dashboard's state: everything the supervision loop feeds in
+//! (samples, events, output, policy state) and what the user did (focus,
+//! scroll, sort, overlays). No terminal and no clock here: time arrives
+//! with the samples and events, keys arrive as `KeyEvent`s, and what the
+//! user asked for leaves as a `UiCommand` the loop acts on.
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+
+use crate::model::{CeilingSource, Role, Sample, View, least_squares_slope};
+use crate::units::HumanBytes;
+
+use super::output::OutputBuffer;
+
+/// Seconds of history the memory chart shows.
+pub const CHART_WINDOW_SECONDS: f64 = 600.0;
+/// Points the chart keeps at most; samples closer together are merged
+/// (keeping the maximum, so short peaks stay visible).
+const CHART_MAX_POINTS: usize = 300;
+/// Seconds of per-process history behind the growth column.
+const GROWTH_WINDOW_SECONDS: f64 = 60.0;
+/// Events kept in the events pane.
+const MAX_EVENTS: usize = 1000;
+/// Page size before the first render told us the real one.
+const DEFAULT_PAGE: usize = 10;
+
+/// Every key the dashboard understands, as the help overlay (and the
+/// README) lists them: (keys, what they do).
+pub const KEYS: &[(&str, &str)] = &[
+    (
+        "q",
+        "quit: asks whether to stop the job or leave it running",
+    ),
+    ("p", "pause / resume the job"),
+    ("s", "stop the job gracefully (asks first)"),
+    ("r", "restart the job (asks first)"),
+    (
+        "Ctrl-C",
+        "interrupt the job (SIGINT), as in its own terminal",
+    ),
+    (
+        "Tab / Shift-Tab",
+        "next / previous pane: processes, output, events",
+    ),
+    ("↑ ↓  k j", "scroll the pane; select a process"),
+    ("PgUp PgDn", "scroll a page"),
+    ("Home End", "top / bottom (End follows new lines)"),
+    ("Esc", "close a dialog; clear the selected process"),
+    ("t", "sort processes as a tree (default)"),
+    ("n  c", "sort by pid, command"),
+    ("m  e  u", "sort by PSS, RSS, USS"),
+    ("w  v  g", "sort by swap, GPU memory, growth"),
+    ("", "the same sort key again reverses the order"),
+    ("?  h  F1", "this help"),
+];
+
+/// What the supervision loop is doing about the job, as the header shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PolicyState {
+    /// Nothing to do.
+    #[default]
+    Normal,
+    /// A rule fired with a warning.
+    Warning,
+    /// The tree is paused (SIGSTOP / frozen).
+    Paused,
+    /// A graceful stop is under way.
+    Stopping,
+    /// The job is being restarted.
+    Restarting,
+}
+
+impl PolicyState {
+    /// The label the header shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            PolicyState::Normal => "NORMAL",
+            PolicyState::Warning => "WARNING",
+            PolicyState::Paused => "PAUSED",
+            PolicyState::Stopping => "STOPPING",
+            PolicyState::Restarting => "RESTARTING",
+        }
+    }
+}
+
+/// An action the policy (or the user) took, for the events pane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionKind {
+    Warn,
+    Pause,
+    Resume,
+    Stop,
+    Kill,
+    Restart,
+}
+
+impl ActionKind {
+    /// The action's name as the NDJSON log spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Warn => "warn",
+            ActionKind::Pause => "pause",
+            ActionKind::Resume => "resume",
+            ActionKind::Stop => "stop",
+            ActionKind::Kill => "kill",
+            ActionKind::Restart => "restart",
+        }
+    }
+}
+
+/// How an event is coloured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Neutral information.
+    Info,
+    /// Something got better (a rule cleared, the job resumed).
+    Ok,
+    /// A warning threshold was crossed.
+    Warn,
+    /// oomguard intervened (pause, stop, restart).
+    Act,
+    /// Something died or failed (OOM kill, CUDA OOM, worker death, kill).
+    Critical,
+}
+
+/// Something that happened, for the events pane. `t` is seconds since the
+/// run started, like `Sample::t`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UiEvent {
+    /// A rule started firing.
+    RuleFiring {
+        t: f64,
+        rule: String,
+        metric: String,
+        value: f64,
+        threshold: f64,
+    },
+    /// A rule stopped firing.
+    RuleCleared {
+        t: f64,
+        rule: String,
+        metric: String,
+        value: f64,
+        threshold: f64,
+    },
+    /// An action was taken; `error` is `None` when it succeeded.
+    Action {
+        t: f64,
+        action: ActionKind,
+        reason: String,
+        pids: Vec<u32>,
+        error: Option<String>,
+    },
+    /// A new attempt started; `degraded` lists the settings lowered for it
+    /// (`("NUM_WORKERS", "2")`).
+    Restart {
+        t: f64,
+        attempt: u32,
+        degraded: Vec<(String, String)>,
+    },
+    /// The kernel OOM killer killed a process (`role` when it was ours).
+    OomKill {
+        t: f64,
+        pid: u32,
+        comm: String,
+        role: Option<Role>,
+    },
+    /// PyTorch reported CUDA out of memory.
+    CudaOom {
+        t: f64,
+        pid: Option<u32>,
+        device: Option<u32>,
+        tried_bytes: Option<u64>,
+    },
+    /// A worker process died; `how` is e.g. `killed by SIGKILL`.
+    WorkerDied {
+        t: f64,
+        pid: u32,
+        comm: String,
+        how: String,
+    },
+    /// The job's main process exited; `how` is e.g. `exited with 0`.
+    ChildExit { t: f64, pid: u32, how: String },
+    /// Anything else worth a line (oomguard's own messages while the
+    /// dashboard owns the terminal, where stderr would garble it).
+    Note {
+        t: f64,
+        severity: Severity,
+        text: String,
+    },
+}
+
+/// What the user asked for; the loop carries it out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UiCommand {
+    /// Leave the dashboard; stop the job first, or leave it running.
+    Quit { stop_job: bool },
+    /// Pause the job if it runs, resume it if it is paused.
+    TogglePause,
+    /// Stop the job gracefully (confirmed by the user).
+    Stop,
+    /// Restart the job (confirmed; only offered when available).
+    Restart,
+    /// Ctrl-C: forward an interrupt (SIGINT) to the job.
+    Interrupt,
+}
+
+/// The focusable panes, in `Tab` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pane {
+    #[default]
+    Processes,
+    Output,
+    Events,
+}
+
+impl Pane {
+    fn next(self) -> Self {
+        match self {
+            Pane::Processes => Pane::Output,
+            Pane::Output => Pane::Events,
+            Pane::Events => Pane::Processes,
+        }
+    }
+
+    fn prev(self) -> Self {
+        match self {
+            Pane::Processes => Pane::Events,
+            Pane::Output => Pane::Processes,
+            Pane::Events => Pane::Output,
+        }
+    }
+}
+
+/// Process table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SortKey {
+    /// Parents before children, as the tree is (indented).
+    #[default]
+    Tree,
+    Pid,
+    Comm,
+    Pss,
+    Rss,
+    Uss,
+    Swap,
+    Gpu,
+    Growth,
+}
+
+impl SortKey {
+    /// The key that selects this order (see the help overlay).
+    pub fn key(self) -> char {
+        match self {
+            SortKey::Tree => 't',
+            SortKey::Pid => 'n',
+            SortKey::Comm => 'c',
+            SortKey::Pss => 'm',
+            SortKey::Rss => 'e',
+            SortKey::Uss => 'u',
+            SortKey::Swap => 'w',
+            SortKey::Gpu => 'v',
+            SortKey::Growth => 'g',
+        }
+    }
+
+    fn from_key(c: char) -> Option<Self> {
+        [
+            SortKey::Tree,
+            SortKey::Pid,
+            SortKey::Comm,
+            SortKey::Pss,
+            SortKey::Rss,
+            SortKey::Uss,
+            SortKey::Swap,
+            SortKey::Gpu,
+            SortKey::Growth,
+        ]
+        .into_iter()
+        .find(|k| k.key() == c)
+    }
+
+    /// Sizes and growth read best largest first; names and pids ascending.
+    fn descending_by_default(self) -> bool {
+        !matches!(self, SortKey::Tree | SortKey::Pid | SortKey::Comm)
+    }
+}
+
+/// A modal or overlay on top of the dashboard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Overlay {
+    #[default]
+    None,
+    Help,
+    /// `q`: stop the job, detach, or cancel.
+    Quit,
+    /// `s`: confirm the graceful stop.
+    ConfirmStop,
+    /// `r`: confirm the restart.
+    ConfirmRestart,
+}
+
+/// One line of the events pane.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventLine {
+    pub t: f64,
+    pub severity: Severity,
+    pub text: String,
+}
+
+/// PyTorch allocator figures of one process on one device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TorchMem {
+    pub device: u32,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+}
+
+/// One remembered tick of the chart.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ChartPoint {
+    pub t: f64,
+    pub pss: u64,
+    pub rss: u64,
+    pub swap: u64,
+    /// (source, limit, used) of every ceiling.
+    pub ceilings: Vec<(CeilingSource, u64, u64)>,
+    /// (device index, used bytes, total bytes).
+    pub gpus: Vec<(u32, u64, u64)>,
+}
+
+impl ChartPoint {
+    fn merge_max(&mut self, o: ChartPoint) {
+        self.t = o.t;
+        self.pss = self.pss.max(o.pss);
+        self.rss = self.rss.max(o.rss);
+        self.swap = self.swap.max(o.swap);
+        for (src, limit, used) in o.ceilings {
+            match self.ceilings.iter_mut().find(|c| c.0 == src) {
+                Some(c) => {
+                    c.1 = limit;
+                    c.2 = c.2.max(used);
+                }
+                None => self.ceilings.push((src, limit, used)),
+            }
+        }
+        for (dev, used, total) in o.gpus {
+            match self.gpus.iter_mut().find(|g| g.0 == dev) {
+                Some(g) => {
+                    g.1 = g.1.max(used);
+                    g.2 = total;
+                }
+                None => self.gpus.push((dev, used, total)),
+            }
+        }
+    }
+}
+
+/// Per-process PSS over the last minute, for the growth column.
+#[derive(Debug, Clone, Default)]
+struct Growth {
+    /// (pid, start time) -> (t, pss) oldest first.
+    series: HashMap<(u32, u64), VecDeque<(f64, u64)>>,
+}
+
+impl Growth {
+    fn push(&mut self, sample: &Sample) {
+        let t = sample.t;
+        self.series.retain(|&(pid, start), _| {
+            sample
+                .procs
+                .iter()
+                .any(|p| p.pid == pid && p.start_time == start)
+        });
+        for p in &sample.procs {
+            let s = self.series.entry((p.pid, p.start_time)).or_default();
+            if s.back().is_some_and(|&(last, _)| t < last) {
+                s.clear();
+            }
+            s.push_back((t, p.pss_bytes));
+            while s
+                .front()
+                .is_some_and(|&(old, _)| t - old > GROWTH_WINDOW_SECONDS)
+                && s.len() > 2
+            {
+                s.pop_front();
+            }
+        }
+    }
+
+    /// Bytes per minute, `None` with too little history.
+    fn per_minute(&self, pid: u32, start: u64) -> Option<f64> {
+        let s = self.series.get(&(pid, start))?;
+        if s.len() < 2 {
+            return None;
+        }
+        least_squares_slope(s.iter().map(|&(t, b)| (t, b as f64))).map(|v| v * 60.0)
+    }
+}
+
+/// What the last render learned about pane sizes, so paging moves by a
+/// real page and the table keeps its scroll position between frames.
+#[derive(Debug, Default)]
+pub(crate) struct Viewport {
+    pub table_rows: Cell<usize>,
+    pub table_offset: Cell<usize>,
+    pub output_rows: Cell<usize>,
+    pub events_rows: Cell<usize>,
+}
+
+/// One row of the process table, already computed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ProcRow {
+    pub pid: u32,
+    pub role: Role,
+    pub comm: String,
+    pub depth: usize,
+    pub rss: u64,
+    pub pss: u64,
+    pub uss: u64,
+    pub swap: u64,
+    pub gpu: Option<u64>,
+    /// Bytes per minute.
+    pub growth: Option<f64>,
+}
+
+/// The dashboard state.
+#[derive(Debug)]
+pub struct App {
+    pub(crate) command: String,
+    pub(crate) attempt: u32,
+    pub(crate) elapsed: f64,
+    pub(crate) policy: PolicyState,
+    pub(crate) warn_percent: Option<f64>,
+    pub(crate) critical_percent: Option<f64>,
+    pub(crate) restart_available: bool,
+    pub(crate) sample: Option<Sample>,
+    pub(crate) view: Option<View>,
+    pub(crate) chart: VecDeque<ChartPoint>,
+    growth: Growth,
+    pub(crate) torch: BTreeMap<u32, Vec<TorchMem>>,
+    pub(crate) events: VecDeque<EventLine>,
+    pub(crate) output: OutputBuffer,
+    pub(crate) focus: Pane,
+    pub(crate) sort: SortKey,
+    pub(crate) sort_reverse: bool,
+    pub(crate) selected: Option<u32>,
+    /// Lines scrolled up from the bottom (0 = following new lines).
+    pub(crate) output_scroll: usize,
+    pub(crate) events_scroll: usize,
+    pub(crate) overlay: Overlay,
+    pub(crate) flash: Option<String>,
+    pub(crate) viewport: Viewport,
+}
+
+impl App {
+    /// A dashboard for `command` (shown in the header as given), attempt 1.
+    pub fn new(command: String) -> Self {
+        Self {
+            command,
+            attempt: 1,
+            elapsed: 0.0,
+            policy: PolicyState::Normal,
+            warn_percent: None,
+            critical_percent: None,
+            restart_available: false,
+            sample: None,
+            view: None,
+            chart: VecDeque::new(),
+            growth: Growth::default(),
+            torch: BTreeMap::new(),
+            events: VecDeque::new(),
+            output: OutputBuffer::default(),
+            focus: Pane::default(),
+            sort: SortKey::default(),
+            sort_reverse: false,
+            selected: None,
+            output_scroll: 0,
+            events_scroll: 0,
+            overlay: Overlay::None,
+            flash: None,
+            viewport: Viewport::default(),
+        }
+    }
+
+    /// A new tick: the latest readings, the chart and the growth column.
+    pub fn on_sample(&mut self, sample: &Sample, view: &View) {
+        self.elapsed = sample.t;
+        let point = ChartPoint {
+            t: sample.t,
+            pss: sample.tree.pss_bytes,
+            rss: sample.tree.rss_bytes,
+            swap: sample.tree.swap_bytes,
+            ceilings: sample
+                .ceilings()
+                .iter()
+                .map(|c| (c.ceiling.source, c.ceiling.bytes, c.used_bytes))
+                .collect(),
+            gpus: sample
+                .gpus
+                .iter()
+                .map(|g| (g.index, g.used_bytes, g.total_bytes))
+                .collect(),
+        };
+        if self.chart.back().is_some_and(|p| sample.t < p.t) {
+            // Time went backwards: a new attempt with its own clock.
+            self.chart.clear();
+        }
+        let bucket = CHART_WINDOW_SECONDS / CHART_MAX_POINTS as f64;
+        match self.chart.back_mut() {
+            Some(last) if (last.t / bucket).floor() == (sample.t / bucket).floor() => {
+                last.merge_max(point)
+            }
+            _ => self.chart.push_back(point),
+        }
+        while self
+            .chart
+            .front()
+            .is_some_and(|p| sample.t - p.t > CHART_WINDOW_SECONDS)
+        {
+            self.chart.pop_front();
+        }
+        self.growth.push(sample);
+        self.torch
+            .retain(|pid, _| sample.procs.iter().any(|p| p.pid == *pid));
+        self.sample = Some(sample.clone());
+        self.view = Some(view.clone());
+    }
+
+    /// Something happened: it goes to the events pane.
+    pub fn on_event(&mut self, ev: UiEvent) {
+        let line = describe(&ev);
+        self.elapsed = self.elapsed.max(line.t);
+        if self.events_scroll > 0 {
+            // Keep a scrolled-up view where it is.
+            self.events_scroll += 1;
+        }
+        self.events.push_back(line);
+        while self.events.len() > MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events_scroll = self.events_scroll.min(self.events.len().saturating_sub(1));
+    }
+
+    /// Output from the job's terminal, as raw bytes.
+    pub fn on_output(&mut self, bytes: &[u8]) {
+        let before = self.output.total_lines();
+        self.output.feed(bytes);
+        if self.output_scroll > 0 {
+            let added = (self.output.total_lines() - before) as usize;
+            self.output_scroll =
+                (self.output_scroll + added).min(self.output.len().saturating_sub(1));
+        }
+    }
+
+    /// PyTorch allocator stats of one process: (device, allocated bytes,
+    /// reserved bytes). Forgotten when the process leaves the tree.
+    pub fn on_torch(&mut self, pid: u32, devices: Vec<(u32, u64, u64)>) {
+        self.torch.insert(
+            pid,
+            devices
+                .into_iter()
+                .map(|(device, allocated_bytes, reserved_bytes)| TorchMem {
+                    device,
+                    allocated_bytes,
+                    reserved_bytes,
+                })
+                .collect(),
+        );
+    }
+
+    /// What the supervision loop is doing.
+    pub fn set_policy_state(&mut self, state: PolicyState) {
+        self.policy = state;
+    }
+
+    /// Headroom percentages at which the policy warns and acts; drawn as
+    /// marks on the gauges and lines on the chart.
+    pub fn set_thresholds(
+        &mut self,
+        warn_headroom_percent: Option<f64>,
+        critical_headroom_percent: Option<f64>,
+    ) {
+        self.warn_percent = warn_headroom_percent.filter(|p| p.is_finite());
+        self.critical_percent = critical_headroom_percent.filter(|p| p.is_finite());
+    }
+
+    /// The attempt number shown in the header (1-based).
+    pub fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt;
+    }
+
+    /// Whether `r` offers a restart.
+    pub fn set_restart_available(&mut self, available: bool) {
+        self.restart_available = available;
+    }
+
+    /// Seconds since the run started, for when time passes without samples.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.elapsed = seconds;
+    }
+
+    /// The overlay currently shown.
+    pub fn overlay(&self) -> Overlay {
+        self.overlay
+    }
+
+    /// The focused pane.
+    pub fn focus(&self) -> Pane {
+        self.focus
+    }
+
+    /// The process table order and whether it is reversed.
+    pub fn sort(&self) -> (SortKey, bool) {
+        (self.sort, self.sort_reverse)
+    }
+
+    /// The job's output so far.
+    pub fn output(&self) -> &OutputBuffer {
+        &self.output
+    }
+
+    /// Events so far, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &EventLine> {
+        self.events.iter()
+    }
+
+    /// A key press. Returns what the loop should do, if anything; the
+    /// dashboard should be redrawn after every key either way.
+    pub fn on_key(&mut self, key: KeyEvent) -> Option<UiCommand> {
+        if key.kind == KeyEventKind::Release {
+            return None;
+        }
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        if ctrl && matches!(key.code, KeyCode::Char('c' | 'C')) {
+            // In raw mode ^C is a key, not a signal: pass it on to the job.
+            return Some(UiCommand::Interrupt);
+        }
+        if ctrl && matches!(key.code, KeyCode::Char('l' | 'L')) {
+            // The loop redraws after every key anyway.
+            return None;
+        }
+        self.flash = None;
+        match self.overlay {
+            Overlay::Help => {
+                if matches!(
+                    key.code,
+                    KeyCode::Esc | KeyCode::Enter | KeyCode::Char('?' | 'q' | 'h')
+                ) {
+                    self.overlay = Overlay::None;
+                }
+                None
+            }
+            Overlay::Quit => match key.code {
+                KeyCode::Char('s' | 'S' | 'y' | 'Y') => {
+                    self.overlay = Overlay::None;
+                    Some(UiCommand::Quit { stop_job: true })
+                }
+                KeyCode::Char('d' | 'D') => {
+                    self.overlay = Overlay::None;
+                    Some(UiCommand::Quit { stop_job: false })
+                }
+                KeyCode::Esc | KeyCode::Char('c' | 'C' | 'n' | 'N' | 'q') => {
+                    self.overlay = Overlay::None;
+                    None
+                }
+                _ => None,
+            },
+            Overlay::ConfirmStop | Overlay::ConfirmRestart => {
+                let cmd = if self.overlay == Overlay::ConfirmStop {
+                    UiCommand::Stop
+                } else {
+                    UiCommand::Restart
+                };
+                match key.code {
+                    KeyCode::Char('y' | 'Y') | KeyCode::Enter => {
+                        self.overlay = Overlay::None;
+                        Some(cmd)
+                    }
+                    KeyCode::Esc | KeyCode::Char('n' | 'N' | 'q') => {
+                        self.overlay = Overlay::None;
+                        None
+                    }
+                    _ => None,
+                }
+            }
+            Overlay::None => self.normal_key(key),
+        }
+    }
+
+    fn normal_key(&mut self, key: KeyEvent) -> Option<UiCommand> {
+        match key.code {
+            KeyCode::Char('q') => self.overlay = Overlay::Quit,
+            KeyCode::Char('?' | 'h') | KeyCode::F(1) => self.overlay = Overlay::Help,
+            KeyCode::Char('p' | 'P') => return Some(UiCommand::TogglePause),
+            KeyCode::Char('s' | 'S') => self.overlay = Overlay::ConfirmStop,
+            KeyCode::Char('r' | 'R') => {
+                if self.restart_available {
+                    self.overlay = Overlay::ConfirmRestart;
+                } else {
+                    self.flash = Some("restart is not configured for this run".into());
+                }
+            }
+            KeyCode::Tab => self.focus = self.focus.next(),
+            KeyCode::BackTab => self.focus = self.focus.prev(),
+            KeyCode::Up | KeyCode::Char('k') => self.scroll(-1),
+            KeyCode::Down | KeyCode::Char('j') => self.scroll(1),
+            KeyCode::PageUp => self.scroll(-(self.page() as isize)),
+            KeyCode::PageDown => self.scroll(self.page() as isize),
+            KeyCode::Home => self.scroll(isize::MIN),
+            KeyCode::End => self.scroll(isize::MAX),
+            KeyCode::Esc => self.selected = None,
+            KeyCode::Char(c) => {
+                if let Some(k) = SortKey::from_key(c) {
+                    if self.sort == k {
+                        self.sort_reverse = !self.sort_reverse;
+                    } else {
+                        self.sort = k;
+                        self.sort_reverse = false;
+                    }
+                }
+            }
+            _ => {}
+        }
+        None
+    }
+
+    fn page(&self) -> usize {
+        let rows = match self.focus {
+            Pane::Processes => self.viewport.table_rows.get(),
+            Pane::Output => self.viewport.output_rows.get(),
+            Pane::Events => self.viewport.events_rows.get(),
+        };
+        if rows == 0 {
+            DEFAULT_PAGE
+        } else {
+            rows.saturating_sub(1).max(1)
+        }
+    }
+
+    /// Moves the focused pane by `delta` rows (down is positive);
+    /// `isize::MIN`/`MAX` go to the top/bottom.
+    fn scroll(&mut self, delta: isize) {
+        match self.focus {
+            Pane::Processes => {
+                let rows = self.proc_rows();
+                if rows.is_empty() {
+                    return;
+                }
+                let cur = self
+                    .selected
+                    .and_then(|pid| rows.iter().position(|r| r.pid == pid));
+                let next = match (cur, delta) {
+                    (_, isize::MIN) => 0,
+                    (_, isize::MAX) => rows.len() - 1,
+                    (None, _) => 0,
+                    (Some(i), d) => i.saturating_add_signed(d).min(rows.len() - 1),
+                };
+                self.selected = Some(rows[next].pid);
+            }
+            Pane::Output => {
+                let max = self
+                    .output
+                    .len()
+                    .saturating_sub(self.viewport.output_rows.get().max(1));
+                self.output_scroll = scroll_from_bottom(self.output_scroll, delta, max);
+            }
+            Pane::Events => {
+                let max = self
+                    .events
+                    .len()
+                    .saturating_sub(self.viewport.events_rows.get().max(1));
+                self.events_scroll = scroll_from_bottom(self.events_scroll, delta, max);
+            }
+        }
+    }
+
+    /// The process table's rows in display order.
+    pub(crate) fn proc_rows(&self) -> Vec<ProcRow> {
+        let Some(sample) = &self.sample else {
+            return Vec::new();
+        };
+        let depth = tree_order(sample);
+        let mut rows: Vec<(usize, ProcRow)> = sample
+            .procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let (order, d) = depth[i];
+                (
+                    order,
+                    ProcRow {
+                        pid: p.pid,
+                        role: p.role,
+                        comm: p.comm.clone(),
+                        depth: d,
+                        rss: p.rss_bytes,
+                        pss: p.pss_bytes,
+                        uss: p.uss_bytes,
+                        swap: p.swap_bytes,
+                        gpu: p.gpu_bytes,
+                        growth: self.growth.per_minute(p.pid, p.start_time),
+                    },
+                )
+            })
+            .collect();
+        let key = self.sort;
+        rows.sort_by(|(oa, a), (ob, b)| {
+            use std::cmp::Ordering;
+            let by = match key {
+                SortKey::Tree => oa.cmp(ob),
+                SortKey::Pid => a.pid.cmp(&b.pid),
+                SortKey::Comm => a.comm.cmp(&b.comm),
+                SortKey::Pss => a.pss.cmp(&b.pss),
+                SortKey::Rss => a.rss.cmp(&b.rss),
+                SortKey::Uss => a.uss.cmp(&b.uss),
+                SortKey::Swap => a.swap.cmp(&b.swap),
+                SortKey::Gpu => a.gpu.cmp(&b.gpu),
+                SortKey::Growth => a
+                    .growth
+                    .unwrap_or(f64::NEG_INFINITY)
+                    .total_cmp(&b.growth.unwrap_or(f64::NEG_INFINITY)),
+            };
+            let by = if key.descending_by_default() != self.sort_reverse {
+                by.reverse()
+            } else {
+                by
+            };
+            // Ties in pid order, so equal rows never swap between frames.
+            match by {
+                Ordering::Equal => a.pid.cmp(&b.pid),
+                o => o,
+            }
+        });
+        rows.into_iter().map(|(_, r)| r).collect()
+    }
+}
+
+/// New scroll offset from the bottom after moving by `delta` rows (down is
+/// positive, towards the newest line).
+fn scroll_from_bottom(cur: usize, delta: isize, max: usize) -> usize {
+    match delta {
+        isize::MIN => max,
+        isize::MAX => 0,
+        d if d < 0 => cur.saturating_add(d.unsigned_abs()).min(max),
+        d => cur.saturating_sub(d.unsigned_abs()).min(max),
+    }
+}
+
+/// For each process (by index): its position in a depth-first walk of the
+/// tree (children in pid order) and its depth.
+fn tree_order(sample: &Sample) -> Vec<(usize, usize)> {
+    let procs = &sample.procs;
+    let index: HashMap<u32, usize> = procs.iter().enumerate().map(|(i, p)| (p.pid, i)).collect();
+    let mut children: HashMap<u32, Vec<usize>> = HashMap::new();
+    let mut roots = Vec::new();
+    for (i, p) in procs.iter().enumerate() {
+        if p.ppid != p.pid && index.contains_key(&p.ppid) {
+            children.entry(p.ppid).or_default().push(i);
+        } else {
+            roots.push(i);
+        }
+    }
+    let by_pid = |v: &mut Vec<usize>| v.sort_by_key(|&i| procs[i].pid);
+    by_pid(&mut roots);
+    children.values_mut().for_each(by_pid);
+    let mut out = vec![(usize::MAX, 0); procs.len()];
+    let mut stack: Vec<(usize, usize)> = roots.into_iter().rev().map(|i| (i, 0)).collect();
+    let mut n = 0;
+    while let Some((i, d)) = stack.pop() {
+        if out[i].0 != usize::MAX {
+            continue; // a cycle in stale data: visit once
+        }
+        out[i] = (n, d);
+        n += 1;
+        if let Some(kids) = children.get(&procs[i].pid) {
+            stack.extend(kids.iter().rev().map(|&k| (k, d + 1)));
+        }
+    }
+    // Processes only reachable through a cycle: after everything else.
+    for o in out.iter_mut().filter(|o| o.0 == usize::MAX) {
+        *o = (n, 0);
+        n += 1;
+    }
+    out
+}
+
+/// A metric's name for people: `headroom_percent` → `headroom`,
+/// `psi_some_avg10` → `psi some avg10` (the value carries the unit).
+pub(crate) fn metric_name(metric: &str) -> String {
+    let base = ["_percent", "_bytes", "_seconds"]
+        .iter()
+        .find_map(|suffix| metric.strip_suffix(suffix))
+        .unwrap_or(metric);
+    base.replace('_', " ")
+}
+
+/// A metric value the way its name says it is measured.
+pub(crate) fn metric_value(metric: &str, v: f64) -> String {
+    if metric.ends_with("_bytes") {
+        let s = HumanBytes(v.abs() as u64).to_string();
+        if v < 0.0 { format!("-{s}") } else { s }
+    } else if metric.ends_with("_percent") {
+        format!("{v:.1}%")
+    } else if metric.ends_with("_seconds") {
+        crate::units::human_duration(std::time::Duration::from_secs_f64(v.max(0.0)))
+    } else {
+        let r = (v * 100.0).round() / 100.0;
+        format!("{r}")
+    }
+}
+
+fn describe(ev: &UiEvent) -> EventLine {
+    let line = |t: f64, severity: Severity, text: String| EventLine { t, severity, text };
+    match ev {
+        UiEvent::RuleFiring {
+            t,
+            rule,
+            metric,
+            value,
+            threshold,
+        } => line(
+            *t,
+            Severity::Warn,
+            format!(
+                "{rule} firing: {} {} (threshold {})",
+                metric_name(metric),
+                metric_value(metric, *value),
+                metric_value(metric, *threshold)
+            ),
+        ),
+        UiEvent::RuleCleared {
+            t,
+            rule,
+            metric,
+            value,
+            threshold,
+        } => line(
+            *t,
+            Severity::Ok,
+            format!(
+                "{rule} cleared: {} {} (threshold {})",
+                metric_name(metric),
+                metric_value(metric, *value),
+                metric_value(metric, *threshold)
+            ),
+        ),
+        UiEvent::Action {
+            t,
+            action,
+            reason,
+            pids,
+            error,
+        } => {
+            let severity = match (action, error) {
+                (_, Some(_)) | (ActionKind::Kill, _) => Severity::Critical,
+                (ActionKind::Warn, _) => Severity::Warn,
+                (ActionKind::Resume, _) => Severity::Ok,
+                _ => Severity::Act,
+            };
+            let mut text = format!("{} ({reason})", action.as_str());
+            match pids.len() {
+                0 => {}
+                1 => text.push_str(&format!(" pid {}", pids[0])),
+                n => text.push_str(&format!(" {n} pids")),
+            }
+            if let Some(e) = error {
+                text.push_str(&format!(" failed: {e}"));
+            }
+            line(*t, severity, text)
+        }
+        UiEvent::Restart {
+            t,
+            attempt,
+            degraded,
+        } => {
+            let mut text = format!("restart: attempt {attempt}");
+            if !degraded.is_empty() {
+                let vars: Vec<String> = degraded.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                text.push_str(&format!(" with {}", vars.join(" ")));
+            }
+            line(*t, Severity::Act, text)
+        }
+        UiEvent::OomKill { t, pid, comm, role } => {
+            let who = match role {
+                Some(r) => format!("{} {comm} ({})", pid, r.as_str()),
+                None => format!("{pid} {comm} (not in the tree)"),
+            };
+            line(*t, Severity::Critical, format!("OOM kill: {who}"))
+        }
+        UiEvent::CudaOom {
+            t,
+            pid,
+            device,
+            tried_bytes,
+        } => {
+            let mut text = String::from("CUDA out of memory");
+            if let Some(d) = device {
+                text.push_str(&format!(" on GPU {d}"));
+            }
+            if let Some(b) = tried_bytes {
+                text.push_str(&format!(", tried {}", HumanBytes(*b)));
+            }
+            if let Some(p) = pid {
+                text.push_str(&format!(" (pid {p})"));
+            }
+            line(*t, Severity::Critical, text)
+        }
+        UiEvent::WorkerDied { t, pid, comm, how } => line(
+            *t,
+            Severity::Critical,
+            format!("worker {pid} {comm} died: {how}"),
+        ),
+        UiEvent::ChildExit { t, pid, how } => line(*t, Severity::Info, format!("job {pid} {how}")),
+        UiEvent::Note { t, severity, text } => line(*t, *severity, text.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ProcSample, TreeTotals};
+    use crossterm::event::KeyEventState;
+
+    fn key(code: KeyCode) -> KeyEvent {
+        KeyEvent::new(code, KeyModifiers::NONE)
+    }
+
+    fn ch(c: char) -> KeyEvent {
+        key(KeyCode::Char(c))
+    }
+
+    fn proc(pid: u32, ppid: u32, pss: u64) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid,
+            role: Role::Worker,
+            comm: format!("p{pid}"),
+            rss_bytes: pss * 2,
+            pss_bytes: pss,
+            uss_bytes: pss / 2,
+            swap_bytes: 0,
+            gpu_bytes: None,
+            start_time: u64::from(pid),
+        }
+    }
+
+    fn sample(t: f64, procs: Vec<ProcSample>) -> Sample {
+        Sample {
+            t,
+            tree: TreeTotals {
+                procs: procs.len() as u32,
+                pss_bytes: procs.iter().map(|p| p.pss_bytes).sum(),
+                ..Default::default()
+            },
+            procs,
+            ..Default::default()
+        }
+    }
+
+    fn view(t: f64) -> View {
+        View {
+            t,
+            nearest: None,
+            eta_seconds: None,
+            headroom_slope: None,
+            fastest: None,
+        }
+    }
+
+    #[test]
+    fn quit_asks_and_each_choice_does_what_it_says() {
+        let mut app = App::new("x".into());
+        assert_eq!(app.on_key(ch('q')), None);
+        assert_eq!(app.overlay(), Overlay::Quit);
+        // Unrelated keys do nothing while the modal is open.
+        assert_eq!(app.on_key(ch('p')), None);
+        assert_eq!(app.overlay(), Overlay::Quit);
+        assert_eq!(app.on_key(key(KeyCode::Esc)), None);
+        assert_eq!(app.overlay(), Overlay::None);
+
+        app.on_key(ch('q'));
+        assert_eq!(
+            app.on_key(ch('d')),
+            Some(UiCommand::Quit { stop_job: false })
+        );
+        assert_eq!(app.overlay(), Overlay::None);
+
+        app.on_key(ch('q'));
+        assert_eq!(
+            app.on_key(ch('s')),
+            Some(UiCommand::Quit { stop_job: true })
+        );
+
+        app.on_key(ch('q'));
+        assert_eq!(app.on_key(ch('c')), None);
+        assert_eq!(app.overlay(), Overlay::None);
+    }
+
+    #[test]
+    fn pause_is_immediate() {
+        let mut app = App::new("x".into());
+        assert_eq!(app.on_key(ch('p')), Some(UiCommand::TogglePause));
+        assert_eq!(app.overlay(), Overlay::None);
+    }
+
+    #[test]
+    fn stop_needs_confirmation() {
+        let mut app = App::new("x".into());
+        assert_eq!(app.on_key(ch('s')), None);
+        assert_eq!(app.overlay(), Overlay::ConfirmStop);
+        assert_eq!(app.on_key(ch('n')), None);
+        assert_eq!(app.overlay(), Overlay::None);
+        app.on_key(ch('s'));
+        assert_eq!(app.on_key(ch('y')), Some(UiCommand::Stop));
+        app.on_key(ch('s'));
+        assert_eq!(app.on_key(key(KeyCode::Enter)), Some(UiCommand::Stop));
+    }
+
+    #[test]
+    fn restart_only_when_available() {
+        let mut app = App::new("x".into());
+        assert_eq!(app.on_key(ch('r')), None);
+        assert_eq!(app.overlay(), Overlay::None);
+        assert!(app.flash.is_some());
+        // Any key clears the message.
+        app.on_key(key(KeyCode::Down));
+        assert!(app.flash.is_none());
+        app.set_restart_available(true);
+        app.on_key(ch('r'));
+        assert_eq!(app.overlay(), Overlay::ConfirmRestart);
+        assert_eq!(app.on_key(ch('y')), Some(UiCommand::Restart));
+    }
+
+    #[test]
+    fn ctrl_c_is_forwarded_even_from_a_modal() {
+        let mut app = App::new("x".into());
+        let c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+        assert_eq!(app.on_key(c), Some(UiCommand::Interrupt));
+        app.on_key(ch('q'));
+        assert_eq!(app.on_key(c), Some(UiCommand::Interrupt));
+        assert_eq!(app.overlay(), Overlay::Quit);
+    }
+
+    #[test]
+    fn key_releases_are_ignored() {
+        let mut app = App::new("x".into());
+        let mut k = ch('p');
+        k.kind = KeyEventKind::Release;
+        k.state = KeyEventState::NONE;
+        assert_eq!(app.on_key(k), None);
+    }
+
+    #[test]
+    fn help_opens_and_closes() {
+        let mut app = App::new("x".into());
+        app.on_key(ch('?'));
+        assert_eq!(app.overlay(), Overlay::Help);
+        // Keys do not leak through the overlay.
+        assert_eq!(app.on_key(ch('p')), None);
+        app.on_key(ch('?'));
+        assert_eq!(app.overlay(), Overlay::None);
+        app.on_key(ch('?'));
+        app.on_key(key(KeyCode::Esc));
+        assert_eq!(app.overlay(), Overlay::None);
+    }
+
+    #[test]
+    fn tab_cycles_focus() {
+        let mut app = App::new("x".into());
+        assert_eq!(app.focus(), Pane::Processes);
+        app.on_key(key(KeyCode::Tab));
+        assert_eq!(app.focus(), Pane::Output);
+        app.on_key(key(KeyCode::Tab));
+        assert_eq!(app.focus(), Pane::Events);
+        app.on_key(key(KeyCode::Tab));
+        assert_eq!(app.focus(), Pane::Processes);
+        app.on_key(key(KeyCode::BackTab));
+        assert_eq!(app.focus(), Pane::Events);
+    }
+
+    #[test]
+    fn sort_keys_select_and_reverse() {
+        let mut app = App::new("x".into());
+        app.on_sample(
+            &sample(
+                0.0,
+                vec![proc(10, 1, 300), proc(11, 10, 100), proc(12, 10, 200)],
+            ),
+            &view(0.0),
+        );
+        let pids = |app: &App| app.proc_rows().iter().map(|r| r.pid).collect::<Vec<_>>();
+        assert_eq!(pids(&app), [10, 11, 12]);
+        assert_eq!(app.proc_rows()[1].depth, 1);
+        app.on_key(ch('m'));
+        assert_eq!(app.sort(), (SortKey::Pss, false));
+        assert_eq!(pids(&app), [10, 12, 11]);
+        app.on_key(ch('m'));
+        assert_eq!(app.sort(), (SortKey::Pss, true));
+        assert_eq!(pids(&app), [11, 12, 10]);
+        app.on_key(ch('n'));
+        assert_eq!(pids(&app), [10, 11, 12]);
+        app.on_key(ch('t'));
+        assert_eq!(app.sort(), (SortKey::Tree, false));
+    }
+
+    #[test]
+    fn growth_per_minute_from_pss_history() {
+        let mut app = App::new("x".into());
+        for i in 0..10 {
+            let t = i as f64;
+            app.on_sample(
+                &sample(t, vec![proc(10, 1, 1000), proc(11, 10, 1000 + 100 * i)]),
+                &view(t),
+            );
+        }
+        app.on_key(ch('g'));
+        let rows = app.proc_rows();
+        assert_eq!(rows[0].pid, 11);
+        assert!((rows[0].growth.unwrap() - 6000.0).abs() < 1e-6);
+        assert!(rows[1].growth.unwrap().abs() < 1e-6);
+    }
+
+    #[test]
+    fn process_selection_moves_and_follows_the_pid() {
+        let mut app = App::new("x".into());
+        let procs = vec![proc(10, 1, 300), proc(11, 10, 100), proc(12, 10, 200)];
+        app.on_sample(&sample(0.0, procs), &view(0.0));
+        app.on_key(key(KeyCode::Down));
+        assert_eq!(app.selected, Some(10));
+        app.on_key(key(KeyCode::Down));
+        assert_eq!(app.selected, Some(11));
+        app.on_key(key(KeyCode::End));
+        assert_eq!(app.selected, Some(12));
+        app.on_key(key(KeyCode::Down));
+        assert_eq!(app.selected, Some(12));
+        app.on_key(key(KeyCode::Home));
+        assert_eq!(app.selected, Some(10));
+        app.on_key(key(KeyCode::Esc));
+        assert_eq!(app.selected, None);
+    }
+
+    #[test]
+    fn output_scrolls_and_stays_anchored() {
+        let mut app = App::new("x".into());
+        for i in 0..50 {
+            app.on_output(format!("line {i}\r\n").as_bytes());
+        }
+        app.viewport.output_rows.set(10);
+        app.on_key(key(KeyCode::Tab));
+        app.on_key(key(KeyCode::PageUp));
+        assert_eq!(app.output_scroll, 9);
+        app.on_key(key(KeyCode::Up));
+        assert_eq!(app.output_scroll, 10);
+        // New output while scrolled: the view does not move.
+        app.on_output(b"new\r\nnewer\r\n");
+        assert_eq!(app.output_scroll, 12);
+        app.on_key(key(KeyCode::Home));
+        assert_eq!(app.output_scroll, 52 - 10);
+        app.on_key(key(KeyCode::End));
+        assert_eq!(app.output_scroll, 0);
+        // Following: new output does not scroll up.
+        app.on_output(b"x\r\n");
+        assert_eq!(app.output_scroll, 0);
+    }
+
+    #[test]
+    fn events_are_described_and_bounded() {
+        let mut app = App::new("x".into());
+        app.on_event(UiEvent::RuleFiring {
+            t: 3.0,
+            rule: "low".into(),
+            metric: "headroom_percent".into(),
+            value: 9.75,
+            threshold: 10.0,
+        });
+        app.on_event(UiEvent::OomKill {
+            t: 4.0,
+            pid: 7,
+            comm: "python".into(),
+            role: Some(Role::Worker),
+        });
+        app.on_event(UiEvent::Action {
+            t: 5.0,
+            action: ActionKind::Pause,
+            reason: "low".into(),
+            pids: vec![1, 2, 3],
+            error: None,
+        });
+        app.on_event(UiEvent::Restart {
+            t: 6.0,
+            attempt: 2,
+            degraded: vec![("NUM_WORKERS".into(), "2".into())],
+        });
+        let ev: Vec<_> = app
+            .events()
+            .map(|e| (e.severity, e.text.as_str()))
+            .collect();
+        assert_eq!(
+            ev,
+            [
+                (
+                    Severity::Warn,
+                    "low firing: headroom 9.8% (threshold 10.0%)"
+                ),
+                (Severity::Critical, "OOM kill: 7 python (worker)"),
+                (Severity::Act, "pause (low) 3 pids"),
+                (Severity::Act, "restart: attempt 2 with NUM_WORKERS=2"),
+            ]
+        );
+        for i in 0..(MAX_EVENTS + 10) {
+            app.on_event(UiEvent::Note {
+                t: 7.0,
+                severity: Severity::Info,
+                text: i.to_string(),
+            });
+        }
+        assert_eq!(app.events().count(), MAX_EVENTS);
+    }
+
+    #[test]
+    fn chart_is_bounded_and_downsampled() {
+        let mut app = App::new("x".into());
+        // An hour of samples every 0.5 s.
+        for i in 0..7200 {
+            let t = i as f64 * 0.5;
+            let mut s = sample(t, vec![proc(10, 1, 100 + i)]);
+            s.system.mem_total_bytes = 1 << 30;
+            s.system.mem_available_bytes = 1 << 29;
+            app.on_sample(&s, &view(t));
+        }
+        assert!(
+            app.chart.len() <= CHART_MAX_POINTS + 1,
+            "{}",
+            app.chart.len()
+        );
+        let first = app.chart.front().unwrap().t;
+        assert!(3599.5 - first <= CHART_WINDOW_SECONDS);
+        // Merging keeps the maximum of the bucket.
+        assert_eq!(app.chart.back().unwrap().pss, 100 + 7199);
+        // A new attempt with its own clock starts a new chart.
+        app.on_sample(&sample(1.0, vec![]), &view(1.0));
+        assert_eq!(app.chart.len(), 1);
+    }
+
+    #[test]
+    fn torch_stats_are_forgotten_with_their_process() {
+        let mut app = App::new("x".into());
+        app.on_sample(&sample(0.0, vec![proc(10, 1, 1)]), &view(0.0));
+        app.on_torch(10, vec![(0, 5, 8)]);
+        assert_eq!(app.torch[&10][0].reserved_bytes, 8);
+        app.on_sample(&sample(1.0, vec![proc(11, 1, 1)]), &view(1.0));
+        assert!(app.torch.is_empty());
+    }
+
+    #[test]
+    fn tree_order_survives_cycles() {
+        let s = sample(0.0, vec![proc(1, 2, 1), proc(2, 1, 1), proc(3, 0, 1)]);
+        let order = tree_order(&s);
+        let mut seen: Vec<usize> = order.iter().map(|o| o.0).collect();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2]);
+    }
+
+    #[test]
+    fn metric_values_follow_their_unit_suffix() {
+        assert_eq!(metric_value("headroom_bytes", 1536.0), "1.5 KiB");
+        assert_eq!(metric_value("headroom_percent", 9.75), "9.8%");
+        assert_eq!(metric_value("eta_seconds", 90.0), "1m 30s");
+        assert_eq!(metric_value("psi_some_avg10", 12.345), "12.35");
+        assert_eq!(metric_name("headroom_percent"), "headroom");
+        assert_eq!(metric_name("psi_some_avg10"), "psi some avg10");
+    }
+}

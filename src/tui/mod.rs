@@ -1,0 +1,37 @@
+//! The live terminal dashboard (`oomguard run` on a terminal).
+//!
+//! Split the way ratatui applications usually are:
+//! - `app`: the state (`App`), fed by the supervision loop with samples,
+//!   events and the job's output, and by the user with keys, which come
+//!   back as `UiCommand`s for the loop to carry out;
+//! - `ui` and `widgets`: pure rendering of that state into a buffer;
+//! - `term`: the real terminal (raw mode, alternate screen, restore on
+//!   exit, panic and signals; keys and resizes as async events);
+//! - `pty`: the job's own pseudo-terminal and its output;
+//! - `output`: turning the job's bytes (progress bars, colours) into lines.
+//!
+//! The loop's part, per iteration: `select!` on the sampler tick, the
+//! job's pty (`PtyMaster::read` → `App::on_output`), `Tui::next_event`
+//! (keys → `App::on_key`, resizes → `PtyMaster::resize`) and its own
+//! signals; after any of them, `Tui::draw`.
+
+pub mod app;
+pub mod output;
+pub mod pty;
+pub mod term;
+pub mod theme;
+pub mod ui;
+pub mod widgets;
+
+pub use app::{
+    ActionKind, App, KEYS, Overlay, Pane, PolicyState, Severity, SortKey, UiCommand, UiEvent,
+};
+pub use output::OutputBuffer;
+pub use pty::{PtyError, PtyMaster, make_controlling, open_pty, set_window_size};
+pub use term::{TermError, TermEvent, Tui, restore};
+pub use ui::{draw, output_pane_size, render};
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod screens;

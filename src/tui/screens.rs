@@ -1,0 +1,390 @@
+//! Whole screens through ratatui's `TestBackend`, compared with committed
+//! insta snapshots (`src/tui/snapshots/`). The snapshots are plain text:
+//! colours are checked by the widget tests. To review a change, run the
+//! tests with `INSTA_UPDATE=always` and read the diff; CI runs with
+//! `INSTA_UPDATE=no`.
+
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+
+use super::app::{ActionKind, App, PolicyState, Severity, UiEvent};
+use super::fixtures::{self, Run};
+use super::ui;
+use super::widgets::testing::buffer_text;
+use crate::model::Role;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn screen(app: &App, cols: u16, rows: u16) -> String {
+    let mut terminal = Terminal::new(TestBackend::new(cols, rows)).unwrap();
+    terminal.draw(|f| ui::render(app, f)).unwrap();
+    let buf: &Buffer = terminal.backend().buffer();
+    buffer_text(buf)
+}
+
+fn started(app: &mut App) {
+    app.on_event(UiEvent::Note {
+        t: 0.0,
+        severity: Severity::Info,
+        text: "started pid 4100 in cgroup /user.slice/job-1234 (limit 16.0 GiB)".into(),
+    });
+}
+
+fn firing(t: f64, value: f64) -> UiEvent {
+    UiEvent::RuleFiring {
+        t,
+        rule: "headroom-warn".into(),
+        metric: "headroom_percent".into(),
+        value,
+        threshold: 20.0,
+    }
+}
+
+#[test]
+fn normal() {
+    let run = Run {
+        gpus: 2,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    started(&mut app);
+    fixtures::output(&mut app);
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("normal", text);
+}
+
+#[test]
+fn gpus_on_a_tall_terminal() {
+    let run = Run {
+        gpus: 2,
+        leak: 6 * MIB,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    started(&mut app);
+    fixtures::output(&mut app);
+    let text = screen(&app, 140, 60);
+    insta::assert_snapshot!("gpus_on_a_tall_terminal", text);
+}
+
+#[test]
+fn warning() {
+    let run = Run {
+        leak: 15 * MIB,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    app.set_policy_state(PolicyState::Warning);
+    started(&mut app);
+    app.on_event(firing(262.0, 19.6));
+    app.on_event(UiEvent::Action {
+        t: 262.0,
+        action: ActionKind::Warn,
+        reason: "headroom-warn".into(),
+        pids: vec![],
+        error: None,
+    });
+    fixtures::output(&mut app);
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("warning", text);
+}
+
+#[test]
+fn paused() {
+    let run = Run {
+        leak: 20 * MIB,
+        frozen_at: Some(280),
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    app.set_policy_state(PolicyState::Paused);
+    started(&mut app);
+    app.on_event(firing(196.0, 19.8));
+    app.on_event(UiEvent::RuleFiring {
+        t: 280.0,
+        rule: "headroom-critical".into(),
+        metric: "headroom_percent".into(),
+        value: 9.9,
+        threshold: 10.0,
+    });
+    app.on_event(UiEvent::Action {
+        t: 280.0,
+        action: ActionKind::Pause,
+        reason: "headroom-critical".into(),
+        pids: vec![4100, 4101, 4200, 4201, 4202, 4203],
+        error: None,
+    });
+    fixtures::output(&mut app);
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("paused", text);
+}
+
+#[test]
+fn after_oom_kill() {
+    let run = Run {
+        leak: 30 * MIB,
+        killed_at: Some(250),
+        gpus: 1,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    started(&mut app);
+    app.on_event(firing(214.0, 19.9));
+    app.on_event(UiEvent::CudaOom {
+        t: 231.0,
+        pid: Some(4101),
+        device: Some(0),
+        tried_bytes: Some(2 * GIB),
+    });
+    app.on_event(UiEvent::OomKill {
+        t: 249.5,
+        pid: 4202,
+        comm: "pt_data_worker".into(),
+        role: Some(Role::Worker),
+    });
+    app.on_event(UiEvent::WorkerDied {
+        t: 249.6,
+        pid: 4202,
+        comm: "pt_data_worker".into(),
+        how: "killed by SIGKILL".into(),
+    });
+    app.on_event(UiEvent::RuleCleared {
+        t: 252.0,
+        rule: "headroom-warn".into(),
+        metric: "headroom_percent".into(),
+        value: 45.2,
+        threshold: 20.0,
+    });
+    fixtures::output(&mut app);
+    app.on_output(b"\r\nERROR: DataLoader worker (pid 4202) is killed by signal: Killed.\r\n");
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("after_oom_kill", text);
+}
+
+#[test]
+fn tree_of_64_workers() {
+    let run = Run {
+        workers: 64,
+        leak: 2 * MIB,
+        limit: 72 * GIB,
+        mem_total: 256 * GIB,
+        seconds: 120,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    started(&mut app);
+    fixtures::output(&mut app);
+    // Select a worker further down; the table scrolls to it.
+    app.selected = Some(4230);
+    let text = screen(&app, 160, 50);
+    insta::assert_snapshot!("tree_of_64_workers", text);
+    assert!(text.contains("4230"), "{text}");
+}
+
+#[test]
+fn narrow_80x24() {
+    let run = Run {
+        leak: 15 * MIB,
+        gpus: 1,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    app.set_policy_state(PolicyState::Warning);
+    app.set_attempt(2);
+    app.set_restart_available(true);
+    started(&mut app);
+    app.on_event(firing(262.0, 19.6));
+    fixtures::output(&mut app);
+    let text = screen(&app, 80, 24);
+    insta::assert_snapshot!("narrow_80x24", text);
+    for line in text.lines() {
+        assert!(crate::tui::theme::width(line) <= 80, "{line}");
+    }
+}
+
+#[test]
+fn help_overlay_80x24() {
+    let mut app = fixtures::app(&Run::default());
+    app.on_key(crossterm::event::KeyEvent::from(
+        crossterm::event::KeyCode::Char('?'),
+    ));
+    let text = screen(&app, 80, 24);
+    insta::assert_snapshot!("help_overlay_80x24", text);
+}
+
+#[test]
+fn quit_dialog() {
+    let mut app = fixtures::app(&Run::default());
+    fixtures::output(&mut app);
+    app.on_key(crossterm::event::KeyEvent::from(
+        crossterm::event::KeyCode::Char('q'),
+    ));
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("quit_dialog", text);
+}
+
+#[test]
+fn before_the_first_sample_and_too_small() {
+    let app = App::new("python train.py".into());
+    insta::assert_snapshot!("first_frame", screen(&app, 80, 24));
+    insta::assert_snapshot!("too_small", screen(&app, 30, 8));
+}
+
+/// Every screen at every size from tiny to wide renders without panicking
+/// and without writing past the screen.
+#[test]
+fn any_size_renders() {
+    let mut apps = vec![App::new("x".into())];
+    let mut gpu = fixtures::app(&Run {
+        gpus: 3,
+        workers: 20,
+        leak: 9 * MIB,
+        ..Run::default()
+    });
+    fixtures::output(&mut gpu);
+    started(&mut gpu);
+    apps.push(gpu);
+    let mut modal = fixtures::app(&Run::default());
+    modal.on_key(crossterm::event::KeyEvent::from(
+        crossterm::event::KeyCode::Char('s'),
+    ));
+    apps.push(modal);
+    let mut help = fixtures::app(&Run::default());
+    help.on_key(crossterm::event::KeyEvent::from(
+        crossterm::event::KeyCode::Char('?'),
+    ));
+    apps.push(help);
+    for app in &apps {
+        for cols in (1..=220).step_by(9) {
+            for rows in (1..=70).step_by(4) {
+                let text = screen(app, cols, rows);
+                assert_eq!(text.split('\n').count(), rows as usize);
+                for line in text.lines() {
+                    assert!(
+                        crate::tui::theme::width(line) <= cols as usize,
+                        "{cols}x{rows}: {line}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A live dashboard on the real terminal, for looking at it: fixture
+/// samples every half second, a real job on a pty, keys working. Run in a
+/// terminal with
+/// `cargo test --lib tui::screens::live_demo -- --ignored --nocapture`.
+/// It is also the shape of the supervision loop's TUI branch.
+#[test]
+#[ignore = "interactive: needs a terminal and a person"]
+fn live_demo() {
+    use crate::model::History;
+    use crate::tui::pty::{PtyMaster, make_controlling, open_pty};
+    use crate::tui::term::{TermEvent, Tui};
+    use std::os::unix::process::CommandExt;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let run = Run {
+            leak: 12 * MIB,
+            gpus: 1,
+            seconds: 600,
+            ..Run::default()
+        };
+        let mut app = App::new("python3 demo_train.py --epochs 3".into());
+        app.set_thresholds(Some(20.0), Some(10.0));
+        app.set_restart_available(true);
+        let mut tui = Tui::new().unwrap();
+        let (cols, rows) = tui.size().unwrap();
+        let (pc, pr) = ui::output_pane_size(&app, cols, rows);
+        let (master, slave) = open_pty(pc, pr).unwrap();
+        let script = r##"
+import sys, time
+for epoch in range(1, 1000):
+    for step in range(0, 101, 5):
+        bar = "#" * (step // 5)
+        sys.stdout.write(f"\repoch {epoch}: {step:3d}%|{bar:<20}| {step*50}/5000")
+        sys.stdout.flush()
+        time.sleep(0.1)
+    print(f"\n\x1b[32mINFO\x1b[0m epoch {epoch} loss {3.0/epoch:.3f}")
+"##;
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", script])
+            .stdin(slave.try_clone().unwrap())
+            .stdout(slave.try_clone().unwrap())
+            .stderr(slave.try_clone().unwrap());
+        #[allow(unsafe_code)]
+        // SAFETY: only `make_controlling` (two syscalls) runs after fork.
+        unsafe {
+            cmd.pre_exec(|| make_controlling(rustix::stdio::stdin()));
+        }
+        let mut child = cmd.spawn().unwrap();
+        // The command keeps its copies of the slave until dropped; with any
+        // copy left the master never reports the end.
+        drop(cmd);
+        drop(slave);
+        let pty = PtyMaster::new(master).unwrap();
+        let mut history = History::new(30.0);
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+        let mut t = 0u32;
+        let mut buf = [0u8; 4096];
+        let mut paused = false;
+        loop {
+            tokio::select! {
+                _ = tick.tick(), if !paused => {
+                    let s = fixtures::sample(&run, t.min(run.seconds));
+                    let v = history.push(&s);
+                    app.on_sample(&s, &v);
+                    app.set_policy_state(match v.headroom_percent() {
+                        Some(p) if p < 10.0 => PolicyState::Stopping,
+                        Some(p) if p < 20.0 => PolicyState::Warning,
+                        _ => PolicyState::Normal,
+                    });
+                    t += 2;
+                }
+                n = pty.read(&mut buf) => {
+                    match n {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => app.on_output(&buf[..n]),
+                    }
+                }
+                ev = tui.next_event() => match ev.unwrap() {
+                    TermEvent::Key(k) => match app.on_key(k) {
+                        Some(super::app::UiCommand::Quit { .. }) => break,
+                        Some(super::app::UiCommand::TogglePause) => {
+                            paused = !paused;
+                            app.set_policy_state(if paused { PolicyState::Paused } else { PolicyState::Normal });
+                            app.on_event(UiEvent::Action {
+                                t: f64::from(t),
+                                action: if paused { ActionKind::Pause } else { ActionKind::Resume },
+                                reason: "user".into(),
+                                pids: vec![child.id()],
+                                error: None,
+                            });
+                        }
+                        Some(super::app::UiCommand::Interrupt) => pty.interrupt().unwrap(),
+                        Some(c) => app.on_event(UiEvent::Note {
+                            t: f64::from(t),
+                            severity: Severity::Act,
+                            text: format!("{c:?} requested"),
+                        }),
+                        None => {}
+                    },
+                    TermEvent::Resize { cols, rows } => {
+                        let (pc, pr) = ui::output_pane_size(&app, cols, rows);
+                        pty.resize(pc, pr).unwrap();
+                    }
+                },
+            }
+            tui.draw(&app).unwrap();
+        }
+        drop(tui);
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+}
