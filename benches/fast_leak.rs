@@ -8,6 +8,8 @@
 //! Needs root and the cgroup v1 memory controller:
 //! `cargo bench --bench fast_leak [-- RUNS]`.
 
+#![allow(clippy::print_stdout)]
+
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

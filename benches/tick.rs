@@ -4,6 +4,8 @@
 //!
 //! `cargo bench --bench tick` (add `-- quick` to skip the 60 s run).
 
+#![allow(clippy::print_stdout)]
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
