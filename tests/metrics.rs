@@ -281,7 +281,7 @@ impl Feeder {
                         start_time: f.stat.start_time,
                     })
                     .collect();
-                sweeper.set_targets(procs.iter().map(|p| (p.pid, p.start_time)).collect());
+                sweeper.set_targets(procs.iter().map(|p| (p.pid, p.start_time, p.rss_bytes)).collect());
                 let age = sweeper.apply(&mut procs, now);
                 let mut tree: TreeTotals = totals(&procs);
                 tree.pss_age_seconds = age;
