@@ -23,6 +23,51 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Watch a leaking demo job get stopped before the OOM killer (needs python3).
     Demo(DemoArgs),
+    /// Explain kernel OOM kills from a saved log or the live kernel log.
+    Forensics(ForensicsArgs),
+    /// Turn an NDJSON run log into a post-mortem report with advice.
+    Report(ReportArgs),
+    /// Print shell completions.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ForensicsArgs {
+    /// A saved kernel log (dmesg, dmesg -T, journalctl, syslog, /dev/kmsg
+    /// records), or `-` for stdin [default: the live kernel log].
+    pub file: Option<PathBuf>,
+
+    /// Only the last DURATION of the live kernel log (e.g. 1h).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub since: Option<Duration>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ForensicsFormat::Text)]
+    pub format: ForensicsFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ForensicsFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// The NDJSON log written by `oomguard run --log`, or `-` for stdin.
+    pub log: PathBuf,
+
+    /// Where to write the report [default: next to the log as .html; text
+    /// and json go to stdout].
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = crate::report::Format::Html)]
+    pub format: crate::report::Format,
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +141,21 @@ pub struct RunArgs {
     /// Do not print the summary at exit.
     #[arg(long, short)]
     pub quiet: bool,
+
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics during the run
+    /// (e.g. 127.0.0.1:9465; other addresses expose them to the network).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Keep the metrics in FILE for node_exporter's textfile collector
+    /// (replaced atomically, removed at exit; name it *.prom).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_textfile: Option<PathBuf>,
+
+    /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
+    /// when the job succeeded: a memory-regression gate for CI.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub fail_above: Option<u64>,
 
     #[command(flatten)]
     pub policy: PolicyArgs,

@@ -63,6 +63,9 @@ pub fn demo(args: DemoArgs) -> i32 {
         proc_root: PathBuf::from("/proc"),
         tui: args.tui,
         restart: crate::cli::RestartArgs::default(),
+        metrics_addr: None,
+        metrics_textfile: None,
+        fail_above: None,
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

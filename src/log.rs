@@ -228,6 +228,16 @@ pub struct RunEnd {
     pub duration_seconds: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `--fail-above`, when given, and whether the peak exceeded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_above: Option<FailAbove>,
+}
+
+/// The CI memory gate's verdict.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FailAbove {
+    pub limit_bytes: u64,
+    pub exceeded: bool,
 }
 
 /// How the run ended.

@@ -47,6 +47,9 @@ use crate::units::{HumanBytes, SizeOrPercent, human_duration};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
+/// Exit code when the job succeeded but its peak footprint exceeded
+/// `--fail-above` (a memory regression).
+pub const EXIT_FAIL_ABOVE: i32 = 76;
 /// Exit code for oomguard's own failure after the job started.
 pub const EXIT_INTERNAL: i32 = 70;
 
@@ -67,6 +70,9 @@ pub struct RunConfig {
     pub proc_root: PathBuf,
     pub tui: crate::cli::TuiArgs,
     pub restart: crate::cli::RestartArgs,
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub metrics_textfile: Option<PathBuf>,
+    pub fail_above: Option<u64>,
 }
 
 impl RunConfig {
@@ -107,6 +113,9 @@ impl RunConfig {
             proc_root: PathBuf::from("/proc"),
             tui: a.tui,
             restart: a.restart,
+            metrics_addr: a.metrics_addr,
+            metrics_textfile: a.metrics_textfile,
+            fail_above: a.fail_above,
         })
     }
 }
@@ -251,7 +260,33 @@ struct Supervisor {
     restarts: u32,
     /// A relaunch failed: no more attempts.
     no_more_attempts: bool,
+    metrics: crate::metrics::Metrics,
+    textfile: Option<crate::metrics::Textfile>,
+    /// Set when running as a GitHub Actions step.
+    annotator: Option<crate::github::Annotator>,
+    /// Stops the metrics endpoint when dropped (the runtime ending does too).
+    _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The last minute of every tree process's memory, for `oom_kill`.
+    recent: HashMap<Ident, Recent>,
+    /// The OOM-kill counters last seen (job cgroup, machine).
+    oom_seen: (Option<u64>, Option<u64>),
+    /// Kills already written as `oom_kill` events.
+    oom_reported: HashSet<u32>,
 }
+
+/// What oomguard remembers of a process for explaining its death.
+#[derive(Debug, Clone)]
+struct Recent {
+    comm: String,
+    role: Role,
+    /// e.g. "worker 3 of trainer 1234".
+    place: String,
+    last_seen: f64,
+    points: std::collections::VecDeque<(f64, u64, u64)>,
+}
+
+/// How much of a process's memory history an `oom_kill` event carries.
+const RECENT_WINDOW: f64 = 60.0;
 
 /// Running totals for `run_end` and the summary.
 #[derive(Debug, Default)]
@@ -276,6 +311,34 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         },
         None => LogWriter::disabled(started),
     };
+
+    // Metrics before the job starts: a port in use or an unwritable
+    // textfile is a usage error (exit 2), not something to find out later.
+    let metrics =
+        crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
+    let mut metrics_stop = None;
+    if let Some(addr) = cfg.metrics_addr {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
+            let _ = rx.await;
+        })
+        .await
+        {
+            eprintln!("oomguard: {e}");
+            return 2;
+        }
+        metrics_stop = Some(tx);
+    }
+    let textfile = cfg
+        .metrics_textfile
+        .as_ref()
+        .map(crate::metrics::Textfile::new);
+    if let Some(t) = &textfile
+        && let Err(e) = t.write(&metrics.render())
+    {
+        eprintln!("oomguard: {e}");
+        return 2;
+    }
 
     // Register every handler before the job exists, so no signal (and no
     // SIGCHLD) can arrive unhandled.
@@ -400,6 +463,14 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         attempts: Vec::new(),
         restarts: 0,
         no_more_attempts: false,
+        metrics,
+        textfile,
+        annotator: crate::github::in_github_actions(std::env::vars())
+            .then(crate::github::Annotator::default),
+        _metrics_stop: metrics_stop,
+        recent: HashMap::new(),
+        oom_seen: (None, None),
+        oom_reported: HashSet::new(),
     };
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
@@ -536,6 +607,7 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
             actions: BTreeMap::new(),
             duration_seconds: 0.0,
             error: Some(e.to_string()),
+            fail_above: None,
         },
     );
     code
@@ -721,6 +793,10 @@ impl Supervisor {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
+        if !quick {
+            self.remember(&sample);
+        }
+        self.check_oom_kills(&sample);
         let view = self.history.push(&sample);
         let readings = Readings::from_sample(&sample, &view, None, None);
         let decisions = if self.main_status.is_some() || self.shutdown_signal.is_some() {
@@ -783,6 +859,9 @@ impl Supervisor {
     }
 
     fn record(&mut self, sample: &Sample, view: &View, force: bool) {
+        // Every tick: a scrape sees the newest numbers (cheap: a copy).
+        self.metrics.update(sample, view);
+        self.metrics.set_paused(!self.paused.is_empty());
         self.stats.samples += 1;
         let s = &mut self.stats;
         if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
@@ -813,6 +892,13 @@ impl Supervisor {
             return;
         }
         self.last_logged = Some(sample.t);
+        // The textfile at the log's cadence, not at every fast tick.
+        if let Some(t) = &self.textfile
+            && let Err(e) = t.write(&self.metrics.render())
+        {
+            eprintln!("oomguard: {e}; no more metrics textfile");
+            self.textfile = None;
+        }
         let with_procs = force
             || self
                 .last_procs_log
@@ -829,6 +915,17 @@ impl Supervisor {
 
     fn count(&mut self, action: &str) {
         *self.stats.actions.entry(action.to_string()).or_insert(0) += 1;
+        self.metrics.action(action);
+    }
+
+    /// A few GitHub Actions annotations (rate-limited), never one per tick.
+    fn annotate(&mut self, key: &str, level: crate::github::Level, title: &str, message: &str) {
+        let t = self.log.t();
+        if let Some(a) = self.annotator.as_mut()
+            && let Some(line) = a.offer(t, key, level, title, message)
+        {
+            eprintln!("{line}");
+        }
     }
 
     fn log_action(
@@ -840,6 +937,20 @@ impl Supervisor {
         result: String,
     ) {
         self.count(action);
+        let level = match action {
+            "warn" => Some(crate::github::Level::Warning),
+            "pause" | "stop" | "kill" | "restart" => Some(crate::github::Level::Error),
+            _ => None,
+        };
+        if let Some(level) = level {
+            let msg = format!("{action} ({reason})");
+            self.annotate(
+                &format!("{action}:{reason}"),
+                level,
+                &format!("oomguard: {action}"),
+                &msg,
+            );
+        }
         self.log.write(
             "action",
             &serde_json::json!({
@@ -1411,6 +1522,146 @@ impl Supervisor {
         self.kill_at = Some(Instant::now() + Duration::from_millis(100));
     }
 
+    /// Keeps the last minute of each process's memory and where it sits in
+    /// the tree.
+    fn remember(&mut self, sample: &Sample) {
+        let t = sample.t;
+        for p in &sample.procs {
+            let place = match p.role {
+                Role::Worker => {
+                    let mut siblings: Vec<u32> = sample
+                        .procs
+                        .iter()
+                        .filter(|q| q.role == Role::Worker && q.ppid == p.ppid)
+                        .map(|q| q.pid)
+                        .collect();
+                    siblings.sort_unstable();
+                    let n = siblings.iter().position(|&q| q == p.pid).unwrap_or(0) + 1;
+                    format!(
+                        "worker {n} of {} (pid {})",
+                        if sample
+                            .procs
+                            .iter()
+                            .any(|q| q.pid == p.ppid && q.role == Role::Trainer)
+                        {
+                            "the trainer"
+                        } else {
+                            "process"
+                        },
+                        p.ppid
+                    )
+                }
+                r => r.as_str().to_string(),
+            };
+            let e = self
+                .recent
+                .entry((p.pid, p.start_time))
+                .or_insert_with(|| Recent {
+                    comm: p.comm.clone(),
+                    role: p.role,
+                    place: place.clone(),
+                    last_seen: t,
+                    points: Default::default(),
+                });
+            e.comm.clone_from(&p.comm);
+            e.role = p.role;
+            e.place = place;
+            e.last_seen = t;
+            e.points.push_back((t, p.rss_bytes, p.pss_bytes));
+            while e
+                .points
+                .front()
+                .is_some_and(|&(pt, _, _)| t - pt > RECENT_WINDOW)
+            {
+                e.points.pop_front();
+            }
+        }
+        self.recent
+            .retain(|_, e| t - e.last_seen <= 2.0 * RECENT_WINDOW);
+    }
+
+    /// When an OOM-kill counter rises, finds the kernel's report of the kill
+    /// (by pid, among the processes oomguard has seen in the tree) and
+    /// writes an `oom_kill` event.
+    fn check_oom_kills(&mut self, sample: &Sample) {
+        let cg = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
+        let vm = sample.system.oom_kill_total;
+        let (seen_cg, seen_vm) = self.oom_seen;
+        self.oom_seen = (cg, vm);
+        let rose = match (cg, seen_cg) {
+            (Some(now), Some(before)) => now > before,
+            // Without a cgroup, the machine's counter says "someone".
+            (None, _) => vm.zip(seen_vm).is_some_and(|(n, b)| n > b),
+            _ => false,
+        };
+        if rose {
+            self.explain_oom_kills(sample.t);
+        }
+    }
+
+    fn explain_oom_kills(&mut self, t: f64) {
+        let log = crate::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
+        let kills = match &log {
+            Ok(l) => crate::forensics::kernel::parse(&l.text),
+            Err(_) => Vec::new(),
+        };
+        let mut found = false;
+        for kill in kills.iter().rev() {
+            if self.oom_reported.contains(&kill.pid) {
+                continue;
+            }
+            let Some((_, who)) = self.recent.iter().find(|((pid, _), _)| *pid == kill.pid) else {
+                continue;
+            };
+            let memory: Vec<serde_json::Value> = who
+                .points
+                .iter()
+                .map(|&(pt, rss, pss)| serde_json::json!({"t": (pt * 1000.0).round() / 1000.0, "rss_bytes": rss, "pss_bytes": pss}))
+                .collect();
+            let (role, place, comm) = (who.role, who.place.clone(), who.comm.clone());
+            self.oom_reported.insert(kill.pid);
+            found = true;
+            self.log.write_at(
+                "oom_kill",
+                t,
+                &serde_json::json!({
+                    "pid": kill.pid,
+                    "comm": comm,
+                    "role": role,
+                    "place": place,
+                    "anon_rss_bytes": kill.anon_rss_bytes,
+                    "constraint": kill.constraint,
+                    "cgroup": kill.cgroup,
+                    "kill": kill,
+                    "memory": memory,
+                }),
+            );
+            if !self.cfg.quiet {
+                eprintln!(
+                    "oomguard: the kernel OOM killer killed {comm} (pid {}, {place}){}",
+                    kill.pid,
+                    kill.anon_rss_bytes.map_or(String::new(), |b| format!(
+                        " holding {} anonymous memory",
+                        HumanBytes(b)
+                    ))
+                );
+            }
+        }
+        if !found {
+            // The counter rose but the report is not readable (or names no
+            // process of ours): say what is known.
+            let why = match &log {
+                Ok(_) => "no matching report in the kernel log".to_string(),
+                Err(e) => e.to_string(),
+            };
+            self.log.write_at(
+                "oom_kill",
+                t,
+                &serde_json::json!({ "pid": null, "role": null, "reason": why }),
+            );
+        }
+    }
+
     /// Whether the kernel OOM killer took a process of the job during this
     /// attempt (the job cgroup's counter, else the machine's).
     fn kernel_killed(&self, sample: &Sample) -> bool {
@@ -1622,7 +1873,7 @@ impl Supervisor {
                 .is_some_and(|(n, b)| n > b),
         };
         let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
-        let (outcome, exit_code) = match status {
+        let (outcome, mut exit_code) = match status {
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
@@ -1630,6 +1881,15 @@ impl Supervisor {
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = self.started.elapsed();
+        let fail_above = self.cfg.fail_above.map(|limit| {
+            let exceeded = self.stats.peak.tree_pss_bytes > limit;
+            (limit, exceeded)
+        });
+        // The gate only turns a success into a failure: a job that failed
+        // keeps its own code.
+        if fail_above.is_some_and(|(_, exceeded)| exceeded) && exit_code == 0 {
+            exit_code = EXIT_FAIL_ABOVE;
+        }
         self.log.write(
             "run_end",
             &RunEnd {
@@ -1640,8 +1900,62 @@ impl Supervisor {
                 actions: self.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: None,
+                fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
+                    limit_bytes,
+                    exceeded,
+                }),
             },
         );
+        if let Some((limit, true)) = fail_above
+            && !self.cfg.quiet
+        {
+            eprintln!(
+                "oomguard: peak footprint {} exceeded --fail-above {}; exit {}",
+                HumanBytes(self.stats.peak.tree_pss_bytes),
+                HumanBytes(limit),
+                exit_code
+            );
+        }
+        if outcome == Outcome::OomKilled {
+            self.annotate(
+                "oom_kill",
+                crate::github::Level::Error,
+                "oomguard: OOM kill",
+                "the kernel OOM killer killed the job",
+            );
+        }
+        if self.annotator.is_some()
+            && let Some(path) = crate::github::step_summary_path(std::env::vars())
+        {
+            let data = crate::github::RunSummaryData {
+                command: self
+                    .cfg
+                    .argv
+                    .iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                outcome,
+                exit_code,
+                duration_seconds: duration.as_secs_f64(),
+                attempts: self.attempt,
+                peak: self.stats.peak.clone(),
+                ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
+                least_headroom_bytes: self.stats.least_headroom.map(|l| l.headroom_bytes),
+                actions: self.stats.actions.clone(),
+                fail_above_bytes: self.cfg.fail_above,
+            };
+            if let Err(e) =
+                crate::github::append_step_summary(&path, &crate::github::step_summary(&data))
+            {
+                eprintln!("oomguard: {e}");
+            }
+        }
+        if let Some(t) = self.textfile.take()
+            && let Err(e) = t.remove()
+        {
+            eprintln!("oomguard: {e}");
+        }
         if self.foreground {
             supervise::reclaim_foreground(std::io::stdin().as_fd());
         }

@@ -215,7 +215,6 @@ fn commands(stderr: &[u8], name: &str) -> Vec<Command> {
 }
 
 #[test]
-#[ignore = "needs GITHUB_ACTIONS wiring in oomguard run"]
 fn github_actions_end_to_end() {
     // Outside Actions: no workflow commands, no summary.
     let dir = tempfile::tempdir().unwrap();

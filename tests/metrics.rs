@@ -7,8 +7,7 @@
 //! `live_samples_scraped_by_prometheus` feeds `Metrics` from the real probes
 //! in the test process (the library path `oomguard run` will use);
 //! `real_oomguard_run_scraped_by_prometheus` runs the binary with
-//! `--metrics-addr` / `--metrics-textfile` and is ignored until those flags
-//! are wired.
+//! `--metrics-addr` / `--metrics-textfile`.
 
 // The helpers below are test code too; a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -281,7 +280,12 @@ impl Feeder {
                         start_time: f.stat.start_time,
                     })
                     .collect();
-                sweeper.set_targets(procs.iter().map(|p| (p.pid, p.start_time, p.rss_bytes)).collect());
+                sweeper.set_targets(
+                    procs
+                        .iter()
+                        .map(|p| (p.pid, p.start_time, p.rss_bytes))
+                        .collect(),
+                );
                 let age = sweeper.apply(&mut procs, now);
                 let mut tree: TreeTotals = totals(&procs);
                 tree.pss_age_seconds = age;
@@ -700,7 +704,6 @@ fn live_samples_scraped_by_prometheus() {
 }
 
 #[test]
-#[ignore = "needs --metrics-addr wiring"]
 fn real_oomguard_run_scraped_by_prometheus() {
     if !require(
         prometheus::tools_installed(),

@@ -490,3 +490,80 @@ fn bad_flags_exit_2() {
 
 #[allow(dead_code)]
 fn unused(_: Command) {}
+
+#[test]
+fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
+    let Some(cg) = cgroup_or_skip("oomkill", 384 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("leaker.pid");
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--policy",
+            "none",
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            "workers",
+            "--leak-worker",
+            "2",
+            "--pid-file",
+            pid_file.to_str().unwrap(),
+            "--chunk-mib",
+            "4",
+            "--period",
+            "0.02",
+        ],
+        &[("NUM_WORKERS", "4")],
+    );
+    // The trainer fails when its worker is killed.
+    assert_ne!(code, Some(0), "stderr:\n{err}");
+    let victim: u32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let kill = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::OomKill(v) => Some(v.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no oom_kill event; stderr:\n{err}"));
+    assert_eq!(kill["pid"], victim, "{kill}");
+    assert_eq!(kill["role"], "worker", "{kill}");
+    assert!(
+        kill["place"]
+            .as_str()
+            .unwrap()
+            .starts_with("worker 3 of the trainer"),
+        "{kill}"
+    );
+    assert!(!kill["memory"].as_array().unwrap().is_empty(), "{kill}");
+    assert!(
+        err.contains(&format!("killed python3 (pid {victim}, worker 3")),
+        "{err}"
+    );
+    // The same kill, found by `oomguard forensics` in the live kernel log.
+    let out = oomguard()
+        .args(["forensics", "--since", "10m", "--format", "json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = json["kills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["pid"] == victim && k["constraint"] == "memcg");
+    assert!(found, "forensics did not find pid {victim}: {json}");
+}

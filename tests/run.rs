@@ -575,3 +575,39 @@ fn summary_on_stderr() {
         assert!(l.starts_with("oomguard: "), "unprefixed line: {l}");
     }
 }
+
+#[test]
+fn fail_above_turns_a_memory_regression_into_exit_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(1.5)\n";
+    for (limit, code, exceeded) in [("16MiB", 76, true), ("1GiB", 0, false)] {
+        let log = dir.path().join(format!("{limit}.ndjson"));
+        let st = oomguard()
+            .args([
+                "run",
+                "-q",
+                "--interval",
+                "200ms",
+                "--pss-interval",
+                "200ms",
+                "--fail-above",
+                limit,
+                "--log",
+            ])
+            .arg(&log)
+            .args(["--", "python3", "-c", job])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(code), "{limit}");
+        let lines = read_log(&log);
+        let fa = schema::run_end(&lines).fail_above.as_ref().unwrap();
+        assert_eq!(fa.exceeded, exceeded);
+    }
+    // A job that failed keeps its own exit code.
+    let st = oomguard()
+        .args(["run", "-q", "--fail-above", "1MiB", "--", "python3", "-c"])
+        .arg("import sys, time\nb = bytearray(32 << 20)\ntime.sleep(1)\nsys.exit(3)\n")
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(3));
+}

@@ -204,6 +204,15 @@ pub struct RunEnd {
     pub duration_seconds: f64,
     #[serde(default)]
     pub error: Option<String>,
+    #[serde(default)]
+    pub fail_above: Option<FailAbove>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailAbove {
+    pub limit_bytes: u64,
+    pub exceeded: bool,
 }
 
 #[derive(Debug, Deserialize)]
