@@ -152,6 +152,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub metrics_textfile: Option<PathBuf>,
 
+    /// The NVML library to load [default: libnvidia-ml.so.1 from the system].
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// Do not watch GPUs.
+    #[arg(long)]
+    pub no_gpu: bool,
+
     /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
     /// when the job succeeded: a memory-regression gate for CI.
     #[arg(long, value_name = "SIZE", value_parser = size)]

@@ -73,6 +73,8 @@ pub struct RunConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub metrics_textfile: Option<PathBuf>,
     pub fail_above: Option<u64>,
+    /// `None`: no GPU watching; `Some(None)`: the system's NVML.
+    pub nvml: Option<Option<PathBuf>>,
 }
 
 impl RunConfig {
@@ -116,6 +118,7 @@ impl RunConfig {
             metrics_addr: a.metrics_addr,
             metrics_textfile: a.metrics_textfile,
             fail_above: a.fail_above,
+            nvml: (!a.no_gpu).then_some(a.nvml_lib),
         })
     }
 }
@@ -272,6 +275,12 @@ struct Supervisor {
     oom_seen: (Option<u64>, Option<u64>),
     /// Kills already written as `oom_kill` events.
     oom_reported: HashSet<u32>,
+    gpu: Option<crate::probe::gpu::GpuProbe>,
+    gpu_info: GpuInfo,
+    /// NSpid chains of tree processes (they never change for a process).
+    ns_pids: HashMap<Ident, Vec<u32>>,
+    /// Recent (t, used bytes) of the fullest GPU, for its ETA.
+    gpu_history: std::collections::VecDeque<(f64, f64)>,
 }
 
 /// What oomguard remembers of a process for explaining its death.
@@ -410,6 +419,32 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     let mut scanner = TreeScanner::new(&cfg.proc_root, TreeRoot::ChildrenOf(std::process::id()));
     scanner.set_job(Some(job.pid));
 
+    // NVML is loaded at run time: the same binary works without a driver.
+    let (gpu, gpu_info) = match &cfg.nvml {
+        None => (
+            None,
+            GpuInfo {
+                available: false,
+                reason: Some("disabled with --no-gpu".into()),
+            },
+        ),
+        Some(lib) => match crate::probe::gpu::GpuProbe::open(lib.as_deref()) {
+            Ok(p) => (
+                Some(p),
+                GpuInfo {
+                    available: true,
+                    reason: None,
+                },
+            ),
+            Err(e) => (
+                None,
+                GpuInfo {
+                    available: false,
+                    reason: Some(e.to_string()),
+                },
+            ),
+        },
+    };
     let now = Instant::now();
     let cfg_restart = cfg.restart.clone();
     let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
@@ -471,6 +506,10 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         recent: HashMap::new(),
         oom_seen: (None, None),
         oom_reported: HashSet::new(),
+        gpu,
+        gpu_info,
+        ns_pids: HashMap::new(),
+        gpu_history: Default::default(),
     };
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
@@ -633,10 +672,7 @@ impl Supervisor {
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
             policy: self.engine.policy().to_json(),
-            gpu: GpuInfo {
-                available: false,
-                reason: Some("GPU monitoring is not enabled".into()),
-            },
+            gpu: self.gpu_info.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
@@ -742,6 +778,11 @@ impl Supervisor {
         }
         let system = self.system.read(now);
         let psi = self.system.psi();
+        let gpus = if quick {
+            Vec::new()
+        } else {
+            self.sample_gpus(&mut procs)
+        };
         self.tree = procs.clone();
         Sample {
             t: now.duration_since(self.started).as_secs_f64(),
@@ -750,7 +791,7 @@ impl Supervisor {
             system,
             cgroup,
             psi,
-            gpus: Vec::new(),
+            gpus,
             budget_bytes: self.budget_bytes,
         }
     }
@@ -798,7 +839,12 @@ impl Supervisor {
         }
         self.check_oom_kills(&sample);
         let view = self.history.push(&sample);
-        let readings = Readings::from_sample(&sample, &view, None, None);
+        let gpu_eta = if sample.gpus.is_empty() {
+            None
+        } else {
+            self.gpu_eta(&sample)
+        };
+        let readings = Readings::from_sample(&sample, &view, gpu_eta, None);
         let decisions = if self.main_status.is_some() || self.shutdown_signal.is_some() {
             Vec::new()
         } else {
@@ -1520,6 +1566,76 @@ impl Supervisor {
         // Processes born between the scan and the signals are caught by
         // the next round.
         self.kill_at = Some(Instant::now() + Duration::from_millis(100));
+    }
+
+    /// The latest GPU reading (never blocks: NVML runs on its own thread),
+    /// attributed to the tree's processes by pid, namespaced pids included.
+    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Vec<crate::model::GpuSample> {
+        use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
+        let Some(reading) = self.gpu.as_mut().and_then(|g| g.sample()) else {
+            return Vec::new();
+        };
+        let root = self.cfg.proc_root.clone();
+        let tree: Vec<TreeProc> = procs
+            .iter()
+            .map(|p| TreeProc {
+                pid: p.pid,
+                ns_pids: self
+                    .ns_pids
+                    .entry((p.pid, p.start_time))
+                    .or_insert_with(|| read_ns_pids(&root, p.pid).unwrap_or_default())
+                    .clone(),
+            })
+            .collect();
+        let live: HashSet<Ident> = procs.iter().map(|p| (p.pid, p.start_time)).collect();
+        self.ns_pids.retain(|id, _| live.contains(id));
+        let att = attribute(&reading.devices, &tree);
+        for p in procs.iter_mut() {
+            p.gpu_bytes = att.gpu_bytes(p.pid);
+        }
+        reading
+            .devices
+            .iter()
+            .map(|d| {
+                let a = att.devices.iter().find(|a| a.index == d.index);
+                crate::model::GpuSample {
+                    index: d.index,
+                    name: d.name.clone(),
+                    uuid: d.uuid.clone(),
+                    used_bytes: d.used_bytes,
+                    total_bytes: d.total_bytes,
+                    free_bytes: d.free_bytes,
+                    reserved_bytes: d.reserved_bytes,
+                    util_percent: d.util_percent,
+                    tree_bytes: a.map_or(0, |a| a.tree_bytes),
+                    foreign_bytes: a.map_or(0, |a| a.foreign_bytes),
+                }
+            })
+            .collect()
+    }
+
+    /// Seconds until the fullest GPU is full at its recent growth.
+    fn gpu_eta(&mut self, sample: &Sample) -> Option<f64> {
+        let g = sample
+            .gpus
+            .iter()
+            .filter(|g| g.total_bytes > 0)
+            .max_by(|a, b| {
+                (a.used_bytes * 1000 / a.total_bytes).cmp(&(b.used_bytes * 1000 / b.total_bytes))
+            })?;
+        self.gpu_history.push_back((sample.t, g.used_bytes as f64));
+        while self
+            .gpu_history
+            .front()
+            .is_some_and(|&(t, _)| sample.t - t > 10.0)
+        {
+            self.gpu_history.pop_front();
+        }
+        if self.gpu_history.len() < 3 {
+            return None;
+        }
+        let slope = crate::model::least_squares_slope(self.gpu_history.iter().copied())?;
+        (slope > 0.0).then(|| g.total_bytes.saturating_sub(g.used_bytes) as f64 / slope)
     }
 
     /// Keeps the last minute of each process's memory and where it sits in

@@ -417,3 +417,94 @@ fn probe_drop_shuts_nvml_down() {
     let mut again = open(&fake);
     assert_eq!(fresh(&mut again).devices.len(), 2);
 }
+
+/// End to end: `oomguard run --nvml-lib <fake>` puts the devices in every
+/// sample and attributes GPU memory to the job's process by pid.
+#[test]
+fn run_reports_gpus_and_attributes_the_job() {
+    let fake = FakeNvml::new(
+        "gpu=0 total=17179869184 reserved=0 used=1073741824 util=50 uuid=GPU-0 name=Fake A\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let pidfile = dir.path().join("pid");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args([
+            "run",
+            "-q",
+            "--interval",
+            "200ms",
+            "--procs-interval",
+            "200ms",
+            "--nvml-lib",
+        ])
+        .arg(fake.lib_path())
+        .arg("--log")
+        .arg(&log)
+        .args(["--", "sh", "-c", "echo $$ > \"$0\"; exec sleep 3"])
+        .arg(&pidfile)
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while !pidfile.exists() || std::fs::read_to_string(&pidfile).unwrap().trim().is_empty() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid: u32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    fake.set_scenario(&format!(
+        "gpu=0 total=17179869184 reserved=0 used=3221225472 util=50 uuid=GPU-0 name=Fake A\n\
+         proc=0 pid={pid} used=2147483648\nproc=0 pid=999999 used=1073741824\n"
+    ));
+    assert!(child.wait().unwrap().success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["gpu"]["available"], true, "{}", lines[0]);
+    let attributed = lines.iter().filter(|l| l["event"] == "sample").any(|s| {
+        s["gpus"][0]["tree_bytes"] == 2147483648u64
+            && s["gpus"][0]["foreign_bytes"] == 1073741824u64
+            && s["gpus"][0]["uuid"] == "GPU-0"
+            && s["procs"].as_array().is_some_and(|ps| {
+                ps.iter()
+                    .any(|p| p["pid"] == pid && p["gpu_bytes"] == 2147483648u64)
+            })
+    });
+    assert!(attributed, "no sample attributed the GPU memory:\n{text}");
+
+    // Without a library: the run goes on, and says why there is no GPU.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args([
+            "run",
+            "-q",
+            "--nvml-lib",
+            "/no/such/libnvidia-ml.so.1",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "true"])
+        .status()
+        .unwrap();
+    assert!(out.success());
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["gpu"]["available"], false);
+    assert!(
+        first["gpu"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/no/such/libnvidia-ml.so.1"),
+        "{first}"
+    );
+}
