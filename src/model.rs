@@ -369,13 +369,17 @@ impl History {
         self.points.clear();
     }
 
-    /// Least-squares slope of headroom over the last `window` seconds.
+    /// Least-squares slope of headroom over the last `window` seconds, or
+    /// over the last `MIN_POINTS` points when the window holds fewer (slow
+    /// sampling must not make the slope vanish).
     fn slope(&self, window: f64) -> Option<f64> {
         let last = self.points.back()?.t;
-        let pts = self.points.iter().filter(|p| last - p.t <= window);
-        if pts.clone().count() < MIN_POINTS {
+        let in_window = self.points.iter().filter(|p| last - p.t <= window).count();
+        let n = in_window.max(MIN_POINTS);
+        if self.points.len() < n {
             return None;
         }
+        let pts = self.points.iter().skip(self.points.len() - n);
         least_squares_slope(pts.map(|p| (p.t, p.headroom)))
     }
 
@@ -560,6 +564,17 @@ mod tests {
             last = Some(h.push(&budget_sample(t, fp)));
         }
         assert_eq!(last.unwrap().eta_seconds, None);
+    }
+
+    #[test]
+    fn slow_sampling_keeps_the_eta() {
+        let mut h = History::new(10.0);
+        let mut v = None;
+        for i in 0..6 {
+            // 2.5 s apart: never three points within the 2 s recent window.
+            v = Some(h.push(&budget_sample(i as f64 * 2.5, 100 + 50 * i)));
+        }
+        assert!(v.unwrap().eta_seconds.is_some());
     }
 
     #[test]
