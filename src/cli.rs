@@ -160,6 +160,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_gpu: bool,
 
+    /// Report PyTorch's allocator (allocated, reserved, retries) from inside
+    /// the job's Python processes that use CUDA (through a generated
+    /// sitecustomize; other processes are untouched).
+    #[arg(long)]
+    pub torch_stats: bool,
+
     /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
     /// when the job succeeded: a memory-regression gate for CI.
     #[arg(long, value_name = "SIZE", value_parser = size)]

@@ -67,6 +67,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         metrics_textfile: None,
         fail_above: None,
         nvml: None,
+        torch_stats: false,
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

@@ -170,6 +170,17 @@ pub struct SampleEvent {
     pub gpus: Vec<GpuSample>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub procs: Option<Vec<ProcSample>>,
+    /// PyTorch allocator figures of the processes that report them
+    /// (`--torch-stats`), on every line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub torch: Vec<TorchProc>,
+}
+
+/// One process's PyTorch allocator figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TorchProc {
+    pub pid: u32,
+    pub devices: Vec<crate::probe::torch_stats::TorchDeviceStats>,
 }
 
 impl SampleEvent {
@@ -192,6 +203,16 @@ impl SampleEvent {
             psi: sample.psi,
             gpus: sample.gpus.clone(),
             procs: with_procs.then(|| sample.procs.clone()),
+            torch: sample
+                .procs
+                .iter()
+                .filter_map(|p| {
+                    Some(TorchProc {
+                        pid: p.pid,
+                        devices: p.torch.clone()?,
+                    })
+                })
+                .collect(),
         }
     }
 }
@@ -310,6 +331,7 @@ mod size_tests {
                 uss_bytes: 1_234_567_890,
                 swap_bytes: 123_456_789,
                 gpu_bytes: None,
+                torch: None,
                 start_time: 0,
             })
             .collect();

@@ -55,6 +55,9 @@ pub struct ProcSample {
     pub swap_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_bytes: Option<u64>,
+    /// PyTorch's caching allocator per device (`--torch-stats`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch: Option<Vec<crate::probe::torch_stats::TorchDeviceStats>>,
     /// Kernel start time in clock ticks: with `pid`, the identity of the
     /// process (pids are reused).
     #[serde(skip)]
@@ -593,6 +596,7 @@ mod tests {
                     uss_bytes: a,
                     swap_bytes: 0,
                     gpu_bytes: None,
+                    torch: None,
                     start_time: 5,
                 },
                 ProcSample {
@@ -605,6 +609,7 @@ mod tests {
                     uss_bytes: b,
                     swap_bytes: 0,
                     gpu_bytes: None,
+                    torch: None,
                     start_time: 6,
                 },
             ];

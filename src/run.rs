@@ -75,6 +75,7 @@ pub struct RunConfig {
     pub fail_above: Option<u64>,
     /// `None`: no GPU watching; `Some(None)`: the system's NVML.
     pub nvml: Option<Option<PathBuf>>,
+    pub torch_stats: bool,
 }
 
 impl RunConfig {
@@ -119,6 +120,7 @@ impl RunConfig {
             metrics_textfile: a.metrics_textfile,
             fail_above: a.fail_above,
             nvml: (!a.no_gpu).then_some(a.nvml_lib),
+            torch_stats: a.torch_stats,
         })
     }
 }
@@ -281,6 +283,12 @@ struct Supervisor {
     ns_pids: HashMap<Ident, Vec<u32>>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
+    /// `--torch-stats`: the injected reporter (removed on drop) and its
+    /// reader.
+    torch: Option<(
+        crate::probe::torch_stats::TorchStatsInjector,
+        crate::probe::torch_stats::TorchStatsReader,
+    )>,
 }
 
 /// What oomguard remembers of a process for explaining its death.
@@ -381,7 +389,23 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
 
     let stdin = std::io::stdin();
     let foreground = stdin.is_terminal() && supervise::owns_foreground(stdin.as_fd());
-    let first_env = attempt_env(1, None, &BTreeMap::new());
+    let torch = if cfg.torch_stats {
+        match crate::probe::torch_stats::TorchStatsInjector::new(cfg.interval)
+            .and_then(|inj| inj.reader().map(|r| (inj, r)))
+        {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("oomguard: --torch-stats: {e}");
+                return 2;
+            }
+        }
+    } else {
+        None
+    };
+    let mut first_env = attempt_env(1, None, &BTreeMap::new());
+    if let Some((inj, _)) = &torch {
+        first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
+    }
     let (job, owned, not_owned_reason) = match launch(
         &cfg,
         &cfg.argv,
@@ -510,6 +534,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         gpu_info,
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
+        torch,
     };
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
@@ -753,6 +778,7 @@ impl Supervisor {
                 uss_bytes: 0,
                 swap_bytes: 0,
                 gpu_bytes: None,
+                torch: None,
                 start_time: f.stat.start_time,
             })
             .collect();
@@ -783,6 +809,16 @@ impl Supervisor {
         } else {
             self.sample_gpus(&mut procs)
         };
+        if let Some((_, reader)) = self.torch.as_mut() {
+            if !quick {
+                let _ = reader.poll();
+                let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+                reader.retain_pids(|pid| live.contains(&pid));
+            }
+            for p in procs.iter_mut() {
+                p.torch = reader.latest().get(&p.pid).cloned();
+            }
+        }
         self.tree = procs.clone();
         Sample {
             t: now.duration_since(self.started).as_secs_f64(),
@@ -844,7 +880,16 @@ impl Supervisor {
         } else {
             self.gpu_eta(&sample)
         };
-        let readings = Readings::from_sample(&sample, &view, gpu_eta, None);
+        let frag = self.torch.as_ref().map(|_| {
+            sample
+                .procs
+                .iter()
+                .filter_map(|p| p.torch.as_deref())
+                .map(crate::probe::torch_stats::total_fragmentation_bytes)
+                .max()
+                .unwrap_or(0) as f64
+        });
+        let readings = Readings::from_sample(&sample, &view, gpu_eta, frag);
         let decisions = if self.main_status.is_some() || self.shutdown_signal.is_some() {
             Vec::new()
         } else {
@@ -1500,6 +1545,7 @@ impl Supervisor {
                 uss_bytes: 0,
                 swap_bytes: 0,
                 gpu_bytes: None,
+                torch: None,
                 start_time: f.stat.start_time,
             })
             .collect();
@@ -1930,7 +1976,15 @@ impl Supervisor {
             ],
             _ => self.cfg.argv.clone(),
         };
-        let env = attempt_env(self.attempt, self.checkpoint.as_deref(), &self.env);
+        let mut env = attempt_env(self.attempt, self.checkpoint.as_deref(), &self.env);
+        if let Some((inj, _)) = &self.torch {
+            let base = self
+                .env
+                .get("PYTHONPATH")
+                .map(OsString::from)
+                .or_else(|| std::env::var_os("PYTHONPATH"));
+            env.extend(inj.env(base.as_deref()));
+        }
         match launch(&self.cfg, &argv, env, self.owned.as_ref(), self.foreground) {
             Ok(job) => {
                 let now = Instant::now();

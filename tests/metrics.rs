@@ -61,6 +61,7 @@ fn full_sample() -> Sample {
         uss_bytes: pss / 2,
         swap_bytes: 0,
         gpu_bytes: None,
+        torch: None,
         start_time: u64::from(pid),
     };
     let procs = vec![
@@ -277,6 +278,7 @@ impl Feeder {
                         uss_bytes: 0,
                         swap_bytes: 0,
                         gpu_bytes: None,
+                        torch: None,
                         start_time: f.stat.start_time,
                     })
                     .collect();

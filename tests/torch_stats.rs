@@ -427,3 +427,51 @@ print("fine")
     assert_eq!(text(&output.stdout), "fine\n");
     assert_eq!(text(&output.stderr), "");
 }
+
+/// End to end: `oomguard run --torch-stats` puts the trainer's allocator
+/// figures on the sample lines, and nothing for its forked worker.
+#[test]
+fn run_with_torch_stats_logs_the_trainers_allocator() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let job = "import os, time, torch\n\
+               torch.cuda.init()\n\
+               torch.cuda._stub_set(0, 3 << 30, 5 << 30, 4 << 30, 2)\n\
+               pid = os.fork()\n\
+               if pid == 0:\n    time.sleep(2.5)\n    os._exit(0)\n\
+               print(os.getpid(), pid, flush=True)\n\
+               time.sleep(2.5)\n\
+               os.waitpid(pid, 0)\n";
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args(["run", "-q", "--interval", "250ms", "--torch-stats", "--log"])
+        .arg(&log)
+        .args(["--", "python3", "-c", job])
+        .env("PYTHONPATH", stub_torch())
+        .env("STUB_TORCH_DEVICES", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut ids = stdout.split_whitespace().map(|x| x.parse::<u64>().unwrap());
+    let (trainer, worker) = (ids.next().unwrap(), ids.next().unwrap());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut seen = false;
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for t in v["torch"].as_array().into_iter().flatten() {
+            assert_ne!(t["pid"], worker, "a forked worker reported: {line}");
+            if t["pid"] == trainer {
+                let d = &t["devices"][0];
+                assert_eq!(d["allocated_bytes"], 3u64 << 30);
+                assert_eq!(d["reserved_bytes"], 5u64 << 30);
+                assert_eq!(d["alloc_retries"], 2);
+                seen = true;
+            }
+        }
+    }
+    assert!(seen, "no sample carried the trainer's torch stats:\n{text}");
+}

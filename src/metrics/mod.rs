@@ -573,6 +573,7 @@ mod tests {
             uss_bytes: pss / 2,
             swap_bytes: 0,
             gpu_bytes: None,
+            torch: None,
             start_time: u64::from(pid),
         }
     }

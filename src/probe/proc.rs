@@ -848,6 +848,7 @@ mod tests {
             uss_bytes: 5,
             swap_bytes: 1,
             gpu_bytes: None,
+            torch: None,
             start_time: 0,
         };
         let t = totals(&[p(20), p(30)]);

@@ -59,6 +59,7 @@ fn proc(pid: u32, ppid: u32, role: Role, comm: &str, pss: u64, shared: u64) -> P
         uss_bytes: pss.saturating_sub(shared / 8),
         swap_bytes: 0,
         gpu_bytes: None,
+        torch: None,
         start_time: u64::from(pid) * 10,
     }
 }

@@ -109,6 +109,25 @@ pub struct Sample {
     pub gpus: Vec<serde_json::Value>,
     #[serde(default)]
     pub procs: Option<Vec<Proc>>,
+    #[serde(default)]
+    pub torch: Vec<TorchProc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TorchProc {
+    pub pid: u32,
+    pub devices: Vec<TorchDevice>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TorchDevice {
+    pub device: u32,
+    pub allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub max_allocated_bytes: u64,
+    pub alloc_retries: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,6 +190,8 @@ pub struct Proc {
     pub swap_bytes: u64,
     #[serde(default)]
     pub gpu_bytes: Option<u64>,
+    #[serde(default)]
+    pub torch: Option<Vec<TorchDevice>>,
 }
 
 #[derive(Debug, Deserialize)]
