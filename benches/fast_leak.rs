@@ -1,5 +1,5 @@
 //! The fast-leak case, repeated: a job appending 200 MiB chunks as fast as
-//! memset goes (well over 1 GB/s) in a 1 GiB memory cgroup, supervised by
+//! memset goes (well over 1 GB/s; after a 0.3 s start) in a 1 GiB memory cgroup, supervised by
 //! oomguard at default settings. For each run: prevented or not, the
 //! headroom left at the stop, and the delay from the critical threshold
 //! crossing (observed by this benchmark through its own cgroup eventfd) to
@@ -46,7 +46,27 @@ fn oom_kills(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn one(run: usize, dir: &Path) -> (bool, Option<u64>, Option<f64>) {
+/// The leaker: oomguard's child (found through /proc, like `pgrep -P`).
+fn child_of(ppid: u32) -> Option<u32> {
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let parent: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (parent == ppid).then_some(pid)
+    })
+}
+
+struct Run {
+    prevented: bool,
+    headroom_at_stop: Option<u64>,
+    /// Critical crossing (our eventfd) -> the leaker stopped running (its
+    /// pidfd polls readable when it dies; SIGTERM kills this leaker at
+    /// delivery since it has no handler).
+    delay: Option<Duration>,
+}
+
+fn one(run: usize, dir: &Path) -> Run {
     let _ = fs::create_dir(dir);
     fs::write(dir.join("memory.limit_in_bytes"), LIMIT.to_string()).expect("limit");
     // Our own eye on the same crossing oomguard reacts to (92 % = critical).
@@ -59,7 +79,8 @@ fn one(run: usize, dir: &Path) -> (bool, Option<u64>, Option<f64>) {
     )
     .expect("event_control");
     let log = std::env::temp_dir().join(format!("fast-leak-{run}.ndjson"));
-    let leak = "keep = []\nwhile True:\n    keep.append(bytearray(200 << 20))\n";
+    // A short pause before leaking lets this benchmark find the leaker.
+    let leak = "import time\ntime.sleep(0.3)\nkeep = []\nwhile True:\n    keep.append(bytearray(200 << 20))\n";
     let mut og = Command::new("sh")
         .arg("-c")
         .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
@@ -71,44 +92,48 @@ fn one(run: usize, dir: &Path) -> (bool, Option<u64>, Option<f64>) {
         .stderr(Stdio::null())
         .spawn()
         .expect("oomguard");
-    // Wait for the crossing, then for the leaker to die.
+    let t0 = Instant::now();
+    let mut leaker = None;
+    while leaker.is_none() && t0.elapsed() < Duration::from_secs(5) {
+        leaker = child_of(og.id());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pidfd = leaker.and_then(|p| {
+        rustix::process::pidfd_open(
+            rustix::process::Pid::from_raw(p as i32)?,
+            rustix::process::PidfdFlags::empty(),
+        )
+        .ok()
+    });
     let mut fds = [PollFd::new(&efd, PollFlags::IN)];
     let crossed = poll(&mut fds, None).ok().map(|_| Instant::now());
+    let died = pidfd.as_ref().and_then(|fd| {
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        poll(&mut fds, None).ok().map(|_| Instant::now())
+    });
     let code = og.wait().expect("wait").code();
     let text = fs::read_to_string(&log).unwrap_or_default();
-    let mut headroom = None;
-    let mut job = None;
-    for l in text.lines() {
-        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_default();
-        if v["event"] == "run_start" {
-            job = v["pid"].as_u64();
-        }
-        if v["event"] == "sample" && headroom.is_none() && text.contains("\"action\":\"stop\"") {
-            // The sample written with the stop (forced on action ticks).
-            let t = v["t"].as_f64();
-            let stop_t = text.lines().find_map(|x| {
-                let a: serde_json::Value = serde_json::from_str(x).ok()?;
-                (a["event"] == "action").then(|| a["t"].as_f64()).flatten()
-            });
-            if t.is_some() && t == stop_t {
-                headroom = v["headroom_bytes"].as_u64();
-            }
-        }
-    }
-    let died = text.lines().find_map(|x| {
-        let a: serde_json::Value = serde_json::from_str(x).ok()?;
-        (a["event"] == "child_exit")
-            .then(|| a["t"].as_f64())
-            .flatten()
-    });
-    let _ = (job, died);
-    let prevented = code == Some(75) && oom_kills(dir) == 0;
-    // The child_exit time is oomguard's; our crossing time is ours. The
-    // delay we can measure without trusting oomguard: crossing -> the
-    // job is gone (oomguard exits right after).
-    let delay = crossed.map(|c| c.elapsed().as_secs_f64());
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let stop_t = events
+        .iter()
+        .find(|v| v["event"] == "action" && v["action"] == "stop")
+        .and_then(|v| v["t"].as_f64());
+    // The sample written on the stop's tick (forced on action ticks).
+    let headroom_at_stop = events
+        .iter()
+        .find(|v| v["event"] == "sample" && v["t"].as_f64() == stop_t)
+        .and_then(|v| v["headroom_bytes"].as_u64());
     let _ = fs::remove_file(&log);
-    (prevented, headroom, delay)
+    Run {
+        prevented: code == Some(75) && oom_kills(dir) == 0,
+        headroom_at_stop,
+        delay: crossed
+            .zip(died)
+            .map(|(c, d)| d.saturating_duration_since(c)),
+    }
 }
 
 fn main() {
@@ -120,16 +145,17 @@ fn main() {
     let dir = parent.join(format!("bench-fast-leak-{}", std::process::id()));
     let mut ok = 0;
     let mut heads = Vec::new();
+    let mut delays = Vec::new();
     for i in 0..runs {
-        let (prevented, head, _) = one(i, &dir);
-        ok += usize::from(prevented);
-        if let Some(h) = head {
-            heads.push(h);
-        }
+        let r = one(i, &dir);
+        ok += usize::from(r.prevented);
+        heads.extend(r.headroom_at_stop);
+        delays.extend(r.delay);
         let _ = fs::remove_dir(&dir);
         std::thread::sleep(Duration::from_millis(200));
     }
     heads.sort_unstable();
+    delays.sort_unstable();
     let mib = |b: u64| b as f64 / 1048576.0;
     println!("fast leak (200 MiB chunks, 1 GiB cgroup, default policy): {ok}/{runs} prevented");
     if !heads.is_empty() {
@@ -137,6 +163,16 @@ fn main() {
             "headroom at the stop: min {:.0} MiB, median {:.0} MiB",
             mib(heads[0]),
             mib(heads[heads.len() / 2])
+        );
+    }
+    if !delays.is_empty() {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "critical crossing -> leaker stopped (signal delivered): min {:.1} ms, median {:.1} ms, max {:.1} ms ({} runs)",
+            ms(delays[0]),
+            ms(delays[delays.len() / 2]),
+            ms(delays[delays.len() - 1]),
+            delays.len()
         );
     }
 }

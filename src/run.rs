@@ -283,6 +283,13 @@ struct Supervisor {
     ns_pids: HashMap<Ident, Vec<u32>>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
+    /// The live dashboard, its state, and the job's pty (the dashboard owns
+    /// the real terminal; the job gets a terminal of its own).
+    tui: Option<crate::tui::Tui>,
+    app: Option<crate::tui::App>,
+    pty: Option<crate::tui::PtyMaster>,
+    /// A warning rule is firing (for the dashboard's state).
+    warning: bool,
     /// `--torch-stats`: the injected reporter (removed on drop) and its
     /// reader.
     torch: Option<(
@@ -402,6 +409,48 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     } else {
         None
     };
+    // The dashboard: when stdin and stdout are terminals and CI is unset,
+    // or forced with --tui; never with --no-tui.
+    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    let want_tui = !cfg.tui.no_tui
+        && (cfg.tui.tui || (stdin.is_terminal() && std::io::stdout().is_terminal() && !in_ci));
+    let (tui, mut app) = if want_tui {
+        match crate::tui::Tui::new() {
+            Ok(t) => {
+                let cmd = cfg
+                    .argv
+                    .iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let mut app = crate::tui::App::new(cmd);
+                let (w, c) = cfg.policy.policy.thresholds();
+                app.set_thresholds(w, c);
+                (Some(t), Some(app))
+            }
+            Err(e) => {
+                eprintln!("oomguard: no dashboard ({e}); running without it");
+                (None, None)
+            }
+        }
+    } else {
+        (None, None)
+    };
+    let (mut pty, mut slave) = (None, None);
+    if let (Some(t), Some(a)) = (&tui, &mut app) {
+        match open_job_pty(t, a) {
+            Ok((m, s)) => {
+                pty = Some(m);
+                slave = Some(s);
+            }
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                return EXIT_INTERNAL;
+            }
+        }
+    }
+    // With the dashboard the job's terminal is its pty, not ours.
+    let foreground = foreground && slave.is_none();
     let mut first_env = attempt_env(1, None, &BTreeMap::new());
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
@@ -412,12 +461,13 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         first_env.clone(),
         owned.as_ref(),
         foreground,
+        slave.as_ref(),
     ) {
         Ok(job) => (job, owned, not_owned_reason),
         // Joining the cgroup can fail (a hierarchy that refuses the
         // move); the job matters more than the cgroup.
         Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
-            match launch(&cfg, &cfg.argv, first_env, None, foreground) {
+            match launch(&cfg, &cfg.argv, first_env, None, foreground, slave.as_ref()) {
                 Ok(job) => (
                     job,
                     None,
@@ -429,6 +479,8 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         Err(e) => return spawn_failed(&mut log, &e),
     };
 
+    // Our copy of the pty's job side must go, or the master never sees EOF.
+    drop(slave);
     let cgroup_reader = match &owned {
         Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
         None => cgroup::locate(&cfg.proc_root, &job.pid.to_string())
@@ -535,20 +587,34 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
         torch,
+        tui,
+        app,
+        pty,
+        warning: false,
     };
+    let restartable = sup.restart_enabled();
+    if let Some(app) = sup.app.as_mut() {
+        app.set_restart_available(restartable);
+    }
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
 
+    let mut pty_buf = vec![0u8; 64 * 1024];
     loop {
         let forwarded = recv_any(&mut streams);
         let wake = sup.next_wake();
         let threshold = threshold_crossed(&sup.thresholds);
+        let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
+        let term = term_event(sup.tui.as_mut());
         tokio::select! {
             _ = sigchld.recv() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             () = threshold => sup.tick(true),
+            n = output => sup.on_output(n, &pty_buf),
+            ev = term => sup.on_term(ev),
         }
+        sup.draw();
         if sup.relaunch_at.is_some_and(|at| Instant::now() >= at) {
             sup.relaunch();
         }
@@ -637,18 +703,51 @@ fn launch(
     env: Vec<(OsString, OsString)>,
     owned: Option<&OwnedCgroup>,
     foreground: bool,
+    pty_slave: Option<&std::os::fd::OwnedFd>,
 ) -> Result<Job, supervise::SpawnError> {
     let stdin = std::io::stdin();
+    let stdio = |fd: &std::os::fd::OwnedFd| fd.try_clone().ok().map(std::process::Stdio::from);
     supervise::spawn(
         SpawnSpec {
             argv: argv.to_vec(),
             env,
             cgroup_procs: owned.map(|o| o.procs_file()),
             foreground_tty: foreground.then(|| stdin.as_fd()),
-            ..Default::default()
+            controlling_tty: pty_slave.map(|s| s.as_fd()),
+            stdin: pty_slave.and_then(stdio),
+            stdout: pty_slave.and_then(stdio),
+            stderr: pty_slave.and_then(stdio),
         },
         &cfg.proc_root,
     )
+}
+
+/// A pty for the job, sized like the dashboard's output pane.
+fn open_job_pty(
+    tui: &crate::tui::Tui,
+    app: &crate::tui::App,
+) -> Result<(crate::tui::PtyMaster, std::os::fd::OwnedFd), String> {
+    let (cols, rows) = tui.size().map_err(|e| e.to_string())?;
+    let (c, r) = crate::tui::output_pane_size(app, cols, rows);
+    let (master, slave) = crate::tui::open_pty(c, r).map_err(|e| e.to_string())?;
+    let master = crate::tui::PtyMaster::new(master).map_err(|e| e.to_string())?;
+    Ok((master, slave))
+}
+
+async fn pty_read(pty: Option<&crate::tui::PtyMaster>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match pty {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn term_event(
+    tui: Option<&mut crate::tui::Tui>,
+) -> Result<crate::tui::TermEvent, crate::tui::TermError> {
+    match tui {
+        Some(t) => t.next_event().await,
+        None => std::future::pending().await,
+    }
 }
 
 #[allow(unsafe_code)]
@@ -678,6 +777,127 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
 }
 
 impl Supervisor {
+    /// The job wrote to its terminal (the dashboard's pty).
+    fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
+        match n {
+            Ok(n) if n > 0 => {
+                if let Some(app) = self.app.as_mut() {
+                    app.on_output(&buf[..n]);
+                }
+            }
+            // EOF or EIO: nobody has the job's side open any more.
+            _ => self.pty = None,
+        }
+    }
+
+    /// A key or a resize on the dashboard.
+    fn on_term(&mut self, ev: Result<crate::tui::TermEvent, crate::tui::TermError>) {
+        use crate::tui::{TermEvent, UiCommand};
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                // The terminal went away: carry on without the dashboard.
+                self.close_dashboard();
+                self.say(format!("dashboard closed: {e}"));
+                return;
+            }
+        };
+        match ev {
+            TermEvent::Resize { cols, rows } => {
+                if let (Some(app), Some(pty)) = (&self.app, &self.pty) {
+                    let (c, r) = crate::tui::output_pane_size(app, cols, rows);
+                    let _ = pty.resize(c, r);
+                }
+            }
+            TermEvent::Key(key) => {
+                let Some(cmd) = self.app.as_mut().and_then(|a| a.on_key(key)) else {
+                    return;
+                };
+                let t = self.started.elapsed().as_secs_f64();
+                let alive = self.main_status.is_none() && self.stop.is_none();
+                match cmd {
+                    UiCommand::Interrupt => {
+                        if let Some(p) = &self.pty {
+                            let _ = p.interrupt();
+                        }
+                    }
+                    UiCommand::TogglePause if alive => {
+                        if self.paused.is_empty() {
+                            self.pause("manual (dashboard)");
+                            self.engine.paused_externally(t);
+                        } else {
+                            self.resume("manual (dashboard)");
+                            self.engine.resumed_externally();
+                        }
+                    }
+                    UiCommand::Stop | UiCommand::Quit { stop_job: true } if alive => {
+                        self.begin_stop(Action::Stop, "manual stop (dashboard)");
+                    }
+                    UiCommand::Restart if alive => {
+                        self.begin_stop(Action::Restart, "manual restart (dashboard)");
+                    }
+                    UiCommand::Quit { stop_job: false } => {
+                        self.close_dashboard();
+                        eprintln!(
+                            "oomguard: dashboard closed; the job keeps running under oomguard (pid {}); its output is discarded",
+                            std::process::id()
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Leaves the dashboard and gives the terminal back. The pty stays
+    /// open (and drained) so the job is not hung up.
+    fn close_dashboard(&mut self) {
+        if let Some(mut t) = self.tui.take() {
+            let _ = t.restore();
+        }
+        self.app = None;
+    }
+
+    /// Redraws the dashboard (after every event; nothing runs while idle).
+    fn draw(&mut self) {
+        use crate::tui::PolicyState;
+        let (Some(tui), Some(app)) = (self.tui.as_mut(), self.app.as_mut()) else {
+            return;
+        };
+        app.set_elapsed(self.started.elapsed().as_secs_f64());
+        let state = match &self.stop {
+            Some(st) if st.action == Action::Restart => PolicyState::Restarting,
+            Some(_) => PolicyState::Stopping,
+            None if self.relaunch_at.is_some() => PolicyState::Restarting,
+            None if !self.paused.is_empty() => PolicyState::Paused,
+            None if self.warning => PolicyState::Warning,
+            None => PolicyState::Normal,
+        };
+        app.set_policy_state(state);
+        if tui.draw(app).is_err() {
+            self.close_dashboard();
+        }
+    }
+
+    fn ui_event(&mut self, ev: crate::tui::UiEvent) {
+        if let Some(app) = self.app.as_mut() {
+            app.on_event(ev);
+        }
+    }
+
+    /// oomguard's own message: on stderr, or in the dashboard's events pane
+    /// while the dashboard owns the terminal.
+    fn say(&mut self, text: String) {
+        match self.app.as_mut() {
+            Some(app) => app.on_event(crate::tui::UiEvent::Note {
+                t: self.started.elapsed().as_secs_f64(),
+                severity: crate::tui::Severity::Info,
+                text,
+            }),
+            None => eprintln!("oomguard: {text}"),
+        }
+    }
+
     fn write_run_start(&mut self, not_owned_reason: Option<String>) {
         let sample = self.sample(false);
         let cgroup = self.cgroup.as_ref().map(|c| CgroupInfo {
@@ -890,7 +1110,12 @@ impl Supervisor {
                 .unwrap_or(0) as f64
         });
         let readings = Readings::from_sample(&sample, &view, gpu_eta, frag);
-        let decisions = if self.main_status.is_some() || self.shutdown_signal.is_some() {
+        // Once the job is ending (it exited, a stop is under way, or oomguard
+        // was told to stop) the policy has nothing more to decide.
+        let decisions = if self.main_status.is_some()
+            || self.shutdown_signal.is_some()
+            || self.stop.is_some()
+        {
             Vec::new()
         } else {
             self.engine.step(&readings)
@@ -952,6 +1177,9 @@ impl Supervisor {
     fn record(&mut self, sample: &Sample, view: &View, force: bool) {
         // Every tick: a scrape sees the newest numbers (cheap: a copy).
         self.metrics.update(sample, view);
+        if let Some(app) = self.app.as_mut() {
+            app.on_sample(sample, view);
+        }
         self.metrics.set_paused(!self.paused.is_empty());
         self.stats.samples += 1;
         let s = &mut self.stats;
@@ -987,7 +1215,7 @@ impl Supervisor {
         if let Some(t) = &self.textfile
             && let Err(e) = t.write(&self.metrics.render())
         {
-            eprintln!("oomguard: {e}; no more metrics textfile");
+            self.say(format!("{e}; no more metrics textfile"));
             self.textfile = None;
         }
         let with_procs = force
@@ -1028,6 +1256,27 @@ impl Supervisor {
         result: String,
     ) {
         self.count(action);
+        let kind = match action {
+            "warn" => Some(crate::tui::ActionKind::Warn),
+            "pause" => Some(crate::tui::ActionKind::Pause),
+            "resume" => Some(crate::tui::ActionKind::Resume),
+            "stop" => Some(crate::tui::ActionKind::Stop),
+            "kill" => Some(crate::tui::ActionKind::Kill),
+            "restart" => Some(crate::tui::ActionKind::Restart),
+            _ => None,
+        };
+        if let Some(action) = kind {
+            let t = self.started.elapsed().as_secs_f64();
+            let error = (result != "ok").then(|| result.clone());
+            let (reason, pids) = (reason.to_string(), pids.clone());
+            self.ui_event(crate::tui::UiEvent::Action {
+                t,
+                action,
+                reason,
+                pids,
+                error,
+            });
+        }
         let level = match action {
             "warn" => Some(crate::github::Level::Warning),
             "pause" | "stop" | "kill" | "restart" => Some(crate::github::Level::Error),
@@ -1137,7 +1386,7 @@ impl Supervisor {
         }
     }
 
-    fn describe(&self, action: Action, reason: &str, view: &View) {
+    fn describe(&mut self, action: Action, reason: &str, view: &View) {
         if self.cfg.quiet {
             return;
         }
@@ -1161,7 +1410,7 @@ impl Supervisor {
             Action::Kill => "killing the job".to_string(),
             Action::Warn => "warning".to_string(),
         };
-        eprintln!("oomguard: {reason}{head}; {what}");
+        self.say(format!("{reason}{head}; {what}"));
     }
 
     fn warn(&mut self, reason: &str, sample: &Sample, view: &View) {
@@ -1192,7 +1441,7 @@ impl Supervisor {
             });
         let msg = format!("{head}{eta}{top}");
         if !self.cfg.quiet {
-            eprintln!("oomguard: warning ({reason}): {msg}");
+            self.say(format!("warning ({reason}): {msg}"));
         }
         if self.cfg.notify {
             notify(format!("oomguard: memory warning ({reason})"), msg);
@@ -1219,7 +1468,7 @@ impl Supervisor {
         let (pids, result) = self.signal_all(&targets, SIG_CONT);
         self.log_action("resume", reason, pids, Some(SIG_CONT), result);
         if !self.cfg.quiet {
-            eprintln!("oomguard: {reason} cleared; resuming the job");
+            self.say(format!("{reason} cleared; resuming the job"));
         }
     }
 
@@ -1370,9 +1619,9 @@ impl Supervisor {
                         if path.is_some() {
                             self.checkpoint = path;
                         } else if !self.cfg.quiet {
-                            eprintln!(
-                                "oomguard: no new checkpoint was confirmed in the checkpoint directory"
-                            );
+                            self.say(format!(
+                                "no new checkpoint was confirmed in the checkpoint directory"
+                            ));
                         }
                     }
                     let rest = self.idents(|_| true);
@@ -1390,10 +1639,10 @@ impl Supervisor {
                         };
                     }
                     if grace_over && trainers_alive && !self.cfg.quiet {
-                        eprintln!(
-                            "oomguard: the trainer did not exit within the {} grace; terminating the job",
+                        self.say(format!(
+                            "the trainer did not exit within the {} grace; terminating the job",
                             human_duration(self.cfg.policy.grace)
-                        );
+                        ));
                     }
                 }
             }
@@ -1452,7 +1701,7 @@ impl Supervisor {
                 self.hook_deadlines
                     .insert(pid, Instant::now() + HOOK_TIMEOUT);
             }
-            Err(e) => eprintln!("oomguard: cannot run hook '{cmd}': {e}"),
+            Err(e) => self.say(format!("cannot run hook '{cmd}': {e}")),
         }
     }
 
@@ -1466,10 +1715,10 @@ impl Supervisor {
         for pid in late {
             self.hook_deadlines.remove(&pid);
             let _ = supervise::signal_group(pid, SIG_KILL);
-            eprintln!(
-                "oomguard: hook (pid {pid}) took longer than {}s; killed",
+            self.say(format!(
+                "hook (pid {pid}) took longer than {}s; killed",
                 HOOK_TIMEOUT.as_secs()
-            );
+            ));
         }
     }
 
@@ -1486,6 +1735,16 @@ impl Supervisor {
                     Status::Exited(c) => (Some(c), None),
                     Status::Signaled(s) => (None, Some(supervise::signal_name(s))),
                 };
+                let how = match (&code, &signal) {
+                    (Some(c), _) => format!("exited with {c}"),
+                    (_, Some(s)) => format!("killed by {s}"),
+                    _ => String::new(),
+                };
+                self.ui_event(crate::tui::UiEvent::ChildExit {
+                    t: self.started.elapsed().as_secs_f64(),
+                    pid: r.pid,
+                    how,
+                });
                 self.log.write(
                     "child_exit",
                     &ChildExit {
@@ -1507,10 +1766,10 @@ impl Supervisor {
             return;
         }
         if !self.cfg.quiet {
-            eprintln!(
-                "oomguard: the job's main process exited; stopping {} process(es) it left behind",
+            self.say(format!(
+                "the job's main process exited; stopping {} process(es) it left behind",
                 self.tree.len()
-            );
+            ));
         }
         let rest = self.idents(|_| true);
         self.signal_all(&rest, SIG_TERM);
@@ -1560,10 +1819,10 @@ impl Supervisor {
                 self.relaunch_at = None;
                 self.shutdown_signal = Some(sig);
                 if !self.cfg.quiet {
-                    eprintln!(
-                        "oomguard: {} received; not restarting",
+                    self.say(format!(
+                        "{} received; not restarting",
                         supervise::signal_name(sig)
-                    );
+                    ));
                 }
             }
             return;
@@ -1601,7 +1860,7 @@ impl Supervisor {
     fn kill_tree(&mut self, why: &str) {
         self.refresh_tree();
         if !self.killed && !self.tree.is_empty() && !self.cfg.quiet {
-            eprintln!("oomguard: {why}: killing {} process(es)", self.tree.len());
+            self.say(format!("{why}: killing {} process(es)", self.tree.len()));
         }
         self.killed = true;
         let all = self.idents(|_| true);
@@ -1783,6 +2042,12 @@ impl Supervisor {
             let (role, place, comm) = (who.role, who.place.clone(), who.comm.clone());
             self.oom_reported.insert(kill.pid);
             found = true;
+            self.ui_event(crate::tui::UiEvent::OomKill {
+                t,
+                pid: kill.pid,
+                comm: comm.clone(),
+                role: Some(role),
+            });
             self.log.write_at(
                 "oom_kill",
                 t,
@@ -1799,14 +2064,14 @@ impl Supervisor {
                 }),
             );
             if !self.cfg.quiet {
-                eprintln!(
-                    "oomguard: the kernel OOM killer killed {comm} (pid {}, {place}){}",
+                self.say(format!(
+                    "the kernel OOM killer killed {comm} (pid {}, {place}){}",
                     kill.pid,
                     kill.anon_rss_bytes.map_or(String::new(), |b| format!(
                         " holding {} anonymous memory",
                         HumanBytes(b)
                     ))
-                );
+                ));
             }
         }
         if !found {
@@ -1880,14 +2145,14 @@ impl Supervisor {
         let Some(delay) = self.budget.next(ran) else {
             self.restart_limit = true;
             if !self.cfg.quiet {
-                eprintln!(
-                    "oomguard: not restarting: --max-restarts {} reached",
+                self.say(format!(
+                    "not restarting: --max-restarts {} reached",
                     self.cfg.restart.max_restarts
-                );
+                ));
             }
             return false;
         };
-        let r = &self.cfg.restart;
+        let r = self.cfg.restart.clone();
         if let Some(dir) = &r.checkpoint_dir
             && let Some((path, _, _)) = crate::restart::newest(dir, &r.checkpoint_glob, None)
         {
@@ -1905,11 +2170,11 @@ impl Supervisor {
                     degraded.insert(d.name.clone(), serde_json::json!([current, new]));
                     self.env.insert(d.name.clone(), new);
                 }
-                None => eprintln!(
-                    "oomguard: cannot degrade {}: it is {} (half and dec need a number)",
+                None => self.say(format!(
+                    "cannot degrade {}: it is {} (half and dec need a number)",
                     d.name,
                     current.map_or("not set".to_string(), |c| format!("'{c}'"))
-                ),
+                )),
             }
         }
         let reason = match (&self.stop, self.policy_end) {
@@ -1920,6 +2185,15 @@ impl Supervisor {
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
         self.log.set_attempt(self.attempt + 1);
+        let changes: Vec<(String, String)> = degraded
+            .iter()
+            .map(|(k, v)| (k.clone(), v[1].as_str().unwrap_or("").to_string()))
+            .collect();
+        self.ui_event(crate::tui::UiEvent::Restart {
+            t: self.started.elapsed().as_secs_f64(),
+            attempt: self.attempt + 1,
+            degraded: changes,
+        });
         self.log.write(
             "restart",
             &serde_json::json!({
@@ -1945,15 +2219,15 @@ impl Supervisor {
             } else {
                 format!(" with {}", changes.join(", "))
             };
-            eprintln!(
-                "oomguard: restarting in {} (attempt {} of at most {}){changes}{}",
+            self.say(format!(
+                "restarting in {} (attempt {} of at most {}){changes}{}",
                 human_duration(delay),
                 self.attempt + 1,
                 self.cfg.restart.max_restarts + 1,
                 self.checkpoint
                     .as_ref()
                     .map_or(String::new(), |c| format!(" from {}", c.display()))
-            );
+            ));
         }
         if self.foreground {
             // Between attempts Ctrl-C must reach oomguard.
@@ -1985,7 +2259,32 @@ impl Supervisor {
                 .or_else(|| std::env::var_os("PYTHONPATH"));
             env.extend(inj.env(base.as_deref()));
         }
-        match launch(&self.cfg, &argv, env, self.owned.as_ref(), self.foreground) {
+        let slave = match (&self.tui, &self.app) {
+            (Some(t), Some(a)) => match open_job_pty(t, a) {
+                Ok((m, s)) => {
+                    self.pty = Some(m);
+                    Some(s)
+                }
+                Err(e) => {
+                    self.say(format!("cannot open a terminal for the job: {e}"));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let launched = launch(
+            &self.cfg,
+            &argv,
+            env,
+            self.owned.as_ref(),
+            self.foreground,
+            slave.as_ref(),
+        );
+        drop(slave);
+        if let Some(app) = self.app.as_mut() {
+            app.set_attempt(self.attempt);
+        }
+        match launched {
             Ok(job) => {
                 let now = Instant::now();
                 self.scanner.set_job(Some(job.pid));
@@ -2011,7 +2310,7 @@ impl Supervisor {
                 self.vm_oom_kills_at_start = self.system.read(now).oom_kill_total;
             }
             Err(e) => {
-                eprintln!("oomguard: cannot restart: {e}");
+                self.say(format!("cannot restart: {e}"));
                 self.no_more_attempts = true;
                 self.main_status = Some(Status::Exited(e.exit_code()));
             }
@@ -2028,6 +2327,8 @@ impl Supervisor {
     }
 
     fn finish(mut self) -> i32 {
+        // Give the terminal back before anything is printed to it.
+        self.close_dashboard();
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.history.push(&sample);

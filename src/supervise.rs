@@ -72,6 +72,9 @@ pub struct SpawnSpec<'a> {
     /// process group (interactive runs: Ctrl-C, pdb and tqdm work as
     /// without oomguard).
     pub foreground_tty: Option<BorrowedFd<'a>>,
+    /// A terminal (the dashboard's pty) to become the job's controlling
+    /// terminal, in a session of its own (`setsid` + `TIOCSCTTY`).
+    pub controlling_tty: Option<BorrowedFd<'a>>,
     /// Replacement stdout/stderr (the TUI and output scanning pipe them).
     pub stdout: Option<Stdio>,
     pub stderr: Option<Stdio>,
@@ -103,7 +106,11 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let mut cmd = Command::new(program);
     cmd.args(&spec.argv[1..]);
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-    cmd.process_group(0);
+    // A new session is also a new process group (pgid = pid); setsid
+    // would fail for a group leader, so only one of the two.
+    if spec.controlling_tty.is_none() {
+        cmd.process_group(0);
+    }
     if let Some(s) = spec.stdout {
         cmd.stdout(s);
     }
@@ -115,8 +122,9 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     }
     let cgroup = spec.cgroup_procs.cloned();
     let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
-    if cgroup.is_some() || tty.is_some() {
-        child_setup(&mut cmd, cgroup, tty);
+    let ctty = spec.controlling_tty.map(|fd| fd.as_raw_fd());
+    if cgroup.is_some() || tty.is_some() || ctty.is_some() {
+        child_setup(&mut cmd, cgroup, tty, ctty);
     }
     let child = cmd.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => SpawnError::NotFound {
@@ -146,10 +154,11 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
 
 /// Runs in the forked child before exec: join the cgroup, take the terminal.
 #[allow(unsafe_code)]
-fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>) {
+fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctty: Option<i32>) {
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (open, write, close, sigaction, tcsetpgrp,
-    // getpid) on data prepared before the fork; it allocates nothing.
+    // getpid, setsid, ioctl) on data prepared before the fork; it
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(path) = &cgroup {
@@ -162,6 +171,11 @@ fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>) {
                 libc::close(fd);
                 if n != 1 {
                     return Err(err);
+                }
+            }
+            if let Some(fd) = ctty {
+                if libc::setsid() < 0 || libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(io::Error::last_os_error());
                 }
             }
             if let Some(fd) = tty {
