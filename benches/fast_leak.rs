@@ -60,10 +60,12 @@ fn child_of(ppid: u32) -> Option<u32> {
 struct Run {
     prevented: bool,
     headroom_at_stop: Option<u64>,
-    /// Critical crossing (our eventfd) -> the leaker stopped running (its
-    /// pidfd polls readable when it dies; SIGTERM kills this leaker at
-    /// delivery since it has no handler).
+    /// Critical crossing (our eventfd) -> the leaker is gone (its pidfd
+    /// polls readable once it has exited, which includes the kernel freeing
+    /// its ~1 GiB).
     delay: Option<Duration>,
+    /// How far the cgroup's peak usage went past the critical threshold.
+    overshoot: Option<u64>,
 }
 
 fn one(run: usize, dir: &Path) -> Run {
@@ -127,7 +129,11 @@ fn one(run: usize, dir: &Path) -> Run {
         .find(|v| v["event"] == "sample" && v["t"].as_f64() == stop_t)
         .and_then(|v| v["headroom_bytes"].as_u64());
     let _ = fs::remove_file(&log);
+    let peak: Option<u64> = fs::read_to_string(dir.join("memory.max_usage_in_bytes"))
+        .ok()
+        .and_then(|t| t.trim().parse().ok());
     Run {
+        overshoot: peak.map(|p| p.saturating_sub(crit)),
         prevented: code == Some(75) && oom_kills(dir) == 0,
         headroom_at_stop,
         delay: crossed
@@ -146,16 +152,19 @@ fn main() {
     let mut ok = 0;
     let mut heads = Vec::new();
     let mut delays = Vec::new();
+    let mut overshoots = Vec::new();
     for i in 0..runs {
         let r = one(i, &dir);
         ok += usize::from(r.prevented);
         heads.extend(r.headroom_at_stop);
         delays.extend(r.delay);
+        overshoots.extend(r.overshoot);
         let _ = fs::remove_dir(&dir);
         std::thread::sleep(Duration::from_millis(200));
     }
     heads.sort_unstable();
     delays.sort_unstable();
+    overshoots.sort_unstable();
     let mib = |b: u64| b as f64 / 1048576.0;
     println!("fast leak (200 MiB chunks, 1 GiB cgroup, default policy): {ok}/{runs} prevented");
     if !heads.is_empty() {
@@ -165,10 +174,18 @@ fn main() {
             mib(heads[heads.len() / 2])
         );
     }
+    if !overshoots.is_empty() {
+        println!(
+            "peak usage past the critical threshold: min {:.1} MiB, median {:.1} MiB, max {:.1} MiB",
+            mib(overshoots[0]),
+            mib(overshoots[overshoots.len() / 2]),
+            mib(overshoots[overshoots.len() - 1])
+        );
+    }
     if !delays.is_empty() {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "critical crossing -> leaker stopped (signal delivered): min {:.1} ms, median {:.1} ms, max {:.1} ms ({} runs)",
+            "critical crossing -> leaker gone (incl. freeing its memory): min {:.1} ms, median {:.1} ms, max {:.1} ms ({} runs)",
             ms(delays[0]),
             ms(delays[delays.len() / 2]),
             ms(delays[delays.len() - 1]),

@@ -1619,9 +1619,10 @@ impl Supervisor {
                         if path.is_some() {
                             self.checkpoint = path;
                         } else if !self.cfg.quiet {
-                            self.say(format!(
+                            self.say(
                                 "no new checkpoint was confirmed in the checkpoint directory"
-                            ));
+                                    .to_string(),
+                            );
                         }
                     }
                     let rest = self.idents(|_| true);

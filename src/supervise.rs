@@ -173,10 +173,10 @@ fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctt
                     return Err(err);
                 }
             }
-            if let Some(fd) = ctty {
-                if libc::setsid() < 0 || libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+            if let Some(fd) = ctty
+                && (libc::setsid() < 0 || libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0)
+            {
+                return Err(io::Error::last_os_error());
             }
             if let Some(fd) = tty {
                 // We are in a background group now; without ignoring
