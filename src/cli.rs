@@ -27,11 +27,50 @@ pub enum Command {
     Forensics(ForensicsArgs),
     /// Turn an NDJSON run log into a post-mortem report with advice.
     Report(ReportArgs),
+    /// Watch (and guard) a job that was started without oomguard.
+    Attach(Box<AttachArgs>),
     /// Print shell completions.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The process to watch, with everything below it.
+    pub pid: u32,
+
+    /// Write the NDJSON log (schema oomguard/1) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+
+    /// Time between samples.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
+    pub interval: Duration,
+
+    /// Maximum age of a PSS reading.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
+    pub pss_interval: Duration,
+
+    /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
+    #[arg(long, value_name = "SIZE|PCT", value_parser = size_or_percent)]
+    pub budget: Option<SizeOrPercent>,
+
+    /// Allow oomguard to SIGTERM/SIGKILL processes it did not launch (a
+    /// `kill` action, or the end of a stop whose trainer did not exit).
+    #[arg(long)]
+    pub allow_kill: bool,
+
+    /// Do not print the summary at exit.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub tui: TuiArgs,
 }
 
 #[derive(Debug, Args)]

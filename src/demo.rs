@@ -68,6 +68,8 @@ pub fn demo(args: DemoArgs) -> i32 {
         fail_above: None,
         nvml: None,
         torch_stats: false,
+        attach: None,
+        allow_kill: false,
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

@@ -89,6 +89,13 @@ fn main() {
         },
         Command::Demo(args) => oomguard::demo::demo(args),
         Command::Forensics(args) => forensics(args),
+        Command::Attach(args) => match RunConfig::for_attach(*args) {
+            Ok(cfg) => run(cfg),
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                2
+            }
+        },
         Command::Report(args) => report(args),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();

@@ -76,6 +76,10 @@ pub struct RunConfig {
     /// `None`: no GPU watching; `Some(None)`: the system's NVML.
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
+    /// `attach`: watch this running process instead of launching one.
+    pub attach: Option<u32>,
+    /// `attach --allow-kill`.
+    pub allow_kill: bool,
 }
 
 impl RunConfig {
@@ -121,7 +125,38 @@ impl RunConfig {
             fail_above: a.fail_above,
             nvml: (!a.no_gpu).then_some(a.nvml_lib),
             torch_stats: a.torch_stats,
+            attach: None,
+            allow_kill: false,
         })
+    }
+
+    /// Settings for `oomguard attach PID`: the same loop over a tree that
+    /// oomguard did not launch (no cgroup, no pty, no restarts).
+    pub fn for_attach(a: crate::cli::AttachArgs) -> Result<Self, crate::config::ConfigError> {
+        let run = crate::cli::RunArgs {
+            log: a.log,
+            interval: a.interval,
+            pss_interval: a.pss_interval,
+            procs_interval: Duration::from_secs(60),
+            budget: a.budget,
+            cgroup: CgroupMode::Off,
+            kill_after: Duration::from_secs(10),
+            quiet: a.quiet,
+            metrics_addr: None,
+            metrics_textfile: None,
+            nvml_lib: None,
+            no_gpu: false,
+            torch_stats: false,
+            fail_above: None,
+            policy: a.policy,
+            restart: crate::cli::RestartArgs::default(),
+            tui: a.tui,
+            command: vec![OsString::from(format!("pid {}", a.pid))],
+        };
+        let mut cfg = Self::from_args(run)?;
+        cfg.attach = Some(a.pid);
+        cfg.allow_kill = a.allow_kill;
+        Ok(cfg)
     }
 }
 
@@ -378,12 +413,15 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         return EXIT_INTERNAL;
     };
 
-    if let Err(e) = supervise::become_subreaper() {
+    if cfg.attach.is_none()
+        && let Err(e) = supervise::become_subreaper()
+    {
         eprintln!("oomguard: cannot become a child subreaper ({e}); orphaned workers may escape");
     }
 
     let own_loc = cgroup::locate(&cfg.proc_root, "self");
     let (owned, not_owned_reason) = match (cfg.cgroup, &own_loc) {
+        _ if cfg.attach.is_some() => (None, Some("attached to a running process".to_string())),
         (CgroupMode::Off, _) => (None, Some("disabled with --cgroup off".to_string())),
         (CgroupMode::Auto, None) => (None, Some("no memory cgroup hierarchy found".to_string())),
         (CgroupMode::Auto, Some(loc)) => {
@@ -437,7 +475,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         (None, None)
     };
     let (mut pty, mut slave) = (None, None);
-    if let (Some(t), Some(a)) = (&tui, &mut app) {
+    if let (Some(t), Some(a), None) = (&tui, &mut app, cfg.attach) {
         match open_job_pty(t, a) {
             Ok((m, s)) => {
                 pty = Some(m);
@@ -455,28 +493,39 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
-    let (job, owned, not_owned_reason) = match launch(
-        &cfg,
-        &cfg.argv,
-        first_env.clone(),
-        owned.as_ref(),
-        foreground,
-        slave.as_ref(),
-    ) {
-        Ok(job) => (job, owned, not_owned_reason),
-        // Joining the cgroup can fail (a hierarchy that refuses the
-        // move); the job matters more than the cgroup.
-        Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
-            match launch(&cfg, &cfg.argv, first_env, None, foreground, slave.as_ref()) {
-                Ok(job) => (
-                    job,
-                    None,
-                    Some(format!("cannot move the job into its cgroup: {source}")),
-                ),
-                Err(e) => return spawn_failed(&mut log, &e),
+    let launched = match cfg.attach {
+        Some(pid) => attach_to(&cfg, pid).map_err(|e| {
+            eprintln!("oomguard: {e}");
+            2
+        }),
+        None => Err(0),
+    };
+    let (job, owned, not_owned_reason) = match launched {
+        Ok(job) => (job, None, not_owned_reason),
+        Err(2) => return 2,
+        Err(_) => match launch(
+            &cfg,
+            &cfg.argv,
+            first_env.clone(),
+            owned.as_ref(),
+            foreground,
+            slave.as_ref(),
+        ) {
+            Ok(job) => (job, owned, not_owned_reason),
+            // Joining the cgroup can fail (a hierarchy that refuses the
+            // move); the job matters more than the cgroup.
+            Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
+                match launch(&cfg, &cfg.argv, first_env, None, foreground, slave.as_ref()) {
+                    Ok(job) => (
+                        job,
+                        None,
+                        Some(format!("cannot move the job into its cgroup: {source}")),
+                    ),
+                    Err(e) => return spawn_failed(&mut log, &e),
+                }
             }
-        }
-        Err(e) => return spawn_failed(&mut log, &e),
+            Err(e) => return spawn_failed(&mut log, &e),
+        },
     };
 
     // Our copy of the pty's job side must go, or the master never sees EOF.
@@ -492,7 +541,11 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         SizeOrPercent::Bytes(n) => n,
         SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
     });
-    let mut scanner = TreeScanner::new(&cfg.proc_root, TreeRoot::ChildrenOf(std::process::id()));
+    let root = match cfg.attach {
+        Some(pid) => TreeRoot::Process(pid),
+        None => TreeRoot::ChildrenOf(std::process::id()),
+    };
+    let mut scanner = TreeScanner::new(&cfg.proc_root, root);
     scanner.set_job(Some(job.pid));
 
     // NVML is loaded at run time: the same binary works without a driver.
@@ -722,6 +775,21 @@ fn launch(
     )
 }
 
+/// Identifies a running process to watch (`attach`).
+fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
+    let text = std::fs::read_to_string(cfg.proc_root.join(pid.to_string()).join("stat"))
+        .map_err(|e| format!("cannot attach to pid {pid}: {e}"))?;
+    let st = crate::probe::proc::parse_stat(&text)
+        .ok_or_else(|| format!("cannot attach to pid {pid}: unreadable /proc/{pid}/stat"))?;
+    let pidfd = rustix::process::Pid::from_raw(pid as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    Ok(Job {
+        pid,
+        start_time: st.start_time,
+        pidfd,
+    })
+}
+
 /// A pty for the job, sized like the dashboard's output pane.
 fn open_job_pty(
     tui: &crate::tui::Tui,
@@ -777,6 +845,35 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
 }
 
 impl Supervisor {
+    /// `attach`: the watched process is not our child, so its end is seen
+    /// here (gone, or its pid reused), not by the reaper.
+    fn check_attached_target(&mut self) {
+        if self.cfg.attach.is_none() || self.main_status.is_some() {
+            return;
+        }
+        let path = self
+            .cfg
+            .proc_root
+            .join(self.job.pid.to_string())
+            .join("stat");
+        let same = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| crate::probe::proc::parse_stat(&t))
+            .is_some_and(|st| st.start_time == self.job.start_time && st.state != 'Z');
+        if !same {
+            self.main_status = Some(Status::Exited(0));
+            self.log
+                .write("child_exit", &serde_json::json!({ "pid": self.job.pid }));
+            self.say(format!("pid {} has ended", self.job.pid));
+        }
+    }
+
+    /// Whether oomguard may kill processes: always those it launched; under
+    /// `attach` only with `--allow-kill`.
+    fn may_kill(&self) -> bool {
+        self.cfg.attach.is_none() || self.cfg.allow_kill
+    }
+
     /// The job wrote to its terminal (the dashboard's pty).
     fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
         match n {
@@ -1085,6 +1182,7 @@ impl Supervisor {
     /// One tick: sample, derive, decide, act, record.
     fn tick(&mut self, quick: bool) {
         self.reap();
+        self.check_attached_target();
         let now = Instant::now();
         if !quick {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
@@ -1365,6 +1463,18 @@ impl Supervisor {
                     }
                     Action::Pause => self.pause(&reason),
                     Action::Stop | Action::Restart => self.begin_stop(action, &reason),
+                    Action::Kill if !self.may_kill() => {
+                        self.say(format!(
+                            "{reason}: not killing processes oomguard did not launch (use --allow-kill)"
+                        ));
+                        self.log_action(
+                            "warn",
+                            &reason,
+                            Vec::new(),
+                            None,
+                            "kill refused: attached".into(),
+                        );
+                    }
                     Action::Kill => {
                         self.policy_end = Some(Action::Kill);
                         let targets = self.idents(|_| true);
@@ -1604,6 +1714,28 @@ impl Supervisor {
                 // signal to go on; the trainer is never cut off while it
                 // is still writing one within the grace period.
                 let confirmed = st.watch.as_mut().and_then(|w| w.poll(now));
+                if grace_over && trainers_alive && !self.may_kill() {
+                    // attach: as far as a non-parent can go. Give back what
+                    // was held and keep watching.
+                    let held: Vec<Ident> = st.throttled.iter().copied().collect();
+                    self.signal_all(&held, SIG_CONT);
+                    if st.frozen_all {
+                        let all = self.idents(|_| true);
+                        self.signal_all(&all, SIG_CONT);
+                    }
+                    self.say(format!(
+                        "the trainer did not exit within the grace period; leaving it running (oomguard did not launch it; --allow-kill to let it stop the tree)"
+                    ));
+                    self.policy_end = None;
+                    self.engine.reset();
+                    return;
+                }
+                if !self.may_kill() && !trainers_alive {
+                    // attach: the trainer checkpointed and left; the rest
+                    // is not ours to end.
+                    self.stop = None;
+                    return;
+                }
                 if !trainers_alive || grace_over || confirmed.is_some() {
                     if let Some(w) = &st.watch {
                         let path =
@@ -1655,10 +1787,11 @@ impl Supervisor {
                     st.step = StopStep::Killed;
                 }
             }
-            StopStep::Killed => {
+            StopStep::Killed if self.may_kill() => {
                 let rest = self.idents(|_| true);
                 self.signal_all(&rest, SIG_KILL);
             }
+            StopStep::Killed => {}
         }
         let _ = st.action;
         self.stop = Some(st);
@@ -1762,6 +1895,9 @@ impl Supervisor {
     /// The main process is gone: whatever it left behind is stopped (its
     /// memory and GPU would otherwise outlive the job), then oomguard exits.
     fn on_main_exit(&mut self) {
+        if self.cfg.attach.is_some() {
+            return;
+        }
         self.refresh_tree();
         if self.tree.is_empty() || self.stop.is_some() {
             return;
@@ -1813,6 +1949,24 @@ impl Supervisor {
 
     fn on_signal(&mut self, sig: i32) {
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
+        if self.cfg.attach.is_some() {
+            // Never forward to a process we did not launch: INT/TERM end
+            // the watch (after giving back anything we paused).
+            if ends {
+                let held: Vec<Ident> = self.paused.drain().collect();
+                self.signal_all(&held, SIG_CONT);
+                if let Some(st) = self.stop.take() {
+                    let held: Vec<Ident> = st.throttled.into_iter().collect();
+                    self.signal_all(&held, SIG_CONT);
+                    let all = self.idents(|_| true);
+                    if st.frozen_all {
+                        self.signal_all(&all, SIG_CONT);
+                    }
+                }
+                self.shutdown_signal = Some(sig);
+            }
+            return;
+        }
         if self.relaunch_at.is_some() {
             // Between attempts there is no job to forward to: INT/TERM
             // cancel the restart.
@@ -1859,6 +2013,13 @@ impl Supervisor {
     }
 
     fn kill_tree(&mut self, why: &str) {
+        if !self.may_kill() {
+            self.kill_at = None;
+            self.say(format!(
+                "{why}: not killing processes oomguard did not launch (use --allow-kill)"
+            ));
+            return;
+        }
         self.refresh_tree();
         if !self.killed && !self.tree.is_empty() && !self.cfg.quiet {
             self.say(format!("{why}: killing {} process(es)", self.tree.len()));
@@ -2139,7 +2300,8 @@ impl Supervisor {
                 human_duration(ran)
             ));
         }
-        let wanted = self.policy_end == Some(Action::Restart) || (kernel && self.restart_enabled());
+        let wanted = self.cfg.attach.is_none()
+            && (self.policy_end == Some(Action::Restart) || (kernel && self.restart_enabled()));
         if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
             return false;
         }
@@ -2319,6 +2481,11 @@ impl Supervisor {
     }
 
     fn finished(&mut self) -> bool {
+        if self.cfg.attach.is_some() {
+            // The watched tree is not ours to wait for: its orphans go to
+            // init. Done when the watched process is, or when told to stop.
+            return self.main_status.is_some() || self.shutdown_signal.is_some();
+        }
         if self.main_status.is_none() {
             return false;
         }

@@ -611,3 +611,80 @@ fn fail_above_turns_a_memory_regression_into_exit_76() {
         .unwrap();
     assert_eq!(st.code(), Some(3));
 }
+
+const FORKER: &str = "import os, sys, time\nb = bytearray(16 << 20)\nkids = []\nfor _ in range(2):\n    pid = os.fork()\n    if pid == 0:\n        time.sleep(float(sys.argv[1]))\n        os._exit(0)\n    kids.append(pid)\ntime.sleep(float(sys.argv[1]))\n";
+
+#[test]
+fn attach_watches_a_job_it_did_not_launch() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("attach.ndjson");
+    let mut job = std::process::Command::new("python3")
+        .args(["-c", FORKER, "3"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let st = oomguard()
+        .args([
+            "attach",
+            &job.id().to_string(),
+            "--no-tui",
+            "-q",
+            "--interval",
+            "200ms",
+            "--log",
+        ])
+        .arg(&log)
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    assert!(
+        job.wait().unwrap().success(),
+        "the watched job must be left alone"
+    );
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let tree = lines
+        .iter()
+        .filter_map(|l| l.sample())
+        .filter_map(|s| s.procs.as_ref())
+        .find(|p| p.len() == 3)
+        .expect("a sample with the trainer and its 2 workers");
+    let roles: Vec<&str> = tree.iter().map(|p| p.role.as_str()).collect();
+    assert_eq!(
+        roles.iter().filter(|r| **r == "worker").count(),
+        2,
+        "{roles:?}"
+    );
+    assert!(roles.contains(&"trainer"), "{roles:?}");
+}
+
+#[test]
+fn attach_detaches_on_sigterm_without_touching_the_job() {
+    let mut job = std::process::Command::new("python3")
+        .args(["-c", FORKER, "30"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut og = oomguard()
+        .args([
+            "attach",
+            &job.id().to_string(),
+            "--no-tui",
+            "-q",
+            "--interval",
+            "100ms",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    send(og.id(), "TERM");
+    assert_eq!(og.wait().unwrap().code(), Some(0));
+    assert!(
+        matches!(proc_state(job.id()), Some('S' | 'R')),
+        "the job was touched"
+    );
+    job.kill().unwrap();
+    job.wait().unwrap();
+    let out = oomguard().args(["attach", "999999999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
