@@ -1723,9 +1723,11 @@ impl Supervisor {
                         let all = self.idents(|_| true);
                         self.signal_all(&all, SIG_CONT);
                     }
-                    self.say(format!(
-                        "the trainer did not exit within the grace period; leaving it running (oomguard did not launch it; --allow-kill to let it stop the tree)"
-                    ));
+                    self.say(
+                        "the trainer did not exit within the grace period; leaving it running \
+                         (oomguard did not launch it; --allow-kill to let it stop the tree)"
+                            .to_string(),
+                    );
                     self.policy_end = None;
                     self.engine.reset();
                     return;
