@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod gpu;
+pub mod output;
 pub mod proc;
 pub mod system;
 pub mod torch_stats;

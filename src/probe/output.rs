@@ -1,0 +1,1328 @@
+//! The job's stdout and stderr: relayed to wherever oomguard's own stdout and
+//! stderr go, unchanged, while every line is scanned for PyTorch's error
+//! messages (`forensics::torch`). This module owns the channels the job
+//! writes into (a pseudo-terminal where oomguard's stream is a terminal, a
+//! pipe otherwise), the writer threads that pass the bytes on, the optional
+//! raw copy (`--output-log`), and splitting the bytes into lines.
+//!
+//! Fidelity comes first: a job that had a terminal still has one (`isatty`,
+//! the window size, colours and tqdm bars), and the bytes that reach the
+//! user are the bytes the job wrote. So the pty does no output processing
+//! (its `OPOST` is off: the real terminal already turns `\n` into `\r\n`),
+//! and when oomguard's stdout and stderr are the same file, pipe or terminal
+//! (`2>&1`), the job gets one channel for both, so their interleaving is the
+//! job's own.
+//!
+//! The supervision loop must never wait on the user's terminal or pipe: the
+//! bytes go through a bounded queue to one writer thread per destination,
+//! and when the destination does not keep up the oldest queued bytes are
+//! dropped and counted. A destination that is gone (EPIPE) only stops the
+//! writing; the job is still drained, so it never blocks on its output.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::future::poll_fn;
+use std::io::{self, Write as _};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rustix::termios::{OptionalActions, OutputModes};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use crate::forensics::torch::{self, MAX_LINE_BYTES, TorchEvent, TorchScanner};
+use crate::tui::pty::{self, PtyError};
+
+/// Bytes queued for one destination before the oldest are dropped.
+pub const DEFAULT_MAX_BUFFERED: usize = 1 << 20;
+
+/// Bytes one `pump` call reads from one channel before it returns, so a job
+/// that prints without pause cannot starve the rest of the loop.
+const PUMP_BUDGET: usize = 256 * 1024;
+
+/// Bytes `finish` reads from one channel at most: it must not spin when
+/// something outside the tree keeps writing.
+const FINISH_BUDGET: usize = 16 << 20;
+
+/// Bytes read per system call.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Bytes the writer thread takes off its queue per write.
+const WRITE_CHUNK: usize = 64 * 1024;
+
+/// Events kept until [`OutputRelay::take_events`]; more are counted and
+/// dropped (a caller that never takes them must not grow without bound).
+const MAX_PENDING_EVENTS: usize = 256;
+
+/// Window size given to a pty when the real terminal's cannot be read.
+const FALLBACK_SIZE: (u16, u16) = (80, 24);
+
+/// How often the real terminal's size is read while the job has a pty.
+pub const DEFAULT_SIZE_POLL: Duration = Duration::from_millis(250);
+
+/// One of the job's two output streams, or the destination of the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    /// The stream's conventional name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the relay could not be set up, or what went wrong while it ran.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("cannot open the output log {}: {source}", path.display())]
+    OpenLog {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the output log {} (no more output is kept there): {source}", path.display())]
+    WriteLog {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot give the job a terminal for its {stream}: {source}")]
+    Pty {
+        stream: Stream,
+        #[source]
+        source: PtyError,
+    },
+    #[error("cannot turn off output processing on the job's terminal: {0}")]
+    PtySettings(#[source] io::Error),
+    #[error("cannot create a pipe for the job's {stream}: {source}")]
+    Pipe {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot watch the job's {stream} for output: {source}")]
+    Watch {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read the job's {stream}: {source}")]
+    Read {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start the thread that writes the job's {stream}: {source}")]
+    Thread {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot pass on the job's {stream} (the rest of it is discarded): {source}")]
+    Write {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot duplicate the job's {stream} descriptor: {source}")]
+    Dup {
+        stream: Stream,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the job's output channels were closed by after_spawn; call next_attempt for new ones")]
+    AlreadySpawned,
+    #[error("the previous attempt's output is still open; call finish before next_attempt")]
+    StillOpen,
+    #[error("cannot handle SIGWINCH to follow the terminal's size: {0}")]
+    Winch(#[source] io::Error),
+}
+
+/// How the relay is set up.
+#[derive(Debug, Default)]
+pub struct RelayOptions {
+    /// `--output-log FILE`: every byte of both streams is appended here, raw.
+    pub output_log: Option<PathBuf>,
+    /// Where the job's stdout goes; `None` is oomguard's own stdout. Tests
+    /// pass a pipe or a pty here.
+    pub stdout: Option<OwnedFd>,
+    /// Where the job's stderr goes; `None` is oomguard's own stderr.
+    pub stderr: Option<OwnedFd>,
+    /// Bytes queued per destination before the oldest are dropped; `None`
+    /// is [`DEFAULT_MAX_BUFFERED`].
+    pub max_buffered_bytes: Option<usize>,
+    /// How often the real terminal's size is read while the job has a pty;
+    /// `None` is [`DEFAULT_SIZE_POLL`]. (SIGWINCH alone is not enough: the
+    /// terminal sends it to its foreground process group, which is the
+    /// job's, not oomguard's.)
+    pub size_poll: Option<Duration>,
+}
+
+/// What the job gets as fds 1 and 2 (`Command::stdout` / `stderr`).
+#[derive(Debug)]
+pub struct JobStdio {
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+}
+
+/// What one [`OutputRelay::pump`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pumped {
+    /// This many bytes were relayed and scanned; events may be waiting.
+    Output(usize),
+    /// The terminal was resized and the job's pty now has its size. The
+    /// caller forwards SIGWINCH to the job: resizing a pty that is not the
+    /// job's controlling terminal signals nobody.
+    Resized,
+    /// The last open channel reached its end (every writer is gone). Bytes
+    /// read by the same call were relayed too.
+    Closed,
+}
+
+/// Counters of one destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Bytes read from the job for this destination.
+    pub read_bytes: u64,
+    /// Bytes the destination accepted.
+    pub written_bytes: u64,
+    /// Bytes never written: dropped from a full queue (the destination did
+    /// not keep up), or discarded after the destination failed.
+    pub dropped_bytes: u64,
+}
+
+/// Counters of the whole relay, by destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayStats {
+    pub stdout: StreamStats,
+    pub stderr: StreamStats,
+    /// Events dropped because nobody took them.
+    pub dropped_events: u64,
+}
+
+// ---------------------------------------------------------------------------
+// Lines.
+
+/// Splits raw output into lines and feeds them to a [`TorchScanner`].
+///
+/// Lines end at `\n` or `\r` (a progress bar rewrites its line with `\r`;
+/// each state is a line), `\r\n` counts once, and empty `\r` segments are
+/// skipped. A line is cut at [`MAX_LINE_BYTES`] (the rest until its end is
+/// ignored, so one endless line costs no memory), and bytes that are not
+/// UTF-8 are replaced, never rejected. The TUI, which reads the job's pty
+/// itself, can use this directly.
+#[derive(Debug, Default)]
+pub struct OutputScanner {
+    line: Vec<u8>,
+    /// The last terminator was `\r` and nothing followed it yet.
+    after_cr: bool,
+    torch: TorchScanner,
+    events: Vec<TorchEvent>,
+    dropped_events: u64,
+}
+
+impl OutputScanner {
+    /// A scanner with nothing held.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Scans raw bytes; an unfinished last line is kept for the next call.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some(i) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
+            self.push(&bytes[..i]);
+            let cr = bytes[i] == b'\r';
+            // `\r\n`, `\r\r` and a bare `\r` at a line's start end nothing a
+            // terminal would show; a `\n` alone ends an (empty) line.
+            if !self.line.is_empty() || !(cr || self.after_cr) {
+                self.emit();
+            }
+            self.line.clear();
+            self.after_cr = cr;
+            bytes = &bytes[i + 1..];
+        }
+        self.push(bytes);
+    }
+
+    /// The output has ended: scans an unfinished last line and anything the
+    /// torch scanner still holds (a message waiting for its continuation).
+    pub fn finish(&mut self) {
+        if !self.line.is_empty() {
+            self.emit();
+            self.line.clear();
+        }
+        self.after_cr = false;
+        let rest = self.torch.finish();
+        for event in rest {
+            self.keep(event);
+        }
+    }
+
+    /// The events recognised so far, oldest first.
+    pub fn take_events(&mut self) -> Vec<TorchEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Events dropped because [`OutputScanner::take_events`] was not called.
+    pub fn dropped_events(&self) -> u64 {
+        self.dropped_events
+    }
+
+    fn push(&mut self, part: &[u8]) {
+        if part.is_empty() {
+            return;
+        }
+        self.after_cr = false;
+        let room = MAX_LINE_BYTES.saturating_sub(self.line.len());
+        self.line.extend_from_slice(&part[..part.len().min(room)]);
+    }
+
+    fn emit(&mut self) {
+        let text = String::from_utf8_lossy(&self.line);
+        let first = self.torch.feed(&text);
+        if let Some(event) = first {
+            self.keep(event);
+        }
+        while let Some(event) = self.torch.poll() {
+            self.keep(event);
+        }
+    }
+
+    fn keep(&mut self, event: TorchEvent) {
+        if self.events.len() < MAX_PENDING_EVENTS {
+            self.events.push(event);
+        } else {
+            self.dropped_events += 1;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Destinations: a bounded queue and a writer thread each.
+
+#[derive(Debug, Default)]
+struct QueueState {
+    queue: VecDeque<u8>,
+    /// The writer thread holds a chunk it is writing.
+    writing: bool,
+    /// The destination failed; everything from now on is discarded.
+    failed: bool,
+    /// The error that made it fail, until the relay reports it.
+    error: Option<io::Error>,
+    /// The relay is gone: write what is queued, then end.
+    shutdown: bool,
+    read_bytes: u64,
+    written_bytes: u64,
+    dropped_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<QueueState>,
+    cond: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // A writer thread that panicked holding the lock leaves consistent
+        // counters behind; keep using them.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One destination (oomguard's stdout or stderr) and its writer thread.
+#[derive(Debug)]
+struct Sink {
+    stream: Stream,
+    shared: Arc<Shared>,
+    /// A copy of the destination, to read a terminal's window size.
+    probe: OwnedFd,
+    tty: bool,
+    max_buffered: usize,
+}
+
+impl Sink {
+    fn start(stream: Stream, dest: OwnedFd, max_buffered: usize) -> Result<Self, OutputError> {
+        let probe = dup(&dest).map_err(|source| OutputError::Dup { stream, source })?;
+        let tty = rustix::termios::isatty(&dest);
+        let shared = Arc::new(Shared::default());
+        let for_thread = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name(format!("oomguard-{stream}"))
+            .spawn(move || write_loop(&dest, &for_thread))
+            .map_err(|source| OutputError::Thread { stream, source })?;
+        Ok(Self {
+            stream,
+            shared,
+            probe,
+            tty,
+            max_buffered: max_buffered.max(1),
+        })
+    }
+
+    /// Queues bytes for the writer; never waits for the destination.
+    fn push(&self, bytes: &[u8]) {
+        let mut st = self.shared.lock();
+        st.read_bytes += bytes.len() as u64;
+        if st.failed {
+            st.dropped_bytes += bytes.len() as u64;
+            return;
+        }
+        // Only the newest `max_buffered` bytes can survive.
+        let keep = &bytes[bytes.len().saturating_sub(self.max_buffered)..];
+        st.dropped_bytes += (bytes.len() - keep.len()) as u64;
+        let over = (st.queue.len() + keep.len()).saturating_sub(self.max_buffered);
+        if over > 0 {
+            st.queue.drain(..over);
+            st.dropped_bytes += over as u64;
+        }
+        st.queue.extend(keep);
+        drop(st);
+        self.shared.cond.notify_all();
+    }
+
+    /// Waits until everything queued was written (or the destination
+    /// failed), at most until `deadline`. True when nothing is left.
+    fn flush(&self, deadline: Instant) -> bool {
+        let mut st = self.shared.lock();
+        loop {
+            if st.failed || (st.queue.is_empty() && !st.writing) {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            st = match self.shared.cond.wait_timeout(st, left) {
+                Ok((st, _)) => st,
+                Err(e) => e.into_inner().0,
+            };
+        }
+    }
+
+    fn stats(&self) -> StreamStats {
+        let st = self.shared.lock();
+        StreamStats {
+            read_bytes: st.read_bytes,
+            written_bytes: st.written_bytes,
+            dropped_bytes: st.dropped_bytes,
+        }
+    }
+
+    fn take_error(&self) -> Option<io::Error> {
+        self.shared.lock().error.take()
+    }
+
+    /// The destination's window size, if it is a terminal.
+    fn window_size(&self) -> Option<(u16, u16)> {
+        if !self.tty {
+            return None;
+        }
+        rustix::termios::tcgetwinsize(&self.probe)
+            .ok()
+            .filter(|ws| ws.ws_col > 0 && ws.ws_row > 0)
+            .map(|ws| (ws.ws_col, ws.ws_row))
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        // The thread writes what is still queued, then ends; it is not
+        // joined, since a destination nobody reads would hold it forever.
+        self.shared.lock().shutdown = true;
+        self.shared.cond.notify_all();
+    }
+}
+
+/// The writer thread: takes chunks off the queue and writes them with
+/// ordinary blocking writes. Blocking here is the point: it keeps the wait
+/// for a slow terminal or pipe off the supervision loop, without putting
+/// O_NONBLOCK on a file description oomguard shares with its parent shell.
+fn write_loop(dest: &OwnedFd, shared: &Shared) {
+    block_sigttou();
+    let mut chunk = Vec::with_capacity(WRITE_CHUNK);
+    loop {
+        {
+            let mut st = shared.lock();
+            while st.queue.is_empty() && !st.shutdown {
+                st = match shared.cond.wait(st) {
+                    Ok(st) => st,
+                    Err(e) => e.into_inner(),
+                };
+            }
+            if st.queue.is_empty() {
+                return;
+            }
+            let n = st.queue.len().min(WRITE_CHUNK);
+            chunk.clear();
+            let (front, back) = st.queue.as_slices();
+            let from_front = front.len().min(n);
+            chunk.extend_from_slice(&front[..from_front]);
+            chunk.extend_from_slice(&back[..n - from_front]);
+            st.queue.drain(..n);
+            st.writing = true;
+        }
+        let result = write_all(dest, &chunk);
+        let mut st = shared.lock();
+        st.writing = false;
+        match result {
+            Ok(()) => st.written_bytes += chunk.len() as u64,
+            Err((written, e)) => {
+                st.written_bytes += written as u64;
+                let rest = (chunk.len() - written) as u64 + st.queue.len() as u64;
+                st.dropped_bytes += rest;
+                st.queue.clear();
+                st.failed = true;
+                st.error = Some(e);
+            }
+        }
+        let failed = st.failed;
+        drop(st);
+        shared.cond.notify_all();
+        if failed {
+            // Push discards from now on; nothing more to write.
+            return;
+        }
+    }
+}
+
+/// Writes all of `bytes`; on failure returns how much was written.
+fn write_all(fd: &OwnedFd, mut bytes: &[u8]) -> Result<(), (usize, io::Error)> {
+    let total = bytes.len();
+    while !bytes.is_empty() {
+        match rustix::io::write(fd, bytes) {
+            Ok(0) => {
+                return Err((
+                    total - bytes.len(),
+                    io::Error::new(io::ErrorKind::WriteZero, "the destination took no bytes"),
+                ));
+            }
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            // Someone else made the description non-blocking: wait for room
+            // (this thread may wait; the loop does not).
+            Err(rustix::io::Errno::AGAIN) => {
+                let mut fds = [rustix::event::PollFd::new(
+                    fd,
+                    rustix::event::PollFlags::OUT,
+                )];
+                let _ = rustix::event::poll(&mut fds, None);
+            }
+            Err(e) => return Err((total - bytes.len(), e.into())),
+        }
+    }
+    Ok(())
+}
+
+/// Blocks SIGTTOU in the calling thread. oomguard sits in a background
+/// process group while the job owns the terminal; with `stty tostop` a
+/// write to the terminal from there would stop all of oomguard. The kernel
+/// lets the write through when the writing thread blocks the signal.
+#[allow(unsafe_code)]
+fn block_sigttou() {
+    // SAFETY: the sigset is a local initialised by sigemptyset before use;
+    // pthread_sigmask only changes this thread's mask and reads the set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTTOU);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+fn dup(fd: impl AsFd) -> io::Result<OwnedFd> {
+    // Above 2, so a copy never lands on a standard stream that happens to
+    // be closed; close-on-exec, so no hook or helper inherits it.
+    rustix::io::fcntl_dupfd_cloexec(fd, 3).map_err(io::Error::from)
+}
+
+// ---------------------------------------------------------------------------
+// Channels: what the job writes into.
+
+/// One channel of one attempt: a pty master or a pipe's read end.
+#[derive(Debug)]
+struct Channel {
+    /// Which destination it feeds (index into `sinks`).
+    sink: usize,
+    /// The streams it carries, for messages.
+    stream: Stream,
+    pty: bool,
+    /// The window size last given to the pty.
+    size: (u16, u16),
+    fd: AsyncFd<OwnedFd>,
+    scanner: OutputScanner,
+    open: bool,
+}
+
+/// The raw copy of the output.
+#[derive(Debug)]
+struct OutputLog {
+    path: PathBuf,
+    file: Option<File>,
+}
+
+/// Relays the job's stdout and stderr to oomguard's own while scanning
+/// them. See the module documentation; use, per attempt:
+///
+/// 1. [`OutputRelay::new`] (first attempt, inside the tokio runtime) or
+///    [`OutputRelay::next_attempt`] (later ones) → a [`JobStdio`] for the
+///    job's `Command`;
+/// 2. spawn the job, drop the `Command`, then call
+///    [`OutputRelay::after_spawn`]: the relay's own copies of the job's
+///    ends must be closed, or the end of the output is never seen;
+/// 3. [`OutputRelay::pump`] as one arm of the loop's `tokio::select!`,
+///    then [`OutputRelay::take_events`];
+/// 4. once the job's processes are gone, [`OutputRelay::finish`] and a
+///    last [`OutputRelay::take_events`];
+/// 5. before oomguard prints its own summary, [`OutputRelay::flush`].
+#[derive(Debug)]
+pub struct OutputRelay {
+    /// Index 0 feeds oomguard's stdout, 1 its stderr.
+    sinks: Vec<Sink>,
+    /// For stdout and stderr, the sink it goes to.
+    routes: [usize; 2],
+    channels: Vec<Channel>,
+    /// The relay's copies of the job's ends (pty slaves, pipe write ends)
+    /// and, for stdout and stderr, which one the job gets.
+    child_ends: Vec<OwnedFd>,
+    job_ends: [usize; 2],
+    log: Option<OutputLog>,
+    winch: Option<Signal>,
+    size_poll: Duration,
+    size_timer: Option<tokio::time::Interval>,
+    events: Vec<TorchEvent>,
+    dropped_events: u64,
+    errors: Vec<OutputError>,
+    buf: Vec<u8>,
+}
+
+impl OutputRelay {
+    /// Sets up the destinations, the output log and the first attempt's
+    /// channels. Must be called inside the tokio runtime, before the job is
+    /// spawned; the returned [`JobStdio`] goes to its `Command`.
+    pub fn new(opts: RelayOptions) -> Result<(Self, JobStdio), OutputError> {
+        let max = opts.max_buffered_bytes.unwrap_or(DEFAULT_MAX_BUFFERED);
+        let log = match opts.output_log {
+            Some(path) => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|source| OutputError::OpenLog {
+                        path: path.clone(),
+                        source,
+                    })?;
+                Some(OutputLog {
+                    path,
+                    file: Some(file),
+                })
+            }
+            None => None,
+        };
+        let out = destination(opts.stdout, Stream::Stdout, io::stdout().as_fd())?;
+        let err = destination(opts.stderr, Stream::Stderr, io::stderr().as_fd())?;
+        // Same file, pipe or terminal (2>&1): one channel, so the job's own
+        // interleaving of the two streams is what arrives.
+        let shared = identity(&out).is_some_and(|id| Some(id) == identity(&err));
+        let mut sinks = vec![Sink::start(Stream::Stdout, out, max)?];
+        let routes = if shared {
+            [0, 0]
+        } else {
+            sinks.push(Sink::start(Stream::Stderr, err, max)?);
+            [0, 1]
+        };
+        let mut relay = Self {
+            sinks,
+            routes,
+            channels: Vec::new(),
+            child_ends: Vec::new(),
+            job_ends: [0, 0],
+            log,
+            winch: None,
+            size_poll: opts.size_poll.unwrap_or(DEFAULT_SIZE_POLL),
+            size_timer: None,
+            events: Vec::new(),
+            dropped_events: 0,
+            errors: Vec::new(),
+            buf: vec![0; READ_CHUNK],
+        };
+        let stdio = relay.open_channels()?;
+        Ok((relay, stdio))
+    }
+
+    /// New channels for the next attempt (the destinations, the output log
+    /// and the writer threads stay). Call after [`OutputRelay::finish`]
+    /// (or once [`OutputRelay::is_closed`]); the previous attempt's last
+    /// events stay for [`OutputRelay::take_events`].
+    pub fn next_attempt(&mut self) -> Result<JobStdio, OutputError> {
+        if !self.is_closed() {
+            return Err(OutputError::StillOpen);
+        }
+        self.finish();
+        self.open_channels()
+    }
+
+    /// Another [`JobStdio`] for the same channels, for a spawn that is
+    /// retried (the first one consumed its `Stdio`). Only before
+    /// [`OutputRelay::after_spawn`].
+    pub fn job_stdio(&self) -> Result<JobStdio, OutputError> {
+        let get = |stream: Stream| -> Result<Stdio, OutputError> {
+            let idx = self.job_ends[stream as usize];
+            let fd = self
+                .child_ends
+                .get(idx)
+                .ok_or(OutputError::AlreadySpawned)?;
+            let copy = dup(fd).map_err(|source| OutputError::Dup { stream, source })?;
+            Ok(Stdio::from(copy))
+        };
+        Ok(JobStdio {
+            stdout: get(Stream::Stdout)?,
+            stderr: get(Stream::Stderr)?,
+        })
+    }
+
+    /// Closes the relay's copies of the job's ends. Call right after the
+    /// spawn, once the `Command` (which holds the `Stdio`s) is dropped:
+    /// while any copy outside the job stays open, the channel never ends.
+    pub fn after_spawn(&mut self) {
+        self.child_ends.clear();
+    }
+
+    /// Waits for output (or a terminal resize) and relays everything that
+    /// is available now, up to a budget per channel. Cancel-safe: bytes are
+    /// only read after the wait, inside one poll, so dropping the future
+    /// loses nothing. Once every channel has ended it waits forever, so it
+    /// can stay in a `select!`.
+    pub async fn pump(&mut self) -> Pumped {
+        poll_fn(|cx| self.poll_pump(cx)).await
+    }
+
+    /// Events recognised since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<TorchEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Problems met while relaying (the output log failed, a destination
+    /// failed, a channel could not be read), each reported once. A
+    /// destination that fails with `BrokenPipe` is normal under `| head`.
+    pub fn take_errors(&mut self) -> Vec<OutputError> {
+        for sink in &self.sinks {
+            if let Some(source) = sink.take_error() {
+                self.errors.push(OutputError::Write {
+                    stream: sink.stream,
+                    source,
+                });
+            }
+        }
+        std::mem::take(&mut self.errors)
+    }
+
+    /// The attempt's output is over (call once the job's processes are
+    /// gone): reads what is left without waiting, scans the unfinished last
+    /// lines, flushes the scanners (their events go to
+    /// [`OutputRelay::take_events`]) and closes the channels. Anything that
+    /// still holds a channel open (a process that escaped the tree) then
+    /// writes into a closed pipe or pty.
+    pub fn finish(&mut self) {
+        let Self {
+            channels,
+            sinks,
+            log,
+            events,
+            dropped_events,
+            errors,
+            buf,
+            ..
+        } = self;
+        for ch in channels.iter_mut().filter(|c| c.open) {
+            let mut budget = FINISH_BUDGET;
+            while budget > 0 {
+                match read_some(ch.fd.get_ref(), buf, ch.pty) {
+                    Ok(Some(n)) => {
+                        budget = budget.saturating_sub(n);
+                        deliver(&buf[..n], &sinks[ch.sink], log, &mut ch.scanner, errors);
+                    }
+                    Ok(None) => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(source) => {
+                        errors.push(OutputError::Read {
+                            stream: ch.stream,
+                            source,
+                        });
+                        break;
+                    }
+                }
+            }
+            ch.open = false;
+        }
+        for ch in channels.iter_mut() {
+            ch.scanner.finish();
+            collect(&mut ch.scanner, events, dropped_events);
+        }
+        channels.clear();
+        self.child_ends.clear();
+    }
+
+    /// True once every channel has ended (every writer is gone), or after
+    /// [`OutputRelay::finish`].
+    pub fn is_closed(&self) -> bool {
+        self.channels.iter().all(|c| !c.open)
+    }
+
+    /// Waits, at most `timeout`, until everything queued has been written
+    /// to the destinations. Call before oomguard prints its own lines after
+    /// the job's, so they come last. True when nothing is left.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        self.sinks.iter().all(|s| s.flush(deadline))
+    }
+
+    /// Counters by destination.
+    pub fn stats(&self) -> RelayStats {
+        let mut stats = RelayStats {
+            dropped_events: self.dropped_events,
+            ..Default::default()
+        };
+        for sink in &self.sinks {
+            let s = sink.stats();
+            match sink.stream {
+                Stream::Stdout => stats.stdout = s,
+                Stream::Stderr => stats.stderr = s,
+            }
+        }
+        stats
+    }
+
+    /// Whether the job's `stream` is a pty (oomguard's was a terminal).
+    pub fn is_pty(&self, stream: Stream) -> bool {
+        self.sinks[self.routes[stream as usize]].tty
+    }
+
+    /// Gives every pty of the job the size of the terminal it stands for,
+    /// if that changed; true when one did. [`OutputRelay::pump`] does this
+    /// on SIGWINCH and every `size_poll`.
+    pub fn follow_window_size(&mut self) -> bool {
+        let mut changed = false;
+        for ch in self.channels.iter_mut().filter(|c| c.pty && c.open) {
+            if let Some(size) = self.sinks[ch.sink].window_size()
+                && size != ch.size
+                // The job may be gone already; then nothing needs the size.
+                && pty::set_window_size(ch.fd.get_ref(), size.0, size.1).is_ok()
+            {
+                ch.size = size;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Creates this attempt's channels: one per destination.
+    fn open_channels(&mut self) -> Result<JobStdio, OutputError> {
+        let mut ends = Vec::new();
+        for (idx, sink) in self.sinks.iter().enumerate() {
+            // The channel is named by the first stream routed to it.
+            let stream = if self.routes[0] == idx {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            };
+            let size = sink.window_size().unwrap_or(FALLBACK_SIZE);
+            let (read, write) = if sink.tty {
+                let (master, slave) = pty::open_pty(size.0, size.1)
+                    .map_err(|source| OutputError::Pty { stream, source })?;
+                raw_output(&slave)?;
+                (master, slave)
+            } else {
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
+                    OutputError::Pipe {
+                        stream,
+                        source: e.into(),
+                    }
+                })?
+            };
+            rustix::io::ioctl_fionbio(&read, true).map_err(|e| OutputError::Watch {
+                stream,
+                source: e.into(),
+            })?;
+            let fd = pty::watch(read).map_err(|source| OutputError::Watch { stream, source })?;
+            self.channels.push(Channel {
+                sink: idx,
+                stream,
+                pty: sink.tty,
+                size,
+                fd,
+                scanner: OutputScanner::new(),
+                open: true,
+            });
+            ends.push(write);
+        }
+        self.child_ends = ends;
+        // Sinks and channels are one to one, so a stream's channel end has
+        // the index of its sink.
+        self.job_ends = self.routes;
+        if self.winch.is_none() && self.channels.iter().any(|c| c.pty) {
+            self.winch = Some(signal(SignalKind::window_change()).map_err(OutputError::Winch)?);
+            let mut timer = tokio::time::interval(self.size_poll.max(Duration::from_millis(10)));
+            timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            self.size_timer = Some(timer);
+        }
+        self.job_stdio()
+    }
+
+    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<Pumped> {
+        if self.is_closed() {
+            return Poll::Pending;
+        }
+        // The resize first: a job that prints without pause must not keep
+        // its terminal at the old size.
+        let pty_open = self.channels.iter().any(|c| c.pty && c.open);
+        let mut check_size = false;
+        if pty_open {
+            if let Some(w) = self.winch.as_mut() {
+                while let Poll::Ready(Some(())) = w.poll_recv(cx) {
+                    check_size = true;
+                }
+            }
+            if let Some(t) = self.size_timer.as_mut() {
+                while t.poll_tick(cx).is_ready() {
+                    check_size = true;
+                }
+            }
+        }
+        let resized = check_size && self.follow_window_size();
+        let Self {
+            channels,
+            sinks,
+            log,
+            events,
+            dropped_events,
+            errors,
+            buf,
+            ..
+        } = self;
+        let mut relayed = 0;
+        let mut ended = false;
+        for ch in channels.iter_mut().filter(|c| c.open) {
+            let mut budget = PUMP_BUDGET;
+            while budget > 0 {
+                let mut guard = match ch.fd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(guard)) => guard,
+                    Poll::Ready(Err(source)) => {
+                        errors.push(OutputError::Read {
+                            stream: ch.stream,
+                            source,
+                        });
+                        ch.open = false;
+                        ended = true;
+                        break;
+                    }
+                    Poll::Pending => break,
+                };
+                let pty = ch.pty;
+                let res = guard.try_io(|fd| read_some(fd.get_ref(), buf, pty));
+                drop(guard);
+                match res {
+                    Ok(Ok(Some(n))) => {
+                        budget = budget.saturating_sub(n);
+                        relayed += n;
+                        deliver(&buf[..n], &sinks[ch.sink], log, &mut ch.scanner, errors);
+                    }
+                    Ok(Ok(None)) => {
+                        ch.open = false;
+                        ended = true;
+                        break;
+                    }
+                    Ok(Err(source)) => {
+                        errors.push(OutputError::Read {
+                            stream: ch.stream,
+                            source,
+                        });
+                        ch.open = false;
+                        ended = true;
+                        break;
+                    }
+                    // Not readable after all; readiness was cleared, so the
+                    // next poll registers the waker.
+                    Err(_would_block) => {}
+                }
+            }
+            if !ch.open {
+                // Nothing more can come: an unfinished last line and a held
+                // message are complete now, not only at `finish`.
+                ch.scanner.finish();
+            }
+            collect(&mut ch.scanner, events, dropped_events);
+        }
+        if ended && channels.iter().all(|c| !c.open) {
+            return Poll::Ready(Pumped::Closed);
+        }
+        if relayed > 0 {
+            return Poll::Ready(Pumped::Output(relayed));
+        }
+        if resized {
+            return Poll::Ready(Pumped::Resized);
+        }
+        Poll::Pending
+    }
+}
+
+/// The destination for `stream`: the given fd, or a copy of oomguard's own.
+/// When oomguard's own is closed, the job's output goes nowhere, as it
+/// would have without oomguard.
+fn destination(
+    given: Option<OwnedFd>,
+    stream: Stream,
+    own: std::os::fd::BorrowedFd<'_>,
+) -> Result<OwnedFd, OutputError> {
+    if let Some(fd) = given {
+        return Ok(fd);
+    }
+    match dup(own) {
+        Ok(fd) => Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map(OwnedFd::from)
+            .map_err(|source| OutputError::Dup { stream, source }),
+        Err(source) => Err(OutputError::Dup { stream, source }),
+    }
+}
+
+/// What a destination is (st_dev, st_ino): two destinations that are the
+/// same file, pipe or terminal share one channel.
+fn identity(fd: &OwnedFd) -> Option<(u64, u64)> {
+    rustix::fs::fstat(fd).ok().map(|st| (st.st_dev, st.st_ino))
+}
+
+/// Turns off output processing on the job's pty: what the job writes is
+/// what the master reads. The real terminal does its own `\n` → `\r\n`;
+/// doing it here as well would send `\r\r\n`.
+fn raw_output(slave: &OwnedFd) -> Result<(), OutputError> {
+    let mut t =
+        rustix::termios::tcgetattr(slave).map_err(|e| OutputError::PtySettings(e.into()))?;
+    t.output_modes
+        .remove(OutputModes::OPOST | OutputModes::ONLCR);
+    rustix::termios::tcsetattr(slave, OptionalActions::Now, &t)
+        .map_err(|e| OutputError::PtySettings(e.into()))
+}
+
+/// One non-blocking read: `Some(n)` bytes, `None` at the end (a pty master
+/// reports the end, once no process has the slave open, as EIO).
+fn read_some(fd: &OwnedFd, buf: &mut [u8], pty: bool) -> io::Result<Option<usize>> {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Ok(0) => return Ok(None),
+            Ok(n) => return Ok(Some(n)),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::IO) if pty => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Passes bytes on: to the destination's queue, the output log, the scanner.
+fn deliver(
+    bytes: &[u8],
+    sink: &Sink,
+    log: &mut Option<OutputLog>,
+    scanner: &mut OutputScanner,
+    errors: &mut Vec<OutputError>,
+) {
+    sink.push(bytes);
+    if let Some(log) = log
+        && let Some(file) = &mut log.file
+        && let Err(source) = file.write_all(bytes)
+    {
+        // A full disk must not cost the job its output or oomguard its
+        // loop: report once, keep relaying.
+        log.file = None;
+        errors.push(OutputError::WriteLog {
+            path: log.path.clone(),
+            source,
+        });
+    }
+    scanner.feed(bytes);
+}
+
+fn collect(scanner: &mut OutputScanner, events: &mut Vec<TorchEvent>, dropped: &mut u64) {
+    *dropped += scanner.dropped_events;
+    scanner.dropped_events = 0;
+    for event in scanner.take_events() {
+        if events.len() < MAX_PENDING_EVENTS {
+            events.push(event);
+        } else {
+            *dropped += 1;
+        }
+    }
+}
+
+/// The NDJSON log line for a recognised event: its name (`cuda_oom`,
+/// `worker_died`) and body, advice included. `host_memory_critical` says
+/// whether host or cgroup memory was near its ceiling when the event came
+/// (it is what tells the kernel OOM killer apart from another SIGKILL).
+/// `None` for events that have no log line in `oomguard/1` yet (torchrun's
+/// `ChildFailedError` report).
+pub fn log_record(
+    event: &TorchEvent,
+    host_memory_critical: bool,
+) -> Option<(&'static str, serde_json::Value)> {
+    match event {
+        TorchEvent::CudaOom(e) => Some((
+            "cuda_oom",
+            serde_json::json!({
+                "device": e.device,
+                "tried_bytes": e.tried_bytes,
+                "total_bytes": e.total_bytes,
+                "free_bytes": e.free_bytes,
+                "allocated_bytes": e.allocated_bytes,
+                "reserved_unallocated_bytes": e.reserved_unallocated_bytes,
+                "reserved_bytes": e.reserved_bytes,
+                "process_bytes": e.process_bytes,
+                "pid": e.pid,
+                "fragmentation": torch::is_fragmentation(e),
+                "advice": torch::cuda_oom_advice(e),
+                "message": e.message,
+            }),
+        )),
+        TorchEvent::WorkerDied(e) => Some((
+            "worker_died",
+            serde_json::json!({
+                "pid": e.pid,
+                "pids": e.pids,
+                "signal": e.signal,
+                "exit_code": e.exit_code,
+                "shm_hint": e.shm_hint,
+                "advice": torch::worker_died_advice(e, host_memory_critical),
+                "message": e.message,
+            }),
+        )),
+        TorchEvent::RankFailed(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forensics::torch::{CudaOom, WorkerDied};
+
+    fn lines_of(chunks: &[&[u8]]) -> Vec<String> {
+        // A scanner only exposes events; to see the lines themselves, run
+        // them past a scanner that recognises worker deaths, one per line.
+        let mut s = OutputScanner::new();
+        for c in chunks {
+            s.feed(c);
+        }
+        s.finish();
+        s.take_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                TorchEvent::WorkerDied(WorkerDied { message, .. }) => Some(message),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn died(pid: u32) -> String {
+        format!("DataLoader worker (pid {pid}) is killed by signal: Killed.")
+    }
+
+    #[test]
+    fn lines_split_on_newline_and_carriage_return() {
+        let text = format!("{}\n{}\r{}\r\n{}", died(1), died(2), died(3), died(4));
+        let got = lines_of(&[text.as_bytes()]);
+        assert_eq!(got, vec![died(1), died(2), died(3), died(4)]);
+    }
+
+    #[test]
+    fn a_line_split_across_reads_is_one_line() {
+        let text = format!("{}\n", died(77));
+        let bytes = text.as_bytes();
+        let chunks: Vec<&[u8]> = bytes.chunks(3).collect();
+        assert_eq!(lines_of(&chunks), vec![died(77)]);
+    }
+
+    #[test]
+    fn crlf_and_empty_cr_segments_make_no_empty_lines() {
+        // A multi-line OOM message with \r\n endings must stay one message:
+        // an empty line in between would end it early.
+        let text = "RuntimeError: CUDA out of memory.\r\n\r\rTried to allocate 2.00 MiB (GPU 0; 3.79 GiB total capacity; 654.97 MiB already allocated; 6.00 MiB free; 666.00 MiB reserved in total by PyTorch)\r\n";
+        let mut s = OutputScanner::new();
+        s.feed(text.as_bytes());
+        s.finish();
+        let events = s.take_events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let TorchEvent::CudaOom(CudaOom {
+            tried_bytes,
+            reserved_bytes,
+            ..
+        }) = &events[0]
+        else {
+            panic!("{events:?}");
+        };
+        assert_eq!(*tried_bytes, Some(2 << 20));
+        assert_eq!(*reserved_bytes, Some(666 << 20));
+    }
+
+    #[test]
+    fn progress_bar_states_are_lines() {
+        let text = format!(" 10%|#   |\r 20%|##  |\r{}\n", died(5));
+        assert_eq!(lines_of(&[text.as_bytes()]), vec![died(5)]);
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_memory_stays_bounded() {
+        let mut s = OutputScanner::new();
+        s.feed(died(9).as_bytes());
+        for _ in 0..100 {
+            s.feed(&[b'x'; 100_000]);
+            assert!(s.line.len() <= MAX_LINE_BYTES);
+        }
+        s.feed(b"\n");
+        s.feed(format!("{}\n", died(10)).as_bytes());
+        s.finish();
+        let got: Vec<_> = s.take_events();
+        // The cut line still starts with the message.
+        assert_eq!(got.len(), 2, "{got:?}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_tolerated() {
+        let mut bytes = b"\xff\xfe garbage \xc3\n".to_vec();
+        bytes.extend_from_slice(died(11).as_bytes());
+        bytes.extend_from_slice(b"\xe2\x82\n");
+        assert_eq!(lines_of(&[&bytes]).len(), 1);
+    }
+
+    #[test]
+    fn unfinished_last_line_is_scanned_at_finish() {
+        let mut s = OutputScanner::new();
+        s.feed(died(12).as_bytes());
+        assert!(s.take_events().is_empty());
+        s.finish();
+        assert_eq!(s.take_events().len(), 1);
+    }
+
+    #[test]
+    fn pending_events_are_bounded() {
+        let mut s = OutputScanner::new();
+        for i in 0..(MAX_PENDING_EVENTS as u32 + 10) {
+            s.feed(format!("{}\n", died(i + 1)).as_bytes());
+        }
+        assert_eq!(s.take_events().len(), MAX_PENDING_EVENTS);
+        assert_eq!(s.dropped_events(), 10);
+    }
+
+    /// Waits until the writer thread holds a chunk it cannot write.
+    fn wait_writing(sink: &Sink) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sink.shared.lock().writing {
+            assert!(Instant::now() < deadline, "the writer never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_full_queue_drops_the_oldest_bytes() {
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        // Fill the pipe so the writer thread blocks on its first chunk.
+        let filler = dup(&w).unwrap();
+        rustix::io::ioctl_fionbio(&filler, true).unwrap();
+        let mut filled = 0;
+        while let Ok(n) = rustix::io::write(&filler, &[b'.'; 4096]) {
+            filled += n;
+        }
+        let sink = Sink::start(Stream::Stdout, w, 10).unwrap();
+        sink.push(b"first");
+        wait_writing(&sink);
+        // Queued: 10 bytes at most; the oldest go.
+        sink.push(b"0123456789");
+        sink.push(b"abc");
+        let st = sink.stats();
+        assert_eq!(st.read_bytes, 18);
+        assert_eq!(st.dropped_bytes, 3);
+        // More than the bound at once keeps only its newest bytes.
+        sink.push(b"ABCDEFGHIJKLMNOP");
+        assert_eq!(sink.stats().dropped_bytes, 3 + 10 + 6);
+
+        // Drain the pipe: the filler, the chunk in flight, then the queue.
+        rustix::io::ioctl_fionbio(&r, false).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 65536];
+        let want = filled + 5 + 10;
+        while got.len() < want {
+            let n = rustix::io::read(&r, &mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(&got[filled..], b"firstGHIJKLMNOP");
+        assert!(sink.flush(Instant::now() + Duration::from_secs(5)));
+        assert_eq!(sink.stats().written_bytes, 15);
+    }
+
+    #[test]
+    fn a_closed_destination_discards_and_reports() {
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let sink = Sink::start(Stream::Stdout, w, 1 << 20).unwrap();
+        drop(r);
+        sink.push(b"hello\n");
+        assert!(sink.flush(Instant::now() + Duration::from_secs(5)));
+        sink.push(b"more\n");
+        let st = sink.stats();
+        assert_eq!(st.dropped_bytes, 11, "{st:?}");
+        let e = sink.take_error().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn log_records_carry_the_figures_and_advice() {
+        let mut s = OutputScanner::new();
+        s.feed(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated.\n");
+        s.feed(format!("{}\n", died(4)).as_bytes());
+        s.finish();
+        let events = s.take_events();
+        let (name, oom) = log_record(&events[0], false).unwrap();
+        assert_eq!(name, "cuda_oom");
+        assert_eq!(oom["device"], 0);
+        assert_eq!(oom["tried_bytes"], 22 << 20);
+        assert_eq!(oom["fragmentation"], true);
+        assert!(oom["pid"].is_null());
+        assert!(
+            oom["advice"][0]
+                .as_str()
+                .unwrap()
+                .contains("expandable_segments:True")
+        );
+        let (name, w) = log_record(&events[1], true).unwrap();
+        assert_eq!(name, "worker_died");
+        assert_eq!(w["pid"], 4);
+        assert_eq!(w["signal"], "SIGKILL");
+        assert!(w["exit_code"].is_null());
+        assert_eq!(w["shm_hint"], false);
+        assert!(w["advice"].as_array().is_some_and(|a| !a.is_empty()));
+    }
+
+    #[test]
+    fn raw_output_keeps_newlines() {
+        let (master, slave) = pty::open_pty(80, 24).unwrap();
+        raw_output(&slave).unwrap();
+        rustix::io::write(&slave, b"a\nb\r\n").unwrap();
+        let mut buf = [0u8; 16];
+        let n = rustix::io::read(&master, &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"a\nb\r\n");
+    }
+}
