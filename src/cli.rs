@@ -191,6 +191,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub metrics_textfile: Option<PathBuf>,
 
+    /// Also append everything the job prints (stdout and stderr, raw) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub output_log: Option<PathBuf>,
+
     /// The NVML library to load [default: libnvidia-ml.so.1 from the system].
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
@@ -305,8 +309,10 @@ pub struct RestartArgs {
 
     /// Also restart when memory killed the job anyway (not only after a
     /// `restart` action): `oom-kill` (the kernel OOM killer took a process
-    /// of the job). Repeatable.
-    #[arg(long, value_name = "KIND", value_parser = ["oom-kill"])]
+    /// of the job), `cuda-oom` (the job failed with a CUDA out-of-memory
+    /// error; when the allocator was fragmented the next attempt gets
+    /// `expandable_segments:True` in PYTORCH_CUDA_ALLOC_CONF). Repeatable.
+    #[arg(long, value_name = "KIND", value_parser = ["oom-kill", "cuda-oom"])]
     pub restart_on: Vec<String>,
 
     /// An attempt that ran this long resets the restart count.

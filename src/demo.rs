@@ -70,6 +70,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         torch_stats: false,
         attach: None,
         allow_kill: false,
+        output_log: None,
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

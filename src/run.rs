@@ -39,6 +39,7 @@ use crate::log::{
 use crate::model::{CeilingState, History, ProcSample, Role, Sample, View};
 use crate::policy::{Action, Decision, Engine, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
+use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped, RelayOptions};
 use crate::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
 use crate::probe::system::SystemReader;
 use crate::restart::{Budget, CheckpointWatch};
@@ -80,6 +81,8 @@ pub struct RunConfig {
     pub attach: Option<u32>,
     /// `attach --allow-kill`.
     pub allow_kill: bool,
+    /// `--output-log`: a raw copy of everything the job prints.
+    pub output_log: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -127,6 +130,7 @@ impl RunConfig {
             torch_stats: a.torch_stats,
             attach: None,
             allow_kill: false,
+            output_log: a.output_log,
         })
     }
 
@@ -151,6 +155,7 @@ impl RunConfig {
             policy: a.policy,
             restart: crate::cli::RestartArgs::default(),
             tui: a.tui,
+            output_log: None,
             command: vec![OsString::from(format!("pid {}", a.pid))],
         };
         let mut cfg = Self::from_args(run)?;
@@ -325,6 +330,15 @@ struct Supervisor {
     pty: Option<crate::tui::PtyMaster>,
     /// A warning rule is firing (for the dashboard's state).
     warning: bool,
+    /// The job's stdout and stderr, passed on to where they would have gone
+    /// and scanned for PyTorch's messages (not with the dashboard, whose
+    /// pty output is scanned by `pty_scanner`, nor under `attach`).
+    relay: Option<OutputRelay>,
+    pty_scanner: OutputScanner,
+    /// This attempt printed a CUDA OOM; `true` when the allocator was
+    /// fragmented (reserved-but-unallocated ≥ the failed request).
+    cuda_oom: Option<bool>,
+    pty_log: Option<std::fs::File>,
     /// `--torch-stats`: the injected reporter (removed on drop) and its
     /// reader.
     torch: Option<(
@@ -489,6 +503,35 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     // With the dashboard the job's terminal is its pty, not ours.
     let foreground = foreground && slave.is_none();
+    let (mut relay, mut stdio) = (None, None);
+    let mut pty_log = None;
+    if cfg.attach.is_none() && slave.is_none() {
+        match OutputRelay::new(RelayOptions {
+            output_log: cfg.output_log.clone(),
+            ..Default::default()
+        }) {
+            Ok((r, s)) => {
+                relay = Some(r);
+                stdio = Some(s);
+            }
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                return 2;
+            }
+        }
+    } else if let (Some(path), true) = (&cfg.output_log, slave.is_some()) {
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            Ok(f) => pty_log = Some(f),
+            Err(e) => {
+                eprintln!("oomguard: cannot write '{}': {e}", path.display());
+                return 2;
+            }
+        }
+    }
     let mut first_env = attempt_env(1, None, &BTreeMap::new());
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
@@ -510,12 +553,29 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             owned.as_ref(),
             foreground,
             slave.as_ref(),
+            stdio.take(),
         ) {
             Ok(job) => (job, owned, not_owned_reason),
             // Joining the cgroup can fail (a hierarchy that refuses the
             // move); the job matters more than the cgroup.
             Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
-                match launch(&cfg, &cfg.argv, first_env, None, foreground, slave.as_ref()) {
+                let retry = relay.as_ref().map(|r| r.job_stdio()).transpose();
+                let retry = match retry {
+                    Ok(s) => s,
+                    Err(e) => {
+                        eprintln!("oomguard: {e}");
+                        return EXIT_INTERNAL;
+                    }
+                };
+                match launch(
+                    &cfg,
+                    &cfg.argv,
+                    first_env,
+                    None,
+                    foreground,
+                    slave.as_ref(),
+                    retry,
+                ) {
                     Ok(job) => (
                         job,
                         None,
@@ -528,8 +588,12 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         },
     };
 
-    // Our copy of the pty's job side must go, or the master never sees EOF.
+    // Our copy of the pty's job side must go, or the master never sees EOF;
+    // the same for the relay's copies of the job's ends.
     drop(slave);
+    if let Some(r) = relay.as_mut() {
+        r.after_spawn();
+    }
     let cgroup_reader = match &owned {
         Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
         None => cgroup::locate(&cfg.proc_root, &job.pid.to_string())
@@ -644,6 +708,10 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         app,
         pty,
         warning: false,
+        relay,
+        pty_scanner: OutputScanner::new(),
+        pty_log,
+        cuda_oom: None,
     };
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.app.as_mut() {
@@ -665,6 +733,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             () = threshold => sup.tick(true),
             n = output => sup.on_output(n, &pty_buf),
+            pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
             ev = term => sup.on_term(ev),
         }
         sup.draw();
@@ -757,9 +826,14 @@ fn launch(
     owned: Option<&OwnedCgroup>,
     foreground: bool,
     pty_slave: Option<&std::os::fd::OwnedFd>,
+    relayed: Option<JobStdio>,
 ) -> Result<Job, supervise::SpawnError> {
     let stdin = std::io::stdin();
     let stdio = |fd: &std::os::fd::OwnedFd| fd.try_clone().ok().map(std::process::Stdio::from);
+    let (out, err) = match relayed {
+        Some(j) => (Some(j.stdout), Some(j.stderr)),
+        None => (pty_slave.and_then(stdio), pty_slave.and_then(stdio)),
+    };
     supervise::spawn(
         SpawnSpec {
             argv: argv.to_vec(),
@@ -768,8 +842,8 @@ fn launch(
             foreground_tty: foreground.then(|| stdin.as_fd()),
             controlling_tty: pty_slave.map(|s| s.as_fd()),
             stdin: pty_slave.and_then(stdio),
-            stdout: pty_slave.and_then(stdio),
-            stderr: pty_slave.and_then(stdio),
+            stdout: out,
+            stderr: err,
         },
         &cfg.proc_root,
     )
@@ -805,6 +879,13 @@ fn open_job_pty(
 async fn pty_read(pty: Option<&crate::tui::PtyMaster>, buf: &mut [u8]) -> std::io::Result<usize> {
     match pty {
         Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn relay_pump(relay: Option<&mut OutputRelay>) -> Pumped {
+    match relay {
+        Some(r) => r.pump().await,
         None => std::future::pending().await,
     }
 }
@@ -881,10 +962,93 @@ impl Supervisor {
                 if let Some(app) = self.app.as_mut() {
                     app.on_output(&buf[..n]);
                 }
+                if let Some(f) = self.pty_log.as_mut() {
+                    use std::io::Write;
+                    let _ = f.write_all(&buf[..n]);
+                }
+                self.pty_scanner.feed(&buf[..n]);
+                self.log_output_events();
             }
             // EOF or EIO: nobody has the job's side open any more.
             _ => self.pty = None,
         }
+    }
+
+    /// The job wrote to stdout/stderr (relayed), or the terminal resized.
+    fn on_relay(&mut self, pumped: Pumped) {
+        if pumped == Pumped::Resized && self.relaunch_at.is_none() && self.main_status.is_none() {
+            // The job's pty took the terminal's new size; a pty that is
+            // not a controlling terminal tells nobody, so do as a terminal
+            // would.
+            self.forward(libc::SIGWINCH);
+        }
+        self.log_output_events();
+    }
+
+    /// Logs what the job's output said (CUDA OOM, dead workers).
+    fn log_output_events(&mut self) {
+        let critical = self.host_memory_critical();
+        let mut events = self.pty_scanner.take_events();
+        if let Some(r) = self.relay.as_mut() {
+            events.extend(r.take_events());
+        }
+        for event in events {
+            if let crate::forensics::torch::TorchEvent::CudaOom(e) = &event {
+                let frag = crate::forensics::torch::is_fragmentation(e);
+                self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
+            }
+            if let Some((name, body)) = crate::probe::output::log_record(&event, critical) {
+                self.log.write(name, &body);
+                let t = self.started.elapsed().as_secs_f64();
+                let ui = match name {
+                    "cuda_oom" => Some(crate::tui::UiEvent::CudaOom {
+                        t,
+                        pid: body["pid"].as_u64().map(|p| p as u32),
+                        device: body["device"].as_u64().map(|d| d as u32),
+                        tried_bytes: body["tried_bytes"].as_u64(),
+                    }),
+                    "worker_died" => Some(crate::tui::UiEvent::WorkerDied {
+                        t,
+                        pid: body["pid"].as_u64().unwrap_or(0) as u32,
+                        comm: String::new(),
+                        how: body["signal"].as_str().map_or_else(
+                            || format!("exit code {}", body["exit_code"]),
+                            |s| format!("killed by {s}"),
+                        ),
+                    }),
+                    _ => None,
+                };
+                if let Some(ev) = ui {
+                    self.ui_event(ev);
+                }
+            }
+        }
+        let errors = self
+            .relay
+            .as_mut()
+            .map(|r| r.take_errors())
+            .unwrap_or_default();
+        for e in errors {
+            let broken_pipe = matches!(
+                &e,
+                crate::probe::output::OutputError::Write { source, .. }
+                    if source.kind() == std::io::ErrorKind::BrokenPipe
+            );
+            if !self.cfg.quiet && !broken_pipe {
+                self.say(e.to_string());
+            }
+        }
+    }
+
+    /// Whether host (or cgroup) memory is, or was at the last tick, at the
+    /// critical level.
+    fn host_memory_critical(&self) -> bool {
+        let (_, crit) = self.engine.policy().thresholds();
+        let crit = crit.unwrap_or(8.0);
+        self.last_view
+            .as_ref()
+            .and_then(|v| v.headroom_percent())
+            .is_some_and(|h| h <= crit)
     }
 
     /// A key or a resize on the dashboard.
@@ -2282,6 +2446,13 @@ impl Supervisor {
     /// part of the job and restarts are configured. Returns false when the
     /// run is over.
     fn plan_restart(&mut self) -> bool {
+        // The attempt's processes are gone: the rest of its output is in the
+        // channels. Read it and log what it said, in this attempt.
+        if let Some(r) = self.relay.as_mut() {
+            r.finish();
+        }
+        self.pty_scanner.finish();
+        self.log_output_events();
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let ran = self.attempt_started.elapsed();
         let sample = self.sample(true);
@@ -2302,8 +2473,12 @@ impl Supervisor {
                 human_duration(ran)
             ));
         }
+        let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
+        let cuda = self.cuda_oom.is_some() && on("cuda-oom") && status != Status::Exited(0);
         let wanted = self.cfg.attach.is_none()
-            && (self.policy_end == Some(Action::Restart) || (kernel && self.restart_enabled()));
+            && (self.policy_end == Some(Action::Restart)
+                || (kernel && self.restart_enabled())
+                || cuda);
         if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
             return false;
         }
@@ -2342,9 +2517,31 @@ impl Supervisor {
                 )),
             }
         }
+        if cuda && self.cuda_oom == Some(true) {
+            // Fragmentation: the cure PyTorch itself suggests.
+            let name = "PYTORCH_CUDA_ALLOC_CONF";
+            let current = self
+                .env
+                .get(name)
+                .cloned()
+                .or_else(|| std::env::var(name).ok());
+            let has = current
+                .as_deref()
+                .is_some_and(|c| c.contains("expandable_segments"));
+            if !has {
+                let new = match current.as_deref() {
+                    Some(c) if !c.is_empty() => format!("{c},expandable_segments:True"),
+                    _ => "expandable_segments:True".to_string(),
+                };
+                degraded.insert(name.to_string(), serde_json::json!([current, new]));
+                self.env.insert(name.to_string(), new);
+            }
+        }
         let reason = match (&self.stop, self.policy_end) {
             (Some(st), Some(Action::Restart)) => st.reason.clone(),
-            _ => "kernel OOM kill".to_string(),
+            _ if kernel => "kernel OOM kill".to_string(),
+            _ if cuda => "CUDA out of memory".to_string(),
+            _ => "restart".to_string(),
         };
         self.restarts += 1;
         // The restart line belongs to the attempt it starts: its envelope
@@ -2437,6 +2634,15 @@ impl Supervisor {
             },
             _ => None,
         };
+        let relayed = match self.relay.as_mut().map(|r| r.next_attempt()).transpose() {
+            Ok(s) => s,
+            Err(e) => {
+                self.say(format!("cannot restart: {e}"));
+                self.no_more_attempts = true;
+                self.main_status = Some(Status::Exited(EXIT_INTERNAL));
+                return;
+            }
+        };
         let launched = launch(
             &self.cfg,
             &argv,
@@ -2444,8 +2650,12 @@ impl Supervisor {
             self.owned.as_ref(),
             self.foreground,
             slave.as_ref(),
+            relayed,
         );
         drop(slave);
+        if let Some(r) = self.relay.as_mut() {
+            r.after_spawn();
+        }
         if let Some(app) = self.app.as_mut() {
             app.set_attempt(self.attempt);
         }
@@ -2462,6 +2672,7 @@ impl Supervisor {
                 self.paused.clear();
                 self.stop = None;
                 self.policy_end = None;
+                self.cuda_oom = None;
                 self.engine.reset();
                 self.history.clear();
                 self.next_tick = now;
@@ -2499,6 +2710,26 @@ impl Supervisor {
     fn finish(mut self) -> i32 {
         // Give the terminal back before anything is printed to it.
         self.close_dashboard();
+        // The job's last bytes come before oomguard's own lines.
+        if let Some(r) = self.relay.as_mut() {
+            r.finish();
+            r.flush(Duration::from_secs(2));
+        }
+        self.pty_scanner.finish();
+        self.log_output_events();
+        if let Some(r) = &self.relay
+            && !self.cfg.quiet
+        {
+            let stats = r.stats();
+            for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
+                if st.dropped_bytes > 0 {
+                    eprintln!(
+                        "oomguard: {} of the job's {name} could not be passed on (not read fast enough, or closed)",
+                        HumanBytes(st.dropped_bytes)
+                    );
+                }
+            }
+        }
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.history.push(&sample);

@@ -2,7 +2,7 @@
 //! into the relay's pipes or pty, the relay passes the bytes on to
 //! destinations the test holds (pipes, a pty standing for the user's
 //! terminal) and scans them for PyTorch's messages. Plus the end-to-end
-//! shape through `oomguard run` (ignored until the run loop is wired).
+//! shape through `oomguard run`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -688,7 +688,6 @@ fn an_output_log_that_cannot_be_opened_is_an_error_naming_it() {
 // End to end through `oomguard run` (needs the relay wired into run.rs).
 
 #[test]
-#[ignore = "needs run.rs wiring"]
 fn cuda_oom_and_worker_death_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let oom_text = fixture(OOM_FIXTURE);

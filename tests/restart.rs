@@ -496,3 +496,61 @@ fn no_checkpoint_is_reported_when_the_trainer_never_writes_one() {
     assert_eq!(ck["confirmed"], false, "{ck}");
     assert!(ck["path"].is_null());
 }
+
+#[test]
+fn restart_on_cuda_oom_adds_expandable_segments_when_fragmented() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch-errors");
+    // A 2.x message where PyTorch held more reserved-but-unallocated memory
+    // than the failed request: fragmentation.
+    let frag = fs::read_dir(&fixture)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("08-torch2.2"))
+        .unwrap();
+    let text: String = fs::read_to_string(&frag)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("# source"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let msg = dir.path().join("oom.txt");
+    fs::write(&msg, text).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let script = format!(
+        "if [ \"$OOMGUARD_ATTEMPT\" = 1 ]; then cat '{}' >&2; exit 1; fi; echo \"conf=$PYTORCH_CUDA_ALLOC_CONF\"",
+        msg.display()
+    );
+    let out = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--restart-on",
+            "cuda-oom",
+            "--restart-delay",
+            "100ms",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "sh", "-c", &script])
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("conf=expandable_segments:True"));
+    let lines = read_log(&log);
+    assert!(lines.iter().any(|l| matches!(&l.event, Event::CudaOom(_))));
+    let rs = restarts(&lines);
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0]["reason"], "CUDA out of memory");
+    assert_eq!(
+        rs[0]["degraded"]["PYTORCH_CUDA_ALLOC_CONF"],
+        serde_json::json!([null, "expandable_segments:True"])
+    );
+}
