@@ -1263,18 +1263,26 @@ impl Supervisor {
                 start_time: f.stat.start_time,
             })
             .collect();
+        let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
+        let system = self.system.read(now);
         if !quick {
+            let charged = cgroup.as_ref().map_or(
+                system
+                    .mem_total_bytes
+                    .saturating_sub(system.mem_available_bytes),
+                |c| c.usage_bytes,
+            );
             self.sweeper.set_targets(
                 procs
                     .iter()
                     .map(|p| (p.pid, p.start_time, p.rss_bytes))
                     .collect(),
+                charged,
             );
         }
         let pss_age = self.sweeper.apply(&mut procs, now);
         let mut tree = totals(&procs);
         tree.pss_age_seconds = pss_age;
-        let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
         if let Some(level) = self
             .cgroup
             .as_ref()
@@ -1283,7 +1291,6 @@ impl Supervisor {
         {
             tree.footprint_bytes = level.working_set;
         }
-        let system = self.system.read(now);
         let psi = self.system.psi();
         let gpus = if quick {
             Vec::new()

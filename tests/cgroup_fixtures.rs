@@ -12,11 +12,15 @@ use oomguard::probe::cgroup::{CgroupReader, Version, locate};
 
 /// Copies a scenario to a temp dir and points its mount table at it.
 fn scenario(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup").join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cgroup")
+        .join(name);
     let dir = tempfile::tempdir().unwrap();
     copy(&src, dir.path());
     let mi = dir.path().join("proc/self/mountinfo");
-    let text = fs::read_to_string(&mi).unwrap().replace("@ROOT@", &dir.path().display().to_string());
+    let text = fs::read_to_string(&mi)
+        .unwrap()
+        .replace("@ROOT@", &dir.path().display().to_string());
     fs::write(&mi, text).unwrap();
     let proc_root = dir.path().join("proc");
     (dir, proc_root)
@@ -72,7 +76,10 @@ fn v2_container_mount_of_a_subtree_with_missing_files() {
     let s = CgroupReader::new(loc, false).read().unwrap();
     assert_eq!(s.usage_bytes, 1_000_000_000);
     assert_eq!(s.limit_bytes, None, "max everywhere: no cgroup ceiling");
-    assert_eq!(s.oom_kill_count, None, "no memory.events: unknown, not an error");
+    assert_eq!(
+        s.oom_kill_count, None,
+        "no memory.events: unknown, not an error"
+    );
 }
 
 #[test]

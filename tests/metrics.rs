@@ -287,6 +287,7 @@ impl Feeder {
                         .iter()
                         .map(|p| (p.pid, p.start_time, p.rss_bytes))
                         .collect(),
+                    0,
                 );
                 let age = sweeper.apply(&mut procs, now);
                 let mut tree: TreeTotals = totals(&procs);

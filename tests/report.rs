@@ -22,6 +22,8 @@ use oomguard::report::{
 };
 use serde_json::Value;
 
+/// Logs recorded from real `oomguard run`s (see tests/fixtures/logs/README);
+/// all three have leaking workers. `cuda-oom-restarted` is used on its own.
 const FIXTURES: [&str; 3] = ["prevented", "restarted", "oom-killed"];
 const MARKER_EVENTS: [&str; 6] = [
     "rule",
@@ -555,23 +557,28 @@ fn each_run_is_explained() {
     assert!(kill.title.contains("worker"), "{}", kill.title);
     assert_eq!(f[0].severity, oomguard::report::Severity::Critical);
     assert!(f.iter().any(|f| f.kind == "not_prevented"));
-    let swap = f.iter().find(|f| f.kind == "swap_growth").unwrap();
-    assert!(
-        swap.advice.contains("before the kernel OOM kill"),
-        "{}",
-        swap.advice
-    );
+    // Swap growth is only advice when the machine has swap (the recorded
+    // runs come from a machine without any).
+    if let Some(swap) = f.iter().find(|f| f.kind == "swap_growth") {
+        assert!(
+            swap.advice.contains("before the kernel OOM kill"),
+            "{}",
+            swap.advice
+        );
+    }
 
-    let log = load(&fixture("restarted")).unwrap();
-    let f = diagnose(&log);
-    assert!(log.attempts.len() >= 2);
+    for name in ["restarted", "cuda-oom-restarted"] {
+        let log = load(&fixture(name)).unwrap();
+        assert!(log.attempts.len() >= 2, "{name}");
+        let restarts = lines(&fixture(name))
+            .into_iter()
+            .filter(|l| l["event"] == "restart")
+            .count();
+        assert_eq!(log.attempts.len(), restarts + 1, "{name}");
+    }
+    let f = diagnose(&load(&fixture("cuda-oom-restarted")).unwrap());
     let frag = f.iter().find(|f| f.kind == "fragmentation").unwrap();
     assert!(frag.advice.contains("expandable_segments:True"));
-    let restarts = lines(&fixture("restarted"))
-        .into_iter()
-        .filter(|l| l["event"] == "restart")
-        .count();
-    assert_eq!(log.attempts.len(), restarts + 1);
 }
 
 #[test]

@@ -688,3 +688,68 @@ fn attach_detaches_on_sigterm_without_touching_the_job() {
     let out = oomguard().args(["attach", "999999999"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+const COPY_ON_READ: &str = r#"
+import os, sys, time
+MiB = 1 << 20
+data = bytearray(200 * MiB)
+for i in range(0, len(data), 4096):
+    data[i] = 1
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(1.5)
+        for i in range(0, len(data), 4096):   # copy-on-write breaks:
+            data[i] = 2                       # RSS unchanged, USS +200 MiB
+        time.sleep(float(sys.argv[1]))
+        os._exit(0)
+    kids.append(pid)
+for k in kids:
+    os.waitpid(k, 0)
+"#;
+
+/// The classic DataLoader "copy-on-read" growth does not change any
+/// process's RSS; the PSS sweep must still see it.
+#[test]
+fn copy_on_write_growth_without_rss_change_is_measured() {
+    let Some(cg) = MemCgroup::new("cow", 1 << 30) else {
+        require(false, "needs root and a cgroup v1 memory hierarchy");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(dir.path(), "cow.py", COPY_ON_READ);
+    let log = dir.path().join("run.ndjson");
+    let mut cmd = cg.command(
+        std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+        &[
+            "run",
+            "-q",
+            "--interval",
+            "250ms",
+            "--pss-interval",
+            "1s",
+            "--procs-interval",
+            "250ms",
+            "--log",
+        ],
+    );
+    cmd.arg(&log).args(["--", "python3", &job, "3"]);
+    assert_eq!(cmd.status().unwrap().code(), Some(0));
+    let lines = read_log(&log);
+    let max_worker_uss = lines
+        .iter()
+        .filter_map(|l| l.sample())
+        .filter_map(|s| s.procs.as_ref())
+        .flat_map(|ps| {
+            ps.iter()
+                .filter(|p| p.role == "worker")
+                .map(|p| p.uss_bytes)
+        })
+        .max()
+        .unwrap();
+    assert!(
+        max_worker_uss > 150 << 20,
+        "worker USS never grew: {max_worker_uss}"
+    );
+}

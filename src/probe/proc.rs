@@ -422,9 +422,13 @@ pub type Target = (u32, u64, u64);
 #[derive(Debug, Default)]
 struct SweepState {
     targets: Vec<Target>,
-    /// Bumped whenever the set of tree processes changes: sharing, and
-    /// with it everyone's PSS, may have changed.
+    /// Bumped whenever the set of tree processes changes, or the memory
+    /// the tree is charged for moves: sharing, and with it everyone's PSS,
+    /// may have changed. (A copy-on-write break — a worker touching the
+    /// dataset it inherited — grows PSS and USS without changing RSS.)
     generation: u64,
+    /// The footprint when the generation was last bumped.
+    footprint_at: u64,
     results: HashMap<u32, Measured>,
     stop: bool,
 }
@@ -459,9 +463,15 @@ impl PssSweeper {
     }
 
     /// Tells the sweeper which processes (pid, start time, RSS) form the
-    /// tree.
-    pub fn set_targets(&self, targets: Vec<Target>) {
+    /// tree, and what the tree is charged for right now (its cgroup's usage,
+    /// or the machine's used memory).
+    pub fn set_targets(&self, targets: Vec<Target>, footprint: u64) {
         let mut st = self.lock();
+        let moved = footprint.abs_diff(st.footprint_at);
+        if moved > RSS_SLACK.max(footprint / 100).max(4 << 20) {
+            st.generation += 1;
+            st.footprint_at = footprint;
+        }
         let new = targets
             .iter()
             .any(|(pid, start, _)| st.results.get(pid).is_none_or(|m| m.start_time != *start));

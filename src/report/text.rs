@@ -328,7 +328,13 @@ fn wrap(text: &str, indent: &str, width: usize) -> String {
 /// colour: the caller knows whether stdout is a terminal, this does not).
 pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "oomguard report: {}", command_text(log));
+    // Long command lines are cut so the summary stays readable (the HTML
+    // report has the whole command).
+    let mut cmd = command_text(log);
+    if cmd.chars().count() > 80 {
+        cmd = cmd.chars().take(79).collect::<String>() + "…";
+    }
+    let _ = writeln!(o, "oomguard report: {cmd}");
     let attempts = log.attempts.len().max(1);
     let _ = writeln!(
         o,
