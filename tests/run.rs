@@ -622,7 +622,10 @@ fn attach_watches_a_job_it_did_not_launch() {
         .args(["-c", FORKER, "3"])
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Attach once the workers exist (the first sample lists the tree).
+    assert!(wait_for(Duration::from_secs(10), || children_of(job.id())
+        .len()
+        >= 2));
     let st = oomguard()
         .args([
             "attach",
