@@ -287,6 +287,8 @@ struct Supervisor {
     oom_kills_at_start: Option<u64>,
     vm_oom_kills_at_start: Option<u64>,
     thresholds: Vec<AsyncFd<Threshold>>,
+    /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
+    pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
     stats: RunStats,
     /// 1-based attempt number.
     attempt: u32,
@@ -675,6 +677,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         last_view: None,
         last_sample: None,
         thresholds: Vec::new(),
+        pri_wakes: Vec::new(),
         stats: RunStats::default(),
         attempt: 1,
         attempt_started: now,
@@ -719,12 +722,14 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
+    sup.register_pri_wakes();
 
     let mut pty_buf = vec![0u8; 64 * 1024];
     loop {
         let forwarded = recv_any(&mut streams);
         let wake = sup.next_wake();
         let threshold = threshold_crossed(&sup.thresholds);
+        let pri = pri_woken(&sup.pri_wakes);
         let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
         let term = term_event(sup.tui.as_mut());
         tokio::select! {
@@ -732,6 +737,12 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             () = threshold => sup.tick(true),
+            i = pri => {
+                if let Some(w) = sup.pri_wakes.get_mut(i) {
+                    w.get_mut().rearm();
+                }
+                sup.tick(true);
+            }
             n = output => sup.on_output(n, &pty_buf),
             pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
             ev = term => sup.on_term(ev),
@@ -897,6 +908,34 @@ async fn term_event(
         Some(t) => t.next_event().await,
         None => std::future::pending().await,
     }
+}
+
+/// Resolves with the index of the first POLLPRI wake source that fired.
+async fn pri_woken(fds: &[AsyncFd<crate::probe::system::PriWake>]) -> usize {
+    if fds.is_empty() {
+        return std::future::pending().await;
+    }
+    let mut futs: Vec<_> = fds
+        .iter()
+        .map(|fd| Box::pin(fd.ready(tokio::io::Interest::PRIORITY)))
+        .collect();
+    std::future::poll_fn(move |cx| {
+        for (i, f) in futs.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(Ok(mut guard)) = f.as_mut().poll(cx) {
+                guard.clear_ready();
+                return std::task::Poll::Ready(i);
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+#[allow(unsafe_code)]
+fn watch_pri(w: crate::probe::system::PriWake) -> Option<AsyncFd<crate::probe::system::PriWake>> {
+    // SAFETY: `PriWake` owns its file and never replaces it, so the fd stays
+    // open and the same for the whole life of the AsyncFd.
+    unsafe { AsyncFd::register_with_interest(w, tokio::io::Interest::PRIORITY) }.ok()
 }
 
 #[allow(unsafe_code)]
@@ -1224,6 +1263,42 @@ impl Supervisor {
                 if let Ok(fd) = watch_threshold(t) {
                     self.thresholds.push(fd);
                 }
+            }
+        }
+    }
+
+    /// Kernel wake-ups beyond v1 thresholds: a PSI trigger (200 ms of memory
+    /// stall within 2 s) on the job cgroup's `memory.pressure` on v2, or the
+    /// machine's `/proc/pressure/memory`; and `memory.events` changes of the
+    /// cgroup holding the limit on v2. Best effort: polling covers the rest.
+    fn register_pri_wakes(&mut self) {
+        use crate::probe::cgroup::Version;
+        use crate::probe::system::PriWake;
+        let v2 = self
+            .cgroup
+            .as_ref()
+            .filter(|c| c.location().version == Version::V2);
+        let psi_path = v2
+            .map(|c| c.location().dir().join("memory.pressure"))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| self.cfg.proc_root.join("pressure/memory"));
+        // A 2 s window: what every kernel accepts, also from non-root.
+        let trigger = PriWake::psi_trigger(&psi_path, 200_000, 2_000_000);
+        if let Ok(w) = trigger
+            && let Some(fd) = watch_pri(w)
+        {
+            self.pri_wakes.push(fd);
+        }
+        if let Some(c) = v2 {
+            let sample = c.read();
+            let limit_dir = sample
+                .and_then(|s| s.limit_path)
+                .map(|p| c.location().mount_point.join(p.trim_start_matches('/')))
+                .unwrap_or_else(|| c.location().dir());
+            if let Ok(w) = PriWake::events(&limit_dir.join("memory.events"))
+                && let Some(fd) = watch_pri(w)
+            {
+                self.pri_wakes.push(fd);
             }
         }
     }
