@@ -1307,37 +1307,7 @@ impl Supervisor {
     /// already known (no /proc walk): cheap enough for 20 ms polling.
     fn sample(&mut self, quick: bool) -> Sample {
         let now = Instant::now();
-        let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
-            Some(self.tree.iter().map(|p| p.pid).collect())
-        } else {
-            self.cgroup
-                .as_ref()
-                .filter(|c| c.owned())
-                .and_then(|c| c.procs())
-        };
-        let found = self.scanner.scan(members.as_deref());
-        let me = std::process::id();
-        self.zombie_children = found
-            .iter()
-            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
-            .count();
-        let mut procs: Vec<ProcSample> = found
-            .into_iter()
-            .filter(|f| f.stat.state != 'Z')
-            .map(|f| ProcSample {
-                pid: f.stat.pid,
-                ppid: f.stat.ppid,
-                role: f.role,
-                comm: f.stat.comm,
-                rss_bytes: f.rss_bytes,
-                pss_bytes: 0,
-                uss_bytes: 0,
-                swap_bytes: 0,
-                gpu_bytes: None,
-                torch: None,
-                start_time: f.stat.start_time,
-            })
-            .collect();
+        let mut procs = self.scan_tree(quick);
         let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
         let system = self.system.read(now);
         if !quick {
@@ -2165,18 +2135,28 @@ impl Supervisor {
     }
 
     fn refresh_tree(&mut self) {
-        let members = self
-            .cgroup
-            .as_ref()
-            .filter(|c| c.owned())
-            .and_then(|c| c.procs());
+        self.tree = self.scan_tree(false);
+    }
+
+    /// The tree's live processes (zombies are counted apart: ours are not
+    /// gone until reaped). A quick scan re-reads only the processes already
+    /// known; otherwise the owned cgroup's members, or a /proc walk.
+    fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
+        let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
+            Some(self.tree.iter().map(|p| p.pid).collect())
+        } else {
+            self.cgroup
+                .as_ref()
+                .filter(|c| c.owned())
+                .and_then(|c| c.procs())
+        };
         let found = self.scanner.scan(members.as_deref());
         let me = std::process::id();
         self.zombie_children = found
             .iter()
             .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
             .count();
-        self.tree = found
+        found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
             .map(|f| ProcSample {
@@ -2192,7 +2172,7 @@ impl Supervisor {
                 torch: None,
                 start_time: f.stat.start_time,
             })
-            .collect();
+            .collect()
     }
 
     fn on_signal(&mut self, sig: i32) {
