@@ -144,12 +144,16 @@ fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
     );
     s.keys("s");
     assert!(
-        wait_for(Duration::from_secs(30), || s.screen().contains("EXIT=")),
+        // A line of its own: the echoed command line also contains "EXIT=".
+        wait_for(Duration::from_secs(30), || s
+            .screen()
+            .lines()
+            .any(|l| l.starts_with("EXIT="))),
         "{}",
         s.screen()
     );
     let screen = s.screen();
-    assert!(screen.contains("EXIT=0"), "{screen}");
+    assert!(screen.lines().any(|l| l.trim() == "EXIT=0"), "{screen}");
     assert!(
         screen.contains("stopped by oomguard (manual stop (dashboard))"),
         "{screen}"
