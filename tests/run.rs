@@ -7,6 +7,7 @@ mod common;
 
 use std::fs;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -665,6 +666,7 @@ fn attach_watches_a_job_it_did_not_launch() {
 fn attach_detaches_on_sigterm_without_touching_the_job() {
     let mut job = std::process::Command::new("python3")
         .args(["-c", FORKER, "30"])
+        .process_group(0)
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -686,7 +688,11 @@ fn attach_detaches_on_sigterm_without_touching_the_job() {
         matches!(proc_state(job.id()), Some('S' | 'R')),
         "the job was touched"
     );
-    job.kill().unwrap();
+    // The job and its workers: the whole group (they hold our stdout).
+    send(job.id(), "KILL");
+    let _ = std::process::Command::new("kill")
+        .args(["-9", "--", &format!("-{}", job.id())])
+        .status();
     job.wait().unwrap();
     let out = oomguard().args(["attach", "999999999"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
