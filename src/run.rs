@@ -2159,19 +2159,7 @@ impl Supervisor {
         found
             .into_iter()
             .filter(|f| f.stat.state != 'Z')
-            .map(|f| ProcSample {
-                pid: f.stat.pid,
-                ppid: f.stat.ppid,
-                role: f.role,
-                comm: f.stat.comm,
-                rss_bytes: f.rss_bytes,
-                pss_bytes: 0,
-                uss_bytes: 0,
-                swap_bytes: 0,
-                gpu_bytes: None,
-                torch: None,
-                start_time: f.stat.start_time,
-            })
+            .map(ProcSample::from)
             .collect()
     }
 

@@ -380,10 +380,6 @@ impl Helpers {
     pub fn finished(&mut self, pid: u32) -> Option<String> {
         self.running.remove(&pid)
     }
-
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.running.keys().copied()
-    }
 }
 
 #[cfg(test)]

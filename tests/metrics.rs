@@ -268,19 +268,7 @@ impl Feeder {
                     .scan(None)
                     .into_iter()
                     .filter(|f| f.stat.state != 'Z')
-                    .map(|f| ProcSample {
-                        pid: f.stat.pid,
-                        ppid: f.stat.ppid,
-                        role: f.role,
-                        comm: f.stat.comm,
-                        rss_bytes: f.rss_bytes,
-                        pss_bytes: 0,
-                        uss_bytes: 0,
-                        swap_bytes: 0,
-                        gpu_bytes: None,
-                        torch: None,
-                        start_time: f.stat.start_time,
-                    })
+                    .map(ProcSample::from)
                     .collect();
                 sweeper.set_targets(
                     procs

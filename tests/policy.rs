@@ -10,7 +10,7 @@ mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::schema::{self, Event};
@@ -487,9 +487,6 @@ fn bad_flags_exit_2() {
         );
     }
 }
-
-#[allow(dead_code)]
-fn unused(_: Command) {}
 
 #[test]
 fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {

@@ -203,6 +203,26 @@ pub struct Found {
     pub rss_bytes: u64,
 }
 
+impl From<Found> for ProcSample {
+    /// A process as one tick reports it; PSS, USS and swap are filled in by
+    /// [`PssSweeper::apply`], GPU memory by the GPU probe.
+    fn from(f: Found) -> Self {
+        ProcSample {
+            pid: f.stat.pid,
+            ppid: f.stat.ppid,
+            role: f.role,
+            comm: f.stat.comm,
+            rss_bytes: f.rss_bytes,
+            pss_bytes: 0,
+            uss_bytes: 0,
+            swap_bytes: 0,
+            gpu_bytes: None,
+            torch: None,
+            start_time: f.stat.start_time,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Known {
     start_time: u64,
@@ -525,25 +545,6 @@ impl PssSweeper {
             }
         }
         oldest
-    }
-
-    /// Waits (up to `timeout`) until every target has been measured once.
-    pub fn wait_all_measured(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            {
-                let st = self.lock();
-                if st.targets.iter().all(|(pid, start, _)| {
-                    st.results.get(pid).is_some_and(|m| m.start_time == *start)
-                }) {
-                    return true;
-                }
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }
 
