@@ -1308,7 +1308,16 @@ impl Supervisor {
     fn sample(&mut self, quick: bool) -> Sample {
         let now = Instant::now();
         let mut procs = self.scan_tree(quick);
-        let cgroup = self.cgroup.as_ref().and_then(|c| c.read());
+        // One pass over the cgroup files; the owned cgroup's working set is
+        // the job's exact footprint.
+        let (cgroup, owned_ws) = match self.cgroup.as_ref() {
+            Some(c) if c.owned() => match c.read_with_working_set() {
+                Some((s, ws)) => (Some(s), Some(ws)),
+                None => (None, None),
+            },
+            Some(c) => (c.read(), None),
+            None => (None, None),
+        };
         let system = self.system.read(now);
         if !quick {
             let charged = cgroup.as_ref().map_or(
@@ -1328,13 +1337,8 @@ impl Supervisor {
         let pss_age = self.sweeper.apply(&mut procs, now);
         let mut tree = totals(&procs);
         tree.pss_age_seconds = pss_age;
-        if let Some(level) = self
-            .cgroup
-            .as_ref()
-            .filter(|c| c.owned())
-            .and_then(|c| c.level())
-        {
-            tree.footprint_bytes = level.working_set;
+        if let Some(ws) = owned_ws {
+            tree.footprint_bytes = ws;
         }
         let psi = self.system.psi();
         let gpus = if quick {

@@ -170,15 +170,6 @@ fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// Memory readings of one cgroup directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Level {
-    pub usage: u64,
-    pub limit: Option<u64>,
-    /// Usage minus inactive file cache.
-    pub working_set: u64,
-}
-
 fn names(v: Version) -> (&'static str, &'static str, &'static str) {
     match v {
         Version::V1 => (
@@ -229,21 +220,24 @@ impl CgroupReader {
         usage.saturating_sub(inactive)
     }
 
-    /// The job cgroup's own readings.
-    pub fn level(&self) -> Option<Level> {
-        let dir = self.loc.dir();
-        let usage = self.level_usage(&dir)?;
-        Some(Level {
-            usage,
-            limit: self.level_limit(&dir),
-            working_set: self.working_set(&dir, usage),
+    /// One tick's reading. `None` when this cgroup has no memory files.
+    pub fn read(&self) -> Option<CgroupSample> {
+        self.read_with(false).map(|(s, _)| s)
+    }
+
+    /// One tick's reading plus the job cgroup's own working set (the exact
+    /// footprint of a cgroup oomguard owns), with each file read once.
+    pub fn read_with_working_set(&self) -> Option<(CgroupSample, u64)> {
+        self.read_with(true).map(|(s, ws)| {
+            let ws = ws.unwrap_or(s.usage_bytes);
+            (s, ws)
         })
     }
 
-    /// One tick's reading. `None` when this cgroup has no memory files.
-    pub fn read(&self) -> Option<CgroupSample> {
+    fn read_with(&self, job_ws: bool) -> Option<(CgroupSample, Option<u64>)> {
         let dir = self.loc.dir();
         let usage = self.level_usage(&dir)?;
+        let own_ws = job_ws.then(|| self.working_set(&dir, usage));
         // The effective ceiling is whichever level runs out first, which is
         // not always the smallest limit: an ancestor's limit is shared with
         // everything else below it.
@@ -259,7 +253,10 @@ impl CgroupReader {
             }) else {
                 continue;
             };
-            let ws = self.working_set(&d, u);
+            let ws = match own_ws {
+                Some(ws) if d == dir => ws,
+                _ => self.working_set(&d, u),
+            };
             let headroom = limit.saturating_sub(ws);
             if best.as_ref().is_none_or(|b| headroom < b.0) {
                 best = Some((headroom, path, limit, ws));
@@ -270,7 +267,7 @@ impl CgroupReader {
             Version::V2 => fs::read_to_string(dir.join("memory.events")).ok(),
         }
         .and_then(|t| parse_keyed(&t, "oom_kill"));
-        Some(CgroupSample {
+        let sample = CgroupSample {
             version: self.loc.version.number(),
             path: self.loc.path.clone(),
             usage_bytes: usage,
@@ -279,7 +276,8 @@ impl CgroupReader {
             limit_path: best.as_ref().map(|b| b.1.clone()),
             limit_working_set_bytes: best.as_ref().map(|b| b.3),
             owned: self.owned,
-        })
+        };
+        Some((sample, own_ws))
     }
 
     /// The pids in the cgroup (v1 `cgroup.procs` lists thread-group ids).
