@@ -24,12 +24,6 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_oomguard"))
 }
 
-fn cgroup_or_skip(name: &str, limit: u64) -> Option<MemCgroup> {
-    let cg = MemCgroup::new(name, limit);
-    require(cg.is_some(), "needs root and a cgroup v1 memory hierarchy").then_some(())?;
-    cg
-}
-
 /// Runs oomguard inside `cg` and returns (exit code, log lines, stderr).
 fn run_in(
     cg: &MemCgroup,
@@ -72,7 +66,7 @@ fn actions(lines: &[schema::Line]) -> Vec<(String, String, Option<String>)> {
 }
 
 fn prevented(leak_in: &str, workers: &str) {
-    let Some(cg) = cgroup_or_skip(&format!("prevent-{leak_in}"), 512 << 20) else {
+    let Some(cg) = MemCgroup::or_skip(&format!("prevent-{leak_in}"), 512 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -133,7 +127,7 @@ fn serial_leaking_trainer_is_stopped_before_the_kernel() {
 
 #[test]
 fn serial_without_a_policy_the_kernel_kills_and_oomguard_says_so() {
-    let Some(cg) = cgroup_or_skip("nopolicy", 512 << 20) else {
+    let Some(cg) = MemCgroup::or_skip("nopolicy", 512 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -169,7 +163,7 @@ fn serial_without_a_policy_the_kernel_kills_and_oomguard_says_so() {
 
 #[test]
 fn serial_fast_leak_is_stopped_before_the_kernel() {
-    let Some(cg) = cgroup_or_skip("fast", 1 << 30) else {
+    let Some(cg) = MemCgroup::or_skip("fast", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -190,7 +184,7 @@ fn serial_fast_leak_is_stopped_before_the_kernel() {
 
 #[test]
 fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
-    let Some(cg) = cgroup_or_skip("ckptsig", 1 << 30) else {
+    let Some(cg) = MemCgroup::or_skip("ckptsig", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -222,14 +216,12 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
     let mut trainer_got = String::new();
-    let mut workers = 0;
     for e in fs::read_dir(&sigs).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let text = fs::read_to_string(e.path()).unwrap();
         if name.starts_with("trainer-") {
             trainer_got.push_str(&text);
         } else {
-            workers += 1;
             assert!(
                 !text.contains("SIGUSR1"),
                 "worker {name} got the checkpoint signal: {text}"
@@ -246,12 +238,11 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
             .any(|(a, _, s)| a == "stop" && s.as_deref() == Some("SIGUSR1")),
         "{acts:?}"
     );
-    let _ = workers;
 }
 
 #[test]
 fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
-    let Some(cg) = cgroup_or_skip("stubborn", 1 << 30) else {
+    let Some(cg) = MemCgroup::or_skip("stubborn", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -297,7 +288,7 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
 
 #[test]
 fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
-    let Some(cg) = cgroup_or_skip("pause", 512 << 20) else {
+    let Some(cg) = MemCgroup::or_skip("pause", 512 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -490,7 +481,7 @@ fn bad_flags_exit_2() {
 
 #[test]
 fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
-    let Some(cg) = cgroup_or_skip("oomkill", 384 << 20) else {
+    let Some(cg) = MemCgroup::or_skip("oomkill", 384 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -78,8 +78,7 @@ fn cow_job(ckpt: &Path, steps: u32) -> Vec<String> {
 
 #[test]
 fn serial_restart_with_fewer_workers_completes_what_the_kernel_would_kill() {
-    let Some(cg) = MemCgroup::new("restart", 768 << 20) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("restart", 768 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -175,8 +174,7 @@ fn serial_restart_with_fewer_workers_completes_what_the_kernel_would_kill() {
 
 #[test]
 fn serial_restart_after_a_real_kernel_oom_kill_of_a_worker() {
-    let Some(cg) = MemCgroup::new("killed", 512 << 20) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("killed", 512 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -223,8 +221,7 @@ fn serial_restart_after_a_real_kernel_oom_kill_of_a_worker() {
 
 #[test]
 fn restart_limit_backoff_and_degradation_floors() {
-    let Some(cg) = MemCgroup::new("limit", 1 << 30) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("limit", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -297,8 +294,7 @@ fn restart_limit_backoff_and_degradation_floors() {
 
 #[test]
 fn a_long_clean_attempt_resets_the_restart_count() {
-    let Some(cg) = MemCgroup::new("reset", 1 << 30) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("reset", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -342,8 +338,7 @@ fn a_long_clean_attempt_resets_the_restart_count() {
 
 #[test]
 fn resume_command_gets_the_checkpoint_and_the_environment() {
-    let Some(cg) = MemCgroup::new("resume", 1 << 30) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("resume", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -390,8 +385,7 @@ fn resume_command_gets_the_checkpoint_and_the_environment() {
 
 #[test]
 fn checkpoint_confirmation_waits_for_a_slow_writer() {
-    let Some(cg) = MemCgroup::new("slowckpt", 1 << 30) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("slowckpt", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -446,8 +440,7 @@ fn checkpoint_confirmation_waits_for_a_slow_writer() {
 
 #[test]
 fn no_checkpoint_is_reported_when_the_trainer_never_writes_one() {
-    let Some(cg) = MemCgroup::new("nockpt", 1 << 30) else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    let Some(cg) = MemCgroup::or_skip("nockpt", 1 << 30) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -107,6 +107,14 @@ impl MemCgroup {
         Some(Self { dir, path })
     }
 
+    /// `new`, or skip the calling test (returning `None`) where this
+    /// machine cannot make one — a failure under `CI=true`.
+    pub fn or_skip(name: &str, limit: u64) -> Option<Self> {
+        let cg = Self::new(name, limit);
+        require(cg.is_some(), "needs root and a cgroup v1 memory hierarchy").then_some(())?;
+        cg
+    }
+
     /// A command that runs `argv` inside this cgroup.
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new("sh");
