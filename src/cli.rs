@@ -1,5 +1,7 @@
-//! Command-line types (clap derive). Only what the user typed lives here;
-//! `run::RunConfig` holds the validated settings.
+//! Command-line types (clap derive). Only what the user typed lives here:
+//! every value that the settings file can also set is an `Option` with no
+//! clap default, so `settings::Settings` can tell "not given" from "given",
+//! and its default is written once, in `settings::defaults`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -7,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::units::{self, SizeOrPercent};
+use crate::units::SizeOrPercent;
 
 /// Keep ML training jobs from being killed by the kernel OOM killer.
 #[derive(Debug, Parser)]
@@ -15,6 +17,38 @@ use crate::units::{self, SizeOrPercent};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The command line with each default from `settings::defaults` shown
+    /// in its help (`[default: …]`), so help and code cannot disagree.
+    pub fn command_with_defaults() -> clap::Command {
+        let mut cmd = <Self as clap::CommandFactory>::command();
+        for sub in ["run", "attach", "demo"] {
+            cmd = cmd.mut_subcommand(sub, |mut s| {
+                for (id, shown) in crate::settings::defaults::help_defaults() {
+                    let present = s.get_arguments().any(|a| a.get_id() == id);
+                    if present {
+                        s = s.mut_arg(id, |a| {
+                            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                            a.help(format!("{help} [default: {shown}]"))
+                        });
+                    }
+                }
+                s
+            });
+        }
+        cmd
+    }
+
+    /// Parses the process's arguments (exits 2 with clap's message on error).
+    pub fn parse_args() -> Self {
+        let matches = Self::command_with_defaults().get_matches();
+        match <Self as clap::FromArgMatches>::from_arg_matches(&matches) {
+            Ok(cli) => cli,
+            Err(e) => e.exit(),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,15 +80,15 @@ pub struct AttachArgs {
     pub log: Option<PathBuf>,
 
     /// Time between samples.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
-    pub interval: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub interval: Option<Duration>,
 
     /// Maximum age of a PSS reading.
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
-    pub pss_interval: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub pss_interval: Option<Duration>,
 
     /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = size_or_percent)]
+    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::settings::values::budget)]
     pub budget: Option<SizeOrPercent>,
 
     /// Allow oomguard to SIGTERM/SIGKILL processes it did not launch (a
@@ -76,7 +110,7 @@ pub struct AttachArgs {
 #[derive(Debug, Args)]
 pub struct ForensicsArgs {
     /// A saved kernel log (dmesg, dmesg -T, journalctl, syslog, /dev/kmsg
-    /// records), or `-` for stdin [default: the live kernel log].
+    /// records), or `-` for stdin.
     pub file: Option<PathBuf>,
 
     /// Only the last DURATION of the live kernel log (e.g. 1h).
@@ -99,8 +133,7 @@ pub struct ReportArgs {
     /// The NDJSON log written by `oomguard run --log`, or `-` for stdin.
     pub log: PathBuf,
 
-    /// Where to write the report [default: next to the log as .html; text
-    /// and json go to stdout].
+    /// Where to write the report.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
@@ -152,30 +185,30 @@ pub struct RunArgs {
     pub log: Option<PathBuf>,
 
     /// Time between samples.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
-    pub interval: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub interval: Option<Duration>,
 
     /// Maximum age of a PSS reading (smaps_rollup is swept in the
     /// background at this cadence; between sweeps PSS follows RSS changes).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
-    pub pss_interval: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub pss_interval: Option<Duration>,
 
     /// How often sample lines in the log carry per-process detail (and on
     /// every rule or action).
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration)]
-    pub procs_interval: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub procs_interval: Option<Duration>,
 
     /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = size_or_percent)]
+    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::settings::values::budget)]
     pub budget: Option<SizeOrPercent>,
 
     /// Run the job in a memory cgroup of oomguard's own where permitted.
-    #[arg(long, value_enum, default_value_t = CgroupMode::Auto)]
-    pub cgroup: CgroupMode,
+    #[arg(long, value_enum)]
+    pub cgroup: Option<CgroupMode>,
 
     /// After SIGTERM, how long the tree may take to exit before SIGKILL.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
-    pub kill_after: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub kill_after: Option<Duration>,
 
     /// Do not print the summary at exit.
     #[arg(long, short)]
@@ -183,7 +216,7 @@ pub struct RunArgs {
 
     /// Serve Prometheus metrics at http://HOST:PORT/metrics during the run
     /// (e.g. 127.0.0.1:9465; other addresses expose them to the network).
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(long, value_name = "HOST:PORT", value_parser = crate::settings::values::listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// Keep the metrics in FILE for node_exporter's textfile collector
@@ -195,7 +228,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub output_log: Option<PathBuf>,
 
-    /// The NVML library to load [default: libnvidia-ml.so.1 from the system].
+    /// The NVML library to load.
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
 
@@ -211,7 +244,7 @@ pub struct RunArgs {
 
     /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
     /// when the job succeeded: a memory-regression gate for CI.
-    #[arg(long, value_name = "SIZE", value_parser = size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::settings::values::positive_size)]
     pub fail_above: Option<u64>,
 
     #[command(flatten)]
@@ -224,12 +257,9 @@ pub struct RunArgs {
     pub tui: TuiArgs,
 
     /// The command to run, after `--`.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required = true,
-        value_name = "COMMAND"
-    )]
+    // No `allow_hyphen_values`: a misspelt flag before `--` (`--budjet`)
+    // must be an error, not the command to run.
+    #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
 
@@ -240,32 +270,32 @@ pub struct PolicyArgs {
     #[arg(long, value_name = "NAME", value_parser = ["default", "none"])]
     pub policy: Option<String>,
 
-    /// Warn when usage reaches this share of the nearest ceiling [default: 80%].
-    #[arg(long, value_name = "PCT", value_parser = usage_percent)]
+    /// Warn when usage reaches this share of the nearest ceiling.
+    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::usage_percent)]
     pub warn_at: Option<f64>,
 
-    /// Critical when usage reaches this share of the nearest ceiling [default: 92%].
-    #[arg(long, value_name = "PCT", value_parser = usage_percent)]
+    /// Critical when usage reaches this share of the nearest ceiling.
+    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::usage_percent)]
     pub critical_at: Option<f64>,
 
-    /// What a critical rule does [default: stop].
+    /// What a critical rule does.
     #[arg(long, value_enum, value_name = "ACTION")]
     pub on_critical: Option<CriticalAction>,
 
-    /// TOML file with settings and rules [default: ./oomguard.toml if present].
+    /// TOML file with settings and rules.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// A pause never lasts longer than this; then the critical action runs [default: 10m].
+    /// A pause never lasts longer than this; then the critical action runs.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub max_pause: Option<Duration>,
 
-    /// How long the trainer has to checkpoint and exit after the checkpoint signal [default: 60s].
+    /// How long the trainer has to checkpoint and exit after the checkpoint signal.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub grace: Option<Duration>,
 
-    /// The signal asking the trainer to checkpoint and exit [default: TERM].
-    #[arg(long, value_name = "SIGNAL", value_parser = signal)]
+    /// The signal asking the trainer to checkpoint and exit.
+    #[arg(long, value_name = "SIGNAL", value_parser = crate::settings::values::checkpoint_signal)]
     pub checkpoint_signal: Option<i32>,
 
     /// Run CMD (with sh -c) on every warning; OOMGUARD_* variables describe it.
@@ -286,11 +316,11 @@ pub struct RestartArgs {
     pub checkpoint_dir: Option<PathBuf>,
 
     /// Which files in --checkpoint-dir are checkpoints.
-    #[arg(long, value_name = "GLOB", default_value = "*")]
-    pub checkpoint_glob: String,
+    #[arg(long, value_name = "GLOB")]
+    pub checkpoint_glob: Option<String>,
 
     /// Command for attempts after the first; {checkpoint} is replaced by the
-    /// newest checkpoint [default: the same command].
+    /// newest checkpoint.
     #[arg(long, value_name = "CMD")]
     pub resume_cmd: Option<String>,
 
@@ -300,12 +330,12 @@ pub struct RestartArgs {
     pub degrade: Vec<crate::restart::Degrade>,
 
     /// How many times the job may be restarted.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    pub max_restarts: u32,
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
 
     /// Delay before the first restart; it doubles each time (at most 5m).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
-    pub restart_delay: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub restart_delay: Option<Duration>,
 
     /// Also restart when memory killed the job anyway (not only after a
     /// `restart` action): `oom-kill` (the kernel OOM killer took a process
@@ -316,8 +346,8 @@ pub struct RestartArgs {
     pub restart_on: Vec<String>,
 
     /// An attempt that ran this long resets the restart count.
-    #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = duration)]
-    pub restart_reset: Duration,
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub restart_reset: Option<Duration>,
 }
 
 /// Actions a critical rule may take.
@@ -329,36 +359,12 @@ pub enum CriticalAction {
     Restart,
 }
 
-fn usage_percent(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    t.strip_suffix('%')
-        .unwrap_or(t)
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|v| (0.0..100.0).contains(v) && *v > 0.0)
-        .ok_or_else(|| format!("'{s}' is not a usage percentage between 0% and 100% (e.g. 80%)"))
-}
-
-fn signal(s: &str) -> Result<i32, String> {
-    crate::supervise::parse_signal(s)
-        .ok_or_else(|| format!("'{s}' is not a signal (expected e.g. TERM, USR1, INT or a number)"))
-}
-
 fn duration(s: &str) -> Result<Duration, String> {
-    let d = units::parse_duration(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err(format!("'{s}' must be greater than zero"));
-    }
-    Ok(d)
+    crate::settings::values::positive_duration(s)
 }
 
 fn size(s: &str) -> Result<u64, String> {
-    units::parse_size(s).map_err(|e| e.to_string())
-}
-
-fn size_or_percent(s: &str) -> Result<SizeOrPercent, String> {
-    units::parse_size_or_percent(s).map_err(|e| e.to_string())
+    crate::settings::values::positive_size(s)
 }
 
 #[cfg(test)]
@@ -390,7 +396,8 @@ mod tests {
             panic!("not run")
         };
         assert_eq!(r.budget, Some(SizeOrPercent::Percent(75.0)));
-        assert_eq!(r.interval, Duration::from_millis(500));
+        assert_eq!(r.interval, Some(Duration::from_millis(500)));
+        assert_eq!(r.kill_after, None);
         assert_eq!(r.command, vec!["bash", "-c", "echo --log"]);
         assert_eq!(r.log, None);
     }
@@ -400,5 +407,39 @@ mod tests {
         assert!(Cli::try_parse_from(["oomguard", "run", "--budget", "lots", "--", "x"]).is_err());
         assert!(Cli::try_parse_from(["oomguard", "run", "--interval", "0", "--", "x"]).is_err());
         assert!(Cli::try_parse_from(["oomguard", "run"]).is_err());
+        let misspelt = Cli::try_parse_from(["oomguard", "run", "--budjet", "4G", "--", "true"]);
+        assert!(misspelt.is_err(), "a misspelt flag became the command");
+        assert!(Cli::try_parse_from(["oomguard", "run", "--budget", "0", "--", "x"]).is_err());
+    }
+
+    #[test]
+    fn help_shows_the_defaults_from_one_place() {
+        let mut cmd = Cli::command_with_defaults();
+        cmd.build();
+        let run = cmd.find_subcommand_mut("run").unwrap();
+        let help = run.render_long_help().to_string();
+        assert!(help.contains("[default: 10s]"), "{help}");
+        assert!(help.contains("[default: 92%]"), "{help}");
+        let attach = cmd.find_subcommand_mut("attach").unwrap();
+        assert!(
+            attach
+                .render_long_help()
+                .to_string()
+                .contains("[default: 1s]")
+        );
+    }
+
+    #[test]
+    fn hyphenated_commands_still_run_after_the_separator() {
+        let c = Cli::try_parse_from(["oomguard", "run", "--", "-weird", "--flag"]).unwrap();
+        let Command::Run(r) = c.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.command, vec!["-weird", "--flag"]);
+        let c = Cli::try_parse_from(["oomguard", "run", "python", "-u", "train.py"]).unwrap();
+        let Command::Run(r) = c.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.command, vec!["python", "-u", "train.py"]);
     }
 }

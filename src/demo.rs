@@ -7,13 +7,10 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::path::PathBuf;
-use std::time::Duration;
 
-use crate::cli::{CgroupMode, DemoArgs};
-use crate::config::{PolicyFlags, resolve_text};
-use crate::run::{EXIT_POLICY, RunConfig, run};
-use crate::units::SizeOrPercent;
+use crate::cli::DemoArgs;
+use crate::run::{EXIT_POLICY, run};
+use crate::settings::Settings;
 
 const SCRIPT: &str = include_str!("demo.py");
 
@@ -31,46 +28,23 @@ pub fn demo(args: DemoArgs) -> i32 {
         return 2;
     }
     let ckpt = dir.join("checkpoints");
-    let policy = match resolve_text(&PolicyFlags::default(), None, None) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("oomguard: {e}");
-            return 2;
-        }
-    };
     eprintln!(
         "oomguard demo: a trainer with 4 leaking DataLoader workers under a {} budget.\n\
          oomguard warns at 80% of the budget and stops the job gracefully at 92%, before any OOM kill.\n",
         crate::units::HumanBytes(args.budget)
     );
-    let cfg = RunConfig {
-        argv: vec![
-            OsString::from("python3"),
-            OsString::from("-u"),
-            script.clone().into_os_string(),
-            ckpt.clone().into_os_string(),
-        ],
-        log: args.log.clone(),
-        interval: Duration::from_millis(500),
-        pss_interval: Duration::from_secs(1),
-        procs_interval: Duration::from_secs(5),
-        budget: Some(SizeOrPercent::Bytes(args.budget)),
-        cgroup: CgroupMode::Auto,
-        kill_after: Duration::from_secs(10),
-        quiet: false,
-        notify: false,
-        policy,
-        proc_root: PathBuf::from("/proc"),
-        tui: args.tui,
-        restart: crate::cli::RestartArgs::default(),
-        metrics_addr: None,
-        metrics_textfile: None,
-        fail_above: None,
-        nvml: None,
-        torch_stats: false,
-        attach: None,
-        allow_kill: false,
-        output_log: None,
+    let argv = vec![
+        OsString::from("python3"),
+        OsString::from("-u"),
+        script.clone().into_os_string(),
+        ckpt.clone().into_os_string(),
+    ];
+    let cfg = match Settings::for_demo(&args, argv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            return 2;
+        }
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

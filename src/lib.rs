@@ -17,7 +17,6 @@
 //! oomguard's own lines go to stderr with an `oomguard:` prefix.
 
 pub mod cli;
-pub mod config;
 pub mod demo;
 pub mod forensics;
 pub mod github;
@@ -29,6 +28,7 @@ pub mod probe;
 pub mod report;
 pub mod restart;
 pub mod run;
+pub mod settings;
 pub mod supervise;
 pub mod tui;
 pub mod units;

@@ -2,9 +2,9 @@
 //! turns its result into the process exit code. Only this file (and the TUI)
 //! knows about the terminal.
 
-use clap::Parser;
 use oomguard::cli::{Cli, Command};
-use oomguard::run::{RunConfig, run};
+use oomguard::run::run;
+use oomguard::settings::Settings;
 
 /// Writes to stdout, which is ours for these commands (no job runs).
 fn print(text: &str) -> i32 {
@@ -78,9 +78,9 @@ fn report(args: oomguard::cli::ReportArgs) -> i32 {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let code = match cli.command {
-        Command::Run(args) => match RunConfig::from_args(*args) {
+        Command::Run(args) => match Settings::for_run(*args) {
             Ok(cfg) => run(cfg),
             Err(e) => {
                 eprintln!("oomguard: {e}");
@@ -89,7 +89,7 @@ fn main() {
         },
         Command::Demo(args) => oomguard::demo::demo(args),
         Command::Forensics(args) => forensics(args),
-        Command::Attach(args) => match RunConfig::for_attach(*args) {
+        Command::Attach(args) => match Settings::for_attach(*args) {
             Ok(cfg) => run(cfg),
             Err(e) => {
                 eprintln!("oomguard: {e}");
@@ -98,7 +98,7 @@ fn main() {
         },
         Command::Report(args) => report(args),
         Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut cmd = Cli::command_with_defaults();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());
             0
         }

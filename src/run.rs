@@ -32,7 +32,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::CgroupMode;
-use crate::config::PolicySettings;
 use crate::log::{
     CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart, SampleEvent,
 };
@@ -54,116 +53,9 @@ pub const EXIT_FAIL_ABOVE: i32 = 76;
 /// Exit code for oomguard's own failure after the job started.
 pub const EXIT_INTERNAL: i32 = 70;
 
-/// Validated settings of one `run`.
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    pub argv: Vec<OsString>,
-    pub log: Option<PathBuf>,
-    pub interval: Duration,
-    pub pss_interval: Duration,
-    pub procs_interval: Duration,
-    pub budget: Option<SizeOrPercent>,
-    pub cgroup: CgroupMode,
-    pub kill_after: Duration,
-    pub quiet: bool,
-    pub notify: bool,
-    pub policy: PolicySettings,
-    pub proc_root: PathBuf,
-    pub tui: crate::cli::TuiArgs,
-    pub restart: crate::cli::RestartArgs,
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    pub metrics_textfile: Option<PathBuf>,
-    pub fail_above: Option<u64>,
-    /// `None`: no GPU watching; `Some(None)`: the system's NVML.
-    pub nvml: Option<Option<PathBuf>>,
-    pub torch_stats: bool,
-    /// `attach`: watch this running process instead of launching one.
-    pub attach: Option<u32>,
-    /// `attach --allow-kill`.
-    pub allow_kill: bool,
-    /// `--output-log`: a raw copy of everything the job prints.
-    pub output_log: Option<PathBuf>,
-}
-
-impl RunConfig {
-    /// Merges the flags with the configuration file.
-    pub fn from_args(a: crate::cli::RunArgs) -> Result<Self, crate::config::ConfigError> {
-        let p = &a.policy;
-        let flags = crate::config::PolicyFlags {
-            policy: p.policy.clone(),
-            warn_at: p.warn_at,
-            critical_at: p.critical_at,
-            on_critical: p.on_critical.map(|c| match c {
-                crate::cli::CriticalAction::Pause => Action::Pause,
-                crate::cli::CriticalAction::Stop => Action::Stop,
-                crate::cli::CriticalAction::Kill => Action::Kill,
-                crate::cli::CriticalAction::Restart => Action::Restart,
-            }),
-            max_pause: p.max_pause,
-            grace: p.grace,
-            checkpoint_signal: p.checkpoint_signal,
-            on_warn: p.on_warn.clone(),
-            config: p.config.clone(),
-        };
-        let settings = crate::config::resolve(&flags)?;
-        let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-        let notify = !p.no_notify && !in_ci && settings.notify.unwrap_or(true);
-        Ok(Self {
-            argv: a.command,
-            log: a.log,
-            interval: a.interval,
-            pss_interval: a.pss_interval,
-            procs_interval: a.procs_interval,
-            budget: a.budget.or(settings.budget),
-            cgroup: a.cgroup,
-            kill_after: settings.kill_after.unwrap_or(a.kill_after),
-            quiet: a.quiet,
-            notify,
-            policy: settings,
-            proc_root: PathBuf::from("/proc"),
-            tui: a.tui,
-            restart: a.restart,
-            metrics_addr: a.metrics_addr,
-            metrics_textfile: a.metrics_textfile,
-            fail_above: a.fail_above,
-            nvml: (!a.no_gpu).then_some(a.nvml_lib),
-            torch_stats: a.torch_stats,
-            attach: None,
-            allow_kill: false,
-            output_log: a.output_log,
-        })
-    }
-
-    /// Settings for `oomguard attach PID`: the same loop over a tree that
-    /// oomguard did not launch (no cgroup, no pty, no restarts).
-    pub fn for_attach(a: crate::cli::AttachArgs) -> Result<Self, crate::config::ConfigError> {
-        let run = crate::cli::RunArgs {
-            log: a.log,
-            interval: a.interval,
-            pss_interval: a.pss_interval,
-            procs_interval: Duration::from_secs(60),
-            budget: a.budget,
-            cgroup: CgroupMode::Off,
-            kill_after: Duration::from_secs(10),
-            quiet: a.quiet,
-            metrics_addr: None,
-            metrics_textfile: None,
-            nvml_lib: None,
-            no_gpu: false,
-            torch_stats: false,
-            fail_above: None,
-            policy: a.policy,
-            restart: crate::cli::RestartArgs::default(),
-            tui: a.tui,
-            output_log: None,
-            command: vec![OsString::from(format!("pid {}", a.pid))],
-        };
-        let mut cfg = Self::from_args(run)?;
-        cfg.attach = Some(a.pid);
-        cfg.allow_kill = a.allow_kill;
-        Ok(cfg)
-    }
-}
+/// The settings of one supervised job (`settings::Settings`), under the
+/// name the loop has always used.
+pub use crate::settings::Settings as RunConfig;
 
 /// Runs the job under supervision and returns oomguard's exit code.
 pub fn run(cfg: RunConfig) -> i32 {

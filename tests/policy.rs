@@ -117,16 +117,19 @@ fn prevented(leak_in: &str, workers: &str) {
 
 #[test]
 fn serial_leaking_workers_are_stopped_before_the_kernel() {
+    let _serial = serial();
     prevented("workers", "4");
 }
 
 #[test]
 fn serial_leaking_trainer_is_stopped_before_the_kernel() {
+    let _serial = serial();
     prevented("trainer", "2");
 }
 
 #[test]
 fn serial_without_a_policy_the_kernel_kills_and_oomguard_says_so() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("nopolicy", 512 << 20) else {
         return;
     };
@@ -163,6 +166,7 @@ fn serial_without_a_policy_the_kernel_kills_and_oomguard_says_so() {
 
 #[test]
 fn serial_fast_leak_is_stopped_before_the_kernel() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("fast", 1 << 30) else {
         return;
     };
@@ -288,6 +292,7 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
 
 #[test]
 fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("pause", 512 << 20) else {
         return;
     };
@@ -457,30 +462,76 @@ fn invalid_configs_are_rejected_before_the_job_starts() {
 
 #[test]
 fn bad_flags_exit_2() {
-    for args in [
-        vec!["--on-critical", "explode"],
-        vec!["--warn-at", "120%"],
-        vec!["--checkpoint-signal", "SIGNOPE"],
-        vec!["--warn-at", "90%", "--critical-at", "80%"],
-        vec!["--config", "/no/such/oomguard.toml"],
+    let marker = tempfile::tempdir().unwrap();
+    let started = marker.path().join("started");
+    // (flags, what the message must name)
+    for (args, named) in [
+        (vec!["--on-critical", "explode"], "explode"),
+        (vec!["--warn-at", "120%"], "120%"),
+        (vec!["--checkpoint-signal", "SIGNOPE"], "SIGNOPE"),
+        (
+            vec!["--warn-at", "90%", "--critical-at", "80%"],
+            "must be above",
+        ),
+        (
+            vec!["--config", "/no/such/oomguard.toml"],
+            "/no/such/oomguard.toml",
+        ),
+        // A misspelt flag before `--` is not the command to run.
+        (vec!["--budjet", "4G"], "--budjet"),
+        (vec!["--budget", "0"], "'0' must be greater than zero"),
+        (vec!["--warn-at", "0.8"], "'0.8' looks like a fraction"),
+        (
+            vec!["--checkpoint-signal", "KILL"],
+            "'KILL' cannot be caught",
+        ),
+        (
+            vec!["--nvml-lib", "/no/such/libnvidia-ml.so.1"],
+            "/no/such/libnvidia-ml.so.1",
+        ),
+        (
+            vec!["--metrics-addr", "localhost"],
+            "'localhost' has no port",
+        ),
+        (
+            vec!["--log", "/proc/version"],
+            "'/proc/version' is on the proc pseudo file system",
+        ),
     ] {
         let out = oomguard()
             .arg("run")
             .args(&args)
-            .args(["--", "true"])
+            .args(["--", "touch"])
+            .arg(&started)
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(named),
+            "{args:?} does not name {named:?}: {err}"
         );
+        assert!(!started.exists(), "the job started despite {args:?}");
     }
 }
 
 #[test]
+fn metrics_addr_takes_a_host_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let out = oomguard()
+        .args(["run", "--no-tui", "--metrics-addr", "localhost:0", "--log"])
+        .arg(&log)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
+#[test]
 fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("oomkill", 384 << 20) else {
         return;
     };

@@ -78,6 +78,7 @@ fn cow_job(ckpt: &Path, steps: u32) -> Vec<String> {
 
 #[test]
 fn serial_restart_with_fewer_workers_completes_what_the_kernel_would_kill() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("restart", 768 << 20) else {
         return;
     };
@@ -174,6 +175,7 @@ fn serial_restart_with_fewer_workers_completes_what_the_kernel_would_kill() {
 
 #[test]
 fn serial_restart_after_a_real_kernel_oom_kill_of_a_worker() {
+    let _serial = serial();
     let Some(cg) = MemCgroup::or_skip("killed", 512 << 20) else {
         return;
     };

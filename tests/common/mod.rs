@@ -37,6 +37,25 @@ pub fn require(ok: bool, what: &str) -> bool {
     false
 }
 
+/// Held by a test that grows memory on purpose or measures timing (the
+/// `serial_*` tests), so such tests run one at a time under `cargo test`
+/// (threads in one binary) and `cargo nextest` (one process per test)
+/// alike: on a 2-core machine their numbers mean nothing under load.
+pub struct Serial(#[allow(dead_code)] fs::File);
+
+/// Waits for the machine-wide lock of the `serial_*` tests.
+pub fn serial() -> Serial {
+    let path = std::env::temp_dir().join("oomguard-serial-tests.lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    Serial(f)
+}
+
 /// A python3 script written to a temp dir.
 pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);

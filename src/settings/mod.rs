@@ -1,0 +1,416 @@
+//! The one set of settings for `run`, `attach` and `demo`, and the one place
+//! where a value is chosen: a flag beats the settings file, the file beats
+//! the subcommand's preset, the preset beats the default
+//! (`settings::defaults`). Each source is a [`Layer`] of optional values, so
+//! "was this flag given?" is never guessed from a value that clap filled in.
+//!
+//! The rest of the program sees only [`Settings`]: validated, complete, and
+//! the same shape whichever subcommand built it.
+
+pub mod defaults;
+pub mod file;
+pub mod values;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use file::{ConfigError, FileSettings, critical_action};
+
+use crate::cli::{AttachArgs, CgroupMode, CriticalAction, DemoArgs, PolicyArgs, RunArgs, TuiArgs};
+use crate::policy::{Action, Policy};
+use crate::units::SizeOrPercent;
+
+/// Values from one source; `None` where that source is silent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Layer {
+    pub interval: Option<Duration>,
+    pub pss_interval: Option<Duration>,
+    pub procs_interval: Option<Duration>,
+    pub cgroup: Option<CgroupMode>,
+    pub kill_after: Option<Duration>,
+    pub budget: Option<SizeOrPercent>,
+    pub fail_above: Option<u64>,
+    pub notify: Option<bool>,
+    pub policy: Option<String>,
+    pub warn_at: Option<f64>,
+    pub critical_at: Option<f64>,
+    pub on_critical: Option<Action>,
+    pub max_pause: Option<Duration>,
+    pub grace: Option<Duration>,
+    pub checkpoint_signal: Option<i32>,
+    pub on_warn: Option<String>,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_glob: Option<String>,
+    pub max_restarts: Option<u32>,
+    pub restart_delay: Option<Duration>,
+    pub restart_reset: Option<Duration>,
+}
+
+/// The policy and how its actions are carried out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySettings {
+    pub policy: Policy,
+    pub grace: Duration,
+    pub checkpoint_signal: i32,
+    pub on_warn: Option<String>,
+    /// The settings file that was read, if any.
+    pub file: Option<PathBuf>,
+}
+
+/// Restarting from a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartSettings {
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_glob: String,
+    pub resume_cmd: Option<String>,
+    pub degrade: Vec<crate::restart::Degrade>,
+    pub max_restarts: u32,
+    pub restart_delay: Duration,
+    pub restart_reset: Duration,
+    /// `oom-kill`, `cuda-oom`.
+    pub restart_on: Vec<String>,
+}
+
+/// Validated settings of one supervised job, whichever subcommand asked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub argv: Vec<OsString>,
+    pub log: Option<PathBuf>,
+    pub interval: Duration,
+    pub pss_interval: Duration,
+    pub procs_interval: Duration,
+    pub budget: Option<SizeOrPercent>,
+    pub cgroup: CgroupMode,
+    pub kill_after: Duration,
+    pub quiet: bool,
+    pub notify: bool,
+    pub policy: PolicySettings,
+    pub proc_root: PathBuf,
+    pub tui: TuiArgs,
+    pub restart: RestartSettings,
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub metrics_textfile: Option<PathBuf>,
+    pub fail_above: Option<u64>,
+    /// `None`: no GPU watching; `Some(None)`: the system's NVML.
+    pub nvml: Option<Option<PathBuf>>,
+    pub torch_stats: bool,
+    /// `attach`: watch this running process instead of launching one.
+    pub attach: Option<u32>,
+    /// `attach --allow-kill`.
+    pub allow_kill: bool,
+    /// `--output-log`: a raw copy of everything the job prints.
+    pub output_log: Option<PathBuf>,
+}
+
+/// What differs between the subcommands: the preset layer under the file,
+/// and what a subcommand never does.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Preset {
+    Run,
+    /// A job oomguard did not launch: no cgroup of its own, no restarts.
+    Attach {
+        pid: u32,
+        allow_kill: bool,
+    },
+    /// The embedded demo: fast cadences so a newcomer sees it all in
+    /// seconds, no desktop notifications, and no `./oomguard.toml`.
+    Demo {
+        budget: u64,
+    },
+}
+
+impl Preset {
+    fn layer(self) -> Layer {
+        match self {
+            Preset::Run | Preset::Attach { .. } => Layer::default(),
+            Preset::Demo { budget } => Layer {
+                interval: Some(Duration::from_millis(500)),
+                pss_interval: Some(Duration::from_secs(1)),
+                procs_interval: Some(Duration::from_secs(5)),
+                budget: Some(SizeOrPercent::Bytes(budget)),
+                notify: Some(false),
+                ..Layer::default()
+            },
+        }
+    }
+
+    fn reads_local_file(self) -> bool {
+        !matches!(self, Preset::Demo { .. })
+    }
+}
+
+/// What only the command line can say (no file key, no default to merge).
+#[derive(Debug, Clone, Default)]
+pub struct CommandLine {
+    pub argv: Vec<OsString>,
+    pub log: Option<PathBuf>,
+    pub quiet: bool,
+    pub tui: TuiArgs,
+    pub config: Option<PathBuf>,
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub metrics_textfile: Option<PathBuf>,
+    pub output_log: Option<PathBuf>,
+    pub nvml: Option<Option<PathBuf>>,
+    pub torch_stats: bool,
+    pub resume_cmd: Option<String>,
+    pub degrade: Vec<crate::restart::Degrade>,
+    pub restart_on: Vec<String>,
+}
+
+impl Settings {
+    /// `oomguard run`.
+    pub fn for_run(a: RunArgs) -> Result<Self, ConfigError> {
+        let mut flags = policy_layer(&a.policy);
+        flags.interval = a.interval;
+        flags.pss_interval = a.pss_interval;
+        flags.procs_interval = a.procs_interval;
+        flags.cgroup = a.cgroup;
+        flags.kill_after = a.kill_after;
+        flags.budget = a.budget;
+        flags.fail_above = a.fail_above;
+        flags.checkpoint_dir = a.restart.checkpoint_dir;
+        flags.checkpoint_glob = a.restart.checkpoint_glob;
+        flags.max_restarts = a.restart.max_restarts;
+        flags.restart_delay = a.restart.restart_delay;
+        flags.restart_reset = a.restart.restart_reset;
+        let cmd = CommandLine {
+            argv: a.command,
+            log: a.log,
+            quiet: a.quiet,
+            tui: a.tui,
+            config: a.policy.config,
+            metrics_addr: a.metrics_addr,
+            metrics_textfile: a.metrics_textfile,
+            output_log: a.output_log,
+            nvml: (!a.no_gpu).then_some(a.nvml_lib),
+            torch_stats: a.torch_stats,
+            resume_cmd: a.restart.resume_cmd,
+            degrade: a.restart.degrade,
+            restart_on: a.restart.restart_on,
+        };
+        Self::resolve(cmd, &flags, Preset::Run)
+    }
+
+    /// `oomguard attach PID`.
+    pub fn for_attach(a: AttachArgs) -> Result<Self, ConfigError> {
+        let mut flags = policy_layer(&a.policy);
+        flags.interval = a.interval;
+        flags.pss_interval = a.pss_interval;
+        flags.budget = a.budget;
+        let cmd = CommandLine {
+            argv: vec![OsString::from(format!("pid {}", a.pid))],
+            log: a.log,
+            quiet: a.quiet,
+            tui: a.tui,
+            config: a.policy.config,
+            nvml: Some(None),
+            ..CommandLine::default()
+        };
+        Self::resolve(
+            cmd,
+            &flags,
+            Preset::Attach {
+                pid: a.pid,
+                allow_kill: a.allow_kill,
+            },
+        )
+    }
+
+    /// `oomguard demo`: `argv` is the demo job.
+    pub fn for_demo(a: &DemoArgs, argv: Vec<OsString>) -> Result<Self, ConfigError> {
+        let cmd = CommandLine {
+            argv,
+            log: a.log.clone(),
+            tui: a.tui,
+            ..CommandLine::default()
+        };
+        Self::resolve(cmd, &Layer::default(), Preset::Demo { budget: a.budget })
+    }
+
+    /// Reads the settings file (unless the preset forbids it) and decides
+    /// every value: flag > file > preset > default.
+    pub fn resolve(cmd: CommandLine, flags: &Layer, preset: Preset) -> Result<Self, ConfigError> {
+        let file = if preset.reads_local_file() || cmd.config.is_some() {
+            file::read(cmd.config.as_deref(), preset.reads_local_file())?
+        } else {
+            None
+        };
+        Self::merge(cmd, flags, file.as_ref(), preset)
+    }
+
+    /// The merge itself, on an already read file (testable without files).
+    pub fn merge(
+        cmd: CommandLine,
+        flags: &Layer,
+        file: Option<&FileSettings>,
+        preset: Preset,
+    ) -> Result<Self, ConfigError> {
+        let empty = Layer::default();
+        let file_layer = file.map_or(&empty, |f| &f.layer);
+        let preset_layer = preset.layer();
+        let layers = [flags, file_layer, &preset_layer];
+        macro_rules! pick {
+            ($field:ident) => {
+                layers.iter().find_map(|l| l.$field.clone())
+            };
+            ($field:ident, $default:expr) => {
+                pick!($field).unwrap_or($default)
+            };
+        }
+        let warn = pick!(warn_at, defaults::WARN_AT);
+        let crit = pick!(critical_at, defaults::CRITICAL_AT);
+        if crit <= warn {
+            return Err(ConfigError::Flag(format!(
+                "the critical level ({crit}%) must be above the warning level ({warn}%): both are usage of the nearest ceiling"
+            )));
+        }
+        let on_critical = pick!(on_critical, defaults::ON_CRITICAL);
+        let mut policy = match pick!(policy, defaults::POLICY.to_string()).as_str() {
+            "none" => Policy::none(),
+            "default" => Policy::default_with(warn, crit, on_critical),
+            other => {
+                return Err(ConfigError::Flag(format!(
+                    "unknown policy '{other}' (expected default, none)"
+                )));
+            }
+        };
+        if let Some(f) = file.filter(|f| !f.rules.is_empty()) {
+            if !f.include_defaults {
+                policy.rules.clear();
+            }
+            policy.rules.extend(f.rules.iter().cloned());
+        }
+        policy.max_pause_seconds = pick!(max_pause, defaults::MAX_PAUSE).as_secs_f64();
+        policy.after_pause = match on_critical {
+            Action::Pause => Action::Stop,
+            other => other,
+        };
+        let mut names = std::collections::HashSet::new();
+        if let Some(dup) = policy.rules.iter().find(|r| !names.insert(r.name.as_str())) {
+            return Err(ConfigError::Flag(format!(
+                "two rules are named '{}': rule names must be unique",
+                dup.name
+            )));
+        }
+        if let Some(Some(lib)) = &cmd.nvml
+            && !lib.exists()
+        {
+            return Err(ConfigError::Flag(format!(
+                "--nvml-lib '{}' does not exist (expected the path of libnvidia-ml.so.1)",
+                lib.display()
+            )));
+        }
+        if let Some(log) = &cmd.log {
+            check_log_path(log)?;
+        }
+        let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+        let (attach, allow_kill) = match preset {
+            Preset::Attach { pid, allow_kill } => (Some(pid), allow_kill),
+            _ => (None, false),
+        };
+        Ok(Self {
+            argv: cmd.argv,
+            log: cmd.log,
+            interval: pick!(interval, defaults::INTERVAL),
+            pss_interval: pick!(pss_interval, defaults::PSS_INTERVAL),
+            procs_interval: pick!(procs_interval, defaults::PROCS_INTERVAL),
+            budget: pick!(budget),
+            // A job oomguard did not launch cannot be put in a cgroup of its own.
+            cgroup: if attach.is_some() {
+                CgroupMode::Off
+            } else {
+                pick!(cgroup, defaults::CGROUP)
+            },
+            kill_after: pick!(kill_after, defaults::KILL_AFTER),
+            quiet: cmd.quiet,
+            notify: !in_ci && pick!(notify, true),
+            policy: PolicySettings {
+                policy,
+                grace: pick!(grace, defaults::GRACE),
+                checkpoint_signal: pick!(checkpoint_signal, defaults::CHECKPOINT_SIGNAL),
+                on_warn: pick!(on_warn),
+                file: file.map(|f| f.path.clone()),
+            },
+            proc_root: PathBuf::from("/proc"),
+            tui: cmd.tui,
+            restart: RestartSettings {
+                checkpoint_dir: pick!(checkpoint_dir),
+                checkpoint_glob: pick!(checkpoint_glob, defaults::CHECKPOINT_GLOB.to_string()),
+                resume_cmd: cmd.resume_cmd,
+                degrade: cmd.degrade,
+                max_restarts: if attach.is_some() {
+                    0
+                } else {
+                    pick!(max_restarts, defaults::MAX_RESTARTS)
+                },
+                restart_delay: pick!(restart_delay, defaults::RESTART_DELAY),
+                restart_reset: pick!(restart_reset, defaults::RESTART_RESET),
+                restart_on: cmd.restart_on,
+            },
+            metrics_addr: cmd.metrics_addr,
+            metrics_textfile: cmd.metrics_textfile,
+            fail_above: pick!(fail_above),
+            nvml: cmd.nvml,
+            torch_stats: cmd.torch_stats,
+            attach,
+            allow_kill,
+            output_log: cmd.output_log,
+        })
+    }
+}
+
+/// The policy flags shared by `run` and `attach`.
+fn policy_layer(p: &PolicyArgs) -> Layer {
+    Layer {
+        policy: p.policy.clone(),
+        warn_at: p.warn_at,
+        critical_at: p.critical_at,
+        on_critical: p.on_critical.map(|c| match c {
+            CriticalAction::Pause => Action::Pause,
+            CriticalAction::Stop => Action::Stop,
+            CriticalAction::Kill => Action::Kill,
+            CriticalAction::Restart => Action::Restart,
+        }),
+        max_pause: p.max_pause,
+        grace: p.grace,
+        checkpoint_signal: p.checkpoint_signal,
+        on_warn: p.on_warn.clone(),
+        notify: p.no_notify.then_some(false),
+        ..Layer::default()
+    }
+}
+
+/// A log on a kernel pseudo file system (`/proc/version`, a sysfs or cgroup
+/// file) opens but refuses every write: refuse it before the job starts
+/// rather than losing the log once it runs.
+fn check_log_path(path: &Path) -> Result<(), ConfigError> {
+    let probe = if path.exists() {
+        path.to_path_buf()
+    } else {
+        match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
+    };
+    let Ok(fs) = rustix::fs::statfs(&probe) else {
+        return Ok(()); // a missing directory is reported when the log is created
+    };
+    let pseudo = [
+        (libc::PROC_SUPER_MAGIC, "proc"),
+        (libc::SYSFS_MAGIC, "sysfs"),
+        (libc::CGROUP_SUPER_MAGIC, "cgroup"),
+        (libc::CGROUP2_SUPER_MAGIC, "cgroup2"),
+        (libc::DEBUGFS_MAGIC, "debugfs"),
+    ];
+    match pseudo.iter().find(|(m, _)| fs.f_type == *m) {
+        Some((_, name)) => Err(ConfigError::Flag(format!(
+            "--log '{}' is on the {name} pseudo file system, which does not store what is written (expected a regular file, e.g. run.ndjson)",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

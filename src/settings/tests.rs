@@ -1,0 +1,370 @@
+//! Precedence tests: for every setting that both a flag and the file can
+//! set, the flag wins over the file, and the file wins over the default.
+
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::cli::{Cli, Command};
+use crate::policy::Metric;
+
+fn run_args(extra: &[&str]) -> RunArgs {
+    let mut argv = vec!["oomguard", "run"];
+    argv.extend_from_slice(extra);
+    argv.extend_from_slice(&["--", "true"]);
+    match Cli::try_parse_from(argv).map(|c| c.command) {
+        Ok(Command::Run(r)) => *r,
+        other => panic!("{extra:?}: {other:?}"),
+    }
+}
+
+fn settings(flags: &[&str], file: Option<&str>) -> Settings {
+    let a = run_args(flags);
+    let mut layer = policy_layer(&a.policy);
+    layer.interval = a.interval;
+    layer.pss_interval = a.pss_interval;
+    layer.procs_interval = a.procs_interval;
+    layer.cgroup = a.cgroup;
+    layer.kill_after = a.kill_after;
+    layer.budget = a.budget;
+    layer.fail_above = a.fail_above;
+    layer.checkpoint_dir = a.restart.checkpoint_dir.clone();
+    layer.checkpoint_glob = a.restart.checkpoint_glob.clone();
+    layer.max_restarts = a.restart.max_restarts;
+    layer.restart_delay = a.restart.restart_delay;
+    layer.restart_reset = a.restart.restart_reset;
+    let file = file.map(|t| file::parse(Path::new("oomguard.toml"), t).unwrap());
+    Settings::merge(CommandLine::default(), &layer, file.as_ref(), Preset::Run).unwrap()
+}
+
+/// One setting: a flag, a file line with another value, and how to read the
+/// resolved value as text.
+struct Case {
+    flag: &'static [&'static str],
+    file: &'static str,
+    get: fn(&Settings) -> String,
+    from_flag: &'static str,
+    from_file: &'static str,
+}
+
+fn dur(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn warn_at(s: &Settings) -> String {
+    format!("{:?}", s.policy.policy.thresholds().0)
+}
+
+fn crit_at(s: &Settings) -> String {
+    format!("{:?}", s.policy.policy.thresholds().1)
+}
+
+fn critical_action(s: &Settings) -> String {
+    let crit = s
+        .policy
+        .policy
+        .rules
+        .iter()
+        .find(|r| r.name == "critical-headroom");
+    format!("{:?}", crit.map(|r| r.action))
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            flag: &["--interval", "2s"],
+            file: "interval = \"3s\"",
+            get: |s| dur(s.interval),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--pss-interval", "2s"],
+            file: "pss_interval = \"3s\"",
+            get: |s| dur(s.pss_interval),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--procs-interval", "2s"],
+            file: "procs_interval = \"3s\"",
+            get: |s| dur(s.procs_interval),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--cgroup", "auto"],
+            file: "cgroup = \"off\"",
+            get: |s| format!("{:?}", s.cgroup),
+            from_flag: "Auto",
+            from_file: "Off",
+        },
+        Case {
+            flag: &["--kill-after", "2s"],
+            file: "kill_after = \"3s\"",
+            get: |s| dur(s.kill_after),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--budget", "2GiB"],
+            file: "budget = \"3GiB\"",
+            get: |s| format!("{:?}", s.budget),
+            from_flag: "Some(Bytes(2147483648))",
+            from_file: "Some(Bytes(3221225472))",
+        },
+        Case {
+            flag: &["--fail-above", "2GiB"],
+            file: "fail_above = \"3GiB\"",
+            get: |s| format!("{:?}", s.fail_above),
+            from_flag: "Some(2147483648)",
+            from_file: "Some(3221225472)",
+        },
+        Case {
+            flag: &["--policy", "default"],
+            file: "policy = \"none\"",
+            get: |s| s.policy.policy.rules.len().to_string(),
+            from_flag: "4",
+            from_file: "0",
+        },
+        Case {
+            flag: &["--warn-at", "70%"],
+            file: "warn_at = \"60%\"",
+            get: warn_at,
+            from_flag: "Some(30.0)",
+            from_file: "Some(40.0)",
+        },
+        Case {
+            flag: &["--critical-at", "95%"],
+            file: "critical_at = \"90%\"",
+            get: crit_at,
+            from_flag: "Some(5.0)",
+            from_file: "Some(10.0)",
+        },
+        Case {
+            flag: &["--on-critical", "kill"],
+            file: "on_critical = \"pause\"",
+            get: critical_action,
+            from_flag: "Some(Kill)",
+            from_file: "Some(Pause)",
+        },
+        Case {
+            flag: &["--max-pause", "2s"],
+            file: "max_pause = \"3s\"",
+            get: |s| s.policy.policy.max_pause_seconds.to_string(),
+            from_flag: "2",
+            from_file: "3",
+        },
+        Case {
+            flag: &["--grace", "2s"],
+            file: "grace = \"3s\"",
+            get: |s| dur(s.policy.grace),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--checkpoint-signal", "USR1"],
+            file: "checkpoint_signal = \"USR2\"",
+            get: |s| s.policy.checkpoint_signal.to_string(),
+            from_flag: "10",
+            from_file: "12",
+        },
+        Case {
+            flag: &["--on-warn", "echo flag"],
+            file: "on_warn = \"echo file\"",
+            get: |s| format!("{:?}", s.policy.on_warn),
+            from_flag: "Some(\"echo flag\")",
+            from_file: "Some(\"echo file\")",
+        },
+        Case {
+            flag: &["--no-notify"],
+            file: "notify = true",
+            get: |s| s.notify.to_string(),
+            from_flag: "false",
+            from_file: "true",
+        },
+        Case {
+            flag: &["--checkpoint-dir", "/flag"],
+            file: "checkpoint_dir = \"/file\"",
+            get: |s| format!("{:?}", s.restart.checkpoint_dir),
+            from_flag: "Some(\"/flag\")",
+            from_file: "Some(\"/file\")",
+        },
+        Case {
+            flag: &["--checkpoint-glob", "*.pt"],
+            file: "checkpoint_glob = \"*.ckpt\"",
+            get: |s| s.restart.checkpoint_glob.clone(),
+            from_flag: "*.pt",
+            from_file: "*.ckpt",
+        },
+        Case {
+            flag: &["--max-restarts", "7"],
+            file: "max_restarts = 9",
+            get: |s| s.restart.max_restarts.to_string(),
+            from_flag: "7",
+            from_file: "9",
+        },
+        Case {
+            flag: &["--restart-delay", "2s"],
+            file: "restart_delay = \"3s\"",
+            get: |s| dur(s.restart.restart_delay),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+        Case {
+            flag: &["--restart-reset", "2s"],
+            file: "restart_reset = \"3s\"",
+            get: |s| dur(s.restart.restart_reset),
+            from_flag: "2000ms",
+            from_file: "3000ms",
+        },
+    ]
+}
+
+#[test]
+fn every_flag_beats_the_file_and_the_file_beats_the_default() {
+    // `notify` is forced off under CI; compare with the same environment.
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    for c in cases() {
+        let defaults = (c.get)(&settings(&[], None));
+        let file_only = (c.get)(&settings(&[], Some(c.file)));
+        let both = (c.get)(&settings(c.flag, Some(c.file)));
+        if c.file.starts_with("notify") && ci {
+            assert_eq!(both, "false");
+            continue;
+        }
+        assert_eq!(both, c.from_flag, "{:?} did not beat `{}`", c.flag, c.file);
+        assert_eq!(
+            file_only, c.from_file,
+            "`{}` did not beat the default",
+            c.file
+        );
+        if !c.file.starts_with("notify") {
+            assert_ne!(
+                defaults, c.from_file,
+                "{}: the test cannot tell file from default",
+                c.file
+            );
+        }
+        assert_ne!(
+            c.from_flag, c.from_file,
+            "{:?}: flag and file agree",
+            c.flag
+        );
+    }
+}
+
+#[test]
+fn every_file_key_has_a_precedence_case() {
+    // A key added to the file without a case here would escape the test
+    // above: list the keys the file accepts and compare.
+    let covered: Vec<&str> = cases()
+        .iter()
+        .map(|c| c.file.split(' ').next().unwrap_or(""))
+        .collect();
+    let sample = "interval pss_interval procs_interval cgroup kill_after budget fail_above \
+                  notify policy warn_at critical_at on_critical max_pause grace \
+                  checkpoint_signal on_warn checkpoint_dir checkpoint_glob max_restarts \
+                  restart_delay restart_reset";
+    for key in sample.split_whitespace() {
+        assert!(covered.contains(&key), "no precedence case for '{key}'");
+    }
+    assert_eq!(
+        Layer::default(),
+        file::parse(Path::new("f"), "").unwrap().layer
+    );
+}
+
+#[test]
+fn kill_after_from_the_command_line_beats_the_file() {
+    // The bug this module was written for: clap filled in 10s, so the file
+    // always won.
+    let s = settings(&["--kill-after", "10s"], Some("kill_after = \"30s\""));
+    assert_eq!(s.kill_after, Duration::from_secs(10));
+    assert_eq!(settings(&[], None).kill_after, defaults::KILL_AFTER);
+}
+
+#[test]
+fn presets_sit_between_the_file_and_the_defaults() {
+    let demo = Settings::merge(
+        CommandLine::default(),
+        &Layer::default(),
+        None,
+        Preset::Demo { budget: 1 << 30 },
+    )
+    .unwrap();
+    assert_eq!(demo.interval, Duration::from_millis(500));
+    assert!(!demo.notify);
+    assert_eq!(demo.budget, Some(SizeOrPercent::Bytes(1 << 30)));
+    let file = file::parse(Path::new("f"), "interval = \"2s\"").unwrap();
+    let with_file = Settings::merge(
+        CommandLine::default(),
+        &Layer::default(),
+        Some(&file),
+        Preset::Demo { budget: 1 << 30 },
+    )
+    .unwrap();
+    assert_eq!(with_file.interval, Duration::from_secs(2));
+
+    let attach = Settings::merge(
+        CommandLine::default(),
+        &Layer::default(),
+        None,
+        Preset::Attach {
+            pid: 42,
+            allow_kill: true,
+        },
+    )
+    .unwrap();
+    assert_eq!((attach.attach, attach.allow_kill), (Some(42), true));
+    assert_eq!(attach.cgroup, CgroupMode::Off);
+    assert_eq!(attach.restart.max_restarts, 0);
+}
+
+#[test]
+fn custom_rules_replace_defaults_unless_included() {
+    let text = "[[rule]]\nname = \"swap\"\nmetric = \"swap_in_rate\"\nabove = \"50MiB/s\"\naction = \"warn\"\n";
+    let s = settings(&[], Some(text));
+    assert_eq!(s.policy.policy.rules.len(), 1);
+    assert_eq!(s.policy.policy.rules[0].metric, Metric::SwapInRate);
+    let s = settings(&[], Some(&format!("include_defaults = true\n{text}")));
+    assert_eq!(s.policy.policy.rules.len(), 5);
+}
+
+#[test]
+fn critical_below_warn_is_rejected_whatever_the_source() {
+    let a = run_args(&["--warn-at", "90%"]);
+    let file = file::parse(Path::new("f"), "critical_at = \"85%\"").unwrap();
+    let e = Settings::merge(
+        CommandLine::default(),
+        &policy_layer(&a.policy),
+        Some(&file),
+        Preset::Run,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("must be above"), "{e}");
+}
+
+#[test]
+fn bad_paths_are_refused_before_the_job_starts() {
+    let cmd = CommandLine {
+        nvml: Some(Some("/no/such/libnvidia-ml.so.1".into())),
+        ..CommandLine::default()
+    };
+    let e = Settings::merge(cmd, &Layer::default(), None, Preset::Run).unwrap_err();
+    assert!(e.to_string().contains("/no/such/libnvidia-ml.so.1"), "{e}");
+    let cmd = CommandLine {
+        log: Some("/proc/version".into()),
+        ..CommandLine::default()
+    };
+    let e = Settings::merge(cmd, &Layer::default(), None, Preset::Run).unwrap_err();
+    assert!(e.to_string().contains("proc pseudo file system"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let cmd = CommandLine {
+        log: Some(dir.path().join("run.ndjson")),
+        ..CommandLine::default()
+    };
+    assert!(Settings::merge(cmd, &Layer::default(), None, Preset::Run).is_ok());
+}
