@@ -63,6 +63,9 @@ pub enum Command {
     Report(ReportArgs),
     /// Watch (and guard) a job that was started without oomguard.
     Attach(Box<AttachArgs>),
+    /// Run a recorded log's samples through a policy: what it would have
+    /// done, and when, beside what was done.
+    Replay(ReplayArgs),
     /// Print shell completions.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -140,6 +143,20 @@ pub struct ReportArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::report::Format::Html)]
     pub format: crate::report::Format,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The NDJSON log written by `oomguard run --log`, or `-` for stdin.
+    pub log: PathBuf,
+
+    /// Output format: a side-by-side table, or one JSON object per action.
+    #[arg(long, value_enum, default_value_t = ForensicsFormat::Text)]
+    pub format: ForensicsFormat,
+
+    /// The policy to replay [default: the one the run recorded].
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 #[derive(Debug, Args)]

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod probe;
+pub mod replay;
 pub mod report;
 pub mod restart;
 pub mod run;

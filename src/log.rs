@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{
     Ceiling, CgroupSample, GpuSample, ProcSample, Psi, Sample, SystemSample, TreeTotals, View,
 };
+use crate::policy::{Metric, Policy, Readings};
 
 /// The schema name every line carries.
 pub const SCHEMA: &str = "oomguard/1";
@@ -174,6 +175,15 @@ pub struct SampleEvent {
     /// (`--torch-stats`), on every line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub torch: Vec<TorchProc>,
+    /// The policy inputs a replay cannot derive from the fields above
+    /// (`oomguard replay`): the fastest grower's rate, the fullest GPU's
+    /// ETA and PyTorch's fragmentation, where known and a rule reads them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fastest_growth_bytes_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_eta_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_fragmentation_bytes: Option<u64>,
 }
 
 /// One process's PyTorch allocator figures.
@@ -213,8 +223,42 @@ impl SampleEvent {
                     })
                 })
                 .collect(),
+            fastest_growth_bytes_per_s: None,
+            gpu_eta_seconds: None,
+            torch_fragmentation_bytes: None,
         }
     }
+
+    /// Adds the policy inputs that cannot be derived from the other fields,
+    /// for `oomguard replay`: those a rule of `policy` reads. (Every one on
+    /// every line would cost ~5 MB a day; a replay names a rule whose input
+    /// the run did not record.)
+    pub fn with_policy_inputs(mut self, policy: &Policy, r: &Readings) -> Self {
+        let used = |m: Metric| policy.rules.iter().any(|rule| rule.metric == m);
+        let finite = |m: Metric| r.get(m).filter(|v| v.is_finite());
+        if used(Metric::FastestGrowth) {
+            self.fastest_growth_bytes_per_s = finite(Metric::FastestGrowth).map(f64::round);
+        }
+        if used(Metric::GpuEta) {
+            self.gpu_eta_seconds = finite(Metric::GpuEta).map(|e| (e * 10.0).round() / 10.0);
+        }
+        if used(Metric::TorchFragmentation) {
+            self.torch_fragmentation_bytes = finite(Metric::TorchFragmentation).map(|f| f as u64);
+        }
+        self
+    }
+}
+
+/// `action`: something oomguard did (or was refused) and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionEvent {
+    pub action: String,
+    /// The rule, `max-pause`, or what else caused it.
+    pub reason: String,
+    pub pids: Vec<u32>,
+    pub signal: Option<String>,
+    /// `ok` or the error.
+    pub result: String,
 }
 
 /// `child_exit`.

@@ -77,6 +77,39 @@ fn report(args: oomguard::cli::ReportArgs) -> i32 {
     }
 }
 
+fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
+    use oomguard::replay;
+    let policy = match oomguard::settings::replay_policy(&args.policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            return 2;
+        }
+    };
+    let name = args.log.display().to_string();
+    let result = if args.log.as_os_str() == "-" {
+        replay::replay("stdin", std::io::stdin().lock(), policy)
+    } else {
+        match std::fs::File::open(&args.log) {
+            Ok(f) => replay::replay(&name, std::io::BufReader::new(f), policy),
+            Err(e) => {
+                eprintln!("oomguard: cannot read '{name}': {e}");
+                return 2;
+            }
+        }
+    };
+    match result {
+        Ok(r) => match args.format {
+            oomguard::cli::ForensicsFormat::Text => print(&replay::render_text(&name, &r)),
+            oomguard::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
+        },
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            2
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse_args();
     let code = match cli.command {
@@ -97,6 +130,7 @@ fn main() {
             }
         },
         Command::Report(args) => report(args),
+        Command::Replay(args) => replay(args),
         Command::Completions { shell } => {
             let mut cmd = Cli::command_with_defaults();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());

@@ -481,6 +481,8 @@ pub struct Engine {
     paused: Option<(f64, String)>,
     /// A critical action was decided: the attempt is ending.
     ended: bool,
+    /// How often a rule with a `for` started or stopped waiting it out.
+    pending_changes: u64,
 }
 
 impl Engine {
@@ -499,7 +501,15 @@ impl Engine {
             last_t: None,
             paused: None,
             ended: false,
+            pending_changes: 0,
         }
+    }
+
+    /// Counts every start and end of a rule's `for` wait. A tick that
+    /// changes it is logged, so a replay starts the wait at the same
+    /// sample the run did.
+    pub fn pending_changes(&self) -> u64 {
+        self.pending_changes
     }
 
     pub fn policy(&self) -> &Policy {
@@ -544,12 +554,17 @@ impl Engine {
             };
             let Some(guard_ok) = guard_ok else { continue };
             let holds = guard_ok && rule.op.holds(value, rule.threshold);
+            let waits = rule.for_seconds > 0.0;
             match st.state {
-                State::Idle | State::Pending { .. } if !holds => st.state = State::Idle,
-                State::Idle => {
-                    st.state = State::Pending { since: r.t };
+                State::Pending { .. } if !holds => {
+                    st.state = State::Idle;
+                    self.pending_changes += u64::from(waits);
                 }
-                State::Pending { .. } | State::Firing => {}
+                State::Idle if holds => {
+                    st.state = State::Pending { since: r.t };
+                    self.pending_changes += u64::from(waits);
+                }
+                State::Idle | State::Pending { .. } | State::Firing => {}
             }
             if let State::Pending { since } = st.state
                 && r.t - since >= rule.for_seconds
@@ -659,6 +674,40 @@ mod tests {
             max_pause_seconds: 600.0,
             after_pause: Action::Stop,
         }
+    }
+
+    #[test]
+    fn waits_are_counted_so_the_loop_can_log_them() {
+        let mut p = Policy::none();
+        let mut rule = Rule::new(
+            "slow",
+            Metric::HeadroomPercent,
+            Op::Below,
+            10.0,
+            Action::Warn,
+        );
+        rule.for_seconds = 2.0;
+        p.rules.push(rule);
+        p.rules.push(Rule::new(
+            "instant",
+            Metric::HeadroomPercent,
+            Op::Below,
+            5.0,
+            Action::Warn,
+        ));
+        let mut e = Engine::new(p);
+        e.step(&at(1.0, 50.0));
+        assert_eq!(e.pending_changes(), 0);
+        e.step(&at(2.0, 8.0));
+        assert_eq!(e.pending_changes(), 1, "the wait began");
+        e.step(&at(3.0, 50.0));
+        assert_eq!(e.pending_changes(), 2, "the wait ended");
+        e.step(&at(4.0, 4.0));
+        assert_eq!(
+            e.pending_changes(),
+            3,
+            "a rule without `for` does not count"
+        );
     }
 
     #[test]

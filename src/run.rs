@@ -1322,6 +1322,7 @@ impl Supervisor {
         let readings = Readings::from_sample(&sample, &view, gpu_eta, frag);
         // Once the job is ending (it exited, a stop is under way, or oomguard
         // was told to stop) the policy has nothing more to decide.
+        let waits_before = self.engine.pending_changes();
         let decisions = if self.main_status.is_some()
             || self.shutdown_signal.is_some()
             || self.stop.is_some()
@@ -1330,7 +1331,10 @@ impl Supervisor {
         } else {
             self.engine.step(&readings)
         };
+        // A rule that starts or ends its `for` wait is logged too, so that
+        // `oomguard replay` waits from the same sample.
         let acted = !decisions.is_empty();
+        let waits_changed = self.engine.pending_changes() != waits_before;
         for d in decisions {
             self.apply(d, &sample, &view);
         }
@@ -1341,7 +1345,7 @@ impl Supervisor {
         if self.stop.is_some() {
             self.guard(&sample, now);
         }
-        self.record(&sample, &view, acted);
+        self.record(&sample, &view, acted, waits_changed, Some(&readings));
         let every = self.cadence(&view);
         self.next_tick = now + every;
         if every >= self.cfg.interval {
@@ -1384,7 +1388,18 @@ impl Supervisor {
         fast.min(base)
     }
 
-    fn record(&mut self, sample: &Sample, view: &View, force: bool) {
+    /// `force`: a rule or action happened (the line is logged, with the
+    /// per-process detail); `waits_changed`: a rule began or ended its `for`
+    /// wait (the line is logged). `readings`: what the policy saw (the
+    /// inputs a replay cannot derive are logged).
+    fn record(
+        &mut self,
+        sample: &Sample,
+        view: &View,
+        force: bool,
+        waits_changed: bool,
+        readings: Option<&Readings>,
+    ) {
         // Every tick: a scrape sees the newest numbers (cheap: a copy).
         self.metrics.update(sample, view);
         if let Some(app) = self.app.as_mut() {
@@ -1417,7 +1432,7 @@ impl Supervisor {
         let due = self
             .last_logged
             .is_none_or(|last| sample.t - last >= self.cfg.interval.as_secs_f64() * 0.95);
-        if !(due || force) {
+        if !(due || force || waits_changed) {
             return;
         }
         self.last_logged = Some(sample.t);
@@ -1438,7 +1453,11 @@ impl Supervisor {
         self.log.write_at(
             "sample",
             sample.t,
-            &SampleEvent::new(sample, view, with_procs),
+            &match readings {
+                Some(r) => SampleEvent::new(sample, view, with_procs)
+                    .with_policy_inputs(self.engine.policy(), r),
+                None => SampleEvent::new(sample, view, with_procs),
+            },
         );
     }
 
@@ -1503,13 +1522,13 @@ impl Supervisor {
         }
         self.log.write(
             "action",
-            &serde_json::json!({
-                "action": action,
-                "reason": reason,
-                "pids": pids,
-                "signal": signal.map(supervise::signal_name),
-                "result": result,
-            }),
+            &crate::log::ActionEvent {
+                action: action.to_string(),
+                reason: reason.to_string(),
+                pids,
+                signal: signal.map(supervise::signal_name),
+                result,
+            },
         );
     }
 
@@ -2679,7 +2698,7 @@ impl Supervisor {
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.history.push(&sample);
-        self.record(&sample, &view, true);
+        self.record(&sample, &view, true, false, None);
         let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
         let kernel_killed = match (cg_kills, self.oom_kills_at_start) {
             (Some(now), Some(before)) => now > before,

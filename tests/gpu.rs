@@ -477,15 +477,15 @@ fn run_reports_gpus_and_attributes_the_job() {
     });
     assert!(attributed, "no sample attributed the GPU memory:\n{text}");
 
-    // Without a library: the run goes on, and says why there is no GPU.
+    // A library that cannot be loaded: the run goes on, and says why there
+    // is no GPU. (A path that does not exist at all is a usage error, exit
+    // 2: see tests/policy.rs `bad_flags_exit_2`.)
+    let broken = dir.path().join("libnvidia-ml.so.1");
+    std::fs::write(&broken, "not a shared object").unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
-        .args([
-            "run",
-            "-q",
-            "--nvml-lib",
-            "/no/such/libnvidia-ml.so.1",
-            "--log",
-        ])
+        .args(["run", "-q", "--nvml-lib"])
+        .arg(&broken)
+        .arg("--log")
         .arg(&log)
         .args(["--", "true"])
         .status()
@@ -504,7 +504,7 @@ fn run_reports_gpus_and_attributes_the_job() {
         first["gpu"]["reason"]
             .as_str()
             .unwrap()
-            .contains("/no/such/libnvidia-ml.so.1"),
+            .contains(broken.to_str().unwrap()),
         "{first}"
     );
 }

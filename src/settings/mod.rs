@@ -360,6 +360,33 @@ impl Settings {
     }
 }
 
+/// The policy `oomguard replay` applies: `None` when no policy flag and no
+/// `--config` was given (the replay then uses the recorded policy). The
+/// working directory's `oomguard.toml` is not read: the recorded policy
+/// already reflects it.
+pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigError> {
+    let flags = policy_layer(p);
+    let given = flags.policy.is_some()
+        || flags.warn_at.is_some()
+        || flags.critical_at.is_some()
+        || flags.on_critical.is_some()
+        || flags.max_pause.is_some()
+        || p.config.is_some();
+    if !given {
+        return Ok(None);
+    }
+    let file = match &p.config {
+        Some(path) => file::read(Some(path), false)?,
+        None => None,
+    };
+    let s = Settings::merge(CommandLine::default(), &flags, file.as_ref(), Preset::Run)?;
+    let source = match &p.config {
+        Some(path) => format!("{} with the flags given", path.display()),
+        None => "the flags given".to_string(),
+    };
+    Ok(Some((s.policy.policy, source)))
+}
+
 /// The policy flags shared by `run` and `attach`.
 fn policy_layer(p: &PolicyArgs) -> Layer {
     Layer {

@@ -111,6 +111,13 @@ pub struct Sample {
     pub procs: Option<Vec<Proc>>,
     #[serde(default)]
     pub torch: Vec<TorchProc>,
+    /// Policy inputs for `oomguard replay` (absent when unknown or zero).
+    #[serde(default)]
+    pub fastest_growth_bytes_per_s: Option<f64>,
+    #[serde(default)]
+    pub gpu_eta_seconds: Option<f64>,
+    #[serde(default)]
+    pub torch_fragmentation_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

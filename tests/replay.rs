@@ -1,0 +1,123 @@
+//! `oomguard replay` on logs recorded from real runs: the recorded policy
+//! reproduces the recorded actions, and a stricter policy acts differently.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/logs")
+        .join(name)
+}
+
+/// Runs `oomguard replay --format json` and returns (recorded, replayed,
+/// same) counts and the replayed actions as `(t, action, reason)`.
+fn replay(log: &Path, flags: &[&str]) -> (usize, usize, usize, Vec<(f64, String, String)>) {
+    let out = oomguard()
+        .arg("replay")
+        .arg(log)
+        .args(["--format", "json"])
+        .args(flags)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let count = |k: &str| rows.iter().filter(|r| !r[k].is_null()).count();
+    let same = rows.iter().filter(|r| r["same"] == true).count();
+    let replayed = rows
+        .iter()
+        .filter(|r| !r["replayed"].is_null())
+        .map(|r| {
+            let a = &r["replayed"];
+            (
+                a["t"].as_f64().unwrap(),
+                a["action"].as_str().unwrap().to_string(),
+                a["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (count("recorded"), count("replayed"), same, replayed)
+}
+
+#[test]
+fn the_recorded_policy_reproduces_every_recorded_run() {
+    for name in ["prevented.ndjson", "restarted.ndjson"] {
+        let (recorded, replayed, same, _) = replay(&fixture(name), &[]);
+        assert!(recorded > 0, "{name}: nothing recorded to compare");
+        assert_eq!(
+            (recorded, replayed, same),
+            (recorded, recorded, recorded),
+            "{name}: replay under the recorded policy differs"
+        );
+    }
+}
+
+#[test]
+fn a_stricter_critical_level_stops_earlier() {
+    let log = fixture("prevented.ndjson");
+    let (_, _, _, base) = replay(&log, &[]);
+    let (_, _, same, strict) = replay(&log, &["--critical-at", "60%", "--warn-at", "40%"]);
+    let stop_at = |acts: &[(f64, String, String)]| {
+        acts.iter()
+            .find(|(_, a, _)| a == "stop")
+            .map(|(t, _, _)| *t)
+            .unwrap()
+    };
+    assert!(
+        stop_at(&strict) < stop_at(&base) - 1.0,
+        "strict stop at {} vs {}",
+        stop_at(&strict),
+        stop_at(&base)
+    );
+    assert!(
+        same < strict.len(),
+        "the stricter policy matched everything"
+    );
+}
+
+#[test]
+fn a_live_run_is_reproduced_by_its_own_replay() {
+    // A job that grows to about 300 MiB in 10 MiB steps and then holds,
+    // under a 256 MiB budget: the default policy warns, then stops it. It
+    // never grows past 300 MiB, so no memory cgroup is needed.
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "grow.py",
+        "import time\nchunks = []\nfor _ in range(30):\n    chunks.append(bytearray(10 << 20))\n    time.sleep(0.2)\ntime.sleep(30)\n",
+    );
+    let log = dir.path().join("run.ndjson");
+    let out = oomguard()
+        .args([
+            "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
+        ])
+        .args(["--interval", "500ms", "--grace", "2s", "--log"])
+        .arg(&log)
+        .args(["--", "python3"])
+        .arg(&job)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (recorded, replayed, same, acts) = replay(&log, &[]);
+    assert!(
+        recorded >= 2,
+        "expected a warning and a stop, got {recorded}"
+    );
+    assert_eq!((replayed, same), (recorded, recorded), "{acts:?}");
+    let (_, _, _, never) = replay(&log, &["--policy", "none"]);
+    assert!(never.is_empty(), "policy none acted: {never:?}");
+}
