@@ -66,6 +66,14 @@ pub enum Command {
     /// Run a recorded log's samples through a policy: what it would have
     /// done, and when, beside what was done.
     Replay(ReplayArgs),
+    /// The demo's job without python3 (started by `oomguard demo`).
+    #[command(hide = true)]
+    DemoJob {
+        /// `trainer` or `worker`.
+        role: String,
+        /// Where the trainer writes its checkpoint.
+        checkpoints: Option<PathBuf>,
+    },
     /// Print shell completions.
     Completions {
         /// bash, zsh, fish, elvish or powershell.

@@ -1,18 +1,53 @@
-//! `oomguard demo`: an embedded workload that needs nothing installed but
-//! python3. A trainer-like parent holds shared "weights" and forks 4
-//! workers that leak like a DataLoader with an unbounded per-worker cache,
-//! under a 1 GiB budget with the default policy. A newcomer sees the tree
-//! grow, the warning, the graceful stop after the "checkpoint", and the
-//! summary.
+//! `oomguard demo`: an embedded workload that needs nothing installed. A
+//! trainer-like parent holds "weights" and 4 workers leak like a DataLoader
+//! with an unbounded per-worker cache, under a 1 GiB budget with the
+//! default policy. A newcomer sees the tree grow, the warning, the graceful
+//! stop after the "checkpoint", and the summary. With python3 the job is
+//! `demo.py` (real forked workers sharing the weights copy-on-write);
+//! without it, the same job built into this binary (`demo_job`).
 
 use std::ffi::OsString;
 use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use crate::cli::DemoArgs;
 use crate::run::{EXIT_POLICY, run};
 use crate::settings::Settings;
 
 const SCRIPT: &str = include_str!("demo.py");
+
+/// The demo job: `python3 demo.py` where python3 runs, else this binary's
+/// own (`OOMGUARD_DEMO_JOB=builtin` forces it).
+fn demo_argv(dir: &Path, ckpt: &Path) -> Result<Vec<OsString>, String> {
+    let builtin = std::env::var("OOMGUARD_DEMO_JOB").is_ok_and(|v| v == "builtin");
+    let python = !builtin
+        && Command::new("python3")
+            .arg("-c")
+            .arg("")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    if python {
+        let script = dir.join("demo_train.py");
+        fs::write(&script, SCRIPT)
+            .map_err(|e| format!("cannot write '{}': {e}", script.display()))?;
+        return Ok(vec![
+            "python3".into(),
+            "-u".into(),
+            script.into_os_string(),
+            ckpt.as_os_str().to_owned(),
+        ]);
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find oomguard itself: {e}"))?;
+    Ok(vec![
+        exe.into_os_string(),
+        "demo-job".into(),
+        "trainer".into(),
+        ckpt.as_os_str().to_owned(),
+    ])
+}
 
 /// Runs the demo; exits 0 when oomguard stopped the leak before the OOM
 /// killer, as designed.
@@ -22,23 +57,19 @@ pub fn demo(args: DemoArgs) -> i32 {
         eprintln!("oomguard: cannot create '{}': {e}", dir.display());
         return 2;
     }
-    let script = dir.join("demo_train.py");
-    if let Err(e) = fs::write(&script, SCRIPT) {
-        eprintln!("oomguard: cannot write '{}': {e}", script.display());
-        return 2;
-    }
     let ckpt = dir.join("checkpoints");
+    let argv = match demo_argv(&dir, &ckpt) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            return 2;
+        }
+    };
     eprintln!(
         "oomguard demo: a trainer with 4 leaking DataLoader workers under a {} budget.\n\
          oomguard warns at 80% of the budget and stops the job gracefully at 92%, before any OOM kill.\n",
         crate::units::HumanBytes(args.budget)
     );
-    let argv = vec![
-        OsString::from("python3"),
-        OsString::from("-u"),
-        script.clone().into_os_string(),
-        ckpt.clone().into_os_string(),
-    ];
     let cfg = match Settings::for_demo(&args, argv) {
         Ok(c) => c,
         Err(e) => {
@@ -58,10 +89,6 @@ pub fn demo(args: DemoArgs) -> i32 {
                 saved
             );
             0
-        }
-        127 => {
-            eprintln!("oomguard demo needs python3 on PATH");
-            127
         }
         other => {
             eprintln!("\noomguard demo: unexpected end (exit {other})");

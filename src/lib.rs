@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod demo;
+pub mod demo_job;
 pub mod forensics;
 pub mod github;
 pub mod log;

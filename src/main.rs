@@ -131,6 +131,11 @@ fn main() {
         },
         Command::Report(args) => report(args),
         Command::Replay(args) => replay(args),
+        Command::DemoJob { role, checkpoints } => match (role.as_str(), checkpoints) {
+            ("worker", _) => oomguard::demo_job::worker(),
+            ("trainer", Some(dir)) => oomguard::demo_job::trainer(&dir),
+            _ => 2,
+        },
         Command::Completions { shell } => {
             let mut cmd = Cli::command_with_defaults();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());
