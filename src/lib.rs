@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod probe;
+pub mod pty;
 pub mod replay;
 pub mod report;
 pub mod restart;

@@ -57,7 +57,7 @@ pub struct ProcSample {
     pub gpu_bytes: Option<u64>,
     /// PyTorch's caching allocator per device (`--torch-stats`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub torch: Option<Vec<crate::probe::torch_stats::TorchDeviceStats>>,
+    pub torch: Option<Vec<TorchDeviceStats>>,
     /// Kernel start time in clock ticks: with `pid`, the identity of the
     /// process (pids are reused).
     #[serde(skip)]
@@ -428,6 +428,31 @@ pub fn least_squares_slope(points: impl Iterator<Item = (f64, f64)> + Clone) -> 
         None
     } else {
         Some(sxy / sxx)
+    }
+}
+
+/// One device's figures from `torch.cuda`, as reported by one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorchDeviceStats {
+    /// CUDA device index as the process sees it (after `CUDA_VISIBLE_DEVICES`).
+    pub device: u32,
+    /// `torch.cuda.memory_allocated(device)`: bytes in live tensors.
+    pub allocated_bytes: u64,
+    /// `torch.cuda.memory_reserved(device)`: bytes the caching allocator holds.
+    pub reserved_bytes: u64,
+    /// `torch.cuda.max_memory_allocated(device)`: peak of `allocated_bytes`.
+    pub max_allocated_bytes: u64,
+    /// `memory_stats(device)["num_alloc_retries"]`: times a `cudaMalloc`
+    /// failed and the allocator freed its cache to retry, the usual sign that
+    /// an OOM is near.
+    pub alloc_retries: u64,
+}
+
+impl TorchDeviceStats {
+    /// Reserved but unallocated bytes (reserved − allocated): memory the
+    /// allocator holds in blocks it could not hand out.
+    pub fn fragmentation_bytes(&self) -> u64 {
+        self.reserved_bytes.saturating_sub(self.allocated_bytes)
     }
 }
 

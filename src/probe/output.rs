@@ -36,7 +36,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::forensics::torch::{self, MAX_LINE_BYTES, TorchEvent, TorchScanner};
-use crate::tui::pty::{self, PtyError};
+use crate::pty::{self, PtyError};
 
 /// Bytes queued for one destination before the oldest are dropped.
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 20;

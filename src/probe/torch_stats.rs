@@ -22,7 +22,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// Environment variable naming the file (or FIFO) reporters append to.
 pub const ENV_STATS_PATH: &str = "OOMGUARD_TORCH_STATS";
@@ -100,30 +100,7 @@ pub enum TorchStatsError {
     },
 }
 
-/// One device's figures from `torch.cuda`, as reported by one process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TorchDeviceStats {
-    /// CUDA device index as the process sees it (after `CUDA_VISIBLE_DEVICES`).
-    pub device: u32,
-    /// `torch.cuda.memory_allocated(device)`: bytes in live tensors.
-    pub allocated_bytes: u64,
-    /// `torch.cuda.memory_reserved(device)`: bytes the caching allocator holds.
-    pub reserved_bytes: u64,
-    /// `torch.cuda.max_memory_allocated(device)`: peak of `allocated_bytes`.
-    pub max_allocated_bytes: u64,
-    /// `memory_stats(device)["num_alloc_retries"]`: times a `cudaMalloc`
-    /// failed and the allocator freed its cache to retry, the usual sign that
-    /// an OOM is near.
-    pub alloc_retries: u64,
-}
-
-impl TorchDeviceStats {
-    /// Reserved but unallocated bytes (reserved − allocated): memory the
-    /// allocator holds in blocks it could not hand out.
-    pub fn fragmentation_bytes(&self) -> u64 {
-        self.reserved_bytes.saturating_sub(self.allocated_bytes)
-    }
-}
+pub use crate::model::TorchDeviceStats;
 
 /// Sum of [`TorchDeviceStats::fragmentation_bytes`] over devices.
 pub fn total_fragmentation_bytes(devices: &[TorchDeviceStats]) -> u64 {

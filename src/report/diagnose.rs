@@ -570,7 +570,7 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
         return;
     }
     if actions.iter().any(|(_, a, _)| decisive(a)) {
-        let outcome = super::text::outcome_text(log);
+        let outcome = outcome_text(log);
         out.push(Finding {
             kind: "prevented",
             severity: Severity::Ok,
@@ -1178,6 +1178,20 @@ pub fn time_text(seconds: f64) -> String {
         0.0
     };
     human_duration(Duration::from_secs_f64(s))
+}
+
+/// The outcome in words: `stopped by policy (exit 75)`.
+pub(super) fn outcome_text(log: &RunLog) -> String {
+    match &log.end {
+        Some(end) => {
+            let o = end.outcome.as_deref().unwrap_or("ended").replace('_', " ");
+            match end.exit_code {
+                Some(c) => format!("{o} (exit {c})"),
+                None => o,
+            }
+        }
+        None => "unknown: the log has no run_end".to_string(),
+    }
 }
 
 #[cfg(test)]

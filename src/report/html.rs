@@ -7,10 +7,11 @@
 
 use std::fmt::Write;
 
+use super::diagnose::outcome_text;
 use super::diagnose::{Finding, Severity, processes, time_text};
 use super::load::{Event, RunLog};
 use super::svg::{esc, timeline};
-use super::text::{command_text, duration, event_summary, outcome_text, peaks};
+use super::text::{command_text, duration, event_summary, peaks};
 use crate::units::HumanBytes;
 
 /// Rows shown before a table folds the rest into a `<details>`.

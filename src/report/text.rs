@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::diagnose::{Finding, processes, time_text};
+use super::diagnose::{Finding, outcome_text, processes, time_text};
 use super::load::{Event, EventKind, RunLog};
 use crate::units::HumanBytes;
 
@@ -198,20 +198,6 @@ fn plain(v: &Value) -> String {
         Value::String(s) => s.clone(),
         Value::Null => "unset".into(),
         v => v.to_string(),
-    }
-}
-
-/// The outcome in words: `stopped by policy (exit 75)`.
-pub(super) fn outcome_text(log: &RunLog) -> String {
-    match &log.end {
-        Some(end) => {
-            let o = end.outcome.as_deref().unwrap_or("ended").replace('_', " ");
-            match end.exit_code {
-                Some(c) => format!("{o} (exit {c})"),
-                None => o,
-            }
-        }
-        None => "unknown: the log has no run_end".to_string(),
     }
 }
 

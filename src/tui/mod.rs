@@ -7,7 +7,6 @@
 //! - `ui` and `widgets`: pure rendering of that state into a buffer;
 //! - `term`: the real terminal (raw mode, alternate screen, restore on
 //!   exit, panic and signals; keys and resizes as async events);
-//! - `pty`: the job's own pseudo-terminal and its output;
 //! - `output`: turning the job's bytes (progress bars, colours) into lines.
 //!
 //! The loop's part, per iteration: `select!` on the sampler tick, the
@@ -17,7 +16,6 @@
 
 pub mod app;
 pub mod output;
-pub mod pty;
 pub mod term;
 pub mod theme;
 pub mod ui;
@@ -27,7 +25,9 @@ pub use app::{
     ActionKind, App, KEYS, Overlay, Pane, PolicyState, Severity, SortKey, UiCommand, UiEvent,
 };
 pub use output::OutputBuffer;
-pub use pty::{PtyError, PtyMaster, make_controlling, open_pty, set_window_size};
+// The job's pty lives below the dashboard (`crate::pty`): the relay uses it
+// without a dashboard too.
+pub use crate::pty::{self, PtyError, PtyMaster, make_controlling, open_pty, set_window_size};
 pub use term::{TermError, TermEvent, Tui, restore};
 pub use ui::{draw, output_pane_size, render};
 

@@ -281,7 +281,7 @@ fn any_size_renders() {
 #[ignore = "interactive: needs a terminal and a person"]
 fn live_demo() {
     use crate::model::History;
-    use crate::tui::pty::{PtyMaster, make_controlling, open_pty};
+    use crate::pty::{PtyMaster, make_controlling, open_pty};
     use crate::tui::term::{TermEvent, Tui};
     use std::os::unix::process::CommandExt;
 
