@@ -216,12 +216,12 @@ fn serial_vm_delegated_v2_owns_and_stops() {
         r#"{PRELUDE}
 # A: a 200 MB/s leak inside a delegated cgroup with memory.max 300M.
 run a a {og} --log /tmp/a.ndjson -- leak 200 4096
-# B: 20 s polling, memory.max 400M; the leak stops at 380 MiB, past the
+# B: 30 s polling, memory.max 400M; the leak stops at 380 MiB, past the
 # critical level (368) and memory.high (~374). Only a kernel wake-up can
 # act before the first poll.
-MAX=400M run b b {og} --interval 20s --log /tmp/b.ndjson -- leak 200 380
+MAX=400M run b b {og} --interval 30s --log /tmp/b.ndjson -- leak 200 380
 # B0: control for B, kernel wake-ups off (memory.high still holds the leak).
-MAX=400M OOMGUARD_KERNEL_WAKEUPS=off run b0 b0 {og} --interval 20s --log /tmp/b0.ndjson -- leak 200 380
+MAX=400M OOMGUARD_KERNEL_WAKEUPS=off run b0 b0 {og} --interval 30s --log /tmp/b0.ndjson -- leak 200 380
 # C: memory.high evaluated: a 2 GB/s leak, with and without it.
 run c c {og} --log /tmp/c.ndjson -- leak 2000 4096
 OOMGUARD_MEMORY_HIGH=off run c0 c0 {og} --log /tmp/c0.ndjson -- leak 2000 4096
@@ -271,14 +271,15 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
     let tb = b.first_action("stop").expect("B: no stop action");
     let tb0 = b0.first_action("stop").unwrap_or(f64::INFINITY);
     eprintln!("wake-up: stop at {tb:.2} s with kernel wake-ups, {tb0:.2} s without");
-    // The first poll after the start is at 20 s; the leak is past the
-    // critical level well before (at ~25 MB/s under TCG, faster with KVM).
+    // The first poll after the start is at 30 s; the leak is past the
+    // critical level well before (8-13 s measured at ~25 MB/s under TCG on
+    // a loaded machine).
     assert!(
-        tb < 18.0,
-        "B: the stop waited for the 20 s poll ({tb:.2} s)"
+        tb < 28.0,
+        "B: the stop waited for the 30 s poll ({tb:.2} s)"
     );
     assert!(
-        tb0 >= 19.0,
+        tb0 >= 29.0,
         "B0 (control): stopped at {tb0:.2} s without wake-ups"
     );
     b.assert_clean();
@@ -468,4 +469,21 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
     assert!(fired, "S: the swap_in_rate rule did not fire");
     assert_eq!(s.num("oom_kill"), 0);
     s.assert_clean();
+    // The report's swap part, from real swapping.
+    let report = common::oomguard()
+        .arg("report")
+        .arg(dir.path().join("s.ndjson"))
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        report.status.success(),
+        "report: {}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    assert!(
+        text.contains("swap_growth"),
+        "the report has no swap finding: {text}"
+    );
 }

@@ -346,7 +346,7 @@ impl Default for Boot {
             cpus: 2,
             disks: Vec::new(),
             append: String::new(),
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(420),
         }
     }
 }
