@@ -49,30 +49,6 @@ fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
     Some(img)
 }
 
-fn boot(
-    m: &vm::Machine,
-    mut img: vm::Initramfs,
-    dir: &Path,
-    scenario: &str,
-    b: vm::Boot,
-) -> vm::Output {
-    let path = dir.join("initramfs.cpio");
-    img.write(
-        &path,
-        scenario,
-        b.timeout.saturating_sub(Duration::from_secs(20)),
-    );
-    let out = vm::run(m, &path, &b);
-    eprintln!(
-        "--- console ({:.1} s) ---\n{}",
-        out.elapsed.as_secs_f64(),
-        out.console
-    );
-    assert!(!out.timed_out, "the VM did not power off in time");
-    assert!(out.completed(), "the scenario did not finish");
-    out
-}
-
 /// Shell helpers every scenario starts with. `run CG NAME CMD...` runs CMD
 /// as the only process of /sys/fs/cgroup/CG (created with `memory.max` from
 /// `$MAX`, default 300M) and reports its exit code, the subtree's OOM
@@ -251,7 +227,7 @@ sh -c 'echo $$ > /sys/fs/cgroup/i/cgroup.procs && exec oomguard run --tui --log 
 rc=$?; echo; echo "@@ i.exit=$rc"; report i i
 "#
     );
-    let out = boot(&m, img, dir.path(), &scenario, vm::Boot::default());
+    let out = vm::run_scenario(&m, img, &scenario, &vm::Boot::default());
     let get = |n: &str| Run::get(&out, dir.path(), n);
 
     let a = get("a");
@@ -398,7 +374,7 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
         disks: vec![disk],
         ..vm::Boot::default()
     };
-    let out = boot(&m, img, dir.path(), &scenario, b);
+    let out = vm::run_scenario(&m, img, &scenario, &b);
     let get = |n: &str| Run::get(&out, dir.path(), n);
     let clean = |r: &Run| {
         assert_eq!(r.value("left"), "", "{}: cgroups left behind", r.name);

@@ -5,14 +5,15 @@
 //!
 //! Why a VM: this host runs cgroup v1; cgroup v2 ownership, `memory.events`,
 //! PSI triggers, swap and the global OOM killer can only be proven on a real
-//! kernel of their own. A boot takes several seconds under TCG (KVM with
+//! kernel of their own. A boot takes 10-40 s under TCG here (KVM with
 //! `OOMGUARD_VM_ACCEL=kvm`), so put several scenarios in one script.
 //!
 //! The image holds busybox (with its applets as links), the files added by
 //! the test (binaries with the shared libraries `ldd` lists), kernel modules
 //! on request, `/init` (mounts, module loading, then `/scenario.sh`, then
 //! power-off) and the scenario. The scenario's lines come back with `\r`
-//! removed; `Output::values` collects `@@ key=value` lines.
+//! removed; `Output::values` collects `@@ key=value` lines. `run_scenario`
+//! does it all: image, boot, checks that the scenario finished.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -462,4 +463,28 @@ pub fn run(machine: &Machine, initramfs: &Path, boot: &Boot) -> Output {
         elapsed: started.elapsed(),
         timed_out,
     }
+}
+
+/// The usual whole: writes `img` with `scenario` into a temporary file,
+/// boots it, prints the console to stderr (the test's output on failure)
+/// and checks that the scenario ran to its end before power-off.
+pub fn run_scenario(machine: &Machine, mut img: Initramfs, scenario: &str, boot: &Boot) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("initramfs.cpio");
+    // The scenario's own watchdog fires before the boot's, so a hung step
+    // still leaves a console to read.
+    img.write(
+        &path,
+        scenario,
+        boot.timeout.saturating_sub(Duration::from_secs(30)),
+    );
+    let out = run(machine, &path, boot);
+    eprintln!(
+        "--- console ({:.1} s) ---\n{}",
+        out.elapsed.as_secs_f64(),
+        out.console
+    );
+    assert!(!out.timed_out, "the VM did not power off in time");
+    assert!(out.completed(), "the scenario did not finish");
+    out
 }
