@@ -556,7 +556,8 @@ pub enum Stale {
 /// Removes the `oomguard-<pid>` (and v2 `oomguard-<pid>-supervisor`)
 /// children of `parent` whose oomguard is no longer running: a run killed
 /// with SIGKILL cannot clean up, so the next run in the same cgroup does.
-/// A pid is "still running oomguard" when `/proc/<pid>/comm` says so; a
+/// A pid is "still running oomguard" when `/proc/<pid>/comm` starts with
+/// `oomguard` (a renamed copy such as `oomguard-1.2` counts); a
 /// pid reused by another program does not keep a stale cgroup.
 pub fn clean_stale(parent: &Location, proc_root: &Path) -> Vec<Stale> {
     let me = std::process::id();
@@ -580,7 +581,7 @@ pub fn clean_stale(parent: &Location, proc_root: &Path) -> Vec<Stale> {
         .filter(|(_, pid)| {
             fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
                 .ok()
-                .is_none_or(|c| c.trim() != "oomguard")
+                .is_none_or(|c| !c.trim().starts_with("oomguard"))
         })
         .collect();
     // The job's cgroup before the supervisor leaf: both are needed to free
