@@ -10,7 +10,6 @@ mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 /// The machine, or skip (fail under CI).
 fn machine() -> Option<vm::Machine> {
