@@ -291,8 +291,6 @@ struct Supervisor {
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
     /// The owned cgroup's members at the last full scan.
     owned_members: HashSet<u32>,
-    /// The owned v2 cgroup's `memory.high`, when oomguard set it.
-    memory_high: Option<PathBuf>,
     stats: RunStats,
     /// 1-based attempt number.
     attempt: u32,
@@ -686,7 +684,6 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         last_sample: None,
         thresholds: Vec::new(),
         pri_wakes: Vec::new(),
-        memory_high: None,
         owned_members: HashSet::new(),
         stats: RunStats::default(),
         attempt: 1,
@@ -1361,7 +1358,7 @@ impl Supervisor {
     /// graceful stop runs, and the crossing raises a `high` event that
     /// wakes the loop. `OOMGUARD_MEMORY_HIGH=off`
     /// leaves it alone (for measuring; see docs/design.md).
-    fn set_memory_high(&mut self, cg: Option<&crate::model::CgroupSample>) {
+    fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) {
         use crate::probe::cgroup::Version;
         if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
             return;
@@ -1392,10 +1389,11 @@ impl Supervisor {
         let Some(high) = high.filter(|h| *h > 0) else {
             return;
         };
-        let path = reader.location().dir().join("memory.high");
-        if std::fs::write(&path, high.to_string()).is_ok() {
-            self.memory_high = Some(path);
-        }
+        // Best effort: without it the wake-ups and polling still act.
+        let _ = std::fs::write(
+            reader.location().dir().join("memory.high"),
+            high.to_string(),
+        );
     }
 
     /// Reads one tick's sample. A quick sample re-reads only the processes
