@@ -181,6 +181,8 @@ struct Supervisor {
     thresholds: Vec<AsyncFd<Threshold>>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
+    /// The owned cgroup's members at the last full scan.
+    owned_members: HashSet<u32>,
     stats: RunStats,
     /// 1-based attempt number.
     attempt: u32,
@@ -333,6 +335,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         (CgroupMode::Off, _) => (None, Some("disabled with --cgroup off".to_string())),
         (CgroupMode::Auto, None) => (None, Some("no memory cgroup hierarchy found".to_string())),
         (CgroupMode::Auto, Some(loc)) => {
+            report_stale(&cgroup::clean_stale(loc, &cfg.proc_root), cfg.quiet);
             match OwnedCgroup::create(loc, &format!("oomguard-{}", std::process::id())) {
                 Ok(o) => (Some(o), None),
                 Err(e) => (None, Some(e.to_string())),
@@ -360,7 +363,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
     let want_tui = !cfg.tui.no_tui
         && (cfg.tui.tui || (stdin.is_terminal() && std::io::stdout().is_terminal() && !in_ci));
-    let (tui, mut app) = if want_tui {
+    let (mut tui, mut app) = if want_tui {
         match crate::tui::Tui::new() {
             Ok(t) => {
                 let cmd = cfg
@@ -389,9 +392,12 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
                 pty = Some(m);
                 slave = Some(s);
             }
+            // No /dev/pts (a minimal container or initramfs): the job
+            // matters more than the dashboard.
             Err(e) => {
-                eprintln!("oomguard: {e}");
-                return EXIT_INTERNAL;
+                eprintln!("oomguard: {e}; running the job with pipes and no dashboard");
+                tui = None;
+                app = None;
             }
         }
     }
@@ -570,6 +576,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         last_sample: None,
         thresholds: Vec::new(),
         pri_wakes: Vec::new(),
+        owned_members: HashSet::new(),
         stats: RunStats::default(),
         attempt: 1,
         attempt_started: now,
@@ -615,6 +622,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     sup.write_run_start(not_owned_reason);
     sup.register_thresholds(cg_first.as_ref());
     sup.register_pri_wakes();
+    sup.set_memory_high(cg_first.as_ref());
 
     let mut pty_buf = vec![0u8; 64 * 1024];
     loop {
@@ -765,6 +773,32 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
         start_time: st.start_time,
         pidfd,
     })
+}
+
+/// `OOMGUARD_KERNEL_WAKEUPS=off`: no v1 thresholds, PSI triggers or
+/// `memory.events` wake-ups, polling only. For tests that prove the
+/// wake-ups matter, and for ruling them out when debugging.
+fn kernel_wakeups_disabled() -> bool {
+    std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
+}
+
+/// Tells the user about cgroups a killed run left behind.
+fn report_stale(stale: &[cgroup::Stale], quiet: bool) {
+    if quiet {
+        return;
+    }
+    for s in stale {
+        match s {
+            cgroup::Stale::Removed(p) => eprintln!(
+                "oomguard: removed '{}', left behind by a run that was killed",
+                p.display()
+            ),
+            cgroup::Stale::Occupied { path, procs } => eprintln!(
+                "oomguard: '{}' was left behind by a run that was killed and still holds {procs} process(es); left alone",
+                path.display()
+            ),
+        }
+    }
 }
 
 /// A pty for the job, sized like the dashboard's output pane.
@@ -1125,6 +1159,9 @@ impl Supervisor {
     /// owns (its usage is the job's footprint), so a fast leak cannot race
     /// past the budget between two ticks either.
     fn register_thresholds(&mut self, cg: Option<&crate::model::CgroupSample>) {
+        if kernel_wakeups_disabled() {
+            return;
+        }
         let (Some(reader), Some(cg)) = (&self.cgroup, cg) else {
             return;
         };
@@ -1166,6 +1203,9 @@ impl Supervisor {
     fn register_pri_wakes(&mut self) {
         use crate::probe::cgroup::Version;
         use crate::probe::system::PriWake;
+        if kernel_wakeups_disabled() {
+            return;
+        }
         let v2 = self
             .cgroup
             .as_ref()
@@ -1187,12 +1227,65 @@ impl Supervisor {
                 .and_then(|s| s.limit_path)
                 .map(|p| c.location().mount_point.join(p.trim_start_matches('/')))
                 .unwrap_or_else(|| c.location().dir());
-            if let Ok(w) = PriWake::events(&limit_dir.join("memory.events"))
-                && let Some(fd) = watch_pri(w)
-            {
-                self.pri_wakes.push(fd);
+            // The job's own cgroup too: its `high` events (memory.high, set
+            // by `set_memory_high`) come the moment it passes that level.
+            let mut dirs = vec![limit_dir];
+            if c.owned() && !dirs.contains(&c.location().dir()) {
+                dirs.push(c.location().dir());
+            }
+            for dir in dirs {
+                if let Ok(w) = PriWake::events(&dir.join("memory.events"))
+                    && let Some(fd) = watch_pri(w)
+                {
+                    self.pri_wakes.push(fd);
+                }
             }
         }
+    }
+
+    /// On cgroup v2, sets `memory.high` of the job's owned cgroup a little
+    /// above the critical level (between it and the last-resort level): a
+    /// leak that races past the critical level between two ticks is slowed
+    /// by the kernel (reclaim and allocation throttling, no kill) while the
+    /// graceful stop runs, and the crossing raises a `high` event that
+    /// wakes the loop. `OOMGUARD_MEMORY_HIGH=off`
+    /// leaves it alone (for measuring; see docs/design.md).
+    fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) {
+        use crate::probe::cgroup::Version;
+        if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
+            return;
+        }
+        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else {
+            return;
+        };
+        if !reader.owned() || reader.location().version != Version::V2 {
+            return;
+        }
+        let (_, Some(crit)) = self.engine.policy().thresholds() else {
+            return;
+        };
+        // Three quarters of the way from the ceiling down to the critical
+        // headroom: 94 % of the ceiling with the default 8 %.
+        let share = 1.0 - crit * 0.75 / 100.0;
+        let mut high: Option<u64> = None;
+        if let (Some(limit), Some(ws)) = (cg.limit_bytes, cg.limit_working_set_bytes) {
+            // The ceiling's cgroup also holds oomguard and any siblings.
+            let others = ws.saturating_sub(cg.usage_bytes.min(ws));
+            let at = (limit as f64 * share) as u64;
+            high = Some(at.saturating_sub(others));
+        }
+        if let Some(budget) = self.budget_bytes {
+            let at = (budget as f64 * share) as u64;
+            high = Some(high.map_or(at, |h| h.min(at)));
+        }
+        let Some(high) = high.filter(|h| *h > 0) else {
+            return;
+        };
+        // Best effort: without it the wake-ups and polling still act.
+        let _ = std::fs::write(
+            reader.location().dir().join("memory.high"),
+            high.to_string(),
+        );
     }
 
     /// Reads one tick's sample. A quick sample re-reads only the processes
@@ -1230,7 +1323,14 @@ impl Supervisor {
         let mut tree = totals(&procs);
         tree.pss_age_seconds = pss_age;
         if let Some(ws) = owned_ws {
-            tree.footprint_bytes = ws;
+            // A process that moved itself out of the owned cgroup is not in
+            // its working set: its PSS counts on top.
+            let outside: u64 = procs
+                .iter()
+                .filter(|p| !self.owned_members.contains(&p.pid))
+                .map(|p| p.pss_bytes)
+                .sum();
+            tree.footprint_bytes = ws + outside;
         }
         let psi = self.system.psi();
         let gpus = if quick {
@@ -2065,7 +2165,15 @@ impl Supervisor {
                 .filter(|c| c.owned())
                 .and_then(|c| c.procs())
         };
-        let found = self.scanner.scan(members.as_deref());
+        // A full scan of an owned cgroup also walks /proc: a process that
+        // moved itself out of the cgroup is still the job's.
+        let found = match members {
+            Some(m) if !quick || self.tree.is_empty() => {
+                self.owned_members = m.iter().copied().collect();
+                self.scanner.scan_descendants_and(&m)
+            }
+            m => self.scanner.scan(m.as_deref()),
+        };
         let me = std::process::id();
         self.zombie_children = found
             .iter()

@@ -9,7 +9,6 @@ use common::schema::Event;
 use common::*;
 
 fn demo(builtin: bool) {
-    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("demo.ndjson");
     let mut cmd = oomguard();
@@ -46,11 +45,13 @@ fn demo(builtin: bool) {
 
 #[test]
 fn serial_demo_without_python_uses_the_builtin_job() {
+    let _serial = serial();
     demo(true);
 }
 
 #[test]
 fn serial_demo_with_python() {
+    let _serial = serial();
     if !require(
         std::process::Command::new("python3")
             .arg("-c")

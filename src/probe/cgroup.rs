@@ -303,26 +303,67 @@ pub enum OwnError {
         source: std::io::Error,
     },
     #[error(
-        "the cgroup v2 memory controller is not delegated to '{0}' (its cgroup.subtree_control lacks 'memory')"
+        "the cgroup v2 memory controller is not delegated to '{0}' (its parent's cgroup.subtree_control lacks 'memory')"
     )]
     NotDelegated(PathBuf),
     #[error("'{0}' has no memory controller files")]
     NoMemoryController(PathBuf),
+    #[error("'{path}' is a {kind} cgroup; the memory controller needs a domain cgroup")]
+    Threaded { path: PathBuf, kind: String },
+    #[error(
+        "'{path}' holds other processes ({pids}); cgroup v2 allows no controllers below a cgroup with processes, so oomguard must be its only process (e.g. `systemd-run --scope -p Delegate=yes`, or `srun`)"
+    )]
+    OtherProcesses { path: PathBuf, pids: String },
+    #[error("cannot move oomguard into '{path}': {source}")]
+    Move {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot enable the memory controller in '{path}': {source}")]
+    Enable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
-/// A cgroup oomguard created for the job; removed again on drop.
+/// What oomguard changed in a delegated v2 cgroup to own a child there, so
+/// it can be undone: oomguard moved into `leaf`, controllers enabled in the
+/// parent's `cgroup.subtree_control`.
+#[derive(Debug)]
+struct V2Setup {
+    parent: PathBuf,
+    leaf: PathBuf,
+    enabled: Vec<&'static str>,
+}
+
+/// A cgroup oomguard created for the job; removed again on drop (with
+/// everything oomguard changed to create it).
 #[derive(Debug)]
 pub struct OwnedCgroup {
     loc: Location,
     procs_file: CString,
+    v2: Option<V2Setup>,
+}
+
+/// The name of the leaf oomguard moves itself into on cgroup v2, beside
+/// the job's `oomguard-<pid>`.
+pub fn supervisor_leaf_name(job_name: &str) -> String {
+    format!("{job_name}-supervisor")
 }
 
 impl OwnedCgroup {
-    /// Creates `<parent>/<name>`. On v2 the parent must already delegate
-    /// the memory controller to its children (a delegated subtree or the
-    /// root cgroup); oomguard does not rearrange other people's cgroups.
+    /// Creates `<parent>/<name>`.
+    ///
+    /// On v2 a cgroup with processes cannot hand controllers to children
+    /// (the no-internal-process rule), and oomguard itself is in `parent`.
+    /// Where `parent` is a delegated domain cgroup that oomguard may write,
+    /// it does what systemd and container runtimes do: moves itself into a
+    /// leaf `<name>-supervisor`, enables `memory` (and `pids`) in the
+    /// parent's `cgroup.subtree_control` and creates the job's cgroup
+    /// beside the leaf. Drop undoes all of it.
     pub fn create(parent: &Location, name: &str) -> Result<Self, OwnError> {
         let pdir = parent.dir();
+        let mut v2 = None;
         match parent.version {
             Version::V1 => {
                 if !pdir.join("memory.usage_in_bytes").exists() {
@@ -332,24 +373,108 @@ impl OwnedCgroup {
             Version::V2 => {
                 let ctl =
                     fs::read_to_string(pdir.join("cgroup.subtree_control")).unwrap_or_default();
-                if !ctl.split_ascii_whitespace().any(|c| c == "memory") {
-                    return Err(OwnError::NotDelegated(pdir));
+                if !has_word(&ctl, "memory") {
+                    v2 = Some(Self::delegate(&pdir, name)?);
                 }
             }
         }
         let loc = parent.child(name);
         let dir = loc.dir();
-        fs::create_dir(&dir).map_err(|source| OwnError::Create {
-            path: dir.clone(),
+        let undo = |v2: Option<V2Setup>| {
+            if let Some(v) = v2 {
+                v.undo();
+            }
+        };
+        if let Err(source) = fs::create_dir(&dir) {
+            undo(v2);
+            return Err(OwnError::Create { path: dir, source });
+        }
+        let procs = dir.join("cgroup.procs");
+        let Ok(procs_file) = CString::new(procs.as_os_str().as_encoded_bytes()) else {
+            let _ = fs::remove_dir(&dir);
+            undo(v2);
+            return Err(OwnError::Create {
+                path: dir,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"),
+            });
+        };
+        Ok(Self {
+            loc,
+            procs_file,
+            v2,
+        })
+    }
+
+    /// The v2 steps before the job's cgroup can be created; on an error
+    /// everything done so far is undone.
+    fn delegate(pdir: &Path, name: &str) -> Result<V2Setup, OwnError> {
+        // The root cgroup has no cgroup.type and is exempt from the
+        // no-internal-process rule, but it is the machine's: oomguard does
+        // not change the root's controllers.
+        let kind = fs::read_to_string(pdir.join("cgroup.type"))
+            .map_err(|_| OwnError::NotDelegated(pdir.to_path_buf()))?;
+        let kind = kind.trim();
+        if kind != "domain" {
+            return Err(OwnError::Threaded {
+                path: pdir.to_path_buf(),
+                kind: kind.to_string(),
+            });
+        }
+        let available = fs::read_to_string(pdir.join("cgroup.controllers")).unwrap_or_default();
+        if !has_word(&available, "memory") {
+            return Err(OwnError::NotDelegated(pdir.to_path_buf()));
+        }
+        let leaf = pdir.join(supervisor_leaf_name(name));
+        fs::create_dir(&leaf).map_err(|source| OwnError::Create {
+            path: leaf.clone(),
             source,
         })?;
-        let procs = dir.join("cgroup.procs");
-        let procs_file =
-            CString::new(procs.as_os_str().as_encoded_bytes()).map_err(|_| OwnError::Create {
-                path: dir.clone(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"),
-            })?;
-        Ok(Self { loc, procs_file })
+        let mut setup = V2Setup {
+            parent: pdir.to_path_buf(),
+            leaf,
+            enabled: Vec::new(),
+        };
+        let me = std::process::id();
+        if let Err(source) = fs::write(setup.leaf.join("cgroup.procs"), me.to_string()) {
+            let path = setup.leaf.clone();
+            setup.undo();
+            return Err(OwnError::Move { path, source });
+        }
+        let others: Vec<String> = fs::read_to_string(pdir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.trim().parse::<u32>().is_ok_and(|p| p != me))
+            .map(|l| l.trim().to_string())
+            .collect();
+        if !others.is_empty() {
+            setup.undo();
+            let mut pids = others[..others.len().min(5)].join(", ");
+            if others.len() > 5 {
+                pids.push_str(", ...");
+            }
+            return Err(OwnError::OtherProcesses {
+                path: pdir.to_path_buf(),
+                pids,
+            });
+        }
+        for ctrl in ["memory", "pids"] {
+            if !has_word(&available, ctrl) {
+                continue;
+            }
+            match fs::write(pdir.join("cgroup.subtree_control"), format!("+{ctrl}")) {
+                Ok(()) => setup.enabled.push(ctrl),
+                // pids is a bonus (fork bombs); memory is the point.
+                Err(_) if ctrl == "pids" => {}
+                Err(source) => {
+                    setup.undo();
+                    return Err(OwnError::Enable {
+                        path: pdir.to_path_buf(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(setup)
     }
 
     pub fn location(&self) -> &Location {
@@ -366,22 +491,114 @@ impl OwnedCgroup {
     pub fn add(&self, pid: u32) -> std::io::Result<()> {
         fs::write(self.loc.dir().join("cgroup.procs"), pid.to_string())
     }
+
+    /// Whether oomguard moved itself into a leaf to own this cgroup (v2).
+    pub fn moved_supervisor(&self) -> bool {
+        self.v2.is_some()
+    }
+}
+
+impl V2Setup {
+    /// Disables what was enabled, moves oomguard back to the parent and
+    /// removes the leaf. Best effort: every step is tried.
+    fn undo(&self) {
+        for ctrl in self.enabled.iter().rev() {
+            let _ = fs::write(
+                self.parent.join("cgroup.subtree_control"),
+                format!("-{ctrl}"),
+            );
+        }
+        let _ = fs::write(
+            self.parent.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+        remove_dir_retrying(&self.leaf);
+    }
+}
+
+fn has_word(text: &str, word: &str) -> bool {
+    text.split_ascii_whitespace().any(|c| c == word)
+}
+
+/// The last tasks may still be exiting; rmdir fails with EBUSY until they
+/// are gone. A few short retries cover that without hanging.
+fn remove_dir_retrying(dir: &Path) {
+    for _ in 0..50 {
+        match fs::remove_dir(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            _ => return,
+        }
+    }
 }
 
 impl Drop for OwnedCgroup {
     fn drop(&mut self) {
-        // The last tasks may still be exiting; rmdir fails with EBUSY until
-        // they are gone. A few short retries cover that without hanging.
-        let dir = self.loc.dir();
-        for _ in 0..50 {
-            match fs::remove_dir(&dir) {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                _ => return,
-            }
+        remove_dir_retrying(&self.loc.dir());
+        if let Some(v) = self.v2.take() {
+            v.undo();
         }
     }
+}
+
+/// A cgroup a previous run left behind (oomguard was killed before it
+/// could remove it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stale {
+    /// Empty, and removed now.
+    Removed(PathBuf),
+    /// Its run is gone but processes are still in it: left alone (they are
+    /// not this run's to signal).
+    Occupied { path: PathBuf, procs: usize },
+}
+
+/// Removes the `oomguard-<pid>` (and v2 `oomguard-<pid>-supervisor`)
+/// children of `parent` whose oomguard is no longer running: a run killed
+/// with SIGKILL cannot clean up, so the next run in the same cgroup does.
+/// A pid is "still running oomguard" when `/proc/<pid>/comm` starts with
+/// `oomguard` (a renamed copy such as `oomguard-1.2` counts); a
+/// pid reused by another program does not keep a stale cgroup.
+pub fn clean_stale(parent: &Location, proc_root: &Path) -> Vec<Stale> {
+    let me = std::process::id();
+    let Ok(entries) = fs::read_dir(parent.dir()) else {
+        return Vec::new();
+    };
+    let mut found: Vec<(PathBuf, u32)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix("oomguard-")?;
+            let pid: u32 = rest
+                .strip_suffix("-supervisor")
+                .unwrap_or(rest)
+                .parse()
+                .ok()?;
+            Some((e.path(), pid))
+        })
+        .filter(|(_, pid)| *pid != me)
+        .filter(|(_, pid)| {
+            fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+                .ok()
+                .is_none_or(|c| !c.trim().starts_with("oomguard"))
+        })
+        .collect();
+    // The job's cgroup before the supervisor leaf: both are needed to free
+    // the parent's controllers.
+    found.sort_by_key(|(p, _)| p.to_string_lossy().ends_with("-supervisor"));
+    let mut out = Vec::new();
+    for (path, _) in found {
+        let procs = fs::read_to_string(path.join("cgroup.procs"))
+            .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count())
+            .unwrap_or(0);
+        if procs > 0 {
+            out.push(Stale::Occupied { path, procs });
+        } else if fs::remove_dir(&path).is_ok() {
+            out.push(Stale::Removed(path));
+        }
+    }
+    out
 }
 
 /// Resolves the memory cgroup of `pid` under `proc_root`.
@@ -467,6 +684,129 @@ mod tests {
         assert_eq!(parse_limit("9223372036854771712\n"), Some(None));
         assert_eq!(parse_limit("314572800\n"), Some(Some(314572800)));
         assert_eq!(parse_limit("lots"), None);
+    }
+
+    /// A v2 cgroup directory as files on a plain filesystem: enough to
+    /// check which reason is given and what is written where (the kernel's
+    /// behaviour is proven in tests/vm_cgroup_v2.rs).
+    fn fake_v2(kind: &str, controllers: &str, procs: &str) -> (tempfile::TempDir, Location) {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("job");
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("cgroup.type"), kind).unwrap();
+        fs::write(dir.join("cgroup.controllers"), controllers).unwrap();
+        fs::write(dir.join("cgroup.subtree_control"), "").unwrap();
+        fs::write(dir.join("cgroup.procs"), procs).unwrap();
+        let loc = Location {
+            version: Version::V2,
+            mount_point: root.path().to_path_buf(),
+            path: "/job".into(),
+        };
+        (root, loc)
+    }
+
+    #[test]
+    fn v2_reasons_for_not_owning() {
+        let me = std::process::id();
+        let (_r, loc) = fake_v2("threaded\n", "memory pids\n", "");
+        let e = OwnedCgroup::create(&loc, "oomguard-1").unwrap_err();
+        assert!(matches!(e, OwnError::Threaded { .. }), "{e}");
+        assert!(e.to_string().contains("threaded"));
+
+        let (_r, loc) = fake_v2("domain\n", "cpu io\n", "");
+        let e = OwnedCgroup::create(&loc, "oomguard-1").unwrap_err();
+        assert!(matches!(e, OwnError::NotDelegated(_)), "{e}");
+
+        let (_r, loc) = fake_v2("domain\n", "memory pids\n", &format!("1\n{me}\n"));
+        let e = OwnedCgroup::create(&loc, "oomguard-1").unwrap_err();
+        assert!(e.to_string().contains("holds other processes (1)"), "{e}");
+        // Undone: oomguard moved back, nothing enabled.
+        let dir = loc.dir();
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.procs")).unwrap(),
+            me.to_string()
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+            ""
+        );
+    }
+
+    #[test]
+    fn v2_delegation_moves_oomguard_into_a_leaf_and_enables_memory() {
+        let me = std::process::id();
+        let (_r, loc) = fake_v2("domain\n", "memory pids\n", &format!("{me}\n"));
+        let dir = loc.dir();
+        // The kernel would drop us from the parent's list on the move.
+        let owned = OwnedCgroup::create(&loc, "oomguard-7").unwrap();
+        fs::write(dir.join("cgroup.procs"), "").unwrap();
+        assert!(owned.moved_supervisor());
+        assert_eq!(owned.location().path, "/job/oomguard-7");
+        assert!(dir.join("oomguard-7").is_dir());
+        let leaf = dir.join("oomguard-7-supervisor");
+        assert_eq!(
+            fs::read_to_string(leaf.join("cgroup.procs")).unwrap(),
+            me.to_string()
+        );
+        // Files here keep only the last write: +memory, then +pids.
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+            "+pids"
+        );
+        drop(owned);
+        assert!(!dir.join("oomguard-7").exists());
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+            "-memory"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.procs")).unwrap(),
+            me.to_string()
+        );
+    }
+
+    #[test]
+    fn stale_cgroups_of_dead_runs_are_removed() {
+        let (_r, loc) = fake_v2("domain\n", "memory\n", "");
+        let dir = loc.dir();
+        let proc_root = tempfile::tempdir().unwrap();
+        // pid 100 is a live oomguard, 200 is gone, 300 is another program.
+        for (pid, comm) in [(100, "oomguard\n"), (300, "python3\n")] {
+            fs::create_dir(proc_root.path().join(pid.to_string())).unwrap();
+            fs::write(proc_root.path().join(format!("{pid}/comm")), comm).unwrap();
+        }
+        for name in [
+            "oomguard-100",
+            "oomguard-200",
+            "oomguard-200-supervisor",
+            "oomguard-300",
+            "oomguard-x",
+            "other",
+        ] {
+            fs::create_dir(dir.join(name)).unwrap();
+        }
+        fs::create_dir(dir.join("oomguard-400")).unwrap();
+        fs::write(dir.join("oomguard-400/cgroup.procs"), "55\n").unwrap();
+        let mut got = clean_stale(&loc, proc_root.path());
+        got.sort_by_key(|s| format!("{s:?}"));
+        let removed: Vec<String> = got
+            .iter()
+            .filter_map(|s| match s {
+                Stale::Removed(p) => Some(p.file_name()?.to_string_lossy().into_owned()),
+                Stale::Occupied { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            removed,
+            vec!["oomguard-200", "oomguard-200-supervisor", "oomguard-300"]
+        );
+        assert!(got.contains(&Stale::Occupied {
+            path: dir.join("oomguard-400"),
+            procs: 1
+        }));
+        for kept in ["oomguard-100", "oomguard-x", "other", "oomguard-400"] {
+            assert!(dir.join(kept).exists(), "{kept}");
+        }
     }
 
     #[test]

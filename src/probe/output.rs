@@ -811,7 +811,8 @@ impl OutputRelay {
 
     /// Whether the job's `stream` is a pty (oomguard's was a terminal).
     pub fn is_pty(&self, stream: Stream) -> bool {
-        self.sinks[self.routes[stream as usize]].tty
+        let sink = self.routes[stream as usize];
+        self.channels.iter().any(|c| c.sink == sink && c.pty)
     }
 
     /// Gives every pty of the job the size of the terminal it stands for,
@@ -843,9 +844,24 @@ impl OutputRelay {
                 Stream::Stderr
             };
             let size = sink.window_size().unwrap_or(FALLBACK_SIZE);
-            let (read, write) = if sink.tty {
-                let (master, slave) = pty::open_pty(size.0, size.1)
-                    .map_err(|source| OutputError::Pty { stream, source })?;
+            // No /dev/pts (a minimal container or initramfs): a pipe still
+            // carries every byte; only the job's isatty() changes.
+            let tty_pair = if sink.tty {
+                match pty::open_pty(size.0, size.1) {
+                    Ok(pair) => Some(pair),
+                    Err(source) => {
+                        eprintln!(
+                            "oomguard: {}; passing it on through a pipe",
+                            OutputError::Pty { stream, source }
+                        );
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let is_pty = tty_pair.is_some();
+            let (read, write) = if let Some((master, slave)) = tty_pair {
                 raw_output(&slave)?;
                 (master, slave)
             } else {
@@ -864,7 +880,7 @@ impl OutputRelay {
             self.channels.push(Channel {
                 sink: idx,
                 stream,
-                pty: sink.tty,
+                pty: is_pty,
                 size,
                 fd,
                 scanner: OutputScanner::new(),

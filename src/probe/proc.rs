@@ -245,6 +245,9 @@ pub struct TreeScanner {
     excluded: HashSet<u32>,
     known: HashMap<u32, Known>,
     buf: String,
+    /// Top-level processes beyond the root's children for the next walk
+    /// (members of the owned cgroup that are not descendants).
+    extra_roots: Vec<u32>,
 }
 
 impl TreeScanner {
@@ -257,6 +260,7 @@ impl TreeScanner {
             excluded: HashSet::new(),
             known: HashMap::new(),
             buf: String::with_capacity(512),
+            extra_roots: Vec::new(),
         }
     }
 
@@ -273,6 +277,15 @@ impl TreeScanner {
     /// Forgets an exclusion once the helper is reaped.
     pub fn include(&mut self, pid: u32) {
         self.excluded.remove(&pid);
+    }
+
+    /// A /proc walk that finds the root's descendants together with
+    /// `members` (the owned cgroup's pids): a process that moved itself out
+    /// of the cgroup is still a descendant, and one that was put into the
+    /// cgroup from outside is still a member.
+    pub fn scan_descendants_and(&mut self, members: &[u32]) -> Vec<Found> {
+        self.extra_roots = members.to_vec();
+        self.scan(None)
     }
 
     /// Scans the tree. `members`, when given (the cgroup oomguard owns), is
@@ -323,6 +336,11 @@ impl TreeScanner {
                 }
             }
             (TreeRoot::ChildrenOf(parent), None) => {
+                // Pushed first, so popped last: a member that is also a
+                // descendant is reached through its parent (with its role).
+                for pid in std::mem::take(&mut self.extra_roots) {
+                    stack.push((pid, None));
+                }
                 for &pid in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
                     stack.push((pid, None));
                 }
