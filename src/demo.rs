@@ -70,6 +70,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         torch_stats: false,
         attach: None,
         allow_kill: false,
+        attach_spec: None,
         output_log: None,
     };
     let code = run(cfg);

@@ -46,6 +46,8 @@ use crate::restart::{Budget, CheckpointWatch};
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, SizeOrPercent, human_duration};
 
+mod attach;
+
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
 /// Exit code when the job succeeded but its peak footprint exceeded
@@ -81,6 +83,8 @@ pub struct RunConfig {
     pub attach: Option<u32>,
     /// `attach --allow-kill`.
     pub allow_kill: bool,
+    /// `attach`: how the job was named, and its cgroup when named by one.
+    pub attach_spec: Option<crate::attach::AttachSpec>,
     /// `--output-log`: a raw copy of everything the job prints.
     pub output_log: Option<PathBuf>,
 }
@@ -130,6 +134,7 @@ impl RunConfig {
             torch_stats: a.torch_stats,
             attach: None,
             allow_kill: false,
+            attach_spec: None,
             output_log: a.output_log,
         })
     }
@@ -137,6 +142,22 @@ impl RunConfig {
     /// Settings for `oomguard attach PID`: the same loop over a tree that
     /// oomguard did not launch (no cgroup, no pty, no restarts).
     pub fn for_attach(a: crate::cli::AttachArgs) -> Result<Self, crate::config::ConfigError> {
+        use crate::attach::Target;
+        let target = match (&a.pid, &a.cgroup, &a.slurm_job, &a.match_cmdline) {
+            (Some(pid), ..) => Target::Pid(*pid),
+            (_, Some(c), ..) => Target::Cgroup(c.clone()),
+            (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
+            (.., Some(re)) => Target::Match(re.clone()),
+            // clap requires one of them.
+            _ => {
+                return Err(crate::config::ConfigError::Flag(
+                    "attach: name a pid, --cgroup, --slurm-job or --match".into(),
+                ));
+            }
+        };
+        let mut spec = crate::attach::resolve(&target, std::path::Path::new("/proc"))
+            .map_err(|e| crate::config::ConfigError::Flag(e.to_string()))?;
+        spec.watch_for = a.watch_for;
         let run = crate::cli::RunArgs {
             log: a.log,
             interval: a.interval,
@@ -156,11 +177,12 @@ impl RunConfig {
             restart: crate::cli::RestartArgs::default(),
             tui: a.tui,
             output_log: None,
-            command: vec![OsString::from(format!("pid {}", a.pid))],
+            command: vec![OsString::from(&spec.label)],
         };
         let mut cfg = Self::from_args(run)?;
-        cfg.attach = Some(a.pid);
+        cfg.attach = Some(spec.pid);
         cfg.allow_kill = a.allow_kill;
+        cfg.attach_spec = Some(spec);
         Ok(cfg)
     }
 }
@@ -325,6 +347,8 @@ struct Supervisor {
     ns_pids: HashMap<Ident, Vec<u32>>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
+    /// `attach`: the job's cgroup, and how the watch ends.
+    attached: Option<attach::Attached>,
     /// The live dashboard, its state, and the job's pty (the dashboard owns
     /// the real terminal; the job gets a terminal of its own).
     tui: Option<crate::tui::Tui>,
@@ -598,9 +622,22 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     let cgroup_reader = match &owned {
         Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
-        None => cgroup::locate(&cfg.proc_root, &job.pid.to_string())
+        None => cfg
+            .attach_spec
+            .as_ref()
+            .and_then(|s| s.cgroup.clone())
+            .or_else(|| cgroup::locate(&cfg.proc_root, &job.pid.to_string()))
             .map(|loc| CgroupReader::new(loc, false)),
     };
+    let attached = cfg.attach.map(|pid| {
+        attach::Attached::new(
+            cfg.attach_spec.as_ref(),
+            cgroup_reader.as_ref(),
+            &cfg.proc_root,
+            pid,
+            started,
+        )
+    });
     let mut system = SystemReader::new(&cfg.proc_root);
     let first_system = system.read(Instant::now());
     let budget_bytes = cfg.budget.map(|b| match b {
@@ -608,11 +645,16 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
     });
     let root = match cfg.attach {
+        _ if attached.as_ref().is_some_and(|a| a.exclusive.is_some()) => TreeRoot::Members,
         Some(pid) => TreeRoot::Process(pid),
         None => TreeRoot::ChildrenOf(std::process::id()),
     };
     let mut scanner = TreeScanner::new(&cfg.proc_root, root);
     scanner.set_job(Some(job.pid));
+    if cfg.attach.is_some() {
+        // oomguard may watch from inside the job's cgroup (a SLURM job).
+        scanner.exclude(std::process::id());
+    }
 
     // NVML is loaded at run time: the same binary works without a driver.
     let (gpu, gpu_info) = match &cfg.nvml {
@@ -707,6 +749,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
         torch,
+        attached,
         tui,
         app,
         pty,
@@ -971,6 +1014,15 @@ impl Supervisor {
         if self.cfg.attach.is_none() || self.main_status.is_some() {
             return;
         }
+        if let Some(empty) = self.attached_cgroup_empty() {
+            if empty {
+                self.main_status = Some(Status::Exited(0));
+                self.log
+                    .write("child_exit", &serde_json::json!({ "pid": self.job.pid }));
+                self.say("the job's cgroup has no processes left".to_string());
+            }
+            return;
+        }
         let path = self
             .cfg
             .proc_root
@@ -1136,6 +1188,9 @@ impl Supervisor {
                     UiCommand::Restart if alive => {
                         self.begin_stop(Action::Restart, "manual restart (dashboard)");
                     }
+                    UiCommand::Quit { stop_job: false } if self.cfg.attach.is_some() => {
+                        self.end_watch("detached from the dashboard".to_string());
+                    }
                     UiCommand::Quit { stop_job: false } => {
                         self.close_dashboard();
                         eprintln!(
@@ -1205,6 +1260,11 @@ impl Supervisor {
             path: c.location().path.clone(),
             owned: c.owned(),
             not_owned_reason: not_owned_reason.clone(),
+            exclusive: c.owned() || self.attached_exclusive(),
+            not_exclusive_reason: self
+                .attached
+                .as_ref()
+                .and_then(|a| a.not_exclusive_reason.clone()),
         });
         let start = RunStart {
             argv: self
@@ -1243,7 +1303,7 @@ impl Supervisor {
             targets.push((dir, limit));
         }
         if let Some(budget) = self.budget_bytes
-            && reader.owned()
+            && (reader.owned() || self.attached_exclusive())
             && let Some(dir) = reader.limit_dir(&cg.path)
         {
             targets.push((dir, budget));
@@ -1311,7 +1371,7 @@ impl Supervisor {
         // One pass over the cgroup files; the owned cgroup's working set is
         // the job's exact footprint.
         let (cgroup, owned_ws) = match self.cgroup.as_ref() {
-            Some(c) if c.owned() => match c.read_with_working_set() {
+            Some(c) if c.owned() || self.attached_exclusive() => match c.read_with_working_set() {
                 Some((s, ws)) => (Some(s), Some(ws)),
                 None => (None, None),
             },
@@ -1383,6 +1443,9 @@ impl Supervisor {
         if let Some(r) = self.relaunch_at {
             wake = r;
         }
+        if let Some(w) = self.watch_deadline() {
+            wake = wake.min(w);
+        }
         wake
     }
 
@@ -1393,6 +1456,7 @@ impl Supervisor {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
+        self.check_watch_time(now);
         if now >= self.next_tick && self.relaunch_at.is_none() {
             let full = now >= self.next_full;
             self.tick(!full);
@@ -1954,7 +2018,8 @@ impl Supervisor {
                 }
                 if !self.may_kill() && !trainers_alive {
                     // attach: the trainer checkpointed and left; the rest
-                    // is not ours to end.
+                    // is not ours to end (nor to leave stopped).
+                    self.release_stop(&st);
                     self.stop = None;
                     return;
                 }
@@ -2148,6 +2213,8 @@ impl Supervisor {
     fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
         let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
             Some(self.tree.iter().map(|p| p.pid).collect())
+        } else if self.attached_exclusive() {
+            self.attached_members()
         } else {
             self.cgroup
                 .as_ref()
@@ -2173,16 +2240,7 @@ impl Supervisor {
             // Never forward to a process we did not launch: INT/TERM end
             // the watch (after giving back anything we paused).
             if ends {
-                let held: Vec<Ident> = self.paused.drain().collect();
-                self.signal_all(&held, SIG_CONT);
-                if let Some(st) = self.stop.take() {
-                    let held: Vec<Ident> = st.throttled.into_iter().collect();
-                    self.signal_all(&held, SIG_CONT);
-                    let all = self.idents(|_| true);
-                    if st.frozen_all {
-                        self.signal_all(&all, SIG_CONT);
-                    }
-                }
+                self.end_watch(format!("{} received", supervise::signal_name(sig)));
                 self.shutdown_signal = Some(sig);
             }
             return;
@@ -2751,7 +2809,9 @@ impl Supervisor {
         if self.cfg.attach.is_some() {
             // The watched tree is not ours to wait for: its orphans go to
             // init. Done when the watched process is, or when told to stop.
-            return self.main_status.is_some() || self.shutdown_signal.is_some();
+            return self.main_status.is_some()
+                || self.shutdown_signal.is_some()
+                || self.watch_ended();
         }
         if self.main_status.is_none() {
             return false;
@@ -2799,7 +2859,10 @@ impl Supervisor {
                 .is_some_and(|(n, b)| n > b),
         };
         let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
+        // `attach`: a watch that ended before the job did is not an exit.
+        let detached = self.cfg.attach.is_some() && self.main_status.is_none();
         let (outcome, mut exit_code) = match status {
+            _ if detached => (Outcome::Detached, 0),
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
@@ -2816,8 +2879,8 @@ impl Supervisor {
         if fail_above.is_some_and(|(_, exceeded)| exceeded) && exit_code == 0 {
             exit_code = EXIT_FAIL_ABOVE;
         }
-        self.log.write(
-            "run_end",
+        self.write_run_end(
+            outcome,
             &RunEnd {
                 outcome,
                 exit_code,
@@ -2920,7 +2983,10 @@ impl Supervisor {
             }
         };
         let s = &self.stats;
-        eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration));
+        match self.attach_headline(outcome, duration) {
+            Some(line) => eprintln!("oomguard: {line}"),
+            None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
+        }
         let holder = s
             .peak_holder
             .as_ref()
