@@ -230,7 +230,7 @@ fn searched(mounts: &[(Version, PathBuf)]) -> String {
 /// How deep below a mount a SLURM job cgroup may sit: `slurm/uid_U/job_J`
 /// on v1, `system.slice/slurmstepd.scope/job_J` on v2, with room for a
 /// container's or a multi-slurmd node's extra level.
-const SLURM_DEPTH: usize = 5;
+const SLURM_DEPTH: usize = 8;
 
 /// `--slurm-job ID`: the job's cgroup wherever this node's SLURM put it.
 /// The layouts differ by version and configuration, so the hierarchies are
