@@ -368,6 +368,9 @@ signal.signal(signal.SIGTERM, on_term)
 base = b"\x01" * (20 << 20)
 if os.fork() == 0:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A session of its own (as torchrun's children have): the kernel's
+    # SIGCONT to a stopped, orphaned process group does not reach it.
+    os.setsid()
     parent = os.getppid()
     hog = []
     while not os.path.exists(go):
