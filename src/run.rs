@@ -645,7 +645,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
     });
     let root = match cfg.attach {
-        _ if attached.as_ref().is_some_and(|a| a.exclusive.is_some()) => TreeRoot::Members,
+        _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
         Some(pid) => TreeRoot::Process(pid),
         None => TreeRoot::ChildrenOf(std::process::id()),
     };
@@ -2213,8 +2213,10 @@ impl Supervisor {
     fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
         let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
             Some(self.tree.iter().map(|p| p.pid).collect())
-        } else if self.attached_exclusive() {
-            self.attached_members()
+        } else if self.cfg.attach.is_some()
+            && let Some(m) = self.attached_members()
+        {
+            Some(m)
         } else {
             self.cgroup
                 .as_ref()

@@ -606,3 +606,74 @@ fn attach_reports_an_ended_job_with_an_unknown_code() {
     assert_eq!(end.outcome, "exited");
     assert_eq!(end.exit_code_known, Some(false));
 }
+
+/// A v2 cgroup without the memory controller (the unified hierarchy of
+/// these machines), named with `--cgroup`: the job is still its members
+/// (a process in its own session included), with the tree's PSS sum as the
+/// footprint and the reason logged.
+#[test]
+fn attach_by_v2_cgroup_without_memory_files_watches_its_members() {
+    let unified = Path::new("/sys/fs/cgroup/unified");
+    let ok = unified.join("cgroup.procs").exists()
+        && fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")));
+    if !require(
+        ok,
+        "needs root and the cgroup v2 hierarchy at /sys/fs/cgroup/unified",
+    ) {
+        return;
+    }
+    let cg = unified.join(format!("test-attach-v2-{}", std::process::id()));
+    fs::create_dir_all(&cg).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (log, ready) = (dir.path().join("a.ndjson"), dir.path().join("ready"));
+    let mut job = start_in(
+        &cg,
+        HOLDER,
+        &["10", "-", "0", ready.to_str().unwrap(), "60"],
+        &ready,
+    );
+    // One more member, not below the job's pid: the cgroup says it is the
+    // job's.
+    let mut other = Command::new("sh")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && exec setsid sleep 60"#)
+        .arg(&cg)
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(5), || {
+        fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|t| t.lines().count() == 4)
+    }));
+    let arg = cg.display().to_string();
+    let (code, err) = finish(
+        attach(&["--cgroup", &arg, "--watch-for", "1500ms"], &log)
+            .spawn()
+            .unwrap(),
+        20,
+    );
+    let lines = read_log(&log);
+    for pid in fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+    {
+        let _ = Command::new("kill").args(["-9", pid]).status();
+    }
+    let _ = job.wait();
+    let _ = other.wait();
+    assert!(wait_for(Duration::from_secs(5), || fs::remove_dir(&cg).is_ok()));
+    assert_eq!(code, Some(0), "{err}");
+    let start = run_start(&lines);
+    assert_eq!(start.pid, job.id());
+    let info = start.cgroup.as_ref().unwrap();
+    assert_eq!(info.version, 2);
+    assert!(!info.exclusive);
+    assert!(
+        info.not_exclusive_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("no memory controller files")),
+        "{info:?}"
+    );
+    let last = lines.iter().filter_map(|l| l.sample()).next_back().unwrap();
+    assert_eq!(last.tree.procs, 4, "the cgroup's members are the job");
+    assert_eq!(schema::run_end(&lines).outcome, "detached");
+}

@@ -24,6 +24,9 @@ use crate::units::human_duration;
 pub(super) struct Attached {
     /// The cgroup that holds only the job, when there is one.
     pub exclusive: Option<Location>,
+    /// The cgroup whose members are the job: the exclusive one, or the one
+    /// the user named (even without memory files to read).
+    pub members_of: Option<Location>,
     /// Why the job's cgroup is not used for its footprint.
     pub not_exclusive_reason: Option<String>,
     /// `--watch-for`: the watch ends then.
@@ -44,9 +47,11 @@ impl Attached {
     ) -> Self {
         let me = std::process::id();
         let until = spec.and_then(|s| s.watch_for).map(|d| started + d);
+        let named = spec.and_then(|s| s.cgroup.clone());
         let Some(reader) = reader else {
             return Self {
                 not_exclusive_reason: Some("no memory cgroup was found for the job".into()),
+                members_of: named,
                 until,
                 ..Self::default()
             };
@@ -63,11 +68,13 @@ impl Attached {
         match crate::attach::exclusive(loc, proc_root, &job, me) {
             Ok(()) => Self {
                 exclusive: Some(loc.clone()),
+                members_of: Some(loc.clone()),
                 until,
                 ..Self::default()
             },
             Err(why) => Self {
                 not_exclusive_reason: Some(why),
+                members_of: named,
                 until,
                 ..Self::default()
             },
@@ -75,9 +82,9 @@ impl Attached {
     }
 
     /// The job's processes by its cgroup (oomguard itself left out), when
-    /// the cgroup holds only the job.
+    /// the job is that cgroup's members.
     pub fn members(&self) -> Option<Vec<u32>> {
-        let loc = self.exclusive.as_ref()?;
+        let loc = self.members_of.as_ref()?;
         let me = std::process::id();
         Some(
             crate::attach::subtree_procs(&loc.dir())
@@ -109,8 +116,8 @@ impl Supervisor {
             .is_some_and(|a| a.exclusive.is_some())
     }
 
-    /// The tree's members from the job's own cgroup, when it holds only the
-    /// job (`None`: find the tree through /proc).
+    /// The tree's members from the job's cgroup, when the job is defined by
+    /// it (`None`: find the tree through /proc).
     pub(super) fn attached_members(&self) -> Option<Vec<u32>> {
         self.attached.as_ref().and_then(Attached::members)
     }
