@@ -677,3 +677,89 @@ fn attach_by_v2_cgroup_without_memory_files_watches_its_members() {
     assert_eq!(last.tree.procs, 4, "the cgroup's members are the job");
     assert_eq!(schema::run_end(&lines).outcome, "detached");
 }
+
+/// A trainer that ignores the checkpoint signal, holding `argv[1]` MiB,
+/// with two idle workers; `argv[2]` marks it ready.
+const DEAF: &str = r#"
+import os, signal, sys, time
+held = b"\x01" * (int(sys.argv[1]) << 20)
+for _ in range(2):
+    if os.fork() == 0:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(0.1)
+        os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"#;
+
+fn deaf_job(cg: &MemCgroup, dir: &Path) -> Child {
+    let ready = dir.join("ready");
+    start_in(&cg.dir, DEAF, &["170", ready.to_str().unwrap()], &ready)
+}
+
+const STOP_AT_60: [&str; 5] = ["--warn-at", "40%", "--critical-at", "60%", "--grace"];
+
+/// Without `--allow-kill`, a trainer that does not exit within the grace
+/// is resumed and left running: nothing is killed and the watch goes on.
+#[test]
+fn serial_attach_without_allow_kill_leaves_a_deaf_trainer_running() {
+    let Some(cg) = MemCgroup::or_skip("attach-deaf", 256 * MIB) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("a.ndjson");
+    let mut job = deaf_job(&cg, dir.path());
+    let pid = job.id();
+    let mut args = STOP_AT_60.to_vec();
+    let pid_s = pid.to_string();
+    args.extend(["1s", "--watch-for", "4s", &pid_s]);
+    let (code, err) = finish(attach(&args, &log).spawn().unwrap(), 30);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("leaving it running"), "{err}");
+    assert!(alive(pid), "the trainer must be left running");
+    let mut pids: Vec<u32> = children_of(pid).into_iter().map(|c| c.0).collect();
+    assert_eq!(pids.len(), 2, "the workers must be left running");
+    pids.push(pid);
+    assert!(
+        pids.iter().all(|p| proc_state(*p) != Some('T')),
+        "left stopped"
+    );
+    let lines = read_log(&log);
+    let acts = actions(&lines);
+    assert!(acts.iter().any(|a| a.action == "stop"), "{acts:?}");
+    assert!(!acts.iter().any(|a| a.action == "kill"), "{acts:?}");
+    assert_eq!(schema::run_end(&lines).outcome, "detached");
+    drop(cg);
+    let _ = job.wait();
+}
+
+/// With `--allow-kill` the stopping ladder goes on as under `run`: SIGTERM
+/// to the tree after the grace, SIGKILL after `--kill-after` (10 s).
+#[test]
+fn serial_attach_with_allow_kill_ends_a_deaf_trainer() {
+    let Some(cg) = MemCgroup::or_skip("attach-killable", 256 * MIB) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("a.ndjson");
+    let mut job = deaf_job(&cg, dir.path());
+    let pid = job.id();
+    let mut args = STOP_AT_60.to_vec();
+    let pid_s = pid.to_string();
+    args.extend(["1s", "--allow-kill", &pid_s]);
+    let (code, err) = finish(attach(&args, &log).spawn().unwrap(), 40);
+    assert_eq!(code, Some(75), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        job.wait().unwrap().signal(),
+        Some(9),
+        "the trainer was killed"
+    );
+    let lines = read_log(&log);
+    let end = schema::run_end(&lines);
+    assert_eq!(end.outcome, "stopped_by_policy");
+    assert_eq!(end.exit_code_known, Some(false));
+    drop(cg);
+}
