@@ -763,3 +763,113 @@ fn serial_attach_with_allow_kill_ends_a_deaf_trainer() {
     assert_eq!(end.exit_code_known, Some(false));
     drop(cg);
 }
+
+/// The dashboard on an attached job, in a real terminal (tmux): `p` pauses
+/// the job, `q` then `d` ends the watch — the job is resumed and keeps
+/// running, and the log says `detached`.
+#[test]
+fn attach_dashboard_detach_resumes_and_leaves_the_job_running() {
+    let have_tmux = Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !require(have_tmux, "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (log, ready) = (dir.path().join("a.ndjson"), dir.path().join("ready"));
+    let mut job = Command::new("python3")
+        .args(["-c", HOLDER, "20", "-", "0", ready.to_str().unwrap(), "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = job.id();
+    assert!(wait_for(Duration::from_secs(10), || ready.exists()));
+    let session = format!("oomguard-attach-{}", std::process::id());
+    let tmux = |args: &[&str]| {
+        let out = Command::new("tmux").args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let screen = || tmux(&["capture-pane", "-t", &session, "-p"]);
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "48",
+        "bash --norc --noprofile",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let cmd = format!(
+        "{} attach {pid} --tui --no-notify --interval 200ms --log {}; echo EXIT=$?",
+        env!("CARGO_BIN_EXE_oomguard"),
+        log.display()
+    );
+    tmux(&["send-keys", "-t", &session, &cmd, "Enter"]);
+    let all = || {
+        let mut p: Vec<u32> = children_of(pid).into_iter().map(|c| c.0).collect();
+        p.push(pid);
+        p
+    };
+    let shown = wait_for(Duration::from_secs(15), || {
+        let sc = screen();
+        sc.contains("Processes") && sc.contains("worker")
+    });
+    let mut checks = || -> Result<(), String> {
+        if !shown {
+            return Err(format!("no dashboard:\n{}", screen()));
+        }
+        tmux(&["send-keys", "-t", &session, "p"]);
+        if !wait_for(Duration::from_secs(5), || {
+            all().iter().all(|&p| proc_state(p) == Some('T'))
+        }) {
+            return Err("not paused".into());
+        }
+        tmux(&["send-keys", "-t", &session, "q"]);
+        std::thread::sleep(Duration::from_millis(300));
+        tmux(&["send-keys", "-t", &session, "d"]);
+        if !wait_for(Duration::from_secs(15), || {
+            screen().lines().any(|l| l.starts_with("EXIT="))
+        }) {
+            return Err(format!("oomguard did not exit:\n{}", screen()));
+        }
+        Ok(())
+    };
+    let result = checks();
+    let sc = screen();
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", &session])
+        .status();
+    let resumed = wait_for(Duration::from_secs(2), || {
+        all()
+            .iter()
+            .all(|&p| matches!(proc_state(p), Some('S' | 'R')))
+    });
+    let still = all().len();
+    let _ = Command::new("kill")
+        .args(["-9", "--", &format!("-{pid}")])
+        .status();
+    let _ = job.wait();
+    result.unwrap();
+    assert!(sc.lines().any(|l| l.trim() == "EXIT=0"), "{sc}");
+    assert!(
+        sc.contains(&format!("stopped watching pid {pid} (still running")),
+        "{sc}"
+    );
+    assert!(resumed, "the job was left stopped");
+    assert_eq!(still, 3);
+    let lines = read_log(&log);
+    let end = schema::run_end(&lines);
+    assert_eq!(end.outcome, "detached");
+    assert_eq!(
+        end.detached_reason.as_deref(),
+        Some("detached from the dashboard")
+    );
+    let names: Vec<&str> = actions(&lines).iter().map(|a| a.action.as_str()).collect();
+    assert_eq!(names, ["pause", "resume"]);
+}
