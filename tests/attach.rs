@@ -820,7 +820,7 @@ fn attach_dashboard_detach_resumes_and_leaves_the_job_running() {
         let sc = screen();
         sc.contains("Processes") && sc.contains("worker")
     });
-    let mut checks = || -> Result<(), String> {
+    let checks = || -> Result<(), String> {
         if !shown {
             return Err(format!("no dashboard:\n{}", screen()));
         }
