@@ -139,8 +139,10 @@ impl RunConfig {
         })
     }
 
-    /// Settings for `oomguard attach PID`: the same loop over a tree that
-    /// oomguard did not launch (no cgroup, no pty, no restarts).
+    /// Settings for `oomguard attach`: the same loop over a tree that
+    /// oomguard did not launch (no cgroup of its own, no pty, no restarts).
+    /// The job is found here, before anything is watched: a target that
+    /// names nothing (or several things) is a usage error.
     pub fn for_attach(a: crate::cli::AttachArgs) -> Result<Self, crate::config::ConfigError> {
         use crate::attach::Target;
         let target = match (&a.pid, &a.cgroup, &a.slurm_job, &a.match_cmdline) {
@@ -1009,7 +1011,8 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
 
 impl Supervisor {
     /// `attach`: the watched process is not our child, so its end is seen
-    /// here (gone, or its pid reused), not by the reaper.
+    /// here (gone, or its pid reused; for a job that is its cgroup's
+    /// members, the cgroup empty), not by the reaper.
     fn check_attached_target(&mut self) {
         if self.cfg.attach.is_none() || self.main_status.is_some() {
             return;
@@ -2810,7 +2813,9 @@ impl Supervisor {
     fn finished(&mut self) -> bool {
         if self.cfg.attach.is_some() {
             // The watched tree is not ours to wait for: its orphans go to
-            // init. Done when the watched process is, or when told to stop.
+            // init. Done when the watched process is (or, for a job that is
+            // its cgroup's members, the last of them), or when the watch
+            // ends (INT/TERM, dashboard detach, --watch-for).
             return self.main_status.is_some()
                 || self.shutdown_signal.is_some()
                 || self.watch_ended();
