@@ -1996,7 +1996,13 @@ impl Supervisor {
                     }
                 }
                 let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
-                let grace_over = now >= st.grace_end || stuck;
+                if stuck && !self.may_kill() {
+                    // attach: oomguard may not end a frozen tree, so the
+                    // trainer alone runs (the growers stay frozen) and gets
+                    // the rest of the grace to checkpoint.
+                    self.signal_all(&st.signalled, SIG_CONT);
+                }
+                let grace_over = now >= st.grace_end || (stuck && self.may_kill());
                 // With --checkpoint-dir, a new complete checkpoint is the
                 // signal to go on; the trainer is never cut off while it
                 // is still writing one within the grace period.

@@ -354,12 +354,14 @@ fn serial_attach_by_slurm_job_and_by_cgroup_path() {
     let _ = job.wait();
 }
 
-/// A trainer whose worker leaks: the trainer checkpoints on SIGTERM, the
+/// A trainer whose worker leaks (8 MiB every `argv[4]` s): the trainer
+/// checkpoints on SIGTERM after `argv[5]` s (its next step boundary), the
 /// worker leaves when its parent does.
 const LEAKER: &str = r#"
 import os, signal, sys, time
 ckpt, ready, go = sys.argv[1], sys.argv[2], sys.argv[3]
 def on_term(sig, frame):
+    time.sleep(float(sys.argv[5]))  # reaching a step boundary
     with open(ckpt + ".tmp", "w") as f:
         f.write("step 42")
     os.rename(ckpt + ".tmp", ckpt)
@@ -377,7 +379,7 @@ if os.fork() == 0:
         time.sleep(0.05)
     while os.getppid() == parent:
         hog.append(b"\x03" * (8 << 20))
-        time.sleep(0.1)
+        time.sleep(float(sys.argv[4]))
     os._exit(0)
 open(ready, "w").close()
 while True:
@@ -390,8 +392,27 @@ while True:
 /// `--allow-kill`), and the kernel kills nothing.
 #[test]
 fn serial_attach_stops_a_leak_with_the_checkpoint_signal() {
-    let Some(cg) = MemCgroup::or_skip("attach-leak", 400 * MIB) else {
-        return;
+    stop_a_leak("attach-leak", 400, "0.1", "0");
+}
+
+/// A leak fast enough to reach the last-resort level: everything is frozen,
+/// and since oomguard may not end the tree, the trainer alone is let run
+/// to checkpoint while the leaking worker stays frozen.
+#[test]
+fn serial_attach_stops_a_fast_leak_frozen_at_the_last_resort() {
+    let acts = stop_a_leak("attach-fast-leak", 320, "0.04", "1");
+    assert!(
+        acts.iter()
+            .any(|(action, reason)| action == "pause" && reason.starts_with("last resort")),
+        "the last-resort level was not reached: {acts:?}"
+    );
+}
+
+/// Runs the leaker under `attach --cgroup` and checks the stop; returns
+/// the logged actions (empty when the test is skipped).
+fn stop_a_leak(name: &str, limit_mib: u64, pause: &str, to_step: &str) -> Vec<(String, String)> {
+    let Some(cg) = MemCgroup::or_skip(name, limit_mib * MIB) else {
+        return Vec::new();
     };
     let dir = tempfile::tempdir().unwrap();
     let (log, ready, go, ckpt) = (
@@ -407,6 +428,8 @@ fn serial_attach_stops_a_leak_with_the_checkpoint_signal() {
             ckpt.to_str().unwrap(),
             ready.to_str().unwrap(),
             go.to_str().unwrap(),
+            pause,
+            to_step,
         ],
         &ready,
     );
@@ -443,6 +466,9 @@ fn serial_attach_stops_a_leak_with_the_checkpoint_signal() {
     assert_eq!(end.exit_code_known, Some(false));
     drop(cg);
     let _ = job.wait();
+    acts.iter()
+        .map(|a| (a.action.clone(), a.reason.clone()))
+        .collect()
 }
 
 /// A trainer with two idle workers holding `argv[1]` MiB, growing to
