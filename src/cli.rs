@@ -82,9 +82,34 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("target")
+        .required(true)
+        .args(["pid", "cgroup", "slurm_job", "match_cmdline"])
+))]
 pub struct AttachArgs {
     /// The process to watch, with everything below it.
-    pub pid: u32,
+    pub pid: Option<u32>,
+
+    /// Watch every process of this memory cgroup (a directory under a
+    /// cgroup mount, or a path inside the hierarchy such as
+    /// /slurm/uid_1000/job_42).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+
+    /// Watch a SLURM job: its cgroup, as SLURM lays it out under cgroup v1
+    /// (slurm/uid_U/job_ID) or v2 (…/slurmstepd.scope/job_ID).
+    #[arg(long, value_name = "ID")]
+    pub slurm_job: Option<String>,
+
+    /// Watch the one process whose command line matches REGEX (with
+    /// everything below it).
+    #[arg(long = "match", value_name = "REGEX")]
+    pub match_cmdline: Option<String>,
+
+    /// Stop watching after this long (the job keeps running).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub watch_for: Option<Duration>,
 
     /// Write the NDJSON log (schema oomguard/1) to FILE.
     #[arg(long, value_name = "FILE")]

@@ -211,6 +211,7 @@ fn outcome_words(d: &RunSummaryData) -> String {
             d.attempts
         ),
         Outcome::InternalError => format!("ended with an oomguard error (exit code {code})"),
+        Outcome::Detached => "was watched until oomguard stopped; it is still running".to_string(),
     }
 }
 
@@ -222,6 +223,7 @@ fn outcome_name(o: Outcome) -> &'static str {
         Outcome::OomKilled => "oom_killed",
         Outcome::RestartLimit => "restart_limit",
         Outcome::InternalError => "internal_error",
+        Outcome::Detached => "detached",
     }
 }
 

@@ -148,6 +148,14 @@ pub struct CgroupInfo {
     /// Why oomguard did not create its own cgroup, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_owned_reason: Option<String>,
+    /// The cgroup holds only the job: its working set is the footprint
+    /// (always so for a cgroup oomguard owns; under `attach` when no other
+    /// process shares the job's cgroup).
+    #[serde(default)]
+    pub exclusive: bool,
+    /// Why the job's cgroup does not count it exactly, when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_exclusive_reason: Option<String>,
 }
 
 /// Whether GPUs are being watched, and why not.
@@ -315,6 +323,8 @@ pub enum Outcome {
     OomKilled,
     RestartLimit,
     InternalError,
+    /// `attach`: the watch ended while the job was still running.
+    Detached,
 }
 
 #[cfg(test)]

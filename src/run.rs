@@ -45,6 +45,8 @@ use crate::restart::{Budget, CheckpointWatch};
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, SizeOrPercent, human_duration};
 
+mod attach;
+
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
 /// Exit code when the job succeeded but its peak footprint exceeded
@@ -219,6 +221,8 @@ struct Supervisor {
     ns_pids: HashMap<Ident, Vec<u32>>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
+    /// `attach`: the job's cgroup, and how the watch ends.
+    attached: Option<attach::Attached>,
     /// The live dashboard, its state, and the job's pty (the dashboard owns
     /// the real terminal; the job gets a terminal of its own).
     tui: Option<crate::tui::Tui>,
@@ -496,9 +500,22 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     let cgroup_reader = match &owned {
         Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
-        None => cgroup::locate(&cfg.proc_root, &job.pid.to_string())
+        None => cfg
+            .attach_spec
+            .as_ref()
+            .and_then(|s| s.cgroup.clone())
+            .or_else(|| cgroup::locate(&cfg.proc_root, &job.pid.to_string()))
             .map(|loc| CgroupReader::new(loc, false)),
     };
+    let attached = cfg.attach.map(|pid| {
+        attach::Attached::new(
+            cfg.attach_spec.as_ref(),
+            cgroup_reader.as_ref(),
+            &cfg.proc_root,
+            pid,
+            started,
+        )
+    });
     let mut system = SystemReader::new(&cfg.proc_root);
     let first_system = system.read(Instant::now());
     let budget_bytes = cfg.budget.map(|b| match b {
@@ -506,11 +523,16 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
     });
     let root = match cfg.attach {
+        _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
         Some(pid) => TreeRoot::Process(pid),
         None => TreeRoot::ChildrenOf(std::process::id()),
     };
     let mut scanner = TreeScanner::new(&cfg.proc_root, root);
     scanner.set_job(Some(job.pid));
+    if cfg.attach.is_some() {
+        // oomguard may watch from inside the job's cgroup (a SLURM job).
+        scanner.exclude(std::process::id());
+    }
 
     // NVML is loaded at run time: the same binary works without a driver.
     let (gpu, gpu_info) = match &cfg.nvml {
@@ -606,6 +628,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
         torch,
+        attached,
         tui,
         app,
         pty,
@@ -892,9 +915,19 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
 
 impl Supervisor {
     /// `attach`: the watched process is not our child, so its end is seen
-    /// here (gone, or its pid reused), not by the reaper.
+    /// here (gone, or its pid reused; for a job that is its cgroup's
+    /// members, the cgroup empty), not by the reaper.
     fn check_attached_target(&mut self) {
         if self.cfg.attach.is_none() || self.main_status.is_some() {
+            return;
+        }
+        if let Some(empty) = self.attached_cgroup_empty() {
+            if empty {
+                self.main_status = Some(Status::Exited(0));
+                self.log
+                    .write("child_exit", &serde_json::json!({ "pid": self.job.pid }));
+                self.say("the job's cgroup has no processes left".to_string());
+            }
             return;
         }
         let path = self
@@ -1062,6 +1095,9 @@ impl Supervisor {
                     UiCommand::Restart if alive => {
                         self.begin_stop(Action::Restart, "manual restart (dashboard)");
                     }
+                    UiCommand::Quit { stop_job: false } if self.cfg.attach.is_some() => {
+                        self.end_watch("detached from the dashboard".to_string());
+                    }
                     UiCommand::Quit { stop_job: false } => {
                         self.close_dashboard();
                         eprintln!(
@@ -1131,6 +1167,11 @@ impl Supervisor {
             path: c.location().path.clone(),
             owned: c.owned(),
             not_owned_reason: not_owned_reason.clone(),
+            exclusive: c.owned() || self.attached_exclusive(),
+            not_exclusive_reason: self
+                .attached
+                .as_ref()
+                .and_then(|a| a.not_exclusive_reason.clone()),
         });
         let start = RunStart {
             argv: self
@@ -1172,7 +1213,7 @@ impl Supervisor {
             targets.push((dir, limit));
         }
         if let Some(budget) = self.budget_bytes
-            && reader.owned()
+            && (reader.owned() || self.attached_exclusive())
             && let Some(dir) = reader.limit_dir(&cg.path)
         {
             targets.push((dir, budget));
@@ -1296,7 +1337,7 @@ impl Supervisor {
         // One pass over the cgroup files; the owned cgroup's working set is
         // the job's exact footprint.
         let (cgroup, owned_ws) = match self.cgroup.as_ref() {
-            Some(c) if c.owned() => match c.read_with_working_set() {
+            Some(c) if c.owned() || self.attached_exclusive() => match c.read_with_working_set() {
                 Some((s, ws)) => (Some(s), Some(ws)),
                 None => (None, None),
             },
@@ -1375,6 +1416,9 @@ impl Supervisor {
         if let Some(r) = self.relaunch_at {
             wake = r;
         }
+        if let Some(w) = self.watch_deadline() {
+            wake = wake.min(w);
+        }
         wake
     }
 
@@ -1385,6 +1429,7 @@ impl Supervisor {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
+        self.check_watch_time(now);
         if now >= self.next_tick && self.relaunch_at.is_none() {
             let full = now >= self.next_full;
             self.tick(!full);
@@ -1940,7 +1985,13 @@ impl Supervisor {
                     }
                 }
                 let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
-                let grace_over = now >= st.grace_end || stuck;
+                if stuck && !self.may_kill() {
+                    // attach: oomguard may not end a frozen tree, so the
+                    // trainer alone runs (the growers stay frozen) and gets
+                    // the rest of the grace to checkpoint.
+                    self.signal_all(&st.signalled, SIG_CONT);
+                }
+                let grace_over = now >= st.grace_end || (stuck && self.may_kill());
                 // With --checkpoint-dir, a new complete checkpoint is the
                 // signal to go on; the trainer is never cut off while it
                 // is still writing one within the grace period.
@@ -1965,7 +2016,8 @@ impl Supervisor {
                 }
                 if !self.may_kill() && !trainers_alive {
                     // attach: the trainer checkpointed and left; the rest
-                    // is not ours to end.
+                    // is not ours to end (nor to leave stopped).
+                    self.release_stop(&st);
                     self.stop = None;
                     return;
                 }
@@ -2159,6 +2211,10 @@ impl Supervisor {
     fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
         let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
             Some(self.tree.iter().map(|p| p.pid).collect())
+        } else if self.cfg.attach.is_some()
+            && let Some(m) = self.attached_members()
+        {
+            Some(m)
         } else {
             self.cgroup
                 .as_ref()
@@ -2192,16 +2248,7 @@ impl Supervisor {
             // Never forward to a process we did not launch: INT/TERM end
             // the watch (after giving back anything we paused).
             if ends {
-                let held: Vec<Ident> = self.paused.drain().collect();
-                self.signal_all(&held, SIG_CONT);
-                if let Some(st) = self.stop.take() {
-                    let held: Vec<Ident> = st.throttled.into_iter().collect();
-                    self.signal_all(&held, SIG_CONT);
-                    let all = self.idents(|_| true);
-                    if st.frozen_all {
-                        self.signal_all(&all, SIG_CONT);
-                    }
-                }
+                self.end_watch(format!("{} received", supervise::signal_name(sig)));
                 self.shutdown_signal = Some(sig);
             }
             return;
@@ -2769,8 +2816,12 @@ impl Supervisor {
     fn finished(&mut self) -> bool {
         if self.cfg.attach.is_some() {
             // The watched tree is not ours to wait for: its orphans go to
-            // init. Done when the watched process is, or when told to stop.
-            return self.main_status.is_some() || self.shutdown_signal.is_some();
+            // init. Done when the watched process is (or, for a job that is
+            // its cgroup's members, the last of them), or when the watch
+            // ends (INT/TERM, dashboard detach, --watch-for).
+            return self.main_status.is_some()
+                || self.shutdown_signal.is_some()
+                || self.watch_ended();
         }
         if self.main_status.is_none() {
             return false;
@@ -2818,7 +2869,10 @@ impl Supervisor {
                 .is_some_and(|(n, b)| n > b),
         };
         let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
+        // `attach`: a watch that ended before the job did is not an exit.
+        let detached = self.cfg.attach.is_some() && self.main_status.is_none();
         let (outcome, mut exit_code) = match status {
+            _ if detached => (Outcome::Detached, 0),
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
@@ -2835,8 +2889,8 @@ impl Supervisor {
         if fail_above.is_some_and(|(_, exceeded)| exceeded) && exit_code == 0 {
             exit_code = EXIT_FAIL_ABOVE;
         }
-        self.log.write(
-            "run_end",
+        self.write_run_end(
+            outcome,
             &RunEnd {
                 outcome,
                 exit_code,
@@ -2939,7 +2993,10 @@ impl Supervisor {
             }
         };
         let s = &self.stats;
-        eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration));
+        match self.attach_headline(outcome, duration) {
+            Some(line) => eprintln!("oomguard: {line}"),
+            None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
+        }
         let holder = s
             .peak_holder
             .as_ref()

@@ -193,6 +193,11 @@ pub enum TreeRoot {
     ChildrenOf(u32),
     /// This process and its descendants (`attach`).
     Process(u32),
+    /// Exactly the given members as a forest, with their descendants
+    /// (`attach` to a job alone in its cgroup: the members are the job,
+    /// orphans included). Without a member list the tree is empty, never
+    /// the whole machine.
+    Members,
 }
 
 /// One process found by a scan.
@@ -335,6 +340,14 @@ impl TreeScanner {
                     }
                 }
             }
+            (TreeRoot::Members, Some(_)) => {
+                for st in stats.values() {
+                    if !stats.contains_key(&st.ppid) {
+                        stack.push((st.pid, None));
+                    }
+                }
+            }
+            (TreeRoot::Members, None) => {}
             (TreeRoot::ChildrenOf(parent), None) => {
                 // Pushed first, so popped last: a member that is also a
                 // descendant is reached through its parent (with its role).

@@ -99,6 +99,8 @@ pub struct Settings {
     pub attach: Option<u32>,
     /// `attach --allow-kill`.
     pub allow_kill: bool,
+    /// `attach`: how the job was named, and its cgroup when named by one.
+    pub attach_spec: Option<crate::attach::AttachSpec>,
     /// `--output-log`: a raw copy of everything the job prints.
     pub output_log: Option<PathBuf>,
 }
@@ -192,14 +194,32 @@ impl Settings {
         Self::resolve(cmd, &flags, Preset::Run)
     }
 
-    /// `oomguard attach PID`.
+    /// `oomguard attach`. The job is found here, before anything is
+    /// watched: a target that names nothing (or several things) is a usage
+    /// error.
     pub fn for_attach(a: AttachArgs) -> Result<Self, ConfigError> {
+        use crate::attach::Target;
+        let target = match (&a.pid, &a.cgroup, &a.slurm_job, &a.match_cmdline) {
+            (Some(pid), ..) => Target::Pid(*pid),
+            (_, Some(c), ..) => Target::Cgroup(c.clone()),
+            (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
+            (.., Some(re)) => Target::Match(re.clone()),
+            // clap requires one of them.
+            _ => {
+                return Err(ConfigError::Flag(
+                    "attach: name a pid, --cgroup, --slurm-job or --match".into(),
+                ));
+            }
+        };
+        let mut spec = crate::attach::resolve(&target, Path::new("/proc"))
+            .map_err(|e| ConfigError::Flag(e.to_string()))?;
+        spec.watch_for = a.watch_for;
         let mut flags = policy_layer(&a.policy);
         flags.interval = a.interval;
         flags.pss_interval = a.pss_interval;
         flags.budget = a.budget;
         let cmd = CommandLine {
-            argv: vec![OsString::from(format!("pid {}", a.pid))],
+            argv: vec![OsString::from(&spec.label)],
             log: a.log,
             quiet: a.quiet,
             tui: a.tui,
@@ -207,14 +227,13 @@ impl Settings {
             nvml: Some(None),
             ..CommandLine::default()
         };
-        Self::resolve(
-            cmd,
-            &flags,
-            Preset::Attach {
-                pid: a.pid,
-                allow_kill: a.allow_kill,
-            },
-        )
+        let preset = Preset::Attach {
+            pid: spec.pid,
+            allow_kill: a.allow_kill,
+        };
+        let mut s = Self::resolve(cmd, &flags, preset)?;
+        s.attach_spec = Some(spec);
+        Ok(s)
     }
 
     /// `oomguard demo`: `argv` is the demo job.
@@ -355,6 +374,7 @@ impl Settings {
             torch_stats: cmd.torch_stats,
             attach,
             allow_kill,
+            attach_spec: None,
             output_log: cmd.output_log,
         })
     }

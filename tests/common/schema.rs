@@ -86,6 +86,9 @@ pub struct CgroupInfo {
     pub owned: bool,
     #[serde(default)]
     pub not_owned_reason: Option<String>,
+    pub exclusive: bool,
+    #[serde(default)]
+    pub not_exclusive_reason: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -234,6 +237,15 @@ pub struct RunEnd {
     pub error: Option<String>,
     #[serde(default)]
     pub fail_above: Option<FailAbove>,
+    /// `attach` only: false (a non-parent never sees the job's code).
+    #[serde(default)]
+    pub exit_code_known: Option<bool>,
+    /// `attach`, `outcome: detached`: why the watch ended, and the job's
+    /// processes still alive then.
+    #[serde(default)]
+    pub detached_reason: Option<String>,
+    #[serde(default)]
+    pub still_running_pids: Option<Vec<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,251 @@
+//! `attach` inside the supervision loop: whether the job's own cgroup
+//! counts it exactly (then its members are the tree and its working set the
+//! footprint), when a job oomguard did not launch has ended, and how a
+//! watch ends while the job is still running (`detached`, with everything
+//! oomguard held let go first).
+//!
+//! oomguard is not the parent of an attached job, so it can never learn
+//! its exit code: an ended job is `exited` with `exit_code_known: false`,
+//! and a watch that ends first is `detached`, never `exited`.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::{Ident, SIG_CONT, Stop, Supervisor};
+use crate::log::Outcome;
+use crate::probe::cgroup::{CgroupReader, Location};
+use crate::units::human_duration;
+
+/// What the loop knows about a job it did not launch.
+#[derive(Debug, Default)]
+pub(super) struct Attached {
+    /// The cgroup that holds only the job, when there is one.
+    pub exclusive: Option<Location>,
+    /// The cgroup whose members are the job: the exclusive one, or the one
+    /// the user named (even without memory files to read).
+    pub members_of: Option<Location>,
+    /// Why the job's cgroup is not used for its footprint.
+    pub not_exclusive_reason: Option<String>,
+    /// `--watch-for`: the watch ends then.
+    pub until: Option<Instant>,
+    /// Why the watch ended while the job was still running.
+    pub detached: Option<String>,
+}
+
+impl Attached {
+    /// Decides, once at attach time, whether the job's cgroup counts
+    /// exactly the job: every process in it (and below it) is the job's.
+    pub fn new(
+        spec: Option<&crate::attach::AttachSpec>,
+        reader: Option<&CgroupReader>,
+        proc_root: &Path,
+        pid: u32,
+        started: Instant,
+    ) -> Self {
+        let me = std::process::id();
+        let until = spec.and_then(|s| s.watch_for).map(|d| started + d);
+        let named = spec.and_then(|s| s.cgroup.clone());
+        let Some(reader) = reader else {
+            return Self {
+                not_exclusive_reason: Some("no memory cgroup was found for the job".into()),
+                members_of: named,
+                until,
+                ..Self::default()
+            };
+        };
+        let loc = reader.location();
+        // A job named by its cgroup is its members; one named by a pid is
+        // that process and its descendants.
+        let job: HashSet<u32> = match spec.and_then(|s| s.cgroup.as_ref()) {
+            Some(_) => crate::attach::subtree_procs(&loc.dir())
+                .into_iter()
+                .collect(),
+            None => crate::attach::descendants(proc_root, pid),
+        };
+        match crate::attach::exclusive(loc, proc_root, &job, me) {
+            Ok(()) => Self {
+                exclusive: Some(loc.clone()),
+                members_of: Some(loc.clone()),
+                until,
+                ..Self::default()
+            },
+            Err(why) => Self {
+                not_exclusive_reason: Some(why),
+                members_of: named,
+                until,
+                ..Self::default()
+            },
+        }
+    }
+
+    /// The job's processes by its cgroup (oomguard itself left out), when
+    /// the job is that cgroup's members.
+    pub fn members(&self) -> Option<Vec<u32>> {
+        let loc = self.members_of.as_ref()?;
+        let me = std::process::id();
+        Some(
+            crate::attach::subtree_procs(&loc.dir())
+                .into_iter()
+                .filter(|&p| p != me)
+                .collect(),
+        )
+    }
+}
+
+/// What `run_end` adds under `attach`.
+#[derive(Debug, Serialize)]
+struct AttachEnd {
+    /// Always false: a non-parent cannot reap the job, so its code is
+    /// never seen.
+    exit_code_known: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detached_reason: Option<String>,
+    /// The job's processes still alive when the watch ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    still_running_pids: Option<Vec<u32>>,
+}
+
+impl Supervisor {
+    /// Whether the job's cgroup is its exact footprint (and member list).
+    pub(super) fn attached_exclusive(&self) -> bool {
+        self.attached
+            .as_ref()
+            .is_some_and(|a| a.exclusive.is_some())
+    }
+
+    /// The tree's members from the job's cgroup, when the job is defined by
+    /// it (`None`: find the tree through /proc).
+    pub(super) fn attached_members(&self) -> Option<Vec<u32>> {
+        self.attached.as_ref().and_then(Attached::members)
+    }
+
+    /// A job named by (or alone in) its cgroup has ended when no live
+    /// process is left in it: its orphans are still the job.
+    pub(super) fn attached_cgroup_empty(&self) -> Option<bool> {
+        let members = self.attached_members()?;
+        let alive = members.iter().any(|pid| {
+            std::fs::read_to_string(self.cfg.proc_root.join(pid.to_string()).join("stat"))
+                .ok()
+                .and_then(|t| crate::probe::proc::parse_stat(&t))
+                .is_some_and(|st| st.state != 'Z')
+        });
+        Some(!alive)
+    }
+
+    /// Lets go of everything a graceful stop holds (throttled or frozen
+    /// processes): a job oomguard stops watching, or whose stop it gives
+    /// up, must not be left stopped.
+    pub(super) fn release_stop(&mut self, st: &Stop) {
+        let held: Vec<Ident> = st.throttled.iter().copied().collect();
+        self.signal_all(&held, SIG_CONT);
+        if st.frozen_all {
+            let all = self.idents(|_| true);
+            self.signal_all(&all, SIG_CONT);
+        }
+    }
+
+    /// Ends the watch with the job still running: anything oomguard paused
+    /// or holds is resumed first.
+    pub(super) fn end_watch(&mut self, why: String) {
+        let paused: Vec<Ident> = self.paused.drain().collect();
+        if !paused.is_empty() {
+            let (pids, result) = self.signal_all(&paused, SIG_CONT);
+            self.log_action("resume", &why, pids, Some(SIG_CONT), result);
+        }
+        if let Some(st) = self.stop.take() {
+            self.release_stop(&st);
+        }
+        if let Some(a) = self.attached.as_mut()
+            && a.detached.is_none()
+        {
+            a.detached = Some(why);
+        }
+    }
+
+    /// `--watch-for` ran out.
+    pub(super) fn check_watch_time(&mut self, now: Instant) {
+        let due = self
+            .attached
+            .as_ref()
+            .is_some_and(|a| a.detached.is_none() && a.until.is_some_and(|u| now >= u));
+        if due && self.main_status.is_none() {
+            let limit = self
+                .cfg
+                .attach_spec
+                .as_ref()
+                .and_then(|s| s.watch_for)
+                .unwrap_or_default();
+            self.end_watch(format!("--watch-for {} elapsed", human_duration(limit)));
+        }
+    }
+
+    pub(super) fn watch_deadline(&self) -> Option<Instant> {
+        self.attached
+            .as_ref()
+            .filter(|a| a.detached.is_none())
+            .and_then(|a| a.until)
+    }
+
+    pub(super) fn watch_ended(&self) -> bool {
+        self.attached.as_ref().is_some_and(|a| a.detached.is_some())
+    }
+
+    /// Writes `run_end`, with what `attach` adds: that the job's exit code
+    /// is unknown, and the pids still running when the watch ended.
+    pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::log::RunEnd) {
+        if self.cfg.attach.is_none() {
+            self.log.write("run_end", end);
+            return;
+        }
+        let detached = outcome == Outcome::Detached;
+        let extra = AttachEnd {
+            exit_code_known: false,
+            detached_reason: detached
+                .then(|| self.attached.as_ref().and_then(|a| a.detached.clone()))
+                .flatten(),
+            still_running_pids: detached.then(|| self.tree.iter().map(|p| p.pid).collect()),
+        };
+        let mut v = serde_json::to_value(end).unwrap_or_default();
+        if let (Some(obj), Ok(serde_json::Value::Object(more))) =
+            (v.as_object_mut(), serde_json::to_value(&extra))
+        {
+            obj.extend(more);
+        }
+        self.log.write("run_end", &v);
+    }
+
+    /// The summary's first line under `attach` (`None`: the usual one).
+    pub(super) fn attach_headline(
+        &self,
+        outcome: Outcome,
+        duration: std::time::Duration,
+    ) -> Option<String> {
+        self.cfg.attach?;
+        let label = self
+            .cfg
+            .attach_spec
+            .as_ref()
+            .map_or_else(|| format!("pid {}", self.job.pid), |s| s.label.clone());
+        let after = human_duration(duration);
+        match outcome {
+            Outcome::Detached => {
+                let why = self
+                    .attached
+                    .as_ref()
+                    .and_then(|a| a.detached.as_deref())
+                    .unwrap_or("ended");
+                Some(format!(
+                    "stopped watching {label} (still running, {} process(es)) after {after}: {why}",
+                    self.tree.len()
+                ))
+            }
+            Outcome::Exited => Some(format!(
+                "'{label}' ended after {after} (exit code unknown: oomguard is not its parent)"
+            )),
+            _ => None,
+        }
+    }
+}
