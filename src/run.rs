@@ -1408,6 +1408,7 @@ impl Supervisor {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
+        self.prune_held();
         if !quick {
             self.remember(&sample);
         }
@@ -1457,6 +1458,20 @@ impl Supervisor {
         }
         self.last_view = Some(view);
         self.last_sample = Some(sample);
+    }
+
+    /// Forgets held processes (paused, throttled, signalled for a
+    /// checkpoint) that are no longer the process that was held: gone, or
+    /// their pid taken by another. Only a live identity is ever signalled
+    /// again.
+    fn prune_held(&mut self) {
+        let in_tree: HashSet<Ident> = self.tree.iter().map(|p| (p.pid, p.start_time)).collect();
+        let root = self.cfg.proc_root.clone();
+        let alive = |id: &Ident| in_tree.contains(id) || supervise::is_alive(&root, id.0, id.1);
+        self.paused.retain(|id| alive(id));
+        if let Some(st) = self.stop.as_mut() {
+            st.throttled.retain(|id| alive(id));
+        }
     }
 
     /// How soon the next tick comes: faster as headroom shrinks.
@@ -2146,15 +2161,18 @@ impl Supervisor {
     /// gone until reaped). A quick scan re-reads only the processes already
     /// known; otherwise the owned cgroup's members, or a /proc walk.
     fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
-        let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
-            Some(self.tree.iter().map(|p| p.pid).collect())
+        let found = if quick && !self.tree.is_empty() {
+            // By identity: a recycled pid must not join the tree.
+            let known = self.idents(|_| true);
+            self.scanner.rescan(&known)
         } else {
-            self.cgroup
+            let members: Option<Vec<u32>> = self
+                .cgroup
                 .as_ref()
                 .filter(|c| c.owned())
-                .and_then(|c| c.procs())
+                .and_then(|c| c.procs());
+            self.scanner.scan(members.as_deref())
         };
-        let found = self.scanner.scan(members.as_deref());
         let me = std::process::id();
         self.zombie_children = found
             .iter()

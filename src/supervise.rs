@@ -215,6 +215,15 @@ pub fn owns_foreground(tty: BorrowedFd<'_>) -> bool {
     rustix::termios::tcgetpgrp(tty).is_ok_and(|pg| pg == rustix::process::getpgrp())
 }
 
+/// Whether the process with this identity (pid and start time) still
+/// exists and is not a zombie.
+pub fn is_alive(proc_root: &Path, pid: u32, start_time: u64) -> bool {
+    fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
+        .ok()
+        .and_then(|t| parse_stat(&t))
+        .is_some_and(|s| s.start_time == start_time && s.state != 'Z')
+}
+
 fn read_start_time(proc_root: &Path, pid: u32) -> Option<u64> {
     let text = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
     parse_stat(&text).map(|s| s.start_time)
