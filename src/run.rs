@@ -332,6 +332,8 @@ struct Supervisor {
     pty: Option<crate::tui::PtyMaster>,
     /// A warning rule is firing (for the dashboard's state).
     warning: bool,
+    /// The dashboard's terminal hung up (handled once).
+    hung_up: bool,
     /// The job's stdout and stderr, passed on to where they would have gone
     /// and scanned for PyTorch's messages (not with the dashboard, whose
     /// pty output is scanned by `pty_scanner`, nor under `attach`).
@@ -711,6 +713,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         app,
         pty,
         warning: false,
+        hung_up: false,
         relay,
         pty_scanner: OutputScanner::new(),
         pty_log,
@@ -1095,8 +1098,16 @@ impl Supervisor {
         use crate::tui::{TermEvent, UiCommand};
         let ev = match ev {
             Ok(ev) => ev,
+            Err(crate::tui::TermError::HangUp) => {
+                self.on_hangup();
+                return;
+            }
             Err(e) => {
-                // The terminal went away: carry on without the dashboard.
+                if self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+                    self.on_hangup();
+                    return;
+                }
+                // The terminal cannot be read: carry on without the dashboard.
                 self.close_dashboard();
                 self.say(format!("dashboard closed: {e}"));
                 return;
@@ -1175,7 +1186,55 @@ impl Supervisor {
         };
         app.set_policy_state(state);
         if tui.draw(app).is_err() {
-            self.close_dashboard();
+            if tui.hung_up() {
+                self.on_hangup();
+            } else {
+                self.close_dashboard();
+            }
+        }
+    }
+
+    /// The dashboard's terminal hung up (an SSH connection dropped, a window
+    /// or tmux session closed). By default as for a job run from a shell:
+    /// the job gets SIGHUP and the run ends (SIGKILL after `--kill-after`
+    /// for a tree that outlives it). With `--on-hangup detach` oomguard goes
+    /// on supervising headless. Either way the dead terminal is never read
+    /// or written again.
+    fn on_hangup(&mut self) {
+        if self.hung_up {
+            return;
+        }
+        self.hung_up = true;
+        // First: ratatui reports a failed cleanup with `eprintln!`, which
+        // panics on a dead terminal.
+        crate::tui::detach_dead_terminal();
+        self.close_dashboard();
+        if self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach {
+            return;
+        }
+        if self.cfg.attach.is_some() {
+            // Not ours to signal: end the watch as on SIGTERM.
+            self.on_signal(SIG_TERM);
+            return;
+        }
+        if self.relaunch_at.is_some() {
+            self.relaunch_at = None;
+            self.shutdown_signal = Some(libc::SIGHUP);
+            return;
+        }
+        self.forward(libc::SIGHUP);
+        self.log_action(
+            "stop",
+            "terminal hangup",
+            vec![self.job.pid],
+            Some(libc::SIGHUP),
+            "ok".into(),
+        );
+        let paused: Vec<Ident> = self.paused.drain().collect();
+        self.signal_all(&paused, SIG_CONT);
+        self.shutdown_signal = Some(libc::SIGHUP);
+        if self.kill_at.is_none() {
+            self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
@@ -2186,6 +2245,11 @@ impl Supervisor {
     }
 
     fn on_signal(&mut self, sig: i32) {
+        if sig == libc::SIGHUP && self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+            // The dashboard's terminal went away (not a HUP sent by hand).
+            self.on_hangup();
+            return;
+        }
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
         if self.cfg.attach.is_some() {
             // Never forward to a process we did not launch: INT/TERM end

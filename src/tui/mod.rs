@@ -16,6 +16,7 @@
 //! signals; after any of them, `Tui::draw`.
 
 pub mod app;
+pub mod keys;
 pub mod output;
 pub mod pty;
 pub mod term;
@@ -28,7 +29,7 @@ pub use app::{
 };
 pub use output::OutputBuffer;
 pub use pty::{PtyError, PtyMaster, make_controlling, open_pty, set_window_size};
-pub use term::{TermError, TermEvent, Tui, restore};
+pub use term::{TermError, TermEvent, Tui, detach_dead_terminal, restore};
 pub use ui::{draw, output_pane_size, render};
 
 #[cfg(test)]
