@@ -120,6 +120,46 @@ impl LogWriter {
     }
 }
 
+/// Ends a log that oomguard could not finish itself (it panicked): appends
+/// `run_end` with `internal_error`, unless the log already ends with one.
+pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let last: Option<serde_json::Value> = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .and_then(|l| serde_json::from_str(l).ok());
+    if last.as_ref().is_some_and(|v| v["event"] == "run_end") {
+        return;
+    }
+    let attempt = last
+        .as_ref()
+        .and_then(|v| v["attempt"].as_u64())
+        .map_or(1, |a| a as u32);
+    let Ok(f) = std::fs::OpenOptions::new().append(true).open(path) else {
+        return;
+    };
+    let mut w = LogWriter {
+        out: Some(BufWriter::new(f)),
+        path: path.into(),
+        started,
+        attempt,
+    };
+    w.write(
+        "run_end",
+        &RunEnd {
+            outcome: Outcome::InternalError,
+            exit_code: 70,
+            peak: Peak::default(),
+            restarts: 0,
+            actions: Default::default(),
+            duration_seconds: round3(started.elapsed().as_secs_f64()),
+            error: Some(error.to_string()),
+            fail_above: None,
+        },
+    );
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -276,6 +316,29 @@ pub enum Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_left_unfinished_gets_run_end_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.ndjson");
+        let mut w = LogWriter::create(&path, Instant::now()).unwrap();
+        w.set_attempt(2);
+        w.write("sample", &serde_json::json!({}));
+        drop(w);
+        end_after_failure(&path, Instant::now(), "oomguard panicked: boom");
+        end_after_failure(&path, Instant::now(), "again");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["event"], "run_end");
+        assert_eq!(lines[1]["outcome"], "internal_error");
+        assert_eq!(lines[1]["exit_code"], 70);
+        assert_eq!(lines[1]["attempt"], 2);
+        assert_eq!(lines[1]["error"], "oomguard panicked: boom");
+    }
 
     #[test]
     fn lines_have_the_envelope_and_flush() {

@@ -177,7 +177,28 @@ pub fn run(cfg: RunConfig) -> i32 {
             return EXIT_INTERNAL;
         }
     };
-    rt.block_on(supervise_job(cfg))
+    let log = cfg.log.clone();
+    let started = Instant::now();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(supervise_job(cfg))
+    })) {
+        Ok(code) => code,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            if let Some(path) = log {
+                crate::log::end_after_failure(
+                    &path,
+                    started,
+                    &format!("oomguard panicked: {what}"),
+                );
+            }
+            EXIT_INTERNAL
+        }
+    }
 }
 
 const SIG_TERM: i32 = libc::SIGTERM;
@@ -334,6 +355,8 @@ struct Supervisor {
     warning: bool,
     /// The dashboard's terminal hung up (handled once).
     hung_up: bool,
+    /// oomguard itself failed after the job started (exit 70).
+    internal_error: Option<String>,
     /// The job's stdout and stderr, passed on to where they would have gone
     /// and scanned for PyTorch's messages (not with the dashboard, whose
     /// pty output is scanned by `pty_scanner`, nor under `attach`).
@@ -427,8 +450,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         }
     }
     let Ok(mut sigchld) = signal(SignalKind::child()) else {
-        eprintln!("oomguard: cannot handle SIGCHLD");
-        return EXIT_INTERNAL;
+        return internal_failure(&mut log, "cannot handle SIGCHLD".into());
     };
 
     if cfg.attach.is_none()
@@ -499,10 +521,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
                 pty = Some(m);
                 slave = Some(s);
             }
-            Err(e) => {
-                eprintln!("oomguard: {e}");
-                return EXIT_INTERNAL;
-            }
+            Err(e) => return internal_failure(&mut log, e),
         }
     }
     // With the dashboard the job's terminal is its pty, not ours.
@@ -566,10 +585,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
                 let retry = relay.as_ref().map(|r| r.job_stdio()).transpose();
                 let retry = match retry {
                     Ok(s) => s,
-                    Err(e) => {
-                        eprintln!("oomguard: {e}");
-                        return EXIT_INTERNAL;
-                    }
+                    Err(e) => return internal_failure(&mut log, e.to_string()),
                 };
                 match launch(
                     &cfg,
@@ -714,6 +730,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         pty,
         warning: false,
         hung_up: false,
+        internal_error: None,
         relay,
         pty_scanner: OutputScanner::new(),
         pty_log,
@@ -946,6 +963,26 @@ fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
     // SAFETY: `Threshold` owns its eventfd and never replaces it, so the fd
     // stays open and the same for the whole life of the AsyncFd.
     unsafe { AsyncFd::register(t) }.map_err(|_| ())
+}
+
+/// oomguard failed after the log was opened but before the job ran: the
+/// log still ends with `run_end` (`internal_error`), and the exit code is 70.
+fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
+    eprintln!("oomguard: {error}");
+    log.write(
+        "run_end",
+        &RunEnd {
+            outcome: Outcome::InternalError,
+            exit_code: EXIT_INTERNAL,
+            peak: Peak::default(),
+            restarts: 0,
+            actions: BTreeMap::new(),
+            duration_seconds: 0.0,
+            error: Some(error),
+            fail_above: None,
+        },
+    );
+    EXIT_INTERNAL
 }
 
 fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
@@ -1771,10 +1808,7 @@ impl Supervisor {
                     }
                     Action::Kill => {
                         self.policy_end = Some(Action::Kill);
-                        let targets = self.idents(|_| true);
-                        let (pids, result) = self.signal_all(&targets, SIG_KILL);
-                        self.log_action("kill", &reason, pids, Some(SIG_KILL), result);
-                        self.kill_tree("policy kill");
+                        self.kill_tree(&reason);
                     }
                 }
                 let hook = hook.or_else(|| {
@@ -2057,12 +2091,18 @@ impl Supervisor {
                     if st.frozen_all && grace_over {
                         // Resuming a tree at the edge would hand the kernel
                         // the kill; end it here instead.
-                        self.signal_all(&rest, SIG_KILL);
+                        let (pids, result) = self.signal_all(&rest, SIG_KILL);
+                        let why = format!("last resort during {}", st.reason);
+                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
                         self.killed = true;
                         st.step = StopStep::Killed;
                     } else {
-                        self.signal_all(&rest, SIG_TERM);
+                        let (pids, result) = self.signal_all(&rest, SIG_TERM);
                         self.signal_all(&rest, SIG_CONT);
+                        if !pids.is_empty() {
+                            let why = format!("{}: terminating the rest of the tree", st.reason);
+                            self.log_action("stop", &why, pids, Some(SIG_TERM), result);
+                        }
                         st.step = StopStep::Terminate {
                             until: now + self.cfg.kill_after,
                         };
@@ -2078,7 +2118,11 @@ impl Supervisor {
             StopStep::Terminate { until } => {
                 if now >= until {
                     let rest = self.idents(|_| true);
-                    self.signal_all(&rest, SIG_KILL);
+                    let (pids, result) = self.signal_all(&rest, SIG_KILL);
+                    if !pids.is_empty() {
+                        let why = format!("{}: --kill-after expired", st.reason);
+                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
+                    }
                     self.killed = true;
                     st.step = StopStep::Killed;
                 }
@@ -2205,8 +2249,15 @@ impl Supervisor {
             ));
         }
         let rest = self.idents(|_| true);
-        self.signal_all(&rest, SIG_TERM);
+        let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
+        self.log_action(
+            "stop",
+            "left behind by the job's main process",
+            pids,
+            Some(SIG_TERM),
+            result,
+        );
         if self.kill_at.is_none() {
             self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
@@ -2291,6 +2342,8 @@ impl Supervisor {
         }
         self.forward(sig);
         if ends {
+            let why = format!("{} received", supervise::signal_name(sig));
+            self.log_action("stop", &why, vec![self.job.pid], Some(sig), "ok".into());
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
@@ -2326,11 +2379,16 @@ impl Supervisor {
         if !self.killed && !self.tree.is_empty() && !self.cfg.quiet {
             self.say(format!("{why}: killing {} process(es)", self.tree.len()));
         }
+        let first = !self.killed;
         self.killed = true;
         let all = self.idents(|_| true);
-        self.signal_all(&all, SIG_KILL);
+        let (pids, result) = self.signal_all(&all, SIG_KILL);
         if self.main_status.is_none() {
             let _ = supervise::signal_group(self.job.pid, SIG_KILL);
+        }
+        // Logged once: the later rounds only catch late-born processes.
+        if first {
+            self.log_action("kill", why, pids, Some(SIG_KILL), result);
         }
         // Processes born between the scan and the signals are caught by
         // the next round.
@@ -2775,6 +2833,7 @@ impl Supervisor {
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
                 self.no_more_attempts = true;
+                self.internal_error = Some(format!("cannot restart: {e}"));
                 self.main_status = Some(Status::Exited(EXIT_INTERNAL));
                 return;
             }
@@ -2880,8 +2939,14 @@ impl Supervisor {
                 .zip(self.vm_oom_kills_at_start)
                 .is_some_and(|(n, b)| n > b),
         };
-        let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
+        // The kernel killed a tree process and the job failed: whichever
+        // process the kernel picked, that is why (unless oomguard's own
+        // SIGKILL is what the job died of).
+        let oom_killed = kernel_killed
+            && status.code() != 0
+            && !(self.killed && status == Status::Signaled(libc::SIGKILL));
         let (outcome, mut exit_code) = match status {
+            _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
@@ -2907,7 +2972,7 @@ impl Supervisor {
                 restarts: self.restarts,
                 actions: self.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
-                error: None,
+                error: self.internal_error.clone(),
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
                     limit_bytes,
                     exceeded,
