@@ -303,6 +303,8 @@ struct Supervisor {
     next_full: Instant,
     last_logged: Option<f64>,
     last_procs_log: Option<f64>,
+    /// Unforced lines with the process list written so far.
+    procs_lists: u32,
     last_view: Option<View>,
     last_sample: Option<Sample>,
     oom_kills_at_start: Option<u64>,
@@ -344,6 +346,9 @@ struct Supervisor {
     gpu_info: GpuInfo,
     /// NSpid chains of tree processes (they never change for a process).
     ns_pids: HashMap<Ident, Vec<u32>>,
+    /// The last GPU reading: when NVML took it, the devices, and each tree
+    /// process's share (fast ticks carry it on, with its age).
+    gpu_last: Option<(Instant, Vec<crate::model::GpuSample>, HashMap<Ident, u64>)>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
     /// The live dashboard, its state, and the job's pty (the dashboard owns
@@ -692,6 +697,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         next_full: now,
         last_logged: None,
         last_procs_log: None,
+        procs_lists: 0,
         last_view: None,
         last_sample: None,
         thresholds: Vec::new(),
@@ -724,6 +730,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         gpu_info,
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
+        gpu_last: None,
         torch,
         tui,
         app,
@@ -1437,11 +1444,12 @@ impl Supervisor {
             tree.footprint_bytes = ws;
         }
         let psi = self.system.psi();
-        let gpus = if quick {
-            Vec::new()
+        let fresh = if quick {
+            None
         } else {
             self.sample_gpus(&mut procs)
         };
+        let gpus = fresh.unwrap_or_else(|| self.last_gpus(&mut procs, now));
         if let Some((_, reader)) = self.torch.as_mut() {
             if !quick {
                 let _ = reader.poll();
@@ -1510,11 +1518,14 @@ impl Supervisor {
         }
         self.check_oom_kills(&sample);
         let view = self.history.push(&sample);
-        let gpu_eta = if sample.gpus.is_empty() {
-            None
-        } else {
-            self.gpu_eta(&sample)
-        };
+        // Only a fresh reading moves the GPU's trend (a carried one would
+        // flatten it).
+        let gpu_eta =
+            if sample.gpus.is_empty() || sample.gpus.iter().any(|g| g.age_seconds.is_some()) {
+                None
+            } else {
+                self.gpu_eta(&sample)
+            };
         let frag = self.torch.as_ref().map(|_| {
             sample
                 .procs
@@ -1654,11 +1665,15 @@ impl Supervisor {
         if with_procs {
             self.last_procs_log = Some(sample.t);
         }
-        self.log.write_at(
-            "sample",
-            sample.t,
-            &SampleEvent::new(sample, view, with_procs),
-        );
+        let mut event = SampleEvent::new(sample, view, with_procs);
+        if with_procs && !force {
+            // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
+            self.procs_lists = self.procs_lists.wrapping_add(1);
+            if self.procs_lists % crate::log::GPU_DETAIL_EVERY != 1 {
+                event = event.without_gpus();
+            }
+        }
+        self.log.write_at("sample", sample.t, &event);
     }
 
     fn count(&mut self, action: &str) {
@@ -2397,11 +2412,9 @@ impl Supervisor {
 
     /// The latest GPU reading (never blocks: NVML runs on its own thread),
     /// attributed to the tree's processes by pid, namespaced pids included.
-    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Vec<crate::model::GpuSample> {
+    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Option<Vec<crate::model::GpuSample>> {
         use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
-        let Some(reading) = self.gpu.as_mut().and_then(|g| g.sample()) else {
-            return Vec::new();
-        };
+        let reading = self.gpu.as_mut().and_then(|g| g.sample())?;
         let root = self.cfg.proc_root.clone();
         let tree: Vec<TreeProc> = procs
             .iter()
@@ -2417,10 +2430,14 @@ impl Supervisor {
         let live: HashSet<Ident> = procs.iter().map(|p| (p.pid, p.start_time)).collect();
         self.ns_pids.retain(|id, _| live.contains(id));
         let att = attribute(&reading.devices, &tree);
+        let mut shares = HashMap::new();
         for p in procs.iter_mut() {
             p.gpu_bytes = att.gpu_bytes(p.pid);
+            if let Some(b) = p.gpu_bytes {
+                shares.insert((p.pid, p.start_time), b);
+            }
         }
-        reading
+        let gpus: Vec<crate::model::GpuSample> = reading
             .devices
             .iter()
             .map(|d| {
@@ -2436,7 +2453,29 @@ impl Supervisor {
                     util_percent: d.util_percent,
                     tree_bytes: a.map_or(0, |a| a.tree_bytes),
                     foreign_bytes: a.map_or(0, |a| a.foreign_bytes),
+                    age_seconds: None,
                 }
+            })
+            .collect();
+        self.gpu_last = Some((reading.taken_at, gpus.clone(), shares));
+        Some(gpus)
+    }
+
+    /// The last GPU reading, marked with its age, for a tick that does not
+    /// wait for NVML: the GPU series never blink out near a ceiling.
+    fn last_gpus(&self, procs: &mut [ProcSample], now: Instant) -> Vec<crate::model::GpuSample> {
+        let Some((taken, gpus, shares)) = &self.gpu_last else {
+            return Vec::new();
+        };
+        for p in procs.iter_mut() {
+            p.gpu_bytes = shares.get(&(p.pid, p.start_time)).copied();
+        }
+        let age = (now.saturating_duration_since(*taken).as_secs_f64() * 1000.0).round() / 1000.0;
+        gpus.iter()
+            .cloned()
+            .map(|mut g| {
+                g.age_seconds = Some(age);
+                g
             })
             .collect()
     }
