@@ -2254,7 +2254,8 @@ impl Supervisor {
             return;
         }
         self.refresh_tree();
-        if self.tree.is_empty() || self.stop.is_some() {
+        // A stop or a kill already under way deals with the rest.
+        if self.tree.is_empty() || self.stop.is_some() || self.killed {
             return;
         }
         if !self.cfg.quiet {
