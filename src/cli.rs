@@ -216,6 +216,23 @@ pub struct TuiArgs {
     /// Never show the live dashboard.
     #[arg(long)]
     pub no_tui: bool,
+
+    /// When the dashboard's terminal hangs up (SSH dropped, window or tmux
+    /// session closed): `end` forwards SIGHUP to the job and ends the run;
+    /// `detach` goes on supervising without a terminal (log and metrics only).
+    #[arg(long, value_enum, value_name = "WHAT", default_value_t = OnHangup::End)]
+    pub on_hangup: OnHangup,
+}
+
+/// What a hangup of the dashboard's terminal does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum OnHangup {
+    /// As for a job run from a shell: SIGHUP to the job, and the run ends
+    /// (SIGKILL after `--kill-after` if the tree outlives it).
+    #[default]
+    End,
+    /// Keep supervising headless; the job's terminal stays open and drained.
+    Detach,
 }
 
 /// Whether oomguard runs the job in a memory cgroup of its own.

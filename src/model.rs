@@ -146,6 +146,10 @@ pub struct GpuSample {
     /// GPU memory of processes outside the tree.
     #[serde(default)]
     pub foreign_bytes: u64,
+    /// How old the reading is, when a tick carries an earlier one (fast
+    /// ticks do not wait for NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<f64>,
 }
 
 /// The raw readings of one tick.

@@ -71,7 +71,28 @@ pub fn run(cfg: RunConfig) -> i32 {
             return EXIT_INTERNAL;
         }
     };
-    rt.block_on(supervise_job(cfg))
+    let log = cfg.log.clone();
+    let started = Instant::now();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(supervise_job(cfg))
+    })) {
+        Ok(code) => code,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            if let Some(path) = log {
+                crate::log::end_after_failure(
+                    &path,
+                    started,
+                    &format!("oomguard panicked: {what}"),
+                );
+            }
+            EXIT_INTERNAL
+        }
+    }
 }
 
 const SIG_TERM: i32 = libc::SIGTERM;
@@ -176,6 +197,8 @@ struct Supervisor {
     next_full: Instant,
     last_logged: Option<f64>,
     last_procs_log: Option<f64>,
+    /// Unforced lines with the process list written so far.
+    procs_lists: u32,
     last_view: Option<View>,
     last_sample: Option<Sample>,
     oom_kills_at_start: Option<u64>,
@@ -219,6 +242,9 @@ struct Supervisor {
     gpu_info: GpuInfo,
     /// NSpid chains of tree processes (they never change for a process).
     ns_pids: HashMap<Ident, Vec<u32>>,
+    /// The last GPU reading: when NVML took it, the devices, and each tree
+    /// process's share (fast ticks carry it on, with its age).
+    gpu_last: Option<(Instant, Vec<crate::model::GpuSample>, HashMap<Ident, u64>)>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: std::collections::VecDeque<(f64, f64)>,
     /// `attach`: the job's cgroup, and how the watch ends.
@@ -230,6 +256,10 @@ struct Supervisor {
     pty: Option<crate::tui::PtyMaster>,
     /// A warning rule is firing (for the dashboard's state).
     warning: bool,
+    /// The dashboard's terminal hung up (handled once).
+    hung_up: bool,
+    /// oomguard itself failed after the job started (exit 70).
+    internal_error: Option<String>,
     /// The job's stdout and stderr, passed on to where they would have gone
     /// and scanned for PyTorch's messages (not with the dashboard, whose
     /// pty output is scanned by `pty_scanner`, nor under `attach`).
@@ -323,8 +353,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         }
     }
     let Ok(mut sigchld) = signal(SignalKind::child()) else {
-        eprintln!("oomguard: cannot handle SIGCHLD");
-        return EXIT_INTERNAL;
+        return internal_failure(&mut log, "cannot handle SIGCHLD".into());
     };
 
     if cfg.attach.is_none()
@@ -466,10 +495,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
                 let retry = relay.as_ref().map(|r| r.job_stdio()).transpose();
                 let retry = match retry {
                     Ok(s) => s,
-                    Err(e) => {
-                        eprintln!("oomguard: {e}");
-                        return EXIT_INTERNAL;
-                    }
+                    Err(e) => return internal_failure(&mut log, e.to_string()),
                 };
                 match launch(
                     &cfg,
@@ -594,6 +620,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         next_full: now,
         last_logged: None,
         last_procs_log: None,
+        procs_lists: 0,
         last_view: None,
         last_sample: None,
         thresholds: Vec::new(),
@@ -627,12 +654,15 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         gpu_info,
         ns_pids: HashMap::new(),
         gpu_history: Default::default(),
+        gpu_last: None,
         torch,
         attached,
         tui,
         app,
         pty,
         warning: false,
+        hung_up: false,
+        internal_error: None,
         relay,
         pty_scanner: OutputScanner::new(),
         pty_log,
@@ -894,6 +924,26 @@ fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
     unsafe { AsyncFd::register(t) }.map_err(|_| ())
 }
 
+/// oomguard failed after the log was opened but before the job ran: the
+/// log still ends with `run_end` (`internal_error`), and the exit code is 70.
+fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
+    eprintln!("oomguard: {error}");
+    log.write(
+        "run_end",
+        &RunEnd {
+            outcome: Outcome::InternalError,
+            exit_code: EXIT_INTERNAL,
+            peak: Peak::default(),
+            restarts: 0,
+            actions: BTreeMap::new(),
+            duration_seconds: 0.0,
+            error: Some(error),
+            fail_above: None,
+        },
+    );
+    EXIT_INTERNAL
+}
+
 fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
     eprintln!("oomguard: {e}");
     let code = e.exit_code();
@@ -1054,8 +1104,16 @@ impl Supervisor {
         use crate::tui::{TermEvent, UiCommand};
         let ev = match ev {
             Ok(ev) => ev,
+            Err(crate::tui::TermError::HangUp) => {
+                self.on_hangup();
+                return;
+            }
             Err(e) => {
-                // The terminal went away: carry on without the dashboard.
+                if self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+                    self.on_hangup();
+                    return;
+                }
+                // The terminal cannot be read: carry on without the dashboard.
                 self.close_dashboard();
                 self.say(format!("dashboard closed: {e}"));
                 return;
@@ -1137,7 +1195,55 @@ impl Supervisor {
         };
         app.set_policy_state(state);
         if tui.draw(app).is_err() {
-            self.close_dashboard();
+            if tui.hung_up() {
+                self.on_hangup();
+            } else {
+                self.close_dashboard();
+            }
+        }
+    }
+
+    /// The dashboard's terminal hung up (an SSH connection dropped, a window
+    /// or tmux session closed). By default as for a job run from a shell:
+    /// the job gets SIGHUP and the run ends (SIGKILL after `--kill-after`
+    /// for a tree that outlives it). With `--on-hangup detach` oomguard goes
+    /// on supervising headless. Either way the dead terminal is never read
+    /// or written again.
+    fn on_hangup(&mut self) {
+        if self.hung_up {
+            return;
+        }
+        self.hung_up = true;
+        // First: ratatui reports a failed cleanup with `eprintln!`, which
+        // panics on a dead terminal.
+        crate::tui::detach_dead_terminal();
+        self.close_dashboard();
+        if self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach {
+            return;
+        }
+        if self.cfg.attach.is_some() {
+            // Not ours to signal: end the watch as on SIGTERM.
+            self.on_signal(SIG_TERM);
+            return;
+        }
+        if self.relaunch_at.is_some() {
+            self.relaunch_at = None;
+            self.shutdown_signal = Some(libc::SIGHUP);
+            return;
+        }
+        self.forward(libc::SIGHUP);
+        self.log_action(
+            "stop",
+            "terminal hangup",
+            vec![self.job.pid],
+            Some(libc::SIGHUP),
+            "ok".into(),
+        );
+        let paused: Vec<Ident> = self.paused.drain().collect();
+        self.signal_all(&paused, SIG_CONT);
+        self.shutdown_signal = Some(libc::SIGHUP);
+        if self.kill_at.is_none() {
+            self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
@@ -1374,11 +1480,12 @@ impl Supervisor {
             tree.footprint_bytes = ws + outside;
         }
         let psi = self.system.psi();
-        let gpus = if quick {
-            Vec::new()
+        let fresh = if quick {
+            None
         } else {
             self.sample_gpus(&mut procs)
         };
+        let gpus = fresh.unwrap_or_else(|| self.last_gpus(&mut procs, now));
         if let Some((_, reader)) = self.torch.as_mut() {
             if !quick {
                 let _ = reader.poll();
@@ -1445,16 +1552,20 @@ impl Supervisor {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
+        self.prune_held();
         if !quick {
             self.remember(&sample);
         }
         self.check_oom_kills(&sample);
         let view = self.history.push(&sample);
-        let gpu_eta = if sample.gpus.is_empty() {
-            None
-        } else {
-            self.gpu_eta(&sample)
-        };
+        // Only a fresh reading moves the GPU's trend (a carried one would
+        // flatten it).
+        let gpu_eta =
+            if sample.gpus.is_empty() || sample.gpus.iter().any(|g| g.age_seconds.is_some()) {
+                None
+            } else {
+                self.gpu_eta(&sample)
+            };
         let frag = self.torch.as_ref().map(|_| {
             sample
                 .procs
@@ -1498,6 +1609,20 @@ impl Supervisor {
         }
         self.last_view = Some(view);
         self.last_sample = Some(sample);
+    }
+
+    /// Forgets held processes (paused, throttled, signalled for a
+    /// checkpoint) that are no longer the process that was held: gone, or
+    /// their pid taken by another. Only a live identity is ever signalled
+    /// again.
+    fn prune_held(&mut self) {
+        let in_tree: HashSet<Ident> = self.tree.iter().map(|p| (p.pid, p.start_time)).collect();
+        let root = self.cfg.proc_root.clone();
+        let alive = |id: &Ident| in_tree.contains(id) || supervise::is_alive(&root, id.0, id.1);
+        self.paused.retain(|id| alive(id));
+        if let Some(st) = self.stop.as_mut() {
+            st.throttled.retain(|id| alive(id));
+        }
     }
 
     /// How soon the next tick comes: faster as headroom shrinks.
@@ -1595,15 +1720,18 @@ impl Supervisor {
         if with_procs {
             self.last_procs_log = Some(sample.t);
         }
-        self.log.write_at(
-            "sample",
-            sample.t,
-            &match readings {
-                Some(r) => SampleEvent::new(sample, view, with_procs)
-                    .with_policy_inputs(self.engine.policy(), r),
-                None => SampleEvent::new(sample, view, with_procs),
-            },
-        );
+        let mut event = SampleEvent::new(sample, view, with_procs);
+        if let Some(r) = readings {
+            event = event.with_policy_inputs(self.engine.policy(), r);
+        }
+        if with_procs && !force {
+            // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
+            self.procs_lists = self.procs_lists.wrapping_add(1);
+            if self.procs_lists % crate::log::GPU_DETAIL_EVERY != 1 {
+                event = event.without_gpus();
+            }
+        }
+        self.log.write_at("sample", sample.t, &event);
     }
 
     fn count(&mut self, action: &str) {
@@ -1753,10 +1881,7 @@ impl Supervisor {
                     }
                     Action::Kill => {
                         self.policy_end = Some(Action::Kill);
-                        let targets = self.idents(|_| true);
-                        let (pids, result) = self.signal_all(&targets, SIG_KILL);
-                        self.log_action("kill", &reason, pids, Some(SIG_KILL), result);
-                        self.kill_tree("policy kill");
+                        self.kill_tree(&reason);
                     }
                 }
                 let hook = hook.or_else(|| {
@@ -2046,12 +2171,18 @@ impl Supervisor {
                     if st.frozen_all && grace_over {
                         // Resuming a tree at the edge would hand the kernel
                         // the kill; end it here instead.
-                        self.signal_all(&rest, SIG_KILL);
+                        let (pids, result) = self.signal_all(&rest, SIG_KILL);
+                        let why = format!("last resort during {}", st.reason);
+                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
                         self.killed = true;
                         st.step = StopStep::Killed;
                     } else {
-                        self.signal_all(&rest, SIG_TERM);
+                        let (pids, result) = self.signal_all(&rest, SIG_TERM);
                         self.signal_all(&rest, SIG_CONT);
+                        if !pids.is_empty() {
+                            let why = format!("{}: terminating the rest of the tree", st.reason);
+                            self.log_action("stop", &why, pids, Some(SIG_TERM), result);
+                        }
                         st.step = StopStep::Terminate {
                             until: now + self.cfg.kill_after,
                         };
@@ -2067,7 +2198,11 @@ impl Supervisor {
             StopStep::Terminate { until } => {
                 if now >= until {
                     let rest = self.idents(|_| true);
-                    self.signal_all(&rest, SIG_KILL);
+                    let (pids, result) = self.signal_all(&rest, SIG_KILL);
+                    if !pids.is_empty() {
+                        let why = format!("{}: --kill-after expired", st.reason);
+                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
+                    }
                     self.killed = true;
                     st.step = StopStep::Killed;
                 }
@@ -2184,7 +2319,8 @@ impl Supervisor {
             return;
         }
         self.refresh_tree();
-        if self.tree.is_empty() || self.stop.is_some() {
+        // A stop or a kill already under way deals with the rest.
+        if self.tree.is_empty() || self.stop.is_some() || self.killed {
             return;
         }
         if !self.cfg.quiet {
@@ -2194,8 +2330,15 @@ impl Supervisor {
             ));
         }
         let rest = self.idents(|_| true);
-        self.signal_all(&rest, SIG_TERM);
+        let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
+        self.log_action(
+            "stop",
+            "left behind by the job's main process",
+            pids,
+            Some(SIG_TERM),
+            result,
+        );
         if self.kill_at.is_none() {
             self.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
@@ -2209,26 +2352,29 @@ impl Supervisor {
     /// gone until reaped). A quick scan re-reads only the processes already
     /// known; otherwise the owned cgroup's members, or a /proc walk.
     fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
-        let members: Option<Vec<u32>> = if quick && !self.tree.is_empty() {
-            Some(self.tree.iter().map(|p| p.pid).collect())
+        let found = if quick && !self.tree.is_empty() {
+            // By identity: a recycled pid must not join the tree.
+            let known = self.idents(|_| true);
+            self.scanner.rescan(&known)
         } else if self.cfg.attach.is_some()
             && let Some(m) = self.attached_members()
         {
-            Some(m)
+            self.scanner.scan(Some(&m))
         } else {
-            self.cgroup
+            match self
+                .cgroup
                 .as_ref()
                 .filter(|c| c.owned())
                 .and_then(|c| c.procs())
-        };
-        // A full scan of an owned cgroup also walks /proc: a process that
-        // moved itself out of the cgroup is still the job's.
-        let found = match members {
-            Some(m) if !quick || self.tree.is_empty() => {
-                self.owned_members = m.iter().copied().collect();
-                self.scanner.scan_descendants_and(&m)
+            {
+                // A full scan of an owned cgroup also walks /proc: a process
+                // that moved itself out of the cgroup is still the job's.
+                Some(m) => {
+                    self.owned_members = m.iter().copied().collect();
+                    self.scanner.scan_descendants_and(&m)
+                }
+                None => self.scanner.scan(None),
             }
-            m => self.scanner.scan(m.as_deref()),
         };
         let me = std::process::id();
         self.zombie_children = found
@@ -2243,6 +2389,11 @@ impl Supervisor {
     }
 
     fn on_signal(&mut self, sig: i32) {
+        if sig == libc::SIGHUP && self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+            // The dashboard's terminal went away (not a HUP sent by hand).
+            self.on_hangup();
+            return;
+        }
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
         if self.cfg.attach.is_some() {
             // Never forward to a process we did not launch: INT/TERM end
@@ -2275,6 +2426,8 @@ impl Supervisor {
         }
         self.forward(sig);
         if ends {
+            let why = format!("{} received", supervise::signal_name(sig));
+            self.log_action("stop", &why, vec![self.job.pid], Some(sig), "ok".into());
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
@@ -2310,11 +2463,16 @@ impl Supervisor {
         if !self.killed && !self.tree.is_empty() && !self.cfg.quiet {
             self.say(format!("{why}: killing {} process(es)", self.tree.len()));
         }
+        let first = !self.killed;
         self.killed = true;
         let all = self.idents(|_| true);
-        self.signal_all(&all, SIG_KILL);
+        let (pids, result) = self.signal_all(&all, SIG_KILL);
         if self.main_status.is_none() {
             let _ = supervise::signal_group(self.job.pid, SIG_KILL);
+        }
+        // Logged once: the later rounds only catch late-born processes.
+        if first {
+            self.log_action("kill", why, pids, Some(SIG_KILL), result);
         }
         // Processes born between the scan and the signals are caught by
         // the next round.
@@ -2323,11 +2481,9 @@ impl Supervisor {
 
     /// The latest GPU reading (never blocks: NVML runs on its own thread),
     /// attributed to the tree's processes by pid, namespaced pids included.
-    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Vec<crate::model::GpuSample> {
+    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Option<Vec<crate::model::GpuSample>> {
         use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
-        let Some(reading) = self.gpu.as_mut().and_then(|g| g.sample()) else {
-            return Vec::new();
-        };
+        let reading = self.gpu.as_mut().and_then(|g| g.sample())?;
         let root = self.cfg.proc_root.clone();
         let tree: Vec<TreeProc> = procs
             .iter()
@@ -2343,10 +2499,14 @@ impl Supervisor {
         let live: HashSet<Ident> = procs.iter().map(|p| (p.pid, p.start_time)).collect();
         self.ns_pids.retain(|id, _| live.contains(id));
         let att = attribute(&reading.devices, &tree);
+        let mut shares = HashMap::new();
         for p in procs.iter_mut() {
             p.gpu_bytes = att.gpu_bytes(p.pid);
+            if let Some(b) = p.gpu_bytes {
+                shares.insert((p.pid, p.start_time), b);
+            }
         }
-        reading
+        let gpus: Vec<crate::model::GpuSample> = reading
             .devices
             .iter()
             .map(|d| {
@@ -2362,7 +2522,29 @@ impl Supervisor {
                     util_percent: d.util_percent,
                     tree_bytes: a.map_or(0, |a| a.tree_bytes),
                     foreign_bytes: a.map_or(0, |a| a.foreign_bytes),
+                    age_seconds: None,
                 }
+            })
+            .collect();
+        self.gpu_last = Some((reading.taken_at, gpus.clone(), shares));
+        Some(gpus)
+    }
+
+    /// The last GPU reading, marked with its age, for a tick that does not
+    /// wait for NVML: the GPU series never blink out near a ceiling.
+    fn last_gpus(&self, procs: &mut [ProcSample], now: Instant) -> Vec<crate::model::GpuSample> {
+        let Some((taken, gpus, shares)) = &self.gpu_last else {
+            return Vec::new();
+        };
+        for p in procs.iter_mut() {
+            p.gpu_bytes = shares.get(&(p.pid, p.start_time)).copied();
+        }
+        let age = (now.saturating_duration_since(*taken).as_secs_f64() * 1000.0).round() / 1000.0;
+        gpus.iter()
+            .cloned()
+            .map(|mut g| {
+                g.age_seconds = Some(age);
+                g
             })
             .collect()
     }
@@ -2759,6 +2941,7 @@ impl Supervisor {
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
                 self.no_more_attempts = true;
+                self.internal_error = Some(format!("cannot restart: {e}"));
                 self.main_status = Some(Status::Exited(EXIT_INTERNAL));
                 return;
             }
@@ -2868,10 +3051,16 @@ impl Supervisor {
                 .zip(self.vm_oom_kills_at_start)
                 .is_some_and(|(n, b)| n > b),
         };
-        let oom_killed = kernel_killed && matches!(status, Status::Signaled(9)) && !self.killed;
+        // The kernel killed a tree process and the job failed: whichever
+        // process the kernel picked, that is why (unless oomguard's own
+        // SIGKILL is what the job died of).
+        let oom_killed = kernel_killed
+            && status.code() != 0
+            && !(self.killed && status == Status::Signaled(libc::SIGKILL));
         // `attach`: a watch that ended before the job did is not an exit.
         let detached = self.cfg.attach.is_some() && self.main_status.is_none();
         let (outcome, mut exit_code) = match status {
+            _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if detached => (Outcome::Detached, 0),
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
@@ -2898,7 +3087,7 @@ impl Supervisor {
                 restarts: self.restarts,
                 actions: self.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
-                error: None,
+                error: self.internal_error.clone(),
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
                     limit_bytes,
                     exceeded,

@@ -123,9 +123,7 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let cgroup = spec.cgroup_procs.cloned();
     let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
     let ctty = spec.controlling_tty.map(|fd| fd.as_raw_fd());
-    if cgroup.is_some() || tty.is_some() || ctty.is_some() {
-        child_setup(&mut cmd, cgroup, tty, ctty);
-    }
+    child_setup(&mut cmd, cgroup, tty, ctty);
     let child = cmd.spawn().map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => SpawnError::NotFound {
             cmd: cmd_name.clone(),
@@ -152,15 +150,34 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     })
 }
 
-/// Runs in the forked child before exec: join the cgroup, take the terminal.
+/// The signal the job's main process gets when oomguard dies (however it
+/// dies, SIGKILL included): SIGTERM, so a trainer can still checkpoint and
+/// a launcher such as torchrun passes it on to its ranks.
+pub const DEATH_SIGNAL: i32 = libc::SIGTERM;
+
+/// Runs in the forked child before exec: ask for a death signal, join the
+/// cgroup, take the terminal.
 #[allow(unsafe_code)]
 fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctty: Option<i32>) {
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (open, write, close, sigaction, tcsetpgrp,
-    // getpid, setsid, ioctl) on data prepared before the fork; it
+    // async-signal-safe calls (prctl, open, write, close, sigaction,
+    // tcsetpgrp, getpid, setsid, ioctl) on data prepared before the fork; it
     // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // The job must not outlive its supervisor unsupervised. The
+            // signal comes when the forking *thread* ends: oomguard spawns
+            // from its main thread, which lives as long as the process.
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                DEATH_SIGNAL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
             if let Some(path) = &cgroup {
                 let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 {
@@ -213,6 +230,15 @@ pub fn reclaim_foreground(tty: BorrowedFd<'_>) {
 /// (it should only hand the terminal over if it had it).
 pub fn owns_foreground(tty: BorrowedFd<'_>) -> bool {
     rustix::termios::tcgetpgrp(tty).is_ok_and(|pg| pg == rustix::process::getpgrp())
+}
+
+/// Whether the process with this identity (pid and start time) still
+/// exists and is not a zombie.
+pub fn is_alive(proc_root: &Path, pid: u32, start_time: u64) -> bool {
+    fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
+        .ok()
+        .and_then(|t| parse_stat(&t))
+        .is_some_and(|s| s.start_time == start_time && s.state != 'Z')
 }
 
 fn read_start_time(proc_root: &Path, pid: u32) -> Option<u64> {

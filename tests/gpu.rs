@@ -508,3 +508,58 @@ fn run_reports_gpus_and_attributes_the_job() {
         "{first}"
     );
 }
+
+/// Near a ceiling oomguard ticks fast without waiting for NVML: those
+/// ticks carry the last reading with its age, so the GPU series do not
+/// vanish from the log (and /metrics, the dashboard) when memory is tight.
+#[test]
+fn fast_ticks_near_a_ceiling_carry_the_last_gpu_reading() {
+    let fake = FakeNvml::new(
+        "gpu=0 total=17179869184 reserved=0 used=1073741824 util=50 uuid=GPU-0 name=Fake A\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let job = "b = bytearray(48 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+               import time; time.sleep(3)\n";
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args([
+            "run",
+            "-q",
+            "--budget",
+            "64MiB",
+            "--warn-at",
+            "30%",
+            "--critical-at",
+            "99%",
+            "--procs-interval",
+            "100ms",
+            "--nvml-lib",
+        ])
+        .arg(fake.lib_path())
+        .arg("--log")
+        .arg(&log)
+        .args(["--", "python3", "-c", job])
+        .stdin(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let samples: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l["event"] == "sample")
+        .collect();
+    let carried = samples
+        .iter()
+        .filter(|s| s["gpus"][0]["age_seconds"].is_number())
+        .count();
+    assert!(carried > 0, "no fast tick carried the GPU reading:\n{text}");
+    // Lines with per-GPU detail never have an empty list.
+    assert!(
+        samples
+            .iter()
+            .filter(|s| s.get("gpus").is_some())
+            .all(|s| s["gpus"][0]["uuid"] == "GPU-0"),
+        "{text}"
+    );
+}

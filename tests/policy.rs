@@ -46,6 +46,19 @@ fn run_in(
     )
 }
 
+/// `run_in`, also counting the kernel's OOM kills anywhere in `cg`'s
+/// subtree (oomguard's own child cgroup included) while it runs.
+fn run_watched(
+    cg: &MemCgroup,
+    log: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, Vec<schema::Line>, String, u64) {
+    let watch = OomWatch::start(cg);
+    let (code, lines, err) = run_in(cg, log, args, env);
+    (code, lines, err, watch.kills())
+}
+
 fn max_oom_kill_count(lines: &[schema::Line]) -> u64 {
     lines
         .iter()
@@ -66,38 +79,45 @@ fn actions(lines: &[schema::Line]) -> Vec<(String, String, Option<String>)> {
 }
 
 fn prevented(leak_in: &str, workers: &str) {
-    let Some(cg) = MemCgroup::or_skip(&format!("prevent-{leak_in}"), 512 << 20) else {
+    prevented_with(leak_in, workers, &[]);
+}
+
+fn prevented_with(leak_in: &str, workers: &str, extra: &[&str]) {
+    let name = format!("prevent-{leak_in}{}", extra.join("").replace('-', ""));
+    let Some(cg) = MemCgroup::or_skip(&name, 512 << 20) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let (ckpt, sigs) = (dir.path().join("ckpt"), dir.path().join("sigs"));
     fs::create_dir(&sigs).unwrap();
-    let (code, lines, err) = run_in(
+    let train = train_py();
+    let mut args = extra.to_vec();
+    args.extend([
+        "--",
+        "python3",
+        train.to_str().unwrap(),
+        "--leak-in",
+        leak_in,
+        "--chunk-mib",
+        "2",
+        "--period",
+        "0.05",
+        "--ckpt-dir",
+        ckpt.to_str().unwrap(),
+        "--signals-dir",
+        sigs.to_str().unwrap(),
+    ]);
+    let (code, lines, err, kills) = run_watched(
         &cg,
         &dir.path().join("run.ndjson"),
-        &[
-            "--",
-            "python3",
-            train_py().to_str().unwrap(),
-            "--leak-in",
-            leak_in,
-            "--chunk-mib",
-            "2",
-            "--period",
-            "0.05",
-            "--ckpt-dir",
-            ckpt.to_str().unwrap(),
-            "--signals-dir",
-            sigs.to_str().unwrap(),
-        ],
+        &args,
         &[("NUM_WORKERS", workers)],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
     assert_eq!(
-        cg.oom_kills(),
-        0,
-        "the kernel killed something in the test cgroup"
+        kills, 0,
+        "the kernel killed something in the test cgroup or below it"
     );
     assert_eq!(
         max_oom_kill_count(&lines),
@@ -174,14 +194,14 @@ fn serial_fast_leak_is_stopped_before_the_kernel() {
     // 200 MiB chunks as fast as memset goes: well over 1 GB/s.
     let leak = "import time\nkeep = []\nwhile True:\n    keep.append(bytearray(200 << 20))\n";
     let t0 = Instant::now();
-    let (code, lines, err) = run_in(
+    let (code, lines, err, kills) = run_watched(
         &cg,
         &dir.path().join("run.ndjson"),
         &["--", "python3", "-c", leak],
         &[],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
-    assert_eq!(cg.oom_kills(), 0);
+    assert_eq!(kills, 0, "the kernel killed something");
     assert_eq!(max_oom_kill_count(&lines), 0);
     assert!(t0.elapsed() < Duration::from_secs(30));
 }
@@ -605,4 +625,112 @@ fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
         .iter()
         .any(|k| k["pid"] == victim && k["constraint"] == "memcg");
     assert!(found, "forensics did not find pid {victim}: {json}");
+}
+
+/// Prevention without a cgroup of oomguard's own: the tree is followed
+/// through /proc and the ceiling is the cgroup oomguard runs in.
+#[test]
+fn serial_leaking_workers_are_stopped_before_the_kernel_with_cgroup_off() {
+    let _serial = serial();
+    prevented_with("workers", "4", &["--cgroup", "off"]);
+}
+
+fn leaking_workers(sigs: &Path) -> Vec<String> {
+    [
+        "--",
+        "python3",
+        train_py().to_str().unwrap(),
+        "--leak-in",
+        "workers",
+        "--chunk-mib",
+        "2",
+        "--period",
+        "0.05",
+        "--signals-dir",
+        sigs.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[test]
+fn serial_the_kill_action_ends_the_tree_before_the_kernel() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("kill-action", 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sigs = dir.path().join("sigs");
+    fs::create_dir(&sigs).unwrap();
+    let mut args = vec!["--on-critical".to_string(), "kill".into()];
+    args.extend(leaking_workers(&sigs));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, lines, err, kills) = run_watched(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &args,
+        &[("NUM_WORKERS", "4")],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    assert_eq!(kills, 0, "the kernel killed something");
+    assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
+    let acts = actions(&lines);
+    assert!(
+        acts.iter().any(|(a, r, s)| a == "kill"
+            && r == "critical-headroom"
+            && s.as_deref() == Some("SIGKILL")),
+        "{acts:?}"
+    );
+    // A kill is not a graceful stop: nobody was asked to checkpoint.
+    assert!(!acts.iter().any(|(a, _, _)| a == "stop"), "{acts:?}");
+    // Nothing of the tree is left in the cgroup.
+    assert!(cg.read("cgroup.procs").trim().is_empty());
+}
+
+#[test]
+fn serial_a_pause_longer_than_max_pause_escalates_to_a_stop() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("max-pause", 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sigs = dir.path().join("sigs");
+    fs::create_dir(&sigs).unwrap();
+    let mut args: Vec<String> = ["--on-critical", "pause", "--max-pause", "1s"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(leaking_workers(&sigs));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, lines, err, kills) = run_watched(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &args,
+        &[("NUM_WORKERS", "4")],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    assert_eq!(kills, 0, "the kernel killed something");
+    assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
+    let at = |name: &str| {
+        lines.iter().find_map(|l| match &l.event {
+            Event::Action(a) if a.action == name => Some(l.t),
+            _ => None,
+        })
+    };
+    let pause = at("pause").expect("no pause action");
+    let stop = at("stop").expect("the pause never escalated to a stop");
+    assert!(
+        stop - pause >= 0.9,
+        "stopped {:.2}s after the pause, before --max-pause",
+        stop - pause
+    );
+    // The trainer got the checkpoint signal.
+    let trainer_got: String = fs::read_dir(&sigs)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("trainer-"))
+        .map(|e| fs::read_to_string(e.path()).unwrap())
+        .collect();
+    assert!(trainer_got.contains("SIGTERM"), "{trainer_got:?}");
 }

@@ -10,6 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::schema;
 use common::*;
 
 struct Session(String);
@@ -166,4 +167,156 @@ fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
         words.contains(&"icanon") && words.contains(&"echo"),
         "{modes}"
     );
+}
+
+/// A job that ignores SIGHUP (as `nohup` would) and writes its pid.
+const IGNORES_HUP: &str = r#"
+import os, signal, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"#;
+
+fn have_tmux() -> bool {
+    Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Starts `oomguard run --tui EXTRA -- python3 IGNORES_HUP` under bash in a
+/// tmux session and returns (session, oomguard's pid, the job's pid, log).
+fn dashboard_under_a_shell(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &str,
+) -> (Session, u32, u32, std::path::PathBuf) {
+    let job = script(dir, "job.py", IGNORES_HUP);
+    let pid_file = dir.join("job.pid");
+    let log = dir.join("run.ndjson");
+    let s = Session(format!("oomguard-{name}-{}", std::process::id()));
+    s.tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &s.0,
+        "-x",
+        "140",
+        "-y",
+        "40",
+        "bash --norc --noprofile",
+    ]);
+    std::thread::sleep(Duration::from_millis(300));
+    let cmd = format!(
+        "{} run --tui --kill-after 2s --log {} {extra} -- python3 {} {}",
+        env!("CARGO_BIN_EXE_oomguard"),
+        log.display(),
+        job.display(),
+        pid_file.display()
+    );
+    s.keys(&cmd);
+    s.keys("Enter");
+    assert!(
+        wait_for(Duration::from_secs(15), || s.screen().contains("Processes")
+            && pid_file.exists()),
+        "no dashboard:\n{}",
+        s.screen()
+    );
+    let shell: u32 = s
+        .tmux(&["list-panes", "-t", &s.0, "-F", "#{pane_pid}"])
+        .trim()
+        .parse()
+        .unwrap();
+    let og = children_of(shell)
+        .first()
+        .map(|c| c.0)
+        .expect("oomguard under the shell");
+    let job_pid = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (s, og, job_pid, log)
+}
+
+fn last_event(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let last = text.lines().last().unwrap_or("").to_string();
+    let v: serde_json::Value = serde_json::from_str(&last).unwrap_or_default();
+    v["event"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn closing_the_terminal_ends_the_run_with_run_end() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, og, job, log) = dashboard_under_a_shell(dir.path(), "hangup", "");
+    // The terminal goes away with oomguard running under its shell.
+    s.tmux(&["kill-session", "-t", &s.0]);
+    // The job ignores SIGHUP: it is ended after --kill-after (2 s), and
+    // oomguard ends instead of spinning on the dead terminal.
+    let ended = wait_for(Duration::from_secs(15), || proc_state(og).is_none());
+    let job_state = proc_state(job);
+    if job_state.is_some() {
+        let _ = Command::new("kill").args(["-9", &job.to_string()]).status();
+    }
+    if !ended {
+        let _ = Command::new("kill").args(["-9", &og.to_string()]).status();
+    }
+    assert!(ended, "oomguard still running after its terminal hung up");
+    assert_eq!(job_state, None, "the job outlived the hangup");
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let end = schema::run_end(&lines);
+    assert_eq!(end.exit_code, 137);
+    assert_eq!(last_event(&log), "run_end");
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains(r#""reason":"terminal hangup","result":"ok","signal":"SIGHUP""#),
+        "no hangup action"
+    );
+}
+
+#[test]
+fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, og, job, log) = dashboard_under_a_shell(dir.path(), "detach", "--on-hangup detach");
+    s.tmux(&["kill-session", "-t", &s.0]);
+    std::thread::sleep(Duration::from_secs(3));
+    let og_alive = proc_state(og).is_some();
+    let job_alive = proc_state(job).is_some();
+    // Still supervising, and not spinning on the dead terminal: at most a
+    // few ticks of CPU over the next second.
+    let cpu = |pid: u32| -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = s.rfind(')').map_or("", |i| &s[i + 2..]);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let before = cpu(og);
+    std::thread::sleep(Duration::from_secs(1));
+    let used = cpu(og) - before;
+    if og_alive {
+        send(og, "TERM");
+    }
+    let ended = wait_for(Duration::from_secs(15), || proc_state(og).is_none());
+    if proc_state(job).is_some() {
+        let _ = Command::new("kill").args(["-9", &job.to_string()]).status();
+    }
+    assert!(og_alive && job_alive, "detach ended the run");
+    assert!(
+        used < 50,
+        "oomguard used {used} ticks of CPU in 1 s after the hangup"
+    );
+    assert!(ended, "SIGTERM did not end oomguard after the hangup");
+    assert_eq!(last_event(&log), "run_end");
 }

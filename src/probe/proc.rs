@@ -320,6 +320,28 @@ impl TreeScanner {
                 }
             }
         }
+        self.build(stats, members.is_some())
+    }
+
+    /// Re-reads only processes already known to be in the tree, by identity:
+    /// a pid whose start time changed is another process that reused it and
+    /// is dropped, never adopted (it would otherwise join the tree as a
+    /// top-level member, be throttled, paused or killed).
+    pub fn rescan(&mut self, known: &[(u32, u64)]) -> Vec<Found> {
+        let mut stats: HashMap<u32, StatLine> = HashMap::new();
+        for &(pid, start_time) in known {
+            if let Some(st) = self.read_stat(pid)
+                && st.start_time == start_time
+            {
+                stats.insert(pid, st);
+            }
+        }
+        self.build(stats, true)
+    }
+
+    /// Walks the tree over the stat lines read: from the root, or with
+    /// `members` from every member whose parent is not one.
+    fn build(&mut self, mut stats: HashMap<u32, StatLine>, members: bool) -> Vec<Found> {
         let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
         for st in stats.values() {
             children.entry(st.ppid).or_default().push(st.pid);
@@ -332,7 +354,7 @@ impl TreeScanner {
         let mut stack: Vec<(u32, Option<Role>)> = Vec::new();
         match (self.root, members) {
             (TreeRoot::Process(pid), _) => stack.push((pid, None)),
-            (TreeRoot::ChildrenOf(parent), Some(_)) => {
+            (TreeRoot::ChildrenOf(parent), true) => {
                 // Members whose parent is not a member are top-level.
                 for st in stats.values() {
                     if st.ppid == parent || !stats.contains_key(&st.ppid) {
@@ -340,15 +362,15 @@ impl TreeScanner {
                     }
                 }
             }
-            (TreeRoot::Members, Some(_)) => {
+            (TreeRoot::Members, true) => {
                 for st in stats.values() {
                     if !stats.contains_key(&st.ppid) {
                         stack.push((st.pid, None));
                     }
                 }
             }
-            (TreeRoot::Members, None) => {}
-            (TreeRoot::ChildrenOf(parent), None) => {
+            (TreeRoot::Members, false) => {}
+            (TreeRoot::ChildrenOf(parent), false) => {
                 // Pushed first, so popped last: a member that is also a
                 // descendant is reached through its parent (with its role).
                 for pid in std::mem::take(&mut self.extra_roots) {
@@ -860,6 +882,36 @@ mod tests {
         // With a member list (owned cgroup) the same tree is found.
         let roles: Vec<Role> = sc.scan(Some(&[202, 201])).iter().map(|f| f.role).collect();
         assert_eq!(roles, vec![Role::Trainer, Role::Worker]);
+    }
+
+    #[test]
+    fn rescan_never_adopts_a_recycled_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            &[
+                (401, 400, "python3", 10, "python3 train.py"),
+                (402, 401, "python3", 10, "python3 train.py"),
+                (403, 401, "python3", 10, "python3 train.py"),
+            ],
+        );
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::ChildrenOf(400));
+        sc.set_job(Some(401));
+        let known: Vec<(u32, u64)> = sc
+            .scan(None)
+            .iter()
+            .map(|f| (f.stat.pid, f.stat.start_time))
+            .collect();
+        assert_eq!(known.len(), 3);
+        // Worker 403 died and an unrelated process (parent 1, a later start
+        // time) took its pid before the next quick scan.
+        fs::write(
+            dir.path().join("403").join("stat"),
+            "403 (sleep) S 1 403 403 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99999 1000 7 0\n",
+        )
+        .unwrap();
+        let pids: Vec<u32> = sc.rescan(&known).iter().map(|f| f.stat.pid).collect();
+        assert_eq!(pids, vec![401, 402]);
     }
 
     #[test]

@@ -223,6 +223,12 @@ impl PriWake {
     }
 }
 
+impl std::os::fd::AsFd for PriWake {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
 impl std::os::fd::AsRawFd for PriWake {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.file.as_raw_fd()

@@ -352,7 +352,15 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
                 continue;
             }
             "sample" => {
-                log.samples.push(sample_point(&obj, t, attempt));
+                let mut point = sample_point(&obj, t, attempt);
+                // Per-GPU detail is written less often than the totals: a
+                // line without it carries the last one forward.
+                if !obj.contains_key("gpus")
+                    && let Some(prev) = log.samples.last()
+                {
+                    point.gpus = prev.gpus.clone();
+                }
+                log.samples.push(point);
                 continue;
             }
             "run_end" => {

@@ -119,6 +119,7 @@ pub fn sample(run: &Run, t: u32) -> Sample {
                 util_percent: Some(93 - 6 * i as u32),
                 tree_bytes: tree,
                 foreign_bytes: foreign,
+                age_seconds: None,
             }
         })
         .collect();

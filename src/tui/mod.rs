@@ -15,6 +15,7 @@
 //! signals; after any of them, `Tui::draw`.
 
 pub mod app;
+pub mod keys;
 pub mod output;
 pub mod term;
 pub mod theme;
@@ -28,7 +29,7 @@ pub use output::OutputBuffer;
 // The job's pty lives below the dashboard (`crate::pty`): the relay uses it
 // without a dashboard too.
 pub use crate::pty::{self, PtyError, PtyMaster, make_controlling, open_pty, set_window_size};
-pub use term::{TermError, TermEvent, Tui, restore};
+pub use term::{TermError, TermEvent, Tui, detach_dead_terminal, restore};
 pub use ui::{draw, output_pane_size, render};
 
 #[cfg(test)]

@@ -4,17 +4,21 @@
 //! `restore()` the loop calls on SIGTERM).
 //!
 //! Input is read only when the terminal has some: the tty is registered
-//! with tokio, and when it becomes readable crossterm parses what arrived.
-//! Resizes arrive as SIGWINCH. Nothing wakes up while nothing happens, so
-//! an idle dashboard costs nothing.
+//! with tokio, and when it becomes readable the bytes are read here and
+//! parsed by `keys` (crossterm's own reader spins forever on a hung-up
+//! terminal). Resizes arrive as SIGWINCH. Nothing wakes up while nothing
+//! happens, so an idle dashboard costs nothing; a hangup (EOF, EIO,
+//! POLLHUP) ends the wait with [`TermError::HangUp`].
 
 use std::io::{self, IsTerminal, Stdout};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use crossterm::event::{Event, KeyEvent};
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
+
+use crossterm::event::KeyEvent;
 use crossterm::terminal::{Clear, ClearType, EnterAlternateScreen, LeaveAlternateScreen};
 use crossterm::{cursor, execute};
 use ratatui::Terminal;
@@ -35,6 +39,8 @@ static PANIC_HOOK: Once = Once::new();
 pub enum TermError {
     #[error("the dashboard needs a terminal, but standard output is not one")]
     NotATerminal,
+    #[error("the terminal hung up")]
+    HangUp,
     #[error("cannot {what} the terminal: {source}")]
     Io {
         what: &'static str,
@@ -61,6 +67,8 @@ pub struct Tui {
     terminal: Terminal<CrosstermBackend<Stdout>>,
     input: AsyncFd<OwnedFd>,
     winch: Signal,
+    /// Keys read but not yet handed out (one read can hold several).
+    keys: VecDeque<KeyEvent>,
 }
 
 impl std::fmt::Debug for Tui {
@@ -102,6 +110,7 @@ impl Tui {
                 terminal,
                 input,
                 winch,
+                keys: VecDeque::new(),
             })
         })();
         if tui.is_err() {
@@ -129,32 +138,43 @@ impl Tui {
     /// `tokio::select!` next to samples and output.
     pub async fn next_event(&mut self) -> Result<TermEvent, TermError> {
         loop {
-            // Events crossterm already parsed (several can arrive in one
-            // read) come first, then whatever the tty has now.
-            while crossterm::event::poll(Duration::ZERO).map_err(io_err("read from"))? {
-                match crossterm::event::read().map_err(io_err("read from"))? {
-                    Event::Key(k) => return Ok(TermEvent::Key(k)),
-                    Event::Resize(cols, rows) => return Ok(TermEvent::Resize { cols, rows }),
-                    _ => {}
-                }
+            if let Some(k) = self.keys.pop_front() {
+                return Ok(TermEvent::Key(k));
             }
             tokio::select! {
                 ready = self.input.readable() => {
-                    // Cleared before crossterm reads, so input that arrives
-                    // after the read wakes us again.
-                    ready.map_err(io_err("read from"))?.clear_ready();
+                    let mut guard = ready.map_err(io_err("read from"))?;
+                    // The fd is blocking (it shares its file description
+                    // with the shell's stdin, which must stay blocking), so
+                    // it is read only when poll says there is input now.
+                    match input_state(self.input.get_ref().as_fd()) {
+                        Input::HangUp => return Err(TermError::HangUp),
+                        Input::Empty => guard.clear_ready(),
+                        Input::Data => {
+                            let mut buf = [0u8; 1024];
+                            match rustix::io::read(self.input.get_ref(), &mut buf) {
+                                Ok(0) | Err(rustix::io::Errno::IO) => {
+                                    return Err(TermError::HangUp);
+                                }
+                                Ok(n) => self.keys.extend(super::keys::parse(&buf[..n])),
+                                Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                                Err(e) => return Err(io_err("read from")(e.into())),
+                            }
+                        }
+                    }
                 }
                 _ = self.winch.recv() => {
-                    // crossterm saw the same signal and normally reports
-                    // the resize itself on the next poll.
-                    if !crossterm::event::poll(Duration::ZERO).map_err(io_err("read from"))? {
-                        let (cols, rows) = crossterm::terminal::size()
-                            .map_err(io_err("read the size of"))?;
-                        return Ok(TermEvent::Resize { cols, rows });
-                    }
+                    let (cols, rows) = crossterm::terminal::size()
+                        .map_err(io_err("read the size of"))?;
+                    return Ok(TermEvent::Resize { cols, rows });
                 }
             }
         }
+    }
+
+    /// Whether the terminal has hung up (its reads end, writes fail).
+    pub fn hung_up(&self) -> bool {
+        matches!(input_state(self.input.get_ref().as_fd()), Input::HangUp)
     }
 
     /// Gives the terminal back (same as dropping the `Tui`).
@@ -166,6 +186,60 @@ impl Tui {
 impl Drop for Tui {
     fn drop(&mut self) {
         let _ = restore();
+    }
+}
+
+enum Input {
+    Data,
+    Empty,
+    HangUp,
+}
+
+/// What the terminal has for us right now, without blocking.
+fn input_state(fd: std::os::fd::BorrowedFd<'_>) -> Input {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(_) => {
+            let r = fds[0].revents();
+            if r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) {
+                Input::HangUp
+            } else if r.contains(PollFlags::IN) {
+                Input::Data
+            } else {
+                Input::Empty
+            }
+        }
+        Err(_) => Input::Empty,
+    }
+}
+
+/// Points stdout and stderr, where they hung up (a terminal gone, a pipe
+/// nobody reads), at
+/// `/dev/null`: every later write (the summary, a message) would fail with
+/// EIO, and Rust's `eprintln!` panics on a failed write.
+pub fn detach_dead_terminal() {
+    let Ok(null) = rustix::fs::open(
+        "/dev/null",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return;
+    };
+    for fd in [rustix::stdio::stdout(), rustix::stdio::stderr()] {
+        // Not `isatty`: its ioctl fails on a hung-up terminal.
+        if matches!(input_state(fd), Input::HangUp) {
+            #[allow(unsafe_code)]
+            // SAFETY: dup2 onto fd 1 or 2, which stay open for the life of
+            // the process; nothing holds a typed owner of them.
+            unsafe {
+                libc::dup2(null.as_raw_fd(), fd.as_raw_fd());
+            }
+        }
     }
 }
 

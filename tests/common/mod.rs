@@ -181,6 +181,64 @@ impl MemCgroup {
     }
 }
 
+/// Counts the kernel's OOM kills in a cgroup *and every cgroup below it*
+/// while a test runs. On cgroup v1 a kill is counted only in the victim's
+/// own cgroup — oomguard's `oomguard-<pid>` child, removed when oomguard
+/// exits — so the test cgroup's own counter proves nothing about the job.
+pub struct OomWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl OomWatch {
+    pub fn start(cg: &MemCgroup) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let dir = cg.dir.clone();
+        let handle = std::thread::spawn(move || {
+            // Per cgroup path: the last value seen and the kills of earlier
+            // cgroups of the same name (a counter starts again at 0).
+            let mut seen: std::collections::HashMap<PathBuf, (u64, u64)> = Default::default();
+            loop {
+                let last_round = flag.load(Ordering::SeqCst);
+                for d in walk(&dir) {
+                    let Some(n) = read_oom_kill(&d) else { continue };
+                    let e = seen.entry(d).or_insert((0, 0));
+                    if n < e.0 {
+                        e.1 += e.0;
+                    }
+                    e.0 = n;
+                }
+                if last_round {
+                    return seen.values().map(|(n, before)| n + before).sum();
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Self {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops watching and returns the kills seen anywhere in the subtree.
+    pub fn kills(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.handle.take().map_or(0, |h| h.join().unwrap())
+    }
+}
+
+fn read_oom_kill(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join("memory.oom_control"))
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("oom_kill ")
+                .and_then(|v| v.trim().parse().ok())
+        })
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![dir.to_path_buf()];
     if let Ok(rd) = fs::read_dir(dir) {

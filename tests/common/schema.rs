@@ -109,6 +109,7 @@ pub struct Sample {
     pub system: System,
     pub cgroup: Option<Cgroup>,
     pub psi: Option<Psi>,
+    #[serde(default)]
     pub gpus: Vec<serde_json::Value>,
     #[serde(default)]
     pub procs: Option<Vec<Proc>>,

@@ -244,6 +244,7 @@ mod tests {
             util_percent: Some(87),
             tree_bytes: 40 << 30,
             foreign_bytes: 20 << 30,
+            age_seconds: None,
         }
     }
 

@@ -1,0 +1,151 @@
+//! How a run ends: the job does not outlive a killed oomguard, and the log
+//! ends the way the contract says (design.md §4.1, `run_end` last).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::schema;
+use common::*;
+
+/// A quiet job: it prints nothing and would run for an hour.
+const QUIET: &str = r#"
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(3600)
+"#;
+
+#[test]
+fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "quiet.py", QUIET);
+    let pid_file = dir.path().join("job.pid");
+    let mut og = oomguard()
+        .args(["run", "--no-tui", "--cgroup", "off", "--", "python3"])
+        .arg(&job)
+        .arg(&pid_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    let job_pid: u32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(proc_state(job_pid).is_some());
+    og.kill().unwrap();
+    og.wait().unwrap();
+    let ended = wait_for(Duration::from_secs(5), || {
+        proc_state(job_pid).is_none_or(|s| s == 'Z')
+    });
+    if !ended {
+        send(job_pid, "KILL");
+    }
+    assert!(ended, "the job kept running after oomguard was killed");
+}
+
+/// A trainer whose worker leaks until the kernel kills it; the trainer then
+/// fails with exit code 1 (as PyTorch does when a DataLoader worker dies).
+const WORKER_KILLED: &str = r#"
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    cache = []
+    while True:
+        b = bytearray(8 << 20)
+        for i in range(0, len(b), 4096):
+            b[i] = 1
+        cache.append(b)
+_, status = os.waitpid(pid, 0)
+sys.exit(1)
+"#;
+
+#[test]
+fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("oom-outcome", 256 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "job.py", WORKER_KILLED);
+    let log = dir.path().join("run.ndjson");
+    let out = cg
+        .command(
+            std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+            &[
+                "run",
+                "--policy",
+                "none",
+                "--log",
+                log.to_str().unwrap(),
+                "--",
+                "python3",
+                job.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    // The trainer's own exit code is kept; the outcome says why.
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(schema::run_end(&lines).outcome, "oom_killed");
+}
+
+/// Ignores SIGTERM, so only oomguard's SIGKILL after --kill-after ends it.
+const STUBBORN: &str = r#"
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"#;
+
+#[test]
+fn every_signal_oomguard_sends_while_ending_is_an_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "stubborn.py", STUBBORN);
+    let log = dir.path().join("run.ndjson");
+    let mut og = oomguard()
+        .args(["run", "--no-tui", "--kill-after", "1s", "--log"])
+        .arg(&log)
+        .args(["--", "python3"])
+        .arg(&job)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 5];
+    std::io::Read::read_exact(og.stdout.as_mut().unwrap(), &mut first).unwrap();
+    send(og.id(), "TERM");
+    let status = og.wait().unwrap();
+    assert_eq!(status.code(), Some(137));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let acts: Vec<(String, Option<String>)> = lines
+        .iter()
+        .filter_map(|l| match &l.event {
+            schema::Event::Action(a) => Some((a.action.clone(), a.signal.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        acts.contains(&("stop".into(), Some("SIGTERM".into()))),
+        "{acts:?}"
+    );
+    assert!(
+        acts.contains(&("kill".into(), Some("SIGKILL".into()))),
+        "the SIGKILL after --kill-after is not an action: {acts:?}"
+    );
+    let end = schema::run_end(&lines);
+    assert_eq!(end.actions.get("kill"), Some(&1));
+}
