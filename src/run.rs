@@ -340,6 +340,11 @@ struct Supervisor {
     /// This attempt printed a CUDA OOM; `true` when the allocator was
     /// fragmented (reserved-but-unallocated ≥ the failed request).
     cuda_oom: Option<bool>,
+    /// Training progress read from the job's output, this attempt.
+    progress: crate::forensics::progress::ProgressTracker,
+    /// This attempt's job printed a `worker_died` or `rank_failed` by
+    /// SIGKILL while memory was at or past the warn level.
+    memory_death: bool,
     pty_log: Option<std::fs::File>,
     /// `--torch-stats`: the injected reporter (removed on drop) and its
     /// reader.
@@ -715,6 +720,8 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         pty_scanner: OutputScanner::new(),
         pty_log,
         cuda_oom: None,
+        progress: crate::forensics::progress::ProgressTracker::new(),
+        memory_death: false,
     };
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.app.as_mut() {
@@ -1032,6 +1039,15 @@ impl Supervisor {
             events.extend(r.take_events());
         }
         for event in events {
+            if let crate::forensics::torch::TorchEvent::Progress(u) = event {
+                let t = self.started.elapsed().as_secs_f64();
+                self.progress.update(u, t);
+                self.publish_progress();
+                continue;
+            }
+            if self.killed_by_memory(&event) {
+                self.memory_death = true;
+            }
             if let crate::forensics::torch::TorchEvent::CudaOom(e) = &event {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
@@ -1077,6 +1093,41 @@ impl Supervisor {
                 self.say(e.to_string());
             }
         }
+    }
+
+    /// Hands the current progress to the log (and the next sample, when it
+    /// moved), the metrics and the dashboard.
+    fn publish_progress(&mut self) {
+        let changed = self.progress.take_changed();
+        let current = self.progress.current();
+        self.log.set_progress(current, changed);
+        self.metrics
+            .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
+        if let Some(app) = self.app.as_mut() {
+            app.set_progress(current.cloned());
+        }
+    }
+
+    /// A worker or rank killed by SIGKILL while memory was at or past the
+    /// warn level: a memory-motivated death, as an OOM-kill counter rise is.
+    fn killed_by_memory(&self, event: &crate::forensics::torch::TorchEvent) -> bool {
+        use crate::forensics::torch::TorchEvent;
+        let sigkill = match event {
+            TorchEvent::WorkerDied(w) => w.signal.as_deref() == Some("SIGKILL"),
+            TorchEvent::RankFailed(r) => r
+                .failures
+                .iter()
+                .any(|f| f.signal.as_deref() == Some("SIGKILL")),
+            _ => false,
+        };
+        let (warn, _) = self.engine.policy().thresholds();
+        let warn = warn.unwrap_or(20.0);
+        sigkill
+            && self
+                .last_view
+                .as_ref()
+                .and_then(|v| v.headroom_percent())
+                .is_some_and(|h| h <= warn)
     }
 
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
@@ -1493,6 +1544,31 @@ impl Supervisor {
     }
 
     fn record(&mut self, sample: &Sample, view: &View, force: bool) {
+        if let Some(n) = view.nearest
+            && self.progress.current().is_some()
+        {
+            if let Some(flag) = self
+                .progress
+                .observe_memory(n.used_bytes, Some(n.headroom_bytes))
+            {
+                let advice = flag.advice();
+                self.log.write_at(
+                    "phase_memory",
+                    sample.t,
+                    &serde_json::json!({
+                        "phase": flag.phase,
+                        "epoch": flag.epoch,
+                        "before_bytes": flag.before_bytes,
+                        "added_bytes": flag.added_bytes,
+                        "advice": advice,
+                    }),
+                );
+                if !self.cfg.quiet {
+                    self.say(advice);
+                }
+            }
+            self.publish_progress();
+        }
         // Every tick: a scrape sees the newest numbers (cheap: a copy).
         self.metrics.update(sample, view);
         if let Some(app) = self.app.as_mut() {
@@ -2521,17 +2597,25 @@ impl Supervisor {
             Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
         };
         if self.attempts.len() < self.attempt as usize {
+            let at = self
+                .progress
+                .current()
+                .map(|p| p.describe())
+                .filter(|d| !d.is_empty())
+                .map_or(String::new(), |d| format!(" at {d}"));
             self.attempts.push(format!(
-                "attempt {}: {how} after {}",
+                "attempt {}: {how} after {}{at}",
                 self.attempt,
                 human_duration(ran)
             ));
         }
         let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
         let cuda = self.cuda_oom.is_some() && on("cuda-oom") && status != Status::Exited(0);
+        let memory_death = self.memory_death && self.restart_enabled();
         let wanted = self.cfg.attach.is_none()
             && (self.policy_end == Some(Action::Restart)
                 || (kernel && self.restart_enabled())
+                || memory_death
                 || cuda);
         if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
             return false;
@@ -2594,6 +2678,9 @@ impl Supervisor {
         let reason = match (&self.stop, self.policy_end) {
             (Some(st), Some(Action::Restart)) => st.reason.clone(),
             _ if kernel => "kernel OOM kill".to_string(),
+            _ if memory_death => {
+                "a worker or rank was SIGKILLed with memory at the warn level".to_string()
+            }
             _ if cuda => "CUDA out of memory".to_string(),
             _ => "restart".to_string(),
         };
@@ -2727,6 +2814,10 @@ impl Supervisor {
                 self.stop = None;
                 self.policy_end = None;
                 self.cuda_oom = None;
+                self.memory_death = false;
+                self.progress = crate::forensics::progress::ProgressTracker::new();
+                self.log.set_progress(None, false);
+                self.metrics.set_progress(None, None);
                 self.engine.reset();
                 self.history.clear();
                 self.next_tick = now;
@@ -2921,6 +3012,24 @@ impl Supervisor {
         };
         let s = &self.stats;
         eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration));
+        if let Some(p) = self.progress.current() {
+            let at = p.describe();
+            if !at.is_empty() {
+                let verb = match outcome {
+                    Outcome::Exited if exit_code == 0 => "finished",
+                    Outcome::Exited => "ended",
+                    _ => "stopped",
+                };
+                let growth = match (p.bytes_per_step, p.ceiling_step) {
+                    (Some(per), Some(at)) if per > 0 => format!(
+                        "; memory grew {}/step, the ceiling would be reached near step {at}",
+                        HumanBytes(per.unsigned_abs())
+                    ),
+                    _ => String::new(),
+                };
+                eprintln!("oomguard: {verb} at {at}{growth}");
+            }
+        }
         let holder = s
             .peak_holder
             .as_ref()

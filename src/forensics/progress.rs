@@ -218,7 +218,9 @@ pub fn parse(line: &str) -> Option<ProgressUpdate> {
         {
             return Some(u);
         }
-        if let Some(u) = parse_keras(line) {
+        if (line.starts_with("Epoch ") || line.starts_with(|c: char| c.is_ascii_digit()))
+            && let Some(u) = parse_keras(line)
+        {
             return Some(u);
         }
         if line.contains('━')
@@ -227,7 +229,24 @@ pub fn parse(line: &str) -> Option<ProgressUpdate> {
             return Some(u);
         }
     }
+    if !has_keyword(line.as_bytes()) {
+        return None;
+    }
     parse_plain(line)
+}
+
+/// Whether the line names one of the plain loops' counters, in any case: a
+/// scan far cheaper than the case-insensitive pattern on every line.
+fn has_keyword(bytes: &[u8]) -> bool {
+    const WORDS: [&[u8]; 6] = [b"epoch", b"step", b"iter", b"batch", b"test", b"val"];
+    bytes.iter().enumerate().any(|(i, b)| {
+        matches!(b | 0x20, b'e' | b's' | b'i' | b'b' | b't' | b'v')
+            && WORDS.iter().any(|w| {
+                bytes
+                    .get(i..i + w.len())
+                    .is_some_and(|s| s.eq_ignore_ascii_case(w))
+            })
+    })
 }
 
 fn parse_dict(line: &str) -> Option<ProgressUpdate> {
@@ -243,7 +262,6 @@ fn parse_dict(line: &str) -> Option<ProgressUpdate> {
 
 /// A bar's description: its phase and epoch, or `Err` when it names work
 /// that is not a training loop (`Downloading`, `Map`, …).
-#[allow(clippy::type_complexity)]
 fn classify_desc(desc: &str) -> Result<(Option<Phase>, Option<String>), ()> {
     let desc = desc.trim().trim_end_matches(':').trim();
     if desc.is_empty() {
@@ -486,12 +504,15 @@ impl PhaseMemory {
     }
 }
 
+/// Step, total, epoch and phase: where the job is.
+type Position = (Option<u64>, Option<u64>, Option<String>, Option<Phase>);
+
 /// Folds progress updates into the job's [`Progress`] and ties it to memory.
 #[derive(Debug, Default)]
 pub struct ProgressTracker {
     current: Option<Progress>,
     /// The position last reported as changed.
-    reported: Option<(Option<u64>, Option<u64>, Option<String>, Option<Phase>)>,
+    reported: Option<Position>,
     /// The total of the first description-less bar: the training bar.
     main_total: Option<Option<u64>>,
     main_step: u64,

@@ -51,6 +51,10 @@ pub enum TorchEvent {
     /// torchrun / torch.distributed.elastic reported that one or more ranks
     /// failed (`ChildFailedError`), with their exit codes or signals.
     RankFailed(RankFailed),
+    /// Training progress (`crate::forensics::progress`): not a PyTorch
+    /// message, but read from the same lines by the output scanner, so it
+    /// keeps its order among them. Consecutive updates are merged.
+    Progress(crate::forensics::progress::ProgressUpdate),
 }
 
 /// The figures of a CUDA out-of-memory error. Every size is in bytes and is
@@ -2030,6 +2034,7 @@ after the report\n";
                             TorchEvent::CudaOom(o) => { let _ = cuda_oom_advice(o); }
                             TorchEvent::WorkerDied(w) => { let _ = worker_died_advice(w, true); }
                             TorchEvent::RankFailed(r) => { let _ = rank_failed_advice(r, false); }
+                            TorchEvent::Progress(_) => {}
                         }
                     }
                 }
