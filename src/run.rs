@@ -345,6 +345,8 @@ struct Supervisor {
     /// This attempt's job printed a `worker_died` or `rank_failed` by
     /// SIGKILL while memory was at or past the warn level.
     memory_death: bool,
+    /// What torchrun said about failed ranks, for the summary.
+    rank_notes: Vec<String>,
     pty_log: Option<std::fs::File>,
     /// `--torch-stats`: the injected reporter (removed on drop) and its
     /// reader.
@@ -722,6 +724,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         cuda_oom: None,
         progress: crate::forensics::progress::ProgressTracker::new(),
         memory_death: false,
+        rank_notes: Vec::new(),
     };
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.app.as_mut() {
@@ -1052,7 +1055,10 @@ impl Supervisor {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
             }
-            if let Some((name, body)) = crate::probe::output::log_record(&event, critical) {
+            if let Some((name, mut body)) = crate::probe::output::log_record(&event, critical) {
+                if name == "rank_failed" {
+                    self.note_rank_failed(&mut body);
+                }
                 self.log.write(name, &body);
                 let t = self.started.elapsed().as_secs_f64();
                 let ui = match name {
@@ -1092,6 +1098,35 @@ impl Supervisor {
             if !self.cfg.quiet && !broken_pipe {
                 self.say(e.to_string());
             }
+        }
+    }
+
+    /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
+    /// keeps a line for the summary.
+    fn note_rank_failed(&mut self, body: &mut serde_json::Value) {
+        let pid = body["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+        let who = match (body["rank"].as_u64(), body["local_rank"].as_u64()) {
+            (Some(r), _) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".to_string(),
+        };
+        let who = pid.map_or(who.clone(), |p| format!("{who} (pid {p})"));
+        let note = if pid.is_some_and(|p| self.oom_reported.contains(&p)) {
+            body["oom_killed"] = serde_json::Value::Bool(true);
+            let text = format!("{who} was killed by the kernel OOM killer");
+            if let Some(advice) = body["advice"].as_array_mut() {
+                advice.insert(0, serde_json::Value::String(text.clone()));
+            }
+            text
+        } else {
+            match (body["signal"].as_str(), body["exit_code"].as_i64()) {
+                (Some(sig), _) => format!("{who} failed: killed by {sig}"),
+                (None, Some(code)) => format!("{who} failed with exit code {code}"),
+                _ => format!("{who} failed"),
+            }
+        };
+        if self.rank_notes.len() < 16 {
+            self.rank_notes.push(note);
         }
     }
 
@@ -3055,6 +3090,9 @@ impl Supervisor {
                 l.headroom_percent(),
                 HumanBytes(s.peak.swap_used_bytes),
             );
+        }
+        for note in &self.rank_notes {
+            eprintln!("oomguard: {note}");
         }
         if !s.actions.is_empty() {
             let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();

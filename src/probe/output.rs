@@ -1121,8 +1121,7 @@ fn keep_event(events: &mut Vec<TorchEvent>, event: TorchEvent, dropped: &mut u64
 /// `worker_died`) and body, advice included. `host_memory_critical` says
 /// whether host or cgroup memory was near its ceiling when the event came
 /// (it is what tells the kernel OOM killer apart from another SIGKILL).
-/// `None` for events that have no log line in `oomguard/1` yet (torchrun's
-/// `ChildFailedError` report).
+/// `None` for progress updates (they ride on other lines as `progress`).
 pub fn log_record(
     event: &TorchEvent,
     host_memory_critical: bool,
@@ -1157,7 +1156,30 @@ pub fn log_record(
                 "message": e.message,
             }),
         )),
-        TorchEvent::RankFailed(_) | TorchEvent::Progress(_) => None,
+        TorchEvent::RankFailed(e) => {
+            // The rank that failed, not the siblings torchrun tore down.
+            let f = e
+                .failures
+                .iter()
+                .find(|f| f.root_cause)
+                .or_else(|| e.failures.first())?;
+            Some((
+                "rank_failed",
+                serde_json::json!({
+                    "rank": f.rank,
+                    "local_rank": f.local_rank,
+                    "pid": f.pid,
+                    "exit_code": f.exitcode,
+                    "signal": f.signal,
+                    "host": f.host,
+                    "script": e.script,
+                    "oom_killed": false,
+                    "advice": torch::rank_failed_advice(e, host_memory_critical),
+                    "message": e.message,
+                }),
+            ))
+        }
+        TorchEvent::Progress(_) => None,
     }
 }
 
