@@ -130,3 +130,78 @@ fn serial_the_stop_names_the_step_epoch_and_phase_the_job_was_at() {
         "stderr:\n{err}"
     );
 }
+
+const DYING_WORKER: &str = r#"
+import os, sys, time
+if os.environ.get("OOMGUARD_ATTEMPT") == "2":
+    print("resumed", flush=True)
+    sys.exit(0)
+hog = []
+for step in range(1, 40):
+    if step <= 17:
+        hog.append(b"x" * (10 << 20))
+    sys.stderr.write(f"step {step}/100\n")
+    time.sleep(0.2 if step <= 17 else 0.05)
+sys.stderr.write("RuntimeError: DataLoader worker (pid 4321) is killed by signal: Killed.\n")
+sys.stderr.write("RuntimeError: DataLoader worker (pid(s) 4321) exited unexpectedly\n")
+sys.stderr.flush()
+time.sleep(0.3)
+sys.exit(1)
+"#;
+
+#[test]
+fn serial_a_worker_sigkilled_at_the_warn_level_restarts_the_job() {
+    let Some(cg) = MemCgroup::or_skip("workerkill", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.py");
+    fs::write(&job, DYING_WORKER).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let out = cg
+        .command(
+            std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+            &[
+                "run",
+                "--log",
+                log.to_str().unwrap(),
+                "--budget",
+                "1000MiB",
+                "--warn-at",
+                "15%",
+                "--on-critical",
+                "restart",
+                "--restart-delay",
+                "100ms",
+                "--",
+                "python3",
+                job.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let deaths: Vec<_> = lines
+        .iter()
+        .filter(|l| matches!(l.event, schema::Event::WorkerDied(_)))
+        .collect();
+    // Two lines, one death.
+    assert_eq!(deaths.len(), 1, "stderr:\n{err}");
+    assert_eq!(deaths[0].progress.as_ref().and_then(|p| p.step), Some(39));
+    let restart = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            schema::Event::Restart(r) => Some(r.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no restart; stderr:\n{err}"));
+    assert!(
+        restart["reason"].as_str().unwrap_or("").contains("SIGKILL"),
+        "{restart}"
+    );
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{err}");
+}
