@@ -277,4 +277,34 @@ mod tests {
         (&view(long)).render(area, &mut buf);
         assert!(row_text(&buf, 0).contains("12:03"));
     }
+
+    #[test]
+    fn progress_shows_step_phase_rate_and_the_ceiling_step() {
+        let p = crate::forensics::progress::Progress {
+            step: Some(128),
+            total: Some(400),
+            epoch: Some("1".into()),
+            phase: Some(crate::forensics::progress::Phase::Validation),
+            steps_per_second: Some(9.41),
+            bytes_per_step: Some(1 << 20),
+            ceiling_step: Some(1240),
+        };
+        let mut v = view("python train.py");
+        v.progress = Some(&p);
+        let area = Rect::new(0, 0, 200, 1);
+        let mut buf = Buffer::empty(area);
+        (&v).render(area, &mut buf);
+        let text = row_text(&buf, 0);
+        assert!(
+            text.contains("attempt 2 │ epoch 1 · val 128/400 · 9.4 steps/s · ceiling ≈ step 1240 │ elapsed 12:03"),
+            "{text}"
+        );
+        // Narrower: the short form.
+        let area = Rect::new(0, 0, 80, 1);
+        let mut buf = Buffer::empty(area);
+        (&v).render(area, &mut buf);
+        let text = row_text(&buf, 0);
+        assert!(text.contains("val 128/400"), "{text}");
+        assert!(text.contains("cgroup 812 MiB left"), "{text}");
+    }
 }
