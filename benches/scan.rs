@@ -60,7 +60,7 @@ fn main() {
             "2026-11-23 10:00:{:02} INFO train.py:88 loss=0.{i:04} lr=3e-4 grad_norm=1.{i:03} tokens/s=12345\n",
             i % 60
         ));
-        if i % 50 == 0 {
+        if i.is_multiple_of(50) {
             log.push_str(&format!(
                 "Epoch [{}/10], Step [{i}/100000], Loss: 0.1234\n",
                 i / 10000 + 1
