@@ -42,9 +42,28 @@ struct Envelope<'a, T: Serialize> {
     ts: String,
     t: f64,
     attempt: u32,
+    /// Where training was (`crate::forensics::progress`), on the events
+    /// that mark a moment of the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: Option<&'a serde_json::Value>,
     #[serde(flatten)]
     body: &'a T,
 }
+
+/// Events that carry the job's `progress`, when it printed any. Samples
+/// carry it only when it changed.
+const PROGRESS_EVENTS: &[&str] = &[
+    "rule",
+    "action",
+    "checkpoint",
+    "restart",
+    "oom_kill",
+    "cuda_oom",
+    "worker_died",
+    "rank_failed",
+    "run_end",
+    "phase_memory",
+];
 
 /// Writes events; a no-op without `--log`.
 pub struct LogWriter {
@@ -52,6 +71,9 @@ pub struct LogWriter {
     path: PathBuf,
     started: Instant,
     attempt: u32,
+    progress: Option<serde_json::Value>,
+    /// The next sample carries `progress`: it changed since the last one.
+    progress_changed: bool,
 }
 
 impl LogWriter {
@@ -65,6 +87,8 @@ impl LogWriter {
             path: path.into(),
             started,
             attempt: 1,
+            progress: None,
+            progress_changed: false,
         })
     }
 
@@ -74,6 +98,8 @@ impl LogWriter {
             path: PathBuf::new(),
             started,
             attempt: 1,
+            progress: None,
+            progress_changed: false,
         }
     }
 
@@ -83,6 +109,17 @@ impl LogWriter {
 
     pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = attempt;
+    }
+
+    /// The job's progress from now on; `changed` when its step, epoch or
+    /// phase moved (the next sample carries it then).
+    pub fn set_progress(
+        &mut self,
+        progress: Option<&crate::forensics::progress::Progress>,
+        changed: bool,
+    ) {
+        self.progress = progress.and_then(|p| serde_json::to_value(p).ok());
+        self.progress_changed |= changed;
     }
 
     /// Seconds since the run started, as every line and sample uses.
@@ -99,12 +136,18 @@ impl LogWriter {
     /// Writes one event line stamped with a given run time.
     pub fn write_at<T: Serialize>(&mut self, event: &str, t: f64, body: &T) {
         let Some(out) = self.out.as_mut() else { return };
+        let progress = if event == "sample" {
+            std::mem::take(&mut self.progress_changed)
+        } else {
+            PROGRESS_EVENTS.contains(&event)
+        };
         let line = Envelope {
             schema: SCHEMA,
             event,
             ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             t: round3(t),
             attempt: self.attempt,
+            progress: self.progress.as_ref().filter(|_| progress),
             body,
         };
         let res = serde_json::to_writer(&mut *out, &line)
@@ -145,6 +188,8 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
         path: path.into(),
         started,
         attempt,
+        progress: None,
+        progress_changed: false,
     };
     w.write(
         "run_end",
@@ -443,6 +488,37 @@ mod tests {
     }
 
     #[test]
+    fn progress_goes_on_moments_and_on_samples_when_it_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.ndjson");
+        let mut log = LogWriter::create(&path, Instant::now()).unwrap();
+        log.write("sample", &serde_json::json!({}));
+        let p = crate::forensics::progress::Progress {
+            step: Some(580),
+            total: Some(1288),
+            epoch: Some("3".into()),
+            phase: Some(crate::forensics::progress::Phase::Validation),
+            ..Default::default()
+        };
+        log.set_progress(Some(&p), true);
+        log.write("sample", &serde_json::json!({}));
+        log.write("sample", &serde_json::json!({}));
+        log.write("action", &serde_json::json!({"action": "kill"}));
+        log.write("run_start", &serde_json::json!({}));
+        drop(log);
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let has: Vec<bool> = lines.iter().map(|l| l.get("progress").is_some()).collect();
+        assert_eq!(has, [false, true, false, true, false]);
+        assert_eq!(lines[3]["progress"]["step"], 580);
+        assert_eq!(lines[3]["progress"]["phase"], "validation");
+        assert_eq!(lines[3]["progress"]["epoch"], "3");
+    }
+
+    #[test]
     fn outcome_names() {
         let s = serde_json::to_string(&Outcome::StoppedByPolicy).unwrap();
         assert_eq!(s, "\"stopped_by_policy\"");
@@ -565,6 +641,7 @@ mod size_tests {
                 ts: "2026-11-22T08:00:00.000Z".into(),
                 t: sample.t,
                 attempt: 1,
+                progress: None,
                 body: &body,
             };
             serde_json::to_string(&env).unwrap().len() as u64 + 1

@@ -268,6 +268,13 @@ struct Supervisor {
     /// This attempt printed a CUDA OOM; `true` when the allocator was
     /// fragmented (reserved-but-unallocated ≥ the failed request).
     cuda_oom: Option<bool>,
+    /// Training progress read from the job's output, this attempt.
+    progress: crate::forensics::progress::ProgressTracker,
+    /// This attempt's job printed a `worker_died` or `rank_failed` by
+    /// SIGKILL while memory was at or past the warn level.
+    memory_death: bool,
+    /// What torchrun said about failed ranks, for the summary.
+    rank_notes: Vec<String>,
     pty_log: Option<std::fs::File>,
     /// `--torch-stats`: the injected reporter (removed on drop) and its
     /// reader.
@@ -667,6 +674,9 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         pty_scanner: OutputScanner::new(),
         pty_log,
         cuda_oom: None,
+        progress: crate::forensics::progress::ProgressTracker::new(),
+        memory_death: false,
+        rank_notes: Vec::new(),
     };
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.app.as_mut() {
@@ -1041,11 +1051,23 @@ impl Supervisor {
             events.extend(r.take_events());
         }
         for event in events {
+            if let crate::forensics::torch::TorchEvent::Progress(u) = event {
+                let t = self.started.elapsed().as_secs_f64();
+                self.progress.update(u, t);
+                self.publish_progress();
+                continue;
+            }
+            if self.killed_by_memory(&event) {
+                self.memory_death = true;
+            }
             if let crate::forensics::torch::TorchEvent::CudaOom(e) = &event {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
             }
-            if let Some((name, body)) = crate::probe::output::log_record(&event, critical) {
+            if let Some((name, mut body)) = crate::probe::output::log_record(&event, critical) {
+                if name == "rank_failed" {
+                    self.note_rank_failed(&mut body);
+                }
                 self.log.write(name, &body);
                 let t = self.started.elapsed().as_secs_f64();
                 let ui = match name {
@@ -1086,6 +1108,70 @@ impl Supervisor {
                 self.say(e.to_string());
             }
         }
+    }
+
+    /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
+    /// keeps a line for the summary.
+    fn note_rank_failed(&mut self, body: &mut serde_json::Value) {
+        let pid = body["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
+        let who = match (body["rank"].as_u64(), body["local_rank"].as_u64()) {
+            (Some(r), _) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".to_string(),
+        };
+        let who = pid.map_or(who.clone(), |p| format!("{who} (pid {p})"));
+        let note = if pid.is_some_and(|p| self.oom_reported.contains(&p)) {
+            body["oom_killed"] = serde_json::Value::Bool(true);
+            let text = format!("{who} was killed by the kernel OOM killer");
+            if let Some(advice) = body["advice"].as_array_mut() {
+                advice.insert(0, serde_json::Value::String(text.clone()));
+            }
+            text
+        } else {
+            match (body["signal"].as_str(), body["exit_code"].as_i64()) {
+                (Some(sig), _) => format!("{who} failed: killed by {sig}"),
+                (None, Some(code)) => format!("{who} failed with exit code {code}"),
+                _ => format!("{who} failed"),
+            }
+        };
+        if self.rank_notes.len() < 16 {
+            self.rank_notes.push(note);
+        }
+    }
+
+    /// Hands the current progress to the log (and the next sample, when it
+    /// moved), the metrics and the dashboard.
+    fn publish_progress(&mut self) {
+        let changed = self.progress.take_changed();
+        let current = self.progress.current();
+        self.log.set_progress(current, changed);
+        self.metrics
+            .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
+        if let Some(app) = self.app.as_mut() {
+            app.set_progress(current.cloned());
+        }
+    }
+
+    /// A worker or rank killed by SIGKILL while memory was at or past the
+    /// warn level: a memory-motivated death, as an OOM-kill counter rise is.
+    fn killed_by_memory(&self, event: &crate::forensics::torch::TorchEvent) -> bool {
+        use crate::forensics::torch::TorchEvent;
+        let sigkill = match event {
+            TorchEvent::WorkerDied(w) => w.signal.as_deref() == Some("SIGKILL"),
+            TorchEvent::RankFailed(r) => r
+                .failures
+                .iter()
+                .any(|f| f.signal.as_deref() == Some("SIGKILL")),
+            _ => false,
+        };
+        let (warn, _) = self.engine.policy().thresholds();
+        let warn = warn.unwrap_or(20.0);
+        sigkill
+            && self
+                .last_view
+                .as_ref()
+                .and_then(|v| v.headroom_percent())
+                .is_some_and(|h| h <= warn)
     }
 
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
@@ -1670,6 +1756,31 @@ impl Supervisor {
         waits_changed: bool,
         readings: Option<&Readings>,
     ) {
+        if let Some(n) = view.nearest
+            && self.progress.current().is_some()
+        {
+            if let Some(flag) = self
+                .progress
+                .observe_memory(n.used_bytes, Some(n.headroom_bytes))
+            {
+                let advice = flag.advice();
+                self.log.write_at(
+                    "phase_memory",
+                    sample.t,
+                    &serde_json::json!({
+                        "phase": flag.phase,
+                        "epoch": flag.epoch,
+                        "before_bytes": flag.before_bytes,
+                        "added_bytes": flag.added_bytes,
+                        "advice": advice,
+                    }),
+                );
+                if !self.cfg.quiet {
+                    self.say(advice);
+                }
+            }
+            self.publish_progress();
+        }
         // Every tick: a scrape sees the newest numbers (cheap: a copy).
         self.metrics.update(sample, view);
         if let Some(app) = self.app.as_mut() {
@@ -2769,17 +2880,25 @@ impl Supervisor {
             Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
         };
         if self.attempts.len() < self.attempt as usize {
+            let at = self
+                .progress
+                .current()
+                .map(|p| p.describe())
+                .filter(|d| !d.is_empty())
+                .map_or(String::new(), |d| format!(" at {d}"));
             self.attempts.push(format!(
-                "attempt {}: {how} after {}",
+                "attempt {}: {how} after {}{at}",
                 self.attempt,
                 human_duration(ran)
             ));
         }
         let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
         let cuda = self.cuda_oom.is_some() && on("cuda-oom") && status != Status::Exited(0);
+        let memory_death = self.memory_death && self.restart_enabled();
         let wanted = self.cfg.attach.is_none()
             && (self.policy_end == Some(Action::Restart)
                 || (kernel && self.restart_enabled())
+                || memory_death
                 || cuda);
         if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
             return false;
@@ -2842,6 +2961,9 @@ impl Supervisor {
         let reason = match (&self.stop, self.policy_end) {
             (Some(st), Some(Action::Restart)) => st.reason.clone(),
             _ if kernel => "kernel OOM kill".to_string(),
+            _ if memory_death => {
+                "a worker or rank was SIGKILLed with memory at the warn level".to_string()
+            }
             _ if cuda => "CUDA out of memory".to_string(),
             _ => "restart".to_string(),
         };
@@ -2976,6 +3098,10 @@ impl Supervisor {
                 self.stop = None;
                 self.policy_end = None;
                 self.cuda_oom = None;
+                self.memory_death = false;
+                self.progress = crate::forensics::progress::ProgressTracker::new();
+                self.log.set_progress(None, false);
+                self.metrics.set_progress(None, None);
                 self.engine.reset();
                 self.history.clear();
                 self.next_tick = now;
@@ -3186,6 +3312,24 @@ impl Supervisor {
             Some(line) => eprintln!("oomguard: {line}"),
             None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
         }
+        if let Some(p) = self.progress.current() {
+            let at = p.describe();
+            if !at.is_empty() {
+                let verb = match outcome {
+                    Outcome::Exited if exit_code == 0 => "finished",
+                    Outcome::Exited => "ended",
+                    _ => "stopped",
+                };
+                let growth = match (p.bytes_per_step, p.ceiling_step) {
+                    (Some(per), Some(at)) if per > 0 => format!(
+                        "; memory grew {}/step, the ceiling would be reached near step {at}",
+                        HumanBytes(per.unsigned_abs())
+                    ),
+                    _ => String::new(),
+                };
+                eprintln!("oomguard: {verb} at {at}{growth}");
+            }
+        }
         let holder = s
             .peak_holder
             .as_ref()
@@ -3211,6 +3355,9 @@ impl Supervisor {
                 l.headroom_percent(),
                 HumanBytes(s.peak.swap_used_bytes),
             );
+        }
+        for note in &self.rank_notes {
+            eprintln!("oomguard: {note}");
         }
         if !s.actions.is_empty() {
             let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();

@@ -211,7 +211,22 @@ fn pipes_relay_each_stream_unchanged_and_find_the_events() {
     assert_eq!(String::from_utf8(out.join().unwrap()).unwrap(), want_out);
     assert_eq!(String::from_utf8(err.join().unwrap()).unwrap(), want_err);
 
-    assert_eq!(r.events.len(), 2, "{:?}", r.events);
+    // `step N` lines are training progress, read as such.
+    let progress: Vec<_> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            TorchEvent::Progress(p) => p.step,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(progress.last(), Some(&3), "{:?}", r.events);
+    let messages = r
+        .events
+        .iter()
+        .filter(|e| !matches!(e, TorchEvent::Progress(_)))
+        .count();
+    assert_eq!(messages, 2, "{:?}", r.events);
     assert_fixture_oom(cuda_ooms(&r.events)[0]);
     let died = worker_deaths(&r.events);
     assert_eq!(died[0].pid, Some(123));

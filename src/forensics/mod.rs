@@ -3,4 +3,5 @@
 
 pub mod kernel;
 pub mod kmsg;
+pub mod progress;
 pub mod torch;

@@ -51,6 +51,10 @@ pub enum TorchEvent {
     /// torchrun / torch.distributed.elastic reported that one or more ranks
     /// failed (`ChildFailedError`), with their exit codes or signals.
     RankFailed(RankFailed),
+    /// Training progress (`crate::forensics::progress`): not a PyTorch
+    /// message, but read from the same lines by the output scanner, so it
+    /// keeps its order among them. Consecutive updates are merged.
+    Progress(crate::forensics::progress::ProgressUpdate),
 }
 
 /// The figures of a CUDA out-of-memory error. Every size is in bytes and is
@@ -259,6 +263,16 @@ re!(
 re!(ANSI_CSI, r"\x1b\[[0-9;?]*[ -/]*[@-~]");
 
 re!(REPORT_ENTRY, r"^\[\d+\]:\s*$");
+// torchelastic's agent: `failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: /usr/bin/python3`.
+re!(
+    AGENT_FAILED,
+    r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of binary"
+);
+// The agent tearing down the surviving ranks.
+re!(
+    AGENT_CLOSING,
+    r"Sending process (\d+) closing signal (SIG[A-Z0-9]+)"
+);
 re!(
     REPORT_FIELD,
     r"^(time|host|rank|exitcode|error_file|traceback|msg)\s*:\s*(.*)$"
@@ -456,7 +470,13 @@ pub fn parse_cuda_oom(message: &str) -> Option<CudaOom> {
         allocated_bytes: find_size(&ALLOC_NEW, text, 1).or_else(|| find_size(&ALLOC_OLD, text, 1)),
         reserved_unallocated_bytes: find_size(&UNALLOC_NEW, text, 1)
             .or_else(|| find_size(&CACHED, text, 1)),
-        reserved_bytes: find_size(&RESERVED_TOTAL, text, 1),
+        // 1.0–1.3 printed the reserve minus the allocated memory as
+        // "cached"; the reserve itself is their sum.
+        reserved_bytes: find_size(&RESERVED_TOTAL, text, 1).or_else(|| {
+            let cached = find_size(&CACHED, text, 1)?;
+            let allocated = find_size(&ALLOC_OLD, text, 1)?;
+            cached.checked_add(allocated)
+        }),
         process_bytes,
         pid,
         processes,
@@ -554,7 +574,25 @@ pub struct TorchScanner {
     oom: Option<PendingOom>,
     report: Option<PendingReport>,
     ready: VecDeque<TorchEvent>,
+    /// A worker's own death line (no pid), held for the trainer's line
+    /// that names it, and the lines seen since.
+    death: Option<(WorkerDied, usize)>,
+    /// The pids and signal of the death last handed out, and the lines
+    /// since: later lines about them are the same death.
+    recent_death: Option<(Vec<u32>, Option<String>, usize)>,
+    /// Ranks the agent reported failed, held for the `ChildFailedError`
+    /// report that names their global rank, and the lines seen since.
+    agent: Option<(Vec<RankFailure>, usize)>,
+    /// Pids the agent sent a closing signal: siblings it tore down, not
+    /// failures (bounded).
+    closing: Vec<u32>,
 }
+
+/// Lines a worker death's cascade may span (a traceback sits between).
+const DEATH_LINES: usize = 60;
+
+/// Sibling pids remembered.
+const MAX_CLOSING: usize = 256;
 
 #[derive(Debug)]
 struct PendingOom {
@@ -585,12 +623,32 @@ impl TorchScanner {
         let line = normalise(line);
         let line = line.as_ref();
 
+        self.age_held();
+        if line.contains("closing signal")
+            && let Some(caps) = AGENT_CLOSING.captures(line)
+            && let Some(pid) = caps.get(1).and_then(|m| m.as_str().parse().ok())
+            && self.closing.len() < MAX_CLOSING
+        {
+            self.closing.push(pid);
+        }
+        if line.contains("of binary")
+            && let Some(failure) = parse_agent_failure(line)
+        {
+            if !failure.pid.is_some_and(|p| self.closing.contains(&p)) {
+                let held = self.agent.get_or_insert_with(|| (Vec::new(), 0));
+                if held.0.len() < MAX_QUEUED_EVENTS {
+                    held.0.push(failure);
+                }
+            }
+            return self.poll();
+        }
         if let Some(report) = &mut self.report {
             match report.feed(line) {
                 ReportStep::Continue => {}
                 ReportStep::Done => {
                     if let Some(report) = self.report.take() {
-                        self.push(TorchEvent::RankFailed(report.finish()));
+                        let report = self.settle_report(report.finish());
+                        self.push(TorchEvent::RankFailed(report));
                     }
                 }
             }
@@ -627,9 +685,109 @@ impl TorchScanner {
         } else if (line.contains("DataLoader worker") || line.contains("encountered in worker"))
             && let Some(died) = parse_worker_died(line)
         {
-            self.push(TorchEvent::WorkerDied(died));
+            self.worker_died(died);
         }
         self.poll()
+    }
+
+    /// One death is one event. The worker's own line (it has no pid) is
+    /// held for the trainer's line that names the pid; a line with a pid
+    /// goes out at once, and the lines after it about the same pid (`exited
+    /// unexpectedly`) are part of it, not new deaths.
+    fn worker_died(&mut self, mut died: WorkerDied) {
+        let compatible =
+            |a: &Option<String>, b: &Option<String>| a.is_none() || b.is_none() || a == b;
+        if let Some((pids, signal, _)) = &self.recent_death
+            && !died.pids.is_empty()
+            && died.pids.iter().all(|p| pids.contains(p))
+            && compatible(signal, &died.signal)
+        {
+            return;
+        }
+        if let Some((held, _)) = self.death.take() {
+            if compatible(&held.signal, &died.signal) {
+                died.signal = died.signal.or(held.signal);
+                died.shm_hint |= held.shm_hint;
+                if held.message.len() + died.message.len() < MAX_MESSAGE_BYTES {
+                    died.message = format!("{}\n{}", held.message, died.message);
+                }
+            } else {
+                self.push(TorchEvent::WorkerDied(held));
+            }
+        }
+        if died.pids.is_empty() {
+            self.death = Some((died, 0));
+        } else {
+            self.recent_death = Some((died.pids.clone(), died.signal.clone(), 0));
+            self.push(TorchEvent::WorkerDied(died));
+        }
+    }
+
+    fn flush_death(&mut self) {
+        if let Some((died, _)) = self.death.take() {
+            self.push(TorchEvent::WorkerDied(died));
+        }
+    }
+
+    /// Held messages that waited long enough for their other lines go out.
+    fn age_held(&mut self) {
+        if let Some((_, lines)) = &mut self.death {
+            *lines += 1;
+            if *lines > DEATH_LINES {
+                self.flush_death();
+            }
+        }
+        if let Some((_, _, lines)) = &mut self.recent_death {
+            *lines += 1;
+            if *lines > DEATH_LINES {
+                self.recent_death = None;
+            }
+        }
+        if let Some((_, lines)) = &mut self.agent {
+            *lines += 1;
+            if *lines > MAX_REPORT_LINES && self.report.is_none() {
+                self.flush_agent();
+            }
+        }
+    }
+
+    /// The agent's failures that no report named, as a report of their own.
+    fn flush_agent(&mut self) {
+        if let Some((failures, _)) = self.agent.take()
+            && !failures.is_empty()
+        {
+            self.push(TorchEvent::RankFailed(RankFailed {
+                script: None,
+                failures,
+                message: String::new(),
+            }));
+        }
+    }
+
+    /// Joins the agent's lines into the report (matched by pid) and drops
+    /// the siblings torchrun tore down: only failed ranks stay.
+    fn settle_report(&mut self, mut report: RankFailed) -> RankFailed {
+        let closing = &self.closing;
+        report
+            .failures
+            .retain(|f| f.root_cause || !f.pid.is_some_and(|p| closing.contains(&p)));
+        if let Some((agent, _)) = self.agent.take() {
+            for a in agent {
+                match report
+                    .failures
+                    .iter_mut()
+                    .find(|f| f.pid.is_some() && f.pid == a.pid)
+                {
+                    Some(f) => {
+                        f.local_rank = f.local_rank.or(a.local_rank);
+                        f.exitcode = f.exitcode.or(a.exitcode);
+                        f.signal = f.signal.take().or(a.signal);
+                    }
+                    None => report.failures.push(a),
+                }
+            }
+        }
+        report
     }
 
     /// The next event already completed but not yet returned.
@@ -641,9 +799,12 @@ impl TorchScanner {
     /// an unfinished message (parsed for what it has).
     pub fn finish(&mut self) -> Vec<TorchEvent> {
         self.flush_oom();
+        self.flush_death();
         if let Some(report) = self.report.take() {
-            self.push(TorchEvent::RankFailed(report.finish()));
+            let report = self.settle_report(report.finish());
+            self.push(TorchEvent::RankFailed(report));
         }
+        self.flush_agent();
         self.ready.drain(..).collect()
     }
 
@@ -660,6 +821,24 @@ impl TorchScanner {
             self.ready.push_back(event);
         }
     }
+}
+
+/// Parses torchelastic's agent line for a failed local rank.
+fn parse_agent_failure(line: &str) -> Option<RankFailure> {
+    let caps = AGENT_FAILED.captures(line)?;
+    let exitcode: i32 = caps.get(1)?.as_str().parse().ok()?;
+    Some(RankFailure {
+        root_cause: true,
+        rank: None,
+        local_rank: caps.get(2)?.as_str().parse().ok(),
+        host: None,
+        pid: caps.get(3)?.as_str().parse().ok(),
+        exitcode: Some(exitcode),
+        signal: (exitcode < 0)
+            .then(|| exitcode.checked_neg().and_then(signal_name))
+            .flatten()
+            .map(str::to_string),
+    })
 }
 
 /// Scans a whole text (e.g. a saved log) and returns every event in order.
@@ -1284,6 +1463,127 @@ mod tests {
     }
 
     #[test]
+    fn a_bus_error_cascade_is_one_worker_death() {
+        let text = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).
+Traceback (most recent call last):
+  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1133, in _try_get_data
+    data = self._data_queue.get(timeout=timeout)
+RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit.
+
+The above exception was the direct cause of the following exception:
+
+RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly
+";
+        let events = scan_text(text);
+        assert_eq!(events.len(), 1, "{events:?}");
+        let TorchEvent::WorkerDied(w) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(w.pid, Some(4242));
+        assert_eq!(w.pids, vec![4242]);
+        assert_eq!(w.signal.as_deref(), Some("SIGBUS"));
+        assert!(w.shm_hint);
+        assert_eq!(w.message.lines().count(), 2);
+    }
+
+    #[test]
+    fn two_deaths_are_two_events() {
+        let text = "DataLoader worker (pid 1) is killed by signal: Killed.
+DataLoader worker (pid 2) is killed by signal: Killed.
+DataLoader worker (pid(s) 2) exited unexpectedly
+";
+        let pids: Vec<_> = scan_text(text)
+            .into_iter()
+            .filter_map(|e| match e {
+                TorchEvent::WorkerDied(w) => w.pid,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(pids, vec![1, 2]);
+    }
+
+    #[test]
+    fn torchrun_agent_and_report_make_one_failed_rank() {
+        let text = "[2025-05-21 15:43:02,123] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 14749 closing signal SIGTERM
+[2025-05-21 15:43:02,124] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 14751 closing signal SIGTERM
+[2025-05-21 15:43:03,001] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: -9) local_rank: 1 (pid: 14750) of binary: /usr/bin/python3
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2025-05-21_15:43:03
+  host      : node7
+  rank      : 4 (local_rank: 0)
+  exitcode  : -15 (pid: 14749)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 14749
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-05-21_15:43:03
+  host      : node7
+  rank      : 5 (local_rank: 1)
+  exitcode  : -9 (pid: 14750)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 14750
+============================================================
+";
+        let events = scan_text(text);
+        assert_eq!(events.len(), 1, "{events:?}");
+        let TorchEvent::RankFailed(r) = &events[0] else {
+            panic!("{events:?}");
+        };
+        // The sibling torn down with SIGTERM is not a failure.
+        assert_eq!(r.failures.len(), 1, "{r:?}");
+        let f = &r.failures[0];
+        assert_eq!(
+            (f.rank, f.local_rank, f.pid),
+            (Some(5), Some(1), Some(14750))
+        );
+        assert_eq!(f.exitcode, Some(-9));
+        assert_eq!(f.signal.as_deref(), Some("SIGKILL"));
+        assert_eq!(r.script.as_deref(), Some("train.py"));
+    }
+
+    #[test]
+    fn a_torchrun_agent_line_alone_is_a_failed_rank() {
+        let text = "torch.distributed.elastic.multiprocessing.api:failed (exitcode: -9) local_rank: 1 (pid: 77) of binary: /usr/bin/python3\n";
+        let events = scan_text(text);
+        let [TorchEvent::RankFailed(r)] = events.as_slice() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(r.failures[0].pid, Some(77));
+        assert_eq!(r.failures[0].local_rank, Some(1));
+        assert_eq!(r.failures[0].signal.as_deref(), Some("SIGKILL"));
+    }
+
+    proptest! {
+        #[test]
+        fn random_cascades_never_panic(lines in proptest::collection::vec(
+            prop_oneof![
+                Just("ERROR: Unexpected bus error encountered in worker.".to_string()),
+                (0u32..5).prop_map(|p| format!("DataLoader worker (pid {p}) is killed by signal: Killed.")),
+                (0u32..5).prop_map(|p| format!("DataLoader worker (pid(s) {p}, 9) exited unexpectedly")),
+                (0u32..5).prop_map(|p| format!("Sending process {p} closing signal SIGTERM")),
+                (0u32..5).prop_map(|p| format!("failed (exitcode: -9) local_rank: 1 (pid: {p}) of binary: x")),
+                Just("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:".to_string()),
+                Just("=".repeat(20)),
+                "\\PC{0,40}",
+            ], 0..40),
+            cut in 0usize..40,
+        ) {
+            let mut text = lines.join("\n");
+            let mut end = text.len().saturating_sub(cut);
+            while !text.is_char_boundary(end) { end -= 1; }
+            text.truncate(end);
+            let _ = scan_text(&text);
+        }
+    }
+
+    #[test]
     fn fixture_02_cached_is_reserved_but_unallocated() {
         let oom = only_oom("02");
         assert_eq!(oom.device, Some(0));
@@ -1293,7 +1593,8 @@ mod tests {
         assert_eq!(oom.free_bytes, Some(9_964_324_127)); // 9.28 GiB
         // "cached" (PR #13751): held by the allocator, not used by the program.
         assert_eq!(oom.reserved_unallocated_bytes, Some(4_907_336)); // 4.68 MiB
-        assert_eq!(oom.reserved_bytes, None);
+        // The reserve: allocated + cached, as 1.4+ prints it.
+        assert_eq!(oom.reserved_bytes, Some(8_986_296 + 4_907_336));
         assert_eq!(oom.process_bytes, None);
         assert_eq!(oom.pid, None);
         assert!(
@@ -2030,6 +2331,7 @@ after the report\n";
                             TorchEvent::CudaOom(o) => { let _ = cuda_oom_advice(o); }
                             TorchEvent::WorkerDied(w) => { let _ = worker_died_advice(w, true); }
                             TorchEvent::RankFailed(r) => { let _ = rank_failed_advice(r, false); }
+                            TorchEvent::Progress(_) => {}
                         }
                     }
                 }

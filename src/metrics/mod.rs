@@ -131,6 +131,8 @@ struct State {
     actions: BTreeMap<String, u64>,
     restarts: u64,
     paused: bool,
+    /// The job's printed (step, total), when it prints progress.
+    progress: (Option<u64>, Option<u64>),
 }
 
 /// What one tick contributed, already reduced to metric values.
@@ -166,6 +168,7 @@ impl Metrics {
                 actions,
                 restarts: 0,
                 paused: false,
+                progress: (None, None),
             })),
         }
     }
@@ -232,6 +235,13 @@ impl Metrics {
     /// Whether oomguard holds the job paused (`oomguard_paused` 1 / 0).
     pub fn set_paused(&self, paused: bool) {
         self.lock().paused = paused;
+    }
+
+    /// The training step and total the job last printed
+    /// (`oomguard_progress_step`, `oomguard_progress_total`); `None` stops
+    /// exporting them.
+    pub fn set_progress(&self, step: Option<u64>, total: Option<u64>) {
+        self.lock().progress = (step, total);
     }
 
     /// The exposition in the classic text format 0.0.4 (see the module
@@ -542,6 +552,18 @@ impl State {
             Gauge,
             "1 while oomguard holds the job paused, else 0.",
             int(u64::from(self.paused)),
+        );
+        b.one(
+            "oomguard_progress_step",
+            Gauge,
+            "The training step the job last printed (its counter before '/').",
+            self.progress.0.map(Value::Int),
+        );
+        b.one(
+            "oomguard_progress_total",
+            Gauge,
+            "The total of the job's progress bar (the number after '/').",
+            self.progress.1.map(Value::Int),
         );
         b.many(
             "oomguard_build_info",

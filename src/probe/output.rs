@@ -35,6 +35,7 @@ use rustix::termios::{OptionalActions, OutputModes};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use crate::forensics::progress;
 use crate::forensics::torch::{self, MAX_LINE_BYTES, TorchEvent, TorchScanner};
 use crate::pty::{self, PtyError};
 
@@ -233,6 +234,8 @@ pub struct OutputScanner {
     line: Vec<u8>,
     /// The last terminator was `\r` and nothing followed it yet.
     after_cr: bool,
+    /// Bytes of `line` already read for progress while unfinished.
+    partial_scanned: usize,
     torch: TorchScanner,
     events: Vec<TorchEvent>,
     dropped_events: u64,
@@ -255,10 +258,32 @@ impl OutputScanner {
                 self.emit();
             }
             self.line.clear();
+            self.partial_scanned = 0;
             self.after_cr = cr;
             bytes = &bytes[i + 1..];
         }
         self.push(bytes);
+        self.scan_partial();
+    }
+
+    /// A progress bar's newest state is the segment after its last `\r`,
+    /// which nothing ends until the next redraw: read progress from it now,
+    /// or the job's position would lag one redraw behind (a whole phase,
+    /// when the phase's first state is the one shown as memory runs out).
+    /// A line grown no longer (or cut at its bound) is not read again.
+    fn scan_partial(&mut self) {
+        if self.line.len() == self.partial_scanned {
+            return;
+        }
+        self.partial_scanned = self.line.len();
+        let text = String::from_utf8_lossy(&self.line);
+        if let Some(update) = progress::parse(&text) {
+            keep_event(
+                &mut self.events,
+                TorchEvent::Progress(update),
+                &mut self.dropped_events,
+            );
+        }
     }
 
     /// The output has ended: scans an unfinished last line and anything the
@@ -268,6 +293,7 @@ impl OutputScanner {
             self.emit();
             self.line.clear();
         }
+        self.partial_scanned = 0;
         self.after_cr = false;
         let rest = self.torch.finish();
         for event in rest {
@@ -297,20 +323,20 @@ impl OutputScanner {
     fn emit(&mut self) {
         let text = String::from_utf8_lossy(&self.line);
         let first = self.torch.feed(&text);
+        let (events, dropped) = (&mut self.events, &mut self.dropped_events);
         if let Some(event) = first {
-            self.keep(event);
+            keep_event(events, event, dropped);
         }
         while let Some(event) = self.torch.poll() {
-            self.keep(event);
+            keep_event(events, event, dropped);
+        }
+        if let Some(update) = progress::parse(&text) {
+            keep_event(events, TorchEvent::Progress(update), dropped);
         }
     }
 
     fn keep(&mut self, event: TorchEvent) {
-        if self.events.len() < MAX_PENDING_EVENTS {
-            self.events.push(event);
-        } else {
-            self.dropped_events += 1;
-        }
+        keep_event(&mut self.events, event, &mut self.dropped_events);
     }
 }
 
@@ -1080,11 +1106,30 @@ fn collect(scanner: &mut OutputScanner, events: &mut Vec<TorchEvent>, dropped: &
     *dropped += scanner.dropped_events;
     scanner.dropped_events = 0;
     for event in scanner.take_events() {
+        keep_event(events, event, dropped);
+    }
+}
+
+/// Queues an event, bounded. A progress update right after another is
+/// merged into it: a bar redrawn a thousand times between two reads is one
+/// update, and cannot push a CUDA OOM out of the queue.
+fn keep_event(events: &mut Vec<TorchEvent>, event: TorchEvent, dropped: &mut u64) {
+    if let TorchEvent::Progress(update) = event {
+        if let Some(TorchEvent::Progress(last)) = events.last_mut() {
+            last.merge(update);
+            return;
+        }
         if events.len() < MAX_PENDING_EVENTS {
-            events.push(event);
+            events.push(TorchEvent::Progress(update));
         } else {
             *dropped += 1;
         }
+        return;
+    }
+    if events.len() < MAX_PENDING_EVENTS {
+        events.push(event);
+    } else {
+        *dropped += 1;
     }
 }
 
@@ -1092,8 +1137,7 @@ fn collect(scanner: &mut OutputScanner, events: &mut Vec<TorchEvent>, dropped: &
 /// `worker_died`) and body, advice included. `host_memory_critical` says
 /// whether host or cgroup memory was near its ceiling when the event came
 /// (it is what tells the kernel OOM killer apart from another SIGKILL).
-/// `None` for events that have no log line in `oomguard/1` yet (torchrun's
-/// `ChildFailedError` report).
+/// `None` for progress updates (they ride on other lines as `progress`).
 pub fn log_record(
     event: &TorchEvent,
     host_memory_critical: bool,
@@ -1128,7 +1172,30 @@ pub fn log_record(
                 "message": e.message,
             }),
         )),
-        TorchEvent::RankFailed(_) => None,
+        TorchEvent::RankFailed(e) => {
+            // The rank that failed, not the siblings torchrun tore down.
+            let f = e
+                .failures
+                .iter()
+                .find(|f| f.root_cause)
+                .or_else(|| e.failures.first())?;
+            Some((
+                "rank_failed",
+                serde_json::json!({
+                    "rank": f.rank,
+                    "local_rank": f.local_rank,
+                    "pid": f.pid,
+                    "exit_code": f.exitcode,
+                    "signal": f.signal,
+                    "host": f.host,
+                    "script": e.script,
+                    "oom_killed": false,
+                    "advice": torch::rank_failed_advice(e, host_memory_critical),
+                    "message": e.message,
+                }),
+            ))
+        }
+        TorchEvent::Progress(_) => None,
     }
 }
 

@@ -238,6 +238,7 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     let procs = processes(log);
     let mut out = Vec::new();
     oom_kills(log, &mut out);
+    progress(log, &mut out);
     cuda_ooms(log, &mut out);
     worker_deaths(log, &mut out);
     what_oomguard_did(log, &mut out);
@@ -250,6 +251,62 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     // Stable: within a severity, the order above (causes before sizing).
     out.sort_by_key(|f| f.severity);
     out
+}
+
+/// Memory per training step, and the steps each restart made the job redo.
+fn progress(log: &RunLog, out: &mut Vec<Finding>) {
+    if let Some(p) = log
+        .progress
+        .iter()
+        .rev()
+        .find(|p| p.bytes_per_step.is_some_and(|b| b > 0))
+        && let Some(per) = p.bytes_per_step
+    {
+        let at = p.ceiling_step.map_or(String::new(), |c| {
+            format!(", so the ceiling is reached near step {c}")
+        });
+        let of = p.total.map_or(String::new(), |t| format!(" of {t}"));
+        out.push(Finding {
+            kind: "step_growth",
+            severity: Severity::Info,
+            title: format!(
+                "memory grows {} per training step{at}{of}",
+                HumanBytes(per.unsigned_abs())
+            ),
+            advice: "Memory that grows with every step is held from step to step: \
+                     losses kept as tensors (use .item()), outputs appended to a list, \
+                     or a cache without a bound."
+                .to_string(),
+            numbers: Vec::new(),
+        });
+    }
+    for r in log.progress.iter().filter(|p| p.event == "restart") {
+        let (Some(stopped), next) = (r.step, r.attempt) else {
+            continue;
+        };
+        let resumed = log.progress.iter().find(|p| {
+            p.attempt == next && p.event != "restart" && p.phase.as_deref() == Some("train")
+        });
+        let Some(resumed_at) = resumed.and_then(|p| p.step) else {
+            continue;
+        };
+        let same_epoch = resumed.is_some_and(|p| p.epoch == r.epoch || p.epoch.is_none());
+        if !same_epoch || resumed_at > stopped {
+            continue;
+        }
+        out.push(Finding {
+            kind: "steps_lost",
+            severity: Severity::Info,
+            title: format!(
+                "attempt {next} resumed at step {resumed_at}: {} steps recomputed",
+                stopped - resumed_at
+            ),
+            advice: "Steps since the last checkpoint are lost at a restart; checkpoint \
+                     more often (or on the checkpoint signal) to lose fewer."
+                .to_string(),
+            numbers: Vec::new(),
+        });
+    }
 }
 
 fn oom_kills(log: &RunLog, out: &mut Vec<Finding>) {
@@ -1314,6 +1371,30 @@ mod tests {
         let full = f.iter().find(|f| f.kind == "cuda_oom").unwrap();
         assert!(!full.advice.contains("expandable_segments"));
         assert!(full.title.contains("GPU 1"));
+    }
+
+    #[test]
+    fn progress_gives_growth_per_step_and_steps_lost_per_restart() {
+        let l = |event: &str, t: u32, attempt: u32, p: &str| {
+            format!(r#"{{{ENV},"event":"{event}","t":{t},"attempt":{attempt},"progress":{{{p}}}}}"#)
+        };
+        let text = [
+            l("sample", 1, 1, r#""step":100,"total":2000,"epoch":"1","phase":"train","steps_per_second":9.4,"bytes_per_step":1572864,"ceiling_step":1240"#),
+            l("restart", 2, 2, r#""step":533,"total":2000,"epoch":"1","phase":"train","steps_per_second":9.4"#),
+            l("sample", 3, 2, r#""step":500,"total":2000,"epoch":"1","phase":"train","steps_per_second":null"#),
+        ]
+        .join("\n");
+        let log = load(&text).unwrap();
+        let f = diagnose(&log);
+        let titles: Vec<_> = f.iter().map(|f| f.title.as_str()).collect();
+        assert!(
+            titles.contains(&"memory grows 1.5 MiB per training step, so the ceiling is reached near step 1240 of 2000"),
+            "{titles:?}"
+        );
+        assert!(
+            titles.contains(&"attempt 2 resumed at step 500: 33 steps recomputed"),
+            "{titles:?}"
+        );
     }
 
     #[test]

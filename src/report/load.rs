@@ -34,6 +34,23 @@ pub struct RunLog {
     pub attempts: Vec<Attempt>,
     /// Lines that were skipped, and why.
     pub warnings: Vec<String>,
+    /// Every line that carried the job's training `progress`, in log order.
+    pub progress: Vec<ProgressPoint>,
+}
+
+/// The job's training progress as one log line carried it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProgressPoint {
+    pub t: f64,
+    pub attempt: u32,
+    /// The line's event (`sample`, `restart`, `run_end`, …).
+    pub event: String,
+    pub step: Option<u64>,
+    pub total: Option<u64>,
+    pub epoch: Option<String>,
+    pub phase: Option<String>,
+    pub bytes_per_step: Option<i64>,
+    pub ceiling_step: Option<u64>,
 }
 
 /// `run_start`.
@@ -339,6 +356,23 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
         } else {
             clock.place(attempt, f64_of(&obj, "t"))
         };
+        if let Some(Value::Object(p)) = obj.get("progress") {
+            log.progress.push(ProgressPoint {
+                t,
+                attempt,
+                event: event.to_string(),
+                step: u64_of(p, "step"),
+                total: u64_of(p, "total"),
+                epoch: p.get("epoch").and_then(|e| match e {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                }),
+                phase: str_of(p, "phase").map(str::to_string),
+                bytes_per_step: p.get("bytes_per_step").and_then(Value::as_i64),
+                ceiling_step: u64_of(p, "ceiling_step"),
+            });
+        }
         if let Some(procs) = obj.get("procs").and_then(Value::as_array) {
             log.snapshots.push(Snapshot {
                 t,

@@ -431,6 +431,8 @@ pub(crate) struct ProcRow {
 pub struct App {
     pub(crate) command: String,
     pub(crate) attempt: u32,
+    /// Training progress the job printed, for the header.
+    pub(crate) progress: Option<crate::forensics::progress::Progress>,
     pub(crate) elapsed: f64,
     pub(crate) policy: PolicyState,
     pub(crate) warn_percent: Option<f64>,
@@ -461,6 +463,7 @@ impl App {
         Self {
             command,
             attempt: 1,
+            progress: None,
             elapsed: 0.0,
             policy: PolicyState::Normal,
             warn_percent: None,
@@ -590,6 +593,11 @@ impl App {
     /// The attempt number shown in the header (1-based).
     pub fn set_attempt(&mut self, attempt: u32) {
         self.attempt = attempt;
+    }
+
+    /// The job's training progress, shown in the header.
+    pub fn set_progress(&mut self, progress: Option<crate::forensics::progress::Progress>) {
+        self.progress = progress;
     }
 
     /// Whether `r` offers a restart.

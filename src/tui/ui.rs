@@ -156,6 +156,7 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     (&HeaderView {
         command: &app.command,
         attempt: app.attempt,
+        progress: app.progress.as_ref(),
         elapsed: app.elapsed,
         policy: app.policy,
         nearest,

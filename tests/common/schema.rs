@@ -14,7 +14,25 @@ pub struct Line {
     pub ts: String,
     pub t: f64,
     pub attempt: u32,
+    /// Where training was, on events that mark a moment (and on samples
+    /// when it moved).
+    pub progress: Option<Progress>,
     pub event: Event,
+}
+
+/// The `progress` object.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Progress {
+    pub step: Option<u64>,
+    pub total: Option<u64>,
+    pub epoch: Option<String>,
+    pub phase: Option<String>,
+    pub steps_per_second: Option<f64>,
+    #[serde(default)]
+    pub bytes_per_step: Option<i64>,
+    #[serde(default)]
+    pub ceiling_step: Option<u64>,
 }
 
 /// Parses a line: envelope fields must be present with the right types,
@@ -31,12 +49,17 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
     let ts = take("ts")?.as_str().ok_or("ts not a string")?.to_string();
     let t = take("t")?.as_f64().ok_or("t not a number")?;
     let attempt = take("attempt")?.as_u64().ok_or("attempt not an integer")? as u32;
+    let progress = match obj.remove("progress") {
+        Some(p) => Some(serde_json::from_value(p).map_err(|e| format!("progress: {e}"))?),
+        None => None,
+    };
     let event = serde_json::from_value(v).map_err(|e| e.to_string())?;
     Ok(Line {
         schema,
         ts,
         t,
         attempt,
+        progress,
         event,
     })
 }
@@ -55,6 +78,8 @@ pub enum Event {
     OomKill(serde_json::Value),
     CudaOom(serde_json::Value),
     WorkerDied(serde_json::Value),
+    RankFailed(serde_json::Value),
+    PhaseMemory(serde_json::Value),
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,6 @@
-//! The top line: policy state, the command, attempt, elapsed time and the
-//! nearest ceiling.
+//! The top line: policy state, the command, attempt, training progress
+//! (step/total, phase, steps/s, the step at which the ceiling is reached),
+//! elapsed time and the nearest ceiling.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -16,6 +17,8 @@ use crate::tui::theme;
 pub struct HeaderView<'a> {
     pub command: &'a str,
     pub attempt: u32,
+    /// What the job printed about its progress, if anything.
+    pub progress: Option<&'a crate::forensics::progress::Progress>,
     pub elapsed: f64,
     pub policy: PolicyState,
     pub nearest: Option<CeilingState>,
@@ -51,7 +54,41 @@ impl Widget for &HeaderView<'_> {
             )
         });
         let clock = theme::clock(self.elapsed);
-        let candidates: Vec<Vec<(String, bool)>> = vec![
+        let (progress_long, progress_short) = self.progress.map_or((None, None), progress_text);
+        let with_progress = |mut parts: Vec<(String, bool)>, text: &Option<String>| {
+            if let Some(t) = text {
+                parts.insert(1, (t.clone(), false));
+            }
+            parts
+        };
+        let mut candidates: Vec<Vec<(String, bool)>> = Vec::new();
+        if self.progress.is_some() {
+            candidates.push(with_progress(
+                vec![
+                    (format!("attempt {}", self.attempt), false),
+                    (format!("elapsed {clock}"), false),
+                    (
+                        nearest_long
+                            .clone()
+                            .map_or("no sample yet".into(), |s| format!("nearest {s}")),
+                        true,
+                    ),
+                ],
+                &progress_long,
+            ));
+            candidates.push(with_progress(
+                vec![
+                    (format!("attempt {}", self.attempt), false),
+                    (clock.clone(), false),
+                    (
+                        nearest_short.clone().unwrap_or_else(|| "no sample".into()),
+                        true,
+                    ),
+                ],
+                &progress_short,
+            ));
+        }
+        candidates.extend([
             vec![
                 (format!("attempt {}", self.attempt), false),
                 (format!("elapsed {clock}"), false),
@@ -73,7 +110,7 @@ impl Widget for &HeaderView<'_> {
                 (nearest_short.unwrap_or_else(|| "no sample".into()), true),
             ],
             vec![(clock, false)],
-        ];
+        ]);
         let brand = " oomguard ";
         let show_brand = w >= 100;
         let fixed_left = theme::width(&badge) + 1 + if show_brand { brand.len() + 1 } else { 0 };
@@ -84,7 +121,10 @@ impl Widget for &HeaderView<'_> {
         // The longer forms only while the command keeps a useful width;
         // the short ones as long as some of it shows.
         let cmd_w = theme::width(self.command);
-        let cmd_min = [cmd_w.min(40), cmd_w.min(40), cmd_w.min(12), 0];
+        let mut cmd_min = vec![cmd_w.min(40), cmd_w.min(40), cmd_w.min(12), 0];
+        if self.progress.is_some() {
+            cmd_min.splice(0..0, [cmd_w.min(30), cmd_w.min(12)]);
+        }
         let right = candidates
             .iter()
             .zip(cmd_min)
@@ -132,6 +172,45 @@ impl Widget for &HeaderView<'_> {
     }
 }
 
+/// The progress part of the header, long and short: "epoch 3 · val
+/// 128/400 · 9.4 steps/s · ceiling ≈ step 1240" and "val 128/400".
+fn progress_text(p: &crate::forensics::progress::Progress) -> (Option<String>, Option<String>) {
+    use crate::forensics::progress::Phase;
+    let step = p.step.map(|s| match p.total {
+        Some(t) => format!("{s}/{t}"),
+        None => s.to_string(),
+    });
+    let phase = match p.phase {
+        Some(Phase::Train) | None => None,
+        Some(Phase::Validation) => Some("val"),
+        Some(other) => Some(other.as_str()),
+    };
+    let short = match (phase, &step) {
+        (Some(ph), Some(s)) => format!("{ph} {s}"),
+        (None, Some(s)) => format!("step {s}"),
+        (Some(ph), None) => ph.to_string(),
+        (None, None) => p
+            .epoch
+            .as_ref()
+            .map_or(String::new(), |e| format!("epoch {e}")),
+    };
+    let mut long = Vec::new();
+    if let Some(e) = &p.epoch
+        && step.is_some()
+    {
+        long.push(format!("epoch {e}"));
+    }
+    long.push(short.clone());
+    if let Some(r) = p.steps_per_second {
+        long.push(format!("{r:.1} steps/s"));
+    }
+    if let Some(c) = p.ceiling_step {
+        long.push(format!("ceiling ≈ step {c}"));
+    }
+    let short = (!short.is_empty()).then_some(short);
+    (Some(long.join(" · ")).filter(|l| !l.is_empty()), short)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +221,7 @@ mod tests {
         HeaderView {
             command: cmd,
             attempt: 2,
+            progress: None,
             elapsed: 723.0,
             policy: PolicyState::Warning,
             nearest: Some(CeilingState {
@@ -196,5 +276,35 @@ mod tests {
         let mut buf = Buffer::empty(area);
         (&view(long)).render(area, &mut buf);
         assert!(row_text(&buf, 0).contains("12:03"));
+    }
+
+    #[test]
+    fn progress_shows_step_phase_rate_and_the_ceiling_step() {
+        let p = crate::forensics::progress::Progress {
+            step: Some(128),
+            total: Some(400),
+            epoch: Some("1".into()),
+            phase: Some(crate::forensics::progress::Phase::Validation),
+            steps_per_second: Some(9.41),
+            bytes_per_step: Some(1 << 20),
+            ceiling_step: Some(1240),
+        };
+        let mut v = view("python train.py");
+        v.progress = Some(&p);
+        let area = Rect::new(0, 0, 200, 1);
+        let mut buf = Buffer::empty(area);
+        (&v).render(area, &mut buf);
+        let text = row_text(&buf, 0);
+        assert!(
+            text.contains("attempt 2 │ epoch 1 · val 128/400 · 9.4 steps/s · ceiling ≈ step 1240 │ elapsed 12:03"),
+            "{text}"
+        );
+        // Narrower: the short form.
+        let area = Rect::new(0, 0, 80, 1);
+        let mut buf = Buffer::empty(area);
+        (&v).render(area, &mut buf);
+        let text = row_text(&buf, 0);
+        assert!(text.contains("val 128/400"), "{text}");
+        assert!(text.contains("cgroup 812 MiB left"), "{text}");
     }
 }

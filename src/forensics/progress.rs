@@ -1,0 +1,1029 @@
+//! Training progress read from the job's output: which step, epoch and phase
+//! the job is at, how fast it goes, and how memory grows per step.
+//!
+//! This module owns two things. [`parse`] turns one line (or one
+//! `\r`-terminated segment of a progress bar) into a [`ProgressUpdate`], for
+//! the formats people actually see: tqdm bars (with or without a
+//! description), PyTorch Lightning's `Epoch N:` / `Validation DataLoader 0:` /
+//! `Sanity Checking` / `Testing` / `Predicting` bars (tqdm and rich), the
+//! Hugging Face Trainer's bar and its `{'loss': …, 'epoch': 1.2}` lines,
+//! Keras (`580/1288 [====>...]`, `Epoch 3/10`), and plain loops (`step
+//! 580/10000`, `Epoch [3/10], Step [580/1288]`, `iter 580`). A line that is
+//! not one of these is never progress: bars whose description names other
+//! work (`Downloading`, `Map`, `Loading checkpoint shards`) and byte-counting
+//! bars are rejected.
+//!
+//! [`ProgressTracker`] folds the updates into the job's current
+//! [`Progress`], computes the rate in steps per second over a recent window,
+//! and, fed the memory figures of each tick, the bytes each training step
+//! adds, the step at which the nearest ceiling will be reached, and phases
+//! (validation, testing) that change memory sharply.
+//!
+//! Everything here is pure: no clock, no I/O. Callers pass the time.
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// What the job is doing in the training loop, as its progress output says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Train,
+    Validation,
+    Test,
+    Sanity,
+    Predict,
+}
+
+impl Phase {
+    /// The name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Train => "train",
+            Phase::Validation => "validation",
+            Phase::Test => "test",
+            Phase::Sanity => "sanity",
+            Phase::Predict => "predict",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one line said about progress. Fields the line did not carry are
+/// `None`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ProgressUpdate {
+    /// The counter as printed (the number before `/`).
+    pub step: Option<u64>,
+    /// The number after `/`, when there is one (not `?`).
+    pub total: Option<u64>,
+    /// The epoch as printed (`3`, `1.2`).
+    pub epoch: Option<String>,
+    /// The phase the line names. `None` with a `step` is a bar without a
+    /// description (the HF Trainer's training and evaluation bars look
+    /// alike): [`ProgressTracker`] infers it.
+    pub phase: Option<Phase>,
+    /// The rate the line itself printed, in steps per second.
+    pub printed_rate: Option<f64>,
+}
+
+impl ProgressUpdate {
+    /// Merges a later update into this one: the step, total, phase and rate
+    /// come as a group from the later line when it has a step (they describe
+    /// one bar); the epoch from the later line when it has one.
+    pub fn merge(&mut self, later: ProgressUpdate) {
+        if later.step.is_some() {
+            self.step = later.step;
+            self.total = later.total;
+            self.phase = later.phase;
+            self.printed_rate = later.printed_rate;
+        } else if later.phase.is_some() && self.step.is_none() {
+            self.phase = later.phase;
+        }
+        if later.epoch.is_some() {
+            self.epoch = later.epoch;
+        }
+    }
+}
+
+/// The job's progress as logged (`progress` on samples and events).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct Progress {
+    pub step: Option<u64>,
+    pub total: Option<u64>,
+    pub epoch: Option<String>,
+    pub phase: Option<Phase>,
+    /// Training steps per second over the recent window (or as printed,
+    /// until there is a window).
+    pub steps_per_second: Option<f64>,
+    /// Bytes the nearest ceiling's usage grows per training step, over the
+    /// recent window (negative when it shrinks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_step: Option<i64>,
+    /// The training step at which that growth reaches the nearest ceiling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling_step: Option<u64>,
+}
+
+impl Progress {
+    /// "epoch 1, validation step 128/400" — where the job was, for people.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(e) = &self.epoch {
+            parts.push(format!("epoch {e}"));
+        }
+        if let Some(step) = self.step {
+            let phase = match self.phase {
+                Some(Phase::Train) | None => String::new(),
+                Some(p) => format!("{p} "),
+            };
+            let total = self.total.map_or(String::new(), |t| format!("/{t}"));
+            parts.push(format!("{phase}step {step}{total}"));
+        } else if let Some(p) = self.phase
+            && p != Phase::Train
+        {
+            parts.push(format!("during {p}"));
+        }
+        parts.join(", ")
+    }
+
+    /// The fields that say where the job is (not how fast): what makes a
+    /// sample carry `progress` again.
+    fn position(&self) -> (Option<u64>, Option<u64>, Option<&str>, Option<Phase>) {
+        (self.step, self.total, self.epoch.as_deref(), self.phase)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Parsing.
+
+macro_rules! re {
+    ($name:ident, $pat:expr) => {
+        static $name: LazyLock<Regex> =
+            LazyLock::new(|| Regex::new($pat).expect("static pattern compiles"));
+    };
+}
+
+// tqdm: `desc: 45%|████▌     | 580/1288 [01:02<01:15,  9.41it/s, loss=1]`;
+// Lightning's unknown total prints `0/?`.
+re!(
+    TQDM,
+    r"^(?P<desc>.*?)\s*(?:\d{1,3}%)?\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+|\?)\s*\[(?P<rest>[^\]]*)"
+);
+// The rate in a tqdm bracket: `9.41it/s`, `1.06s/it`, `3.2batch/s`.
+re!(
+    TQDM_RATE,
+    r"(?P<x>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]*)/(?P<per>s|it)\b"
+);
+// Keras 2 (`580/1288 [=====>....] - ETA: 1:15`) and Keras 3 (`━━━`).
+re!(KERAS, r"^(?P<n>\d+)/(?P<total>\d+)\s+(?:\[[=>.]*\]|━+)");
+re!(
+    KERAS_RATE,
+    r"(?P<x>\d+(?:\.\d+)?)(?P<unit>us|µs|ms|s)/step\b"
+);
+re!(KERAS_EPOCH, r"^Epoch (?P<e>\d+)/\d+$");
+// Lightning's rich bar: `Epoch 3/9  ━━━━━━━ 580/1288 0:01:02 • …`.
+re!(RICH, r"^(?P<desc>.*?)\s*━+\s*(?P<n>\d+)/(?P<total>\d+)");
+re!(RICH_RATE, r"(?P<x>\d+(?:\.\d+)?)it/s\b");
+// Plain loops. The epoch may be followed by a bracketed counter, as in the
+// ImageNet example (`Epoch: [3][ 580/1288]`) and MNIST's (`Train Epoch: 1
+// [640/60000 (1%)]`).
+re!(
+    PLAIN,
+    r"(?i)(?-u:\b)(?P<kw>epoch|step|iteration|iter|batch)(?-u:\b)\s*[:=#]?\s*\[?\s*(?P<n>\d+)(?:\s*(?:/|of)\s*(?P<total>\d+))?\s*\]?(?:\s*\[\s*(?P<n2>\d+)\s*/\s*(?P<total2>\d+))?"
+);
+// `Test: [ 10/100]` (the ImageNet example's evaluation loop).
+re!(
+    PLAIN_PHASE_BAR,
+    r"(?i)^(?P<kw>test|val|validation|eval|evaluation)\s*:\s*\[\s*(?P<n>\d+)\s*/\s*(?P<total>\d+)\s*\]"
+);
+re!(
+    PHASE_WORD,
+    r"(?i)(?-u:\b)(?:(?P<sanity>sanity)|(?P<predict>predict|predicting|prediction)|(?P<test>test|testing)|(?P<val>val|valid|validation|validating|eval|evaluation|evaluating|evaluate)|(?P<train>train|training|epoch|step|iter|iteration|batch|dataloader))(?-u:\b)"
+);
+re!(DESC_EPOCH, r"(?i)(?-u:\b)epoch\s*[:#]?\s*(?P<e>\d+)");
+// HF Trainer's log dicts: `{'loss': 2.31, 'learning_rate': 4.9e-05, 'epoch': 1.2}`.
+re!(HF_EPOCH, r#"['"]epoch['"]\s*:\s*['"]?(?P<e>\d+(?:\.\d+)?)"#);
+re!(ANSI_CSI, r"\x1b\[[0-9;?]*[ -/]*[@-~]");
+
+/// Reads progress from one line or one `\r` segment. `None` when the line is
+/// not progress.
+pub fn parse(line: &str) -> Option<ProgressUpdate> {
+    // Nearly every line of output is not progress: leave early and cheaply.
+    if !line.bytes().any(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let line: Cow<'_, str> = if line.contains('\x1b') {
+        ANSI_CSI.replace_all(line, "")
+    } else {
+        Cow::Borrowed(line)
+    };
+    let line = line.trim();
+    if line.starts_with('{') {
+        return parse_dict(line);
+    }
+    if line.contains('/') {
+        if line.contains('|')
+            && let Some(u) = parse_tqdm(line)
+        {
+            return Some(u);
+        }
+        if (line.starts_with("Epoch ") || line.starts_with(|c: char| c.is_ascii_digit()))
+            && let Some(u) = parse_keras(line)
+        {
+            return Some(u);
+        }
+        if line.contains('━')
+            && let Some(u) = parse_rich(line)
+        {
+            return Some(u);
+        }
+    }
+    if !has_keyword(line.as_bytes()) {
+        return None;
+    }
+    parse_plain(line)
+}
+
+/// Whether the line names one of the plain loops' counters, in any case: a
+/// scan far cheaper than the case-insensitive pattern on every line.
+fn has_keyword(bytes: &[u8]) -> bool {
+    const WORDS: [&[u8]; 6] = [b"epoch", b"step", b"iter", b"batch", b"test", b"val"];
+    bytes.iter().enumerate().any(|(i, b)| {
+        matches!(b | 0x20, b'e' | b's' | b'i' | b'b' | b't' | b'v')
+            && WORDS.iter().any(|w| {
+                bytes
+                    .get(i..i + w.len())
+                    .is_some_and(|s| s.eq_ignore_ascii_case(w))
+            })
+    })
+}
+
+fn parse_dict(line: &str) -> Option<ProgressUpdate> {
+    if !line.ends_with('}') {
+        return None;
+    }
+    let caps = HF_EPOCH.captures(line)?;
+    Some(ProgressUpdate {
+        epoch: Some(caps.name("e")?.as_str().to_string()),
+        ..ProgressUpdate::default()
+    })
+}
+
+/// A bar's description: its phase and epoch, or `Err` when it names work
+/// that is not a training loop (`Downloading`, `Map`, …).
+fn classify_desc(desc: &str) -> Result<(Option<Phase>, Option<String>), ()> {
+    let desc = desc.trim().trim_end_matches(':').trim();
+    if desc.is_empty() {
+        return Ok((None, None));
+    }
+    let mut phase = None;
+    for caps in PHASE_WORD.captures_iter(desc) {
+        let p = if caps.name("sanity").is_some() {
+            Phase::Sanity
+        } else if caps.name("predict").is_some() {
+            Phase::Predict
+        } else if caps.name("test").is_some() {
+            Phase::Test
+        } else if caps.name("val").is_some() {
+            Phase::Validation
+        } else {
+            Phase::Train
+        };
+        // A named phase wins over the generic words (`Validation DataLoader`).
+        if phase.is_none() || phase == Some(Phase::Train) {
+            phase = Some(p);
+        }
+    }
+    let phase = phase.ok_or(())?;
+    let epoch = DESC_EPOCH
+        .captures(desc)
+        .and_then(|c| c.name("e"))
+        .map(|m| m.as_str().to_string());
+    Ok((Some(phase), epoch))
+}
+
+fn number(s: Option<regex::Match<'_>>) -> Option<u64> {
+    s?.as_str().parse().ok()
+}
+
+fn parse_tqdm(line: &str) -> Option<ProgressUpdate> {
+    let caps = TQDM.captures(line)?;
+    let (phase, epoch) = classify_desc(caps.name("desc")?.as_str()).ok()?;
+    let mut printed_rate = None;
+    if let Some(rate) = TQDM_RATE.captures(caps.name("rest")?.as_str()) {
+        let unit = rate.name("unit").map_or("", |m| m.as_str());
+        // unit_scale bars count bytes: a download, not a training loop.
+        if unit.ends_with('B') {
+            return None;
+        }
+        let x: f64 = rate.name("x")?.as_str().parse().ok()?;
+        printed_rate = match rate.name("per").map(|m| m.as_str()) {
+            Some("it") if x > 0.0 => Some(1.0 / x),
+            Some("s") => Some(x),
+            _ => None,
+        };
+    }
+    Some(ProgressUpdate {
+        step: number(caps.name("n")),
+        total: number(caps.name("total")),
+        epoch,
+        phase,
+        printed_rate,
+    })
+}
+
+fn parse_keras(line: &str) -> Option<ProgressUpdate> {
+    if let Some(caps) = KERAS_EPOCH.captures(line) {
+        return Some(ProgressUpdate {
+            epoch: Some(caps.name("e")?.as_str().to_string()),
+            phase: Some(Phase::Train),
+            ..ProgressUpdate::default()
+        });
+    }
+    let caps = KERAS.captures(line)?;
+    let printed_rate = KERAS_RATE.captures(line).and_then(|r| {
+        let x: f64 = r.name("x")?.as_str().parse().ok()?;
+        let secs = match r.name("unit")?.as_str() {
+            "us" | "µs" => x / 1e6,
+            "ms" => x / 1e3,
+            _ => x,
+        };
+        (secs > 0.0).then(|| 1.0 / secs)
+    });
+    Some(ProgressUpdate {
+        step: number(caps.name("n")),
+        total: number(caps.name("total")),
+        epoch: None,
+        phase: Some(Phase::Train),
+        printed_rate,
+    })
+}
+
+fn parse_rich(line: &str) -> Option<ProgressUpdate> {
+    let caps = RICH.captures(line)?;
+    let (phase, epoch) = classify_desc(caps.name("desc")?.as_str()).ok()?;
+    let printed_rate = RICH_RATE
+        .captures(&line[caps.get(0)?.end()..])
+        .and_then(|r| r.name("x")?.as_str().parse().ok());
+    Some(ProgressUpdate {
+        step: number(caps.name("n")),
+        total: number(caps.name("total")),
+        epoch,
+        // A rich bar always has a description; without one it is training.
+        phase: phase.or(Some(Phase::Train)),
+        printed_rate,
+    })
+}
+
+fn parse_plain(line: &str) -> Option<ProgressUpdate> {
+    if let Some(caps) = PLAIN_PHASE_BAR.captures(line) {
+        let kw = caps.name("kw")?.as_str().to_ascii_lowercase();
+        return Some(ProgressUpdate {
+            step: number(caps.name("n")),
+            total: number(caps.name("total")),
+            phase: Some(if kw == "test" {
+                Phase::Test
+            } else {
+                Phase::Validation
+            }),
+            ..ProgressUpdate::default()
+        });
+    }
+    let mut u = ProgressUpdate::default();
+    let mut found = false;
+    for caps in PLAIN.captures_iter(line) {
+        let end = ["n", "total", "n2", "total2"]
+            .iter()
+            .filter_map(|g| caps.name(g).map(|m| m.end()))
+            .max()
+            .unwrap_or(0);
+        // `step 5.5`, `step 1e-3`, `epoch 3s`: a number of something else.
+        let rest = &line[end..];
+        let mut next = rest.chars();
+        match (next.next(), next.next()) {
+            (Some(c), _) if c.is_alphanumeric() || c == '_' => continue,
+            (Some('.'), Some(d)) if d.is_ascii_digit() => continue,
+            _ => {}
+        }
+        let kw = caps
+            .name("kw")
+            .map_or(String::new(), |m| m.as_str().to_ascii_lowercase());
+        match kw.as_str() {
+            "epoch" => {
+                if u.epoch.is_some() {
+                    continue;
+                }
+                u.epoch = caps.name("n").map(|m| m.as_str().to_string());
+                if let Some(n) = number(caps.name("n2")) {
+                    u.step = Some(n);
+                    u.total = number(caps.name("total2"));
+                }
+                found = true;
+            }
+            "batch" => {
+                if u.step.is_some() || caps.name("total").is_none() {
+                    continue;
+                }
+                u.step = number(caps.name("n"));
+                u.total = number(caps.name("total"));
+                found = true;
+            }
+            _ => {
+                if u.step.is_some() && kw != "step" {
+                    continue;
+                }
+                u.step = number(caps.name("n"));
+                u.total = number(caps.name("total"));
+                found = true;
+            }
+        }
+    }
+    if !found {
+        return None;
+    }
+    u.phase = Some(line_phase(line));
+    Some(u)
+}
+
+/// The phase a plain log line names (`val step 5/10`), training otherwise.
+/// Only words count: `val_loss` does not make a line validation.
+fn line_phase(line: &str) -> Phase {
+    for caps in PHASE_WORD.captures_iter(line) {
+        if caps.name("sanity").is_some() {
+            return Phase::Sanity;
+        }
+        if caps.name("predict").is_some() {
+            return Phase::Predict;
+        }
+        if caps.name("test").is_some() {
+            return Phase::Test;
+        }
+        if caps.name("val").is_some() {
+            return Phase::Validation;
+        }
+    }
+    Phase::Train
+}
+
+// ---------------------------------------------------------------------------
+// Tracking.
+
+/// Seconds of training steps the rate is computed over.
+const RATE_WINDOW_SECONDS: f64 = 30.0;
+
+/// Points kept for the rate (a bar redrawn 10 times a second for 30 s).
+const MAX_RATE_POINTS: usize = 512;
+
+/// (steps, bytes) pairs kept for the growth per step.
+const MAX_MEMORY_POINTS: usize = 64;
+
+/// Memory pairs needed before a growth per step is stated.
+const MIN_MEMORY_POINTS: usize = 4;
+
+/// A phase must change memory by this much at least to be flagged …
+const PHASE_MEMORY_MIN_BYTES: u64 = 256 << 20;
+
+/// … and by this fraction of the ceiling.
+const PHASE_MEMORY_MIN_FRACTION: f64 = 0.05;
+
+/// A phase that changed memory sharply (`validation adds 800 MiB`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseMemory {
+    pub phase: Phase,
+    /// The epoch it happened in, as printed.
+    pub epoch: Option<String>,
+    /// Usage toward the nearest ceiling when the phase began.
+    pub before_bytes: u64,
+    /// How much that usage grew during the phase so far.
+    pub added_bytes: u64,
+}
+
+impl PhaseMemory {
+    /// The question to ask about it.
+    pub fn advice(&self) -> String {
+        let mib = self.added_bytes / (1 << 20);
+        match self.phase {
+            Phase::Validation | Phase::Test | Phase::Predict => format!(
+                "{} adds {mib} MiB: are predictions or outputs being accumulated (keep them on the CPU, detach them, or reduce them per batch)?",
+                self.phase
+            ),
+            Phase::Sanity => format!("the sanity check adds {mib} MiB before training even starts"),
+            Phase::Train => format!("training adds {mib} MiB after the previous phase"),
+        }
+    }
+}
+
+/// Step, total, epoch and phase: where the job is.
+type Position = (Option<u64>, Option<u64>, Option<String>, Option<Phase>);
+
+/// Folds progress updates into the job's [`Progress`] and ties it to memory.
+#[derive(Debug, Default)]
+pub struct ProgressTracker {
+    current: Option<Progress>,
+    /// The position last reported as changed.
+    reported: Option<Position>,
+    /// The total of the first description-less bar: the training bar.
+    main_total: Option<Option<u64>>,
+    main_step: u64,
+    /// The last training step seen and the training steps done in all,
+    /// across counters that restart every epoch.
+    last_train_step: Option<u64>,
+    advanced: u64,
+    rate_points: VecDeque<(f64, u64)>,
+    printed_rate: Option<f64>,
+    memory_points: VecDeque<(u64, f64)>,
+    phase_entry: Option<PhaseEntry>,
+}
+
+impl ProgressTracker {
+    /// A tracker that has seen nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The progress so far, if any was printed.
+    pub fn current(&self) -> Option<&Progress> {
+        self.current.as_ref()
+    }
+
+    /// True (once) when the step, total, epoch or phase changed since the
+    /// last call: a sample carries `progress` only then.
+    pub fn take_changed(&mut self) -> bool {
+        let Some(p) = &self.current else {
+            return false;
+        };
+        let (s, t, e, ph) = p.position();
+        let now = (s, t, e.map(str::to_string), ph);
+        if self.reported.as_ref() == Some(&now) {
+            return false;
+        }
+        self.reported = Some(now);
+        true
+    }
+
+    /// Applies one update printed at run time `t` (seconds).
+    pub fn update(&mut self, u: ProgressUpdate, t: f64) {
+        let p = self.current.get_or_insert_with(Progress::default);
+        if let Some(e) = u.epoch {
+            p.epoch = Some(e);
+        }
+        let Some(step) = u.step else {
+            if let Some(phase) = u.phase
+                && p.step.is_none()
+            {
+                p.phase = Some(phase);
+            }
+            return;
+        };
+        let phase = match u.phase {
+            Some(phase) => phase,
+            None => {
+                // A bar without a description: the first one is training;
+                // one with another total while that is unfinished is the
+                // evaluation bar (the HF Trainer's arrangement).
+                match self.main_total {
+                    Some(total) if total == u.total => {
+                        self.main_step = step;
+                        Phase::Train
+                    }
+                    Some(total) if total.is_none_or(|t| self.main_step < t) => Phase::Validation,
+                    _ => {
+                        self.main_total = Some(u.total);
+                        self.main_step = step;
+                        Phase::Train
+                    }
+                }
+            }
+        };
+        p.step = Some(step);
+        p.total = u.total;
+        p.phase = Some(phase);
+        if phase != Phase::Train {
+            return;
+        }
+        match self.last_train_step {
+            Some(prev) if step >= prev => self.advanced += step - prev,
+            // The counter started again (a new epoch's bar).
+            Some(_) => self.advanced += step,
+            None => {}
+        }
+        self.last_train_step = Some(step);
+        if u.printed_rate.is_some() {
+            self.printed_rate = u.printed_rate;
+        }
+        if self
+            .rate_points
+            .back()
+            .is_none_or(|&(_, a)| a != self.advanced)
+        {
+            self.rate_points.push_back((t, self.advanced));
+        }
+        while self.rate_points.len() > MAX_RATE_POINTS
+            || self
+                .rate_points
+                .front()
+                .is_some_and(|&(t0, _)| t - t0 > RATE_WINDOW_SECONDS && self.rate_points.len() > 2)
+        {
+            self.rate_points.pop_front();
+        }
+        let measured = match (self.rate_points.front(), self.rate_points.back()) {
+            (Some(&(t0, a0)), Some(&(t1, a1))) if t1 - t0 >= 1.0 && a1 > a0 => {
+                Some((a1 - a0) as f64 / (t1 - t0))
+            }
+            _ => None,
+        };
+        p.steps_per_second = measured.or(self.printed_rate).map(round3);
+    }
+
+    /// Ties the progress to memory at run time `t`: `used` is the usage
+    /// toward the nearest ceiling, `headroom` what is left below it.
+    /// Returns a phase, just ended, that grew memory sharply while it ran.
+    pub fn observe_memory(&mut self, used: u64, headroom: Option<u64>) -> Option<PhaseMemory> {
+        let p = self.current.as_mut()?;
+        if p.phase == Some(Phase::Train)
+            && self.last_train_step.is_some()
+            && self
+                .memory_points
+                .back()
+                .is_none_or(|&(a, _)| a != self.advanced)
+        {
+            self.memory_points.push_back((self.advanced, used as f64));
+            if self.memory_points.len() > MAX_MEMORY_POINTS {
+                self.memory_points.pop_front();
+            }
+            p.bytes_per_step = slope(&self.memory_points).map(|s| s.round() as i64);
+            p.ceiling_step = match (p.bytes_per_step, headroom, self.last_train_step) {
+                (Some(per), Some(room), Some(step)) if per > 0 => {
+                    Some(step.saturating_add(room / per.unsigned_abs()))
+                }
+                _ => None,
+            };
+        }
+        let phase = p.phase;
+        let ceiling = used.saturating_add(headroom.unwrap_or(0));
+        let threshold =
+            PHASE_MEMORY_MIN_BYTES.max((ceiling as f64 * PHASE_MEMORY_MIN_FRACTION) as u64);
+        match &mut self.phase_entry {
+            Some(entry) if entry.phase == phase => {
+                entry.peak = entry.peak.max(used);
+                None
+            }
+            slot => {
+                // The phase ended: what did it leave behind at its fullest?
+                let ended = slot.replace(PhaseEntry {
+                    phase,
+                    epoch: p.epoch.clone(),
+                    before: used,
+                    peak: used,
+                })?;
+                let left = ended.phase?;
+                let added = ended.peak.saturating_sub(ended.before);
+                (left != Phase::Train && added >= threshold).then_some(PhaseMemory {
+                    phase: left,
+                    epoch: ended.epoch,
+                    before_bytes: ended.before,
+                    added_bytes: added,
+                })
+            }
+        }
+    }
+}
+
+/// The phase memory was last observed in.
+#[derive(Debug)]
+struct PhaseEntry {
+    phase: Option<Phase>,
+    epoch: Option<String>,
+    /// Usage when it began, and the most it reached since.
+    before: u64,
+    peak: u64,
+}
+
+/// The least-squares slope of bytes over steps; `None` until the points span
+/// enough steps to mean something.
+fn slope(points: &VecDeque<(u64, f64)>) -> Option<f64> {
+    if points.len() < MIN_MEMORY_POINTS {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mx = points.iter().map(|&(a, _)| a as f64).sum::<f64>() / n;
+    let my = points.iter().map(|&(_, b)| b).sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for &(a, b) in points {
+        let dx = a as f64 - mx;
+        sxy += dx * (b - my);
+        sxx += dx * dx;
+    }
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(line: &str) -> ProgressUpdate {
+        parse(line).unwrap_or_else(|| panic!("not progress: {line:?}"))
+    }
+
+    fn at(
+        step: u64,
+        total: Option<u64>,
+        phase: Option<Phase>,
+    ) -> (Option<u64>, Option<u64>, Option<Phase>) {
+        (Some(step), total, phase)
+    }
+
+    fn pos(u: &ProgressUpdate) -> (Option<u64>, Option<u64>, Option<Phase>) {
+        (u.step, u.total, u.phase)
+    }
+
+    #[test]
+    fn tqdm_bars() {
+        let u = p(" 45%|████▌     | 580/1288 [01:02<01:15,  9.41it/s]");
+        assert_eq!(pos(&u), at(580, Some(1288), None));
+        assert_eq!(u.printed_rate, Some(9.41));
+        let u = p("train:  45%|####5     | 580/1288 [01:02<01:15,  1.25s/it, loss=0.31]");
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        assert_eq!(u.printed_rate, Some(0.8));
+        let u = p("Epoch 3/10: 100%|██████████| 50/50 [00:05<00:00,  9.98batch/s]");
+        assert_eq!(u.epoch.as_deref(), Some("3"));
+        assert_eq!(pos(&u), at(50, Some(50), Some(Phase::Train)));
+    }
+
+    #[test]
+    fn lightning_bars() {
+        let u = p(
+            "Epoch 3:  45%|████▌     | 580/1288 [01:02<01:15,  9.41it/s, v_num=0, train_loss=0.123]",
+        );
+        assert_eq!(u.epoch.as_deref(), Some("3"));
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        let u = p("Validation DataLoader 0:  30%|███       | 120/400 [00:03<00:07, 38.1it/s]");
+        assert_eq!(pos(&u), at(120, Some(400), Some(Phase::Validation)));
+        assert_eq!(u.epoch, None);
+        let u = p("Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 20.1it/s]");
+        assert_eq!(pos(&u), at(2, Some(2), Some(Phase::Sanity)));
+        let u = p("Testing DataLoader 0:  10%|█         | 4/40 [00:00<00:03, 11.0it/s]");
+        assert_eq!(pos(&u), at(4, Some(40), Some(Phase::Test)));
+        let u = p("Predicting DataLoader 0:  50%|█████     | 5/10 [00:00<00:00, 11.0it/s]");
+        assert_eq!(pos(&u), at(5, Some(10), Some(Phase::Predict)));
+        let u = p("Validation: |          | 0/? [00:00<?, ?it/s]");
+        assert_eq!(pos(&u), at(0, None, Some(Phase::Validation)));
+        let u = p("Epoch 2/9  ━━━━━━━━━━━━━━━━━━ 580/1288 0:01:02 • 0:01:15 9.41it/s v_num: 0");
+        assert_eq!(u.epoch.as_deref(), Some("2"));
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        assert_eq!(u.printed_rate, Some(9.41));
+        let u = p("Validation DataLoader 0 ━━━━━━━━━━━━━ 12/40 0:00:01 • 0:00:02 30.2it/s");
+        assert_eq!(pos(&u), at(12, Some(40), Some(Phase::Validation)));
+    }
+
+    #[test]
+    fn hf_trainer_dicts() {
+        let u = p("{'loss': 2.31, 'learning_rate': 4.9e-05, 'epoch': 1.2}");
+        assert_eq!(u.epoch.as_deref(), Some("1.2"));
+        assert_eq!(u.step, None);
+        let u = p("{'eval_loss': 2.1, 'eval_runtime': 3.2, 'epoch': 2.0}");
+        assert_eq!(u.epoch.as_deref(), Some("2.0"));
+        assert_eq!(parse("{'loss': 2.31, 'learning_rate': 4.9e-05}"), None);
+    }
+
+    #[test]
+    fn keras() {
+        let u = p("580/1288 [=============>................] - ETA: 1:15 - loss: 0.1234");
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        let u = p(" 580/1288 ━━━━━━━━━━━━━━━━━━━━ 1:15 58ms/step - loss: 0.1234");
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        let rate = u.printed_rate.unwrap_or(0.0);
+        assert!((rate - 17.241).abs() < 0.01, "{rate}");
+        let u = p("Epoch 3/10");
+        assert_eq!(u.epoch.as_deref(), Some("3"));
+        assert_eq!(u.step, None);
+    }
+
+    #[test]
+    fn plain_loops() {
+        let u = p("step 580/10000 loss=2.31");
+        assert_eq!(pos(&u), at(580, Some(10000), Some(Phase::Train)));
+        let u = p("Epoch [3/10], Step [580/1288], Loss: 0.1234");
+        assert_eq!(u.epoch.as_deref(), Some("3"));
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        let u = p("iter 580");
+        assert_eq!(pos(&u), at(580, None, Some(Phase::Train)));
+        let u = p("Epoch: [3][ 580/1288]\tTime  0.251 ( 0.262)\tLoss 2.3e+00");
+        assert_eq!(u.epoch.as_deref(), Some("3"));
+        assert_eq!(pos(&u), at(580, Some(1288), Some(Phase::Train)));
+        let u = p("Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.301");
+        assert_eq!(u.epoch.as_deref(), Some("1"));
+        assert_eq!(pos(&u), at(640, Some(60000), Some(Phase::Train)));
+        let u = p("Test: [ 10/100]\tTime  0.1");
+        assert_eq!(pos(&u), at(10, Some(100), Some(Phase::Test)));
+        let u = p("val step 5/10 val_loss=1.0");
+        assert_eq!(pos(&u), at(5, Some(10), Some(Phase::Validation)));
+        let u = p("epoch 2 step 30 train_loss=1.0 val_loss=2.0");
+        assert_eq!(u.epoch.as_deref(), Some("2"));
+        assert_eq!(pos(&u), at(30, None, Some(Phase::Train)));
+    }
+
+    #[test]
+    fn ansi_colours_are_ignored() {
+        let u = p("\x1b[32mEpoch 1:\x1b[0m  10%|█         | 10/100 [00:01<00:09, 9.9it/s]");
+        assert_eq!(u.epoch.as_deref(), Some("1"));
+        assert_eq!(pos(&u), at(10, Some(100), Some(Phase::Train)));
+    }
+
+    #[test]
+    fn lines_that_are_not_progress() {
+        for line in [
+            "",
+            "Loading the model",
+            "Downloading model.safetensors:  45%|████▌     | 1.21G/2.69G [00:10<00:12, 120MB/s]",
+            "Downloading data: 100%|██████████| 5/5 [00:01<00:00,  4.1it/s]",
+            "Map: 100%|██████████| 1000/1000 [00:00<00:00, 5000.00 examples/s]",
+            "Loading checkpoint shards: 100%|██████████| 2/2 [00:03<00:00,  1.5s/it]",
+            "model.safetensors: 100%|██████████| 2048/2048 [00:01<00:00, 1500.0B/s]",
+            "Using 4/8 GPUs",
+            "2024/01/05 12:00:00 starting",
+            "StepLR(step_size=30, gamma=0.1)",
+            "warmup_steps: 500, max_steps=1000",
+            "global_step_500 saved",
+            "optimizer.step(closure) at line 580",
+            "lr step 0.001",
+            "Traceback (most recent call last): File \"x.py\", line 580",
+            "HTTP/1.1 200 OK",
+            "steps_per_epoch = 100",
+            "{'learning_rate': 0.001}",
+            "Epoch-level metrics: 3 computed",
+            "epoch 3s elapsed",
+            "batch size 32",
+            "RuntimeError: CUDA out of memory. Tried to allocate 2.00 MiB (GPU 0; 3.79 GiB total capacity)",
+            "DataLoader worker (pid 1234) is killed by signal: Killed.",
+        ] {
+            assert_eq!(parse(line), None, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn merging_keeps_a_bars_fields_together() {
+        let mut a = p("Epoch 3/10");
+        a.merge(p(
+            "Validation DataLoader 0:  30%|███       | 120/400 [00:03<00:07, 38.1it/s]",
+        ));
+        assert_eq!(a.epoch.as_deref(), Some("3"));
+        assert_eq!(pos(&a), at(120, Some(400), Some(Phase::Validation)));
+        a.merge(p(" 10%|█         | 1/10 [00:00<00:01, 9.9it/s]"));
+        assert_eq!(pos(&a), at(1, Some(10), None));
+        a.merge(p("{'loss': 1.0, 'epoch': 3.5}"));
+        assert_eq!(a.epoch.as_deref(), Some("3.5"));
+        assert_eq!(a.step, Some(1));
+    }
+
+    fn feed(t: &mut ProgressTracker, line: &str, at: f64) {
+        t.update(p(line), at);
+    }
+
+    #[test]
+    fn hf_evaluation_bar_is_inferred() {
+        let mut t = ProgressTracker::new();
+        feed(
+            &mut t,
+            " 25%|██▌       | 500/2000 [01:00<03:00,  8.3it/s]",
+            60.0,
+        );
+        assert_eq!(t.current().and_then(|p| p.phase), Some(Phase::Train));
+        feed(
+            &mut t,
+            " 30%|███       | 12/40 [00:01<00:02, 12.0it/s]",
+            61.0,
+        );
+        let c = t.current().cloned().unwrap_or_default();
+        assert_eq!(
+            (c.step, c.total, c.phase),
+            (Some(12), Some(40), Some(Phase::Validation))
+        );
+        feed(
+            &mut t,
+            " 25%|██▌       | 501/2000 [01:02<03:00,  8.3it/s]",
+            62.0,
+        );
+        assert_eq!(t.current().and_then(|p| p.phase), Some(Phase::Train));
+    }
+
+    #[test]
+    fn rate_spans_epochs_whose_counters_restart() {
+        let mut t = ProgressTracker::new();
+        // 10 steps per second; the bar restarts every 100 steps.
+        for i in 0..300u64 {
+            let line = format!(
+                "Epoch {}: |#| {}/100 [00:01<00:01, 10.0it/s]",
+                i / 100 + 1,
+                i % 100 + 1
+            );
+            feed(&mut t, &line, i as f64 / 10.0);
+        }
+        let c = t.current().cloned().unwrap_or_default();
+        assert_eq!(c.epoch.as_deref(), Some("3"));
+        let rate = c.steps_per_second.unwrap_or(0.0);
+        assert!((rate - 10.0).abs() < 0.05, "{rate}");
+    }
+
+    #[test]
+    fn growth_per_step_and_the_ceiling_step() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        // 1.5 MiB per step from 4 GiB; the ceiling is 8 GiB.
+        for step in (0..=200u64).step_by(10) {
+            feed(&mut t, &format!("step {step}/2000"), step as f64);
+            let used = 4096 * mib + step * 3 * mib / 2;
+            t.observe_memory(used, Some(8192 * mib - used));
+        }
+        let c = t.current().cloned().unwrap_or_default();
+        assert_eq!(c.bytes_per_step, Some((3 * mib / 2) as i64));
+        // 4096 MiB left at step 0 / 1.5 MiB per step: step 2730.
+        let at = c.ceiling_step.unwrap_or(0);
+        assert!((2729..=2731).contains(&at), "{at}");
+    }
+
+    #[test]
+    fn a_phase_that_adds_memory_is_flagged_once() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        let ceiling = 8192 * mib;
+        feed(
+            &mut t,
+            "Epoch 1:  50%|█████     | 50/100 [00:05<00:05, 10it/s]",
+            1.0,
+        );
+        assert_eq!(
+            t.observe_memory(4096 * mib, Some(ceiling - 4096 * mib)),
+            None
+        );
+        feed(
+            &mut t,
+            "Validation DataLoader 0:  10%|█         | 4/40 [00:00<00:03, 11.0it/s]",
+            2.0,
+        );
+        assert_eq!(
+            t.observe_memory(4100 * mib, Some(ceiling - 4100 * mib)),
+            None
+        );
+        let mut flagged = Vec::new();
+        for used in [4400, 4700, 4900, 4600] {
+            flagged.extend(t.observe_memory(used * mib, Some(ceiling - used * mib)));
+        }
+        assert!(flagged.is_empty(), "flagged before the phase ended");
+        feed(
+            &mut t,
+            "Epoch 1:  51%|█████     | 51/100 [00:05<00:05, 10it/s]",
+            3.0,
+        );
+        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib)));
+        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib)));
+        assert_eq!(flagged.len(), 1, "{flagged:?}");
+        assert_eq!(flagged[0].phase, Phase::Validation);
+        assert_eq!(flagged[0].added_bytes, 800 * mib);
+        assert!(flagged[0].advice().starts_with("validation adds 800 MiB"));
+    }
+
+    #[test]
+    fn changes_are_reported_once() {
+        let mut t = ProgressTracker::new();
+        assert!(!t.take_changed());
+        feed(&mut t, "step 1/10", 0.0);
+        assert!(t.take_changed());
+        assert!(!t.take_changed());
+        feed(&mut t, "step 1/10", 1.0);
+        assert!(!t.take_changed());
+        feed(&mut t, "step 2/10", 2.0);
+        assert!(t.take_changed());
+    }
+
+    #[test]
+    fn describe_says_where() {
+        let p = Progress {
+            step: Some(128),
+            total: Some(400),
+            epoch: Some("1".into()),
+            phase: Some(Phase::Validation),
+            ..Progress::default()
+        };
+        assert_eq!(p.describe(), "epoch 1, validation step 128/400");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_safe(s in "\\PC{0,200}") {
+            let _ = parse(&s);
+        }
+
+        #[test]
+        fn any_bar_like_text_is_safe(s in "[0-9/|\\[\\]:%.<>━=, a-zA-Z{}'\\x1b]{0,120}") {
+            if let Some(u) = parse(&s) {
+                let mut t = ProgressTracker::new();
+                t.update(u, 0.0);
+                let _ = t.observe_memory(1, Some(1));
+            }
+        }
+
+        #[test]
+        fn truncated_bars_are_safe(cut in 0usize..120) {
+            let line = "Validation DataLoader 0:  30%|███       | 120/400 [00:03<00:07, 38.1it/s]";
+            let mut end = cut.min(line.len());
+            while !line.is_char_boundary(end) { end -= 1; }
+            let _ = parse(&line[..end]);
+        }
+    }
+}
