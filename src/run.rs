@@ -393,6 +393,9 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
     let mut metrics_stop = None;
     if let Some(addr) = cfg.metrics_addr {
+        if let Some(w) = crate::metrics::http::exposure_warning(addr) {
+            eprintln!("oomguard: warning: {w}");
+        }
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
             let _ = rx.await;
