@@ -71,6 +71,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         attach: None,
         allow_kill: false,
         output_log: None,
+        output_drop: false,
     };
     let code = run(cfg);
     let saved = fs::read_dir(&ckpt).map(|d| d.count()).unwrap_or(0);

@@ -83,6 +83,9 @@ pub struct RunConfig {
     pub allow_kill: bool,
     /// `--output-log`: a raw copy of everything the job prints.
     pub output_log: Option<PathBuf>,
+    /// `--output-drop`: drop output a reader does not take in time rather
+    /// than make the job wait.
+    pub output_drop: bool,
 }
 
 impl RunConfig {
@@ -131,6 +134,7 @@ impl RunConfig {
             attach: None,
             allow_kill: false,
             output_log: a.output_log,
+            output_drop: a.output_drop,
         })
     }
 
@@ -156,6 +160,7 @@ impl RunConfig {
             restart: crate::cli::RestartArgs::default(),
             tui: a.tui,
             output_log: None,
+            output_drop: false,
             command: vec![OsString::from(format!("pid {}", a.pid))],
         };
         let mut cfg = Self::from_args(run)?;
@@ -513,6 +518,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     if cfg.attach.is_none() && slave.is_none() {
         match OutputRelay::new(RelayOptions {
             output_log: cfg.output_log.clone(),
+            drop_when_full: cfg.output_drop,
             ..Default::default()
         }) {
             Ok((r, s)) => {
@@ -758,7 +764,29 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             break;
         }
     }
+    drain_output(sup.relay.as_mut(), &mut streams).await;
     sup.finish()
+}
+
+/// The job is gone, but its last output may still wait for a slow reader:
+/// wait for it as a pipe would hold it, however long the reader takes,
+/// while a signal that ends the run (INT, TERM) still ends it.
+async fn drain_output(
+    relay: Option<&mut OutputRelay>,
+    streams: &mut [(i32, tokio::signal::unix::Signal)],
+) {
+    let Some(r) = relay else { return };
+    r.finish();
+    while !r.flushed() {
+        tokio::select! {
+            sig = recv_any(streams) => {
+                if FORWARDED.iter().any(|&(s, ends)| s == sig && ends) {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
 }
 
 async fn recv_any(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
@@ -962,6 +990,7 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
             duration_seconds: 0.0,
             error: Some(e.to_string()),
             fail_above: None,
+            output_dropped_bytes: None,
         },
     );
     code
@@ -2781,7 +2810,7 @@ impl Supervisor {
             for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
                 if st.dropped_bytes > 0 {
                     eprintln!(
-                        "oomguard: {} of the job's {name} could not be passed on (not read fast enough, or closed)",
+                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, or the reader closed its end)",
                         HumanBytes(st.dropped_bytes)
                     );
                 }
@@ -2832,6 +2861,10 @@ impl Supervisor {
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
                     limit_bytes,
                     exceeded,
+                }),
+                output_dropped_bytes: self.relay.as_ref().map(|r| {
+                    let st = r.stats();
+                    st.stdout.dropped_bytes + st.stderr.dropped_bytes
                 }),
             },
         );

@@ -632,6 +632,12 @@ impl TorchScanner {
         self.poll()
     }
 
+    /// No message is held waiting for its continuation: a line that
+    /// matches no trigger changes nothing.
+    pub fn is_idle(&self) -> bool {
+        self.oom.is_none() && self.report.is_none()
+    }
+
     /// The next event already completed but not yet returned.
     pub fn poll(&mut self) -> Option<TorchEvent> {
         self.ready.pop_front()

@@ -227,6 +227,8 @@ pub struct RunEnd {
     pub error: Option<String>,
     #[serde(default)]
     pub fail_above: Option<FailAbove>,
+    #[serde(default)]
+    pub output_dropped_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
