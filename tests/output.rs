@@ -417,17 +417,17 @@ fn a_slow_reader_gets_every_byte_in_order() {
         },
         {
             let mut c = Command::new("seq");
-            c.args(["1", "600000"]);
+            c.args(["1", "1000000"]);
             c
         },
     );
     assert!(r.status.success());
-    // About 4 MiB cannot fit in the relay's bound and two pipes: the job
-    // had to wait for the reader.
+    // About 6.6 MiB cannot fit in the relay's bound, its read and write
+    // chunks and two pipes: the job had to wait for the reader.
     assert!(started.elapsed() >= Duration::from_millis(1400));
     assert!(r.relay.flush(Duration::from_secs(10)));
     drop(r.relay);
-    let want = Command::new("seq").args(["1", "600000"]).output().unwrap();
+    let want = Command::new("seq").args(["1", "1000000"]).output().unwrap();
     let got = reader.join().unwrap();
     assert_eq!(got.len(), want.stdout.len());
     assert!(got == want.stdout, "the bytes differ");

@@ -62,11 +62,16 @@ const PUMP_BUDGET: usize = 256 * 1024;
 /// something outside the tree keeps writing.
 const FINISH_BUDGET: usize = 16 << 20;
 
-/// Bytes read per system call.
-const READ_CHUNK: usize = 64 * 1024;
+/// Bytes read per system call: large, so a fast job costs few reads and
+/// few wake-ups of the writer.
+const READ_CHUNK: usize = 1 << 20;
 
 /// Bytes the writer thread takes off its queue per write.
-const WRITE_CHUNK: usize = 64 * 1024;
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// The size asked for the job's pipes (the default 64 KiB means a system
+/// call per 64 KiB); the kernel may give less, which only costs speed.
+const PIPE_SIZE: usize = 1 << 20;
 
 /// Events kept until [`OutputRelay::take_events`]; more are counted and
 /// dropped (a caller that never takes them must not grow without bound).
@@ -963,19 +968,21 @@ impl OutputRelay {
                 Stream::Stderr
             };
             let size = sink.window_size().unwrap_or(FALLBACK_SIZE);
-            let (read, write) = if sink.tty {
-                let (master, slave) = pty::open_pty(size.0, size.1)
-                    .map_err(|source| OutputError::Pty { stream, source })?;
-                raw_output(&slave)?;
-                (master, slave)
-            } else {
-                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
-                    OutputError::Pipe {
-                        stream,
-                        source: e.into(),
-                    }
-                })?
-            };
+            let (read, write) =
+                if sink.tty {
+                    let (master, slave) = pty::open_pty(size.0, size.1)
+                        .map_err(|source| OutputError::Pty { stream, source })?;
+                    raw_output(&slave)?;
+                    (master, slave)
+                } else {
+                    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                        .map_err(|e| OutputError::Pipe {
+                            stream,
+                            source: e.into(),
+                        })?;
+                    let _ = rustix::pipe::fcntl_setpipe_size(&r, PIPE_SIZE);
+                    (r, w)
+                };
             rustix::io::ioctl_fionbio(&read, true).map_err(|e| OutputError::Watch {
                 stream,
                 source: e.into(),
