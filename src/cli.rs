@@ -295,6 +295,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub output_log: Option<PathBuf>,
 
+    /// Never slow the job down for its readers: when stdout/stderr do not
+    /// keep up, drop the oldest output (counted in run_end) instead of
+    /// making the job wait, as a pipe would.
+    #[arg(long)]
+    pub output_drop: bool,
+
     /// The NVML library to load.
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,

@@ -202,6 +202,7 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
             duration_seconds: round3(started.elapsed().as_secs_f64()),
             error: Some(error.to_string()),
             fail_above: None,
+            output_dropped_bytes: None,
         },
     );
 }
@@ -409,6 +410,12 @@ pub struct RunEnd {
     /// `--fail-above`, when given, and whether the peak exceeded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_above: Option<FailAbove>,
+    /// Bytes of the job's stdout and stderr read but never passed on:
+    /// dropped under `--output-drop`, or left when the reader closed its
+    /// end. Absent when oomguard did not relay the output (the dashboard,
+    /// `attach`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dropped_bytes: Option<u64>,
 }
 
 /// The CI memory gate's verdict.

@@ -20,37 +20,99 @@ fn print(text: &str) -> i32 {
     }
 }
 
+/// Whether stdin carries data for us: a pipe or a redirected file. A
+/// terminal, `/dev/null` (cron, systemd) or a socket do not, so
+/// `oomguard forensics` with no path reads the live kernel log there.
+fn stdin_has_data() -> bool {
+    rustix::fs::fstat(std::io::stdin()).is_ok_and(|st| {
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        matches!(
+            kind,
+            rustix::fs::FileType::Fifo | rustix::fs::FileType::RegularFile
+        )
+    })
+}
+
 fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
     use oomguard::forensics::{kernel, kmsg};
-    let text = match &args.file {
-        Some(p) if p.as_os_str() == "-" => {
-            let mut s = String::new();
-            if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut s) {
-                eprintln!("oomguard: cannot read stdin: {e}");
-                return 2;
-            }
-            s
-        }
-        Some(p) => match std::fs::read(p) {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+    use std::io::{BufRead, BufReader, Write};
+    let (mut input, name): (Box<dyn BufRead>, String) = match &args.file {
+        Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdin().lock()), "stdin".into()),
+        Some(p) => match std::fs::File::open(p) {
+            Ok(f) => (
+                Box::new(BufReader::with_capacity(1 << 16, f)),
+                format!("'{}'", p.display()),
+            ),
             Err(e) => {
                 eprintln!("oomguard: cannot read '{}': {e}", p.display());
                 return 2;
             }
         },
+        None if stdin_has_data() => (Box::new(std::io::stdin().lock()), "stdin".into()),
         None => match kmsg::read_kernel_log(args.since) {
-            Ok(log) => log.text,
+            Ok(log) => (
+                Box::new(std::io::Cursor::new(log.text.into_bytes())),
+                "the kernel log".into(),
+            ),
             Err(e) => {
                 eprintln!("oomguard: {e}");
                 return 1;
             }
         },
     };
-    let kills = kernel::parse(&text);
-    match args.format {
-        oomguard::cli::ForensicsFormat::Text => print(&kernel::render_text(&kills)),
-        oomguard::cli::ForensicsFormat::Json => {
-            print(&format!("{:#}\n", kernel::render_json(&kills)))
+    let json = args.format == oomguard::cli::ForensicsFormat::Json;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut writer = kernel::JsonWriter::default();
+    let mut parser = kernel::StreamParser::new();
+    let mut kills = Vec::new();
+    let mut line = Vec::new();
+    let mut replaced = 0usize;
+    let mut written = if json { writer.begin(&mut out) } else { Ok(()) };
+    loop {
+        line.clear();
+        match input.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("oomguard: cannot read {name}: {e}");
+                return 2;
+            }
+        }
+        // One bad byte must not cost the whole log: replace it and count.
+        for chunk in line.utf8_chunks() {
+            replaced += chunk.invalid().len();
+        }
+        parser.feed(&String::from_utf8_lossy(&line));
+        if json {
+            for k in parser.take_settled() {
+                written = written.and_then(|()| writer.kill(&mut out, &k));
+            }
+        }
+    }
+    let rest = parser.finish();
+    if json {
+        for k in &rest {
+            written = written.and_then(|()| writer.kill(&mut out, k));
+        }
+        written = written.and_then(|()| writer.end(&mut out));
+    } else {
+        kills.extend(rest);
+        written = out.write_all(kernel::render_text(&kills).as_bytes());
+    }
+    if replaced > 0 {
+        eprintln!(
+            "oomguard: {replaced} byte{} of {name} {} not UTF-8 and replaced with U+FFFD",
+            if replaced == 1 { "" } else { "s" },
+            if replaced == 1 { "was" } else { "were" }
+        );
+    }
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => 0,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
+        Err(e) => {
+            eprintln!("oomguard: cannot write to stdout: {e}");
+            1
         }
     }
 }

@@ -328,6 +328,9 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
     let mut metrics_stop = None;
     if let Some(addr) = cfg.metrics_addr {
+        if let Some(w) = crate::metrics::http::exposure_warning(addr) {
+            eprintln!("oomguard: warning: {w}");
+        }
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
             let _ = rx.await;
@@ -448,6 +451,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     if cfg.attach.is_none() && slave.is_none() {
         match OutputRelay::new(RelayOptions {
             output_log: cfg.output_log.clone(),
+            drop_when_full: cfg.output_drop,
             ..Default::default()
         }) {
             Ok((r, s)) => {
@@ -718,7 +722,29 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
             break;
         }
     }
+    drain_output(sup.relay.as_mut(), &mut streams).await;
     sup.finish()
+}
+
+/// The job is gone, but its last output may still wait for a slow reader:
+/// wait for it as a pipe would hold it, however long the reader takes,
+/// while a signal that ends the run (INT, TERM) still ends it.
+async fn drain_output(
+    relay: Option<&mut OutputRelay>,
+    streams: &mut [(i32, tokio::signal::unix::Signal)],
+) {
+    let Some(r) = relay else { return };
+    r.finish();
+    while !r.flushed() {
+        tokio::select! {
+            sig = recv_any(streams) => {
+                if FORWARDED.iter().any(|&(s, ends)| s == sig && ends) {
+                    return;
+                }
+            }
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
 }
 
 async fn recv_any(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
@@ -949,6 +975,7 @@ fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
             duration_seconds: 0.0,
             error: Some(error),
             fail_above: None,
+            output_dropped_bytes: None,
         },
     );
     EXIT_INTERNAL
@@ -968,6 +995,7 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
             duration_seconds: 0.0,
             error: Some(e.to_string()),
             fail_above: None,
+            output_dropped_bytes: None,
         },
     );
     code
@@ -3157,7 +3185,7 @@ impl Supervisor {
             for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
                 if st.dropped_bytes > 0 {
                     eprintln!(
-                        "oomguard: {} of the job's {name} could not be passed on (not read fast enough, or closed)",
+                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, or the reader closed its end)",
                         HumanBytes(st.dropped_bytes)
                     );
                 }
@@ -3217,6 +3245,10 @@ impl Supervisor {
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
                     limit_bytes,
                     exceeded,
+                }),
+                output_dropped_bytes: self.relay.as_ref().map(|r| {
+                    let st = r.stats();
+                    st.stdout.dropped_bytes + st.stderr.dropped_bytes
                 }),
             },
         );

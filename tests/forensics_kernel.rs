@@ -1262,3 +1262,92 @@ fn live_oom_kill_in_a_memory_cgroup_is_found_by_pid() {
     assert!(kill.kernel_version.is_some());
     drop(guard);
 }
+
+// ---------------------------------------------------------------------------
+// The `forensics` command's input and output, through the binary.
+
+#[allow(clippy::unwrap_used)]
+fn oomguard_forensics(args: &[&str], stdin: Stdio) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .arg("forensics")
+        .args(args)
+        .stdin(stdin)
+        .output()
+        .unwrap()
+}
+
+const TWO_KILLS: &str = "00-local-6.18-memcg-v1-two-kills.txt";
+
+#[test]
+fn stdin_with_a_bad_byte_is_read_lossily_and_the_bytes_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = b"\xff\xfe garbage\n".to_vec();
+    bytes.extend_from_slice(fixture(TWO_KILLS).as_bytes());
+    let path = dir.path().join("log");
+    std::fs::write(&path, &bytes).unwrap();
+    let by_path = oomguard_forensics(&[path.to_str().unwrap()], Stdio::null());
+    let by_stdin = oomguard_forensics(&["-"], std::fs::File::open(&path).unwrap().into());
+    assert!(by_stdin.status.success(), "{by_stdin:?}");
+    assert_eq!(by_stdin.stdout, by_path.stdout);
+    assert!(String::from_utf8_lossy(&by_stdin.stdout).contains("2 kernel OOM kills found"));
+    let err = String::from_utf8_lossy(&by_stdin.stderr);
+    assert!(err.contains("2 bytes of stdin were not UTF-8"), "{err}");
+}
+
+#[test]
+fn a_pipe_on_stdin_is_read_instead_of_the_live_kernel_log() {
+    let path = Path::new(FIXTURES).join(TWO_KILLS);
+    let mut cat = Command::new("cat")
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let piped = oomguard_forensics(&["--format", "json"], cat.stdout.take().unwrap().into());
+    cat.wait().unwrap();
+    let by_path = oomguard_forensics(&["--format", "json", path.to_str().unwrap()], Stdio::null());
+    assert!(piped.status.success(), "{piped:?}");
+    assert_eq!(piped.stdout, by_path.stdout);
+    let v: serde_json::Value = serde_json::from_slice(&piped.stdout).unwrap();
+    assert_eq!(v["kills"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn json_output_streams_in_bounded_memory() {
+    // Every fixture, many times over: about 40 MB of kernel log with
+    // thousands of kills.
+    let mut one = String::new();
+    for entry in std::fs::read_dir(FIXTURES).unwrap() {
+        one.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+        one.push('\n');
+    }
+    let copies = (40 << 20) / one.len() + 1;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.log");
+    std::fs::write(&path, one.repeat(copies)).unwrap();
+    let input = std::fs::metadata(&path).unwrap().len();
+    let out = Command::new("/usr/bin/time")
+        .args(["-f", "maxrss_kb=%M", env!("CARGO_BIN_EXE_oomguard")])
+        .args(["forensics", "--format", "json", path.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .output();
+    let Ok(out) = out else {
+        eprintln!("SKIPPED: /usr/bin/time not installed");
+        return;
+    };
+    assert!(out.status.success(), "{:?}", out.status);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["kills"].as_array().unwrap().len() > 1000);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let rss_kb: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("maxrss_kb="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{err}"));
+    // Reading it whole took several times the input; streaming keeps the
+    // binary's own size and a few reports.
+    assert!(
+        rss_kb * 1024 < input / 2,
+        "peak RSS {rss_kb} KiB for {input} bytes of input"
+    );
+}

@@ -800,3 +800,64 @@ fn real_oomguard_run_scraped_by_prometheus() {
         "endpoint still up"
     );
 }
+
+/// Sixty-four clients that connect, send half a request and wait must not
+/// keep Prometheus-style scrapes of a real run from being answered.
+#[test]
+fn idle_sockets_do_not_starve_scrapes_of_a_real_run() {
+    let addr: SocketAddr = format!("127.0.0.1:{}", prometheus::free_port())
+        .parse()
+        .unwrap();
+    let mut run = ChildGuard(
+        common::oomguard()
+            .args(["run", "-q", "--metrics-addr", &addr.to_string(), "--"])
+            .args(["sleep", "60"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        common::wait_for(Duration::from_secs(20), || {
+            prometheus::http_get(addr, "/metrics").is_ok_and(|r| r.status == 200)
+        }),
+        "no /metrics on {addr}"
+    );
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        std::io::Write::write_all(&mut s, b"GET /metr").unwrap();
+        idle.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut served = 0;
+    for _ in 0..9 {
+        if let Ok(r) = prometheus::http_get(addr, "/metrics")
+            && r.status == 200
+            && r.body.contains("oomguard_build_info")
+        {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 9, "scrapes answered while 64 idle sockets are held");
+    common::send(run.0.id(), "TERM");
+    let _ = run.0.wait();
+    drop(idle);
+}
+
+/// `--metrics-addr 0.0.0.0:…` exposes the endpoint to the network: say so.
+#[test]
+fn a_non_loopback_metrics_address_is_warned_about() {
+    let out = common::oomguard()
+        .args(["run", "--metrics-addr", "0.0.0.0:0", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("every network interface"), "{err}");
+    let out = common::oomguard()
+        .args(["run", "--metrics-addr", "127.0.0.1:0", "--", "true"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -407,11 +407,77 @@ fn has_python() -> bool {
 }
 
 // ---------------------------------------------------------------------------
-// (3) Nobody reads oomguard's stdout, or its reader is gone: the job still
-// finishes, and what could not be written is counted.
+// (3) Backpressure. By default the relay behaves as a pipe: a slow reader
+// slows the job and gets every byte, a reader that is gone gives the job
+// EPIPE. Under `--output-drop` (`drop_when_full`) nobody reading, or a
+// reader that is gone, does not hold up the job, and what could not be
+// written is counted.
 
 #[test]
-fn a_stdout_nobody_reads_does_not_block_the_job() {
+fn a_slow_reader_gets_every_byte_in_order() {
+    let (out_r, out_w) = pipe();
+    let reader = std::thread::spawn(move || {
+        // Start reading only long after the job could have written it all.
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut got = Vec::new();
+        fs::File::from(out_r).read_to_end(&mut got).unwrap();
+        got
+    });
+    let started = Instant::now();
+    let r = relay_job(
+        RelayOptions {
+            stdout: Some(out_w),
+            max_buffered_bytes: Some(MIB as usize),
+            ..Default::default()
+        },
+        {
+            let mut c = Command::new("seq");
+            c.args(["1", "1000000"]);
+            c
+        },
+    );
+    assert!(r.status.success());
+    // About 6.6 MiB cannot fit in the relay's bound, its read and write
+    // chunks and two pipes: the job had to wait for the reader.
+    assert!(started.elapsed() >= Duration::from_millis(1400));
+    assert!(r.relay.flush(Duration::from_secs(10)));
+    drop(r.relay);
+    let want = Command::new("seq").args(["1", "1000000"]).output().unwrap();
+    let got = reader.join().unwrap();
+    assert_eq!(got.len(), want.stdout.len());
+    assert!(got == want.stdout, "the bytes differ");
+    assert_eq!(r.stats.stdout.dropped_bytes, 0, "{:?}", r.stats);
+}
+
+#[test]
+fn a_closed_stdout_gives_the_job_epipe() {
+    let (out_r, out_w) = pipe();
+    drop(out_r);
+    let r = relay_job(
+        RelayOptions {
+            stdout: Some(out_w),
+            ..Default::default()
+        },
+        // Endless output: only EPIPE (SIGPIPE) ends it.
+        Command::new("yes"),
+    );
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(r.status.signal(), Some(libc::SIGPIPE), "{:?}", r.status);
+    let mut r = r;
+    let mut errors = r.errors;
+    errors.extend(r.relay.take_errors());
+    assert!(
+        errors.iter().any(|e| matches!(
+            e,
+            OutputError::Write { stream: Stream::Stdout, source }
+                if source.kind() == std::io::ErrorKind::BrokenPipe
+        )),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn with_output_drop_a_stdout_nobody_reads_does_not_block_the_job() {
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let err = collect(err_r);
@@ -420,6 +486,7 @@ fn a_stdout_nobody_reads_does_not_block_the_job() {
             stdout: Some(out_w),
             stderr: Some(err_w),
             max_buffered_bytes: Some(MIB as usize),
+            drop_when_full: true,
             ..Default::default()
         },
         // 8 MiB on stdout, then a line on stderr.
@@ -441,7 +508,7 @@ fn a_stdout_nobody_reads_does_not_block_the_job() {
 }
 
 #[test]
-fn a_closed_stdout_is_reported_and_the_job_is_still_drained() {
+fn with_output_drop_a_closed_stdout_is_reported_and_the_job_is_still_drained() {
     let (out_r, out_w) = pipe();
     drop(out_r);
     let (err_r, err_w) = pipe();
@@ -450,6 +517,7 @@ fn a_closed_stdout_is_reported_and_the_job_is_still_drained() {
         RelayOptions {
             stdout: Some(out_w),
             stderr: Some(err_w),
+            drop_when_full: true,
             ..Default::default()
         },
         sh("head -c 3000000 /dev/zero; echo done >&2"),
@@ -816,4 +884,78 @@ fn cuda_oom_and_worker_death_end_to_end() {
             .all(|l| l.starts_with("oomguard:")),
         "{err}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Backpressure through `oomguard run`, in a shell pipeline as users run it.
+
+/// Runs a bash pipeline (bash for PIPESTATUS) with `$OOMGUARD` set, within
+/// a time limit; its stdout.
+fn pipeline(script: &str) -> String {
+    let out = Command::new("timeout")
+        .args(["60", "bash", "-c", script])
+        .env("OOMGUARD", env!("CARGO_BIN_EXE_oomguard"))
+        .env_remove("GITHUB_ACTIONS")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_slow_reader_gets_every_byte_through_oomguard() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let bytes: Vec<u8> = (0..5_242_880u32).map(|i| (i % 251) as u8).collect();
+    fs::write(&data, &bytes).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let got = pipeline(&format!(
+        "\"$OOMGUARD\" run -q --log '{}' -- head -c 5M '{}' | (sleep 3; wc -c); echo ${{PIPESTATUS[0]}}",
+        log.display(),
+        data.display()
+    ));
+    assert_eq!(got.split_whitespace().collect::<Vec<_>>(), ["5242880", "0"]);
+    let lines = common::read_log(&log);
+    assert_eq!(
+        common::schema::run_end(&lines).output_dropped_bytes,
+        Some(0)
+    );
+}
+
+#[test]
+fn a_slow_reader_gets_every_line_unchanged_through_oomguard() {
+    let direct = pipeline("seq 1 3000000 | md5sum");
+    let relayed = pipeline("\"$OOMGUARD\" run -q -- seq 1 3000000 | (sleep 2; md5sum)");
+    assert_eq!(relayed, direct);
+}
+
+#[test]
+fn a_reader_that_goes_away_gives_the_job_epipe_through_oomguard() {
+    // `yes` never ends by itself: only SIGPIPE ends it, and oomguard with
+    // it, exiting as the job did (128 + 13).
+    let got = pipeline("\"$OOMGUARD\" run -q -- yes | head -c 1000 | wc -c; echo ${PIPESTATUS[0]}");
+    assert_eq!(got.split_whitespace().collect::<Vec<_>>(), ["1000", "141"]);
+}
+
+#[test]
+fn output_drop_counts_what_it_dropped_in_run_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let got = pipeline(&format!(
+        "\"$OOMGUARD\" run -q --output-drop --log '{}' -- head -c 8M /dev/zero | (sleep 2; wc -c)",
+        log.display()
+    ));
+    let received: u64 = got.trim().parse().unwrap();
+    let lines = common::read_log(&log);
+    let dropped = common::schema::run_end(&lines)
+        .output_dropped_bytes
+        .unwrap();
+    assert!(dropped > 0, "nothing dropped, {received} received");
+    assert_eq!(received + dropped, 8 * MIB);
 }

@@ -836,3 +836,25 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn a_line_without_a_schema_is_skipped_with_a_warning_not_the_whole_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("run.ndjson");
+    let text = std::fs::read_to_string(fixture_path("restarted")).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(2, r#"{"event":"sample","t":1.5,"note":"pasted by hand"}"#);
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args(["report", "--format", "text"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("line 3: no \"schema\" string, skipped"),
+        "{err}"
+    );
+    assert!(!out.stdout.is_empty());
+}

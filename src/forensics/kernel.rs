@@ -232,13 +232,75 @@ pub struct TaskRow {
 pub fn parse(text: &str) -> Vec<OomKill> {
     let mut parser = Parser::default();
     for line in logical_lines(text) {
-        let Some((stamp, msg)) = split_transport(&line) else {
-            continue;
-        };
-        parser.observe_time(&stamp);
-        parser.handle(classify(msg), &stamp);
+        parser.line(&line);
     }
     parser.finish()
+}
+
+/// Kills a [`StreamParser`] keeps after [`StreamParser::take_settled`]: a
+/// late `oom_reaper` line can still amend one of these.
+const UNSETTLED_KILLS: usize = 64;
+
+/// [`parse`] for a log read a line at a time, so that a large log costs
+/// memory for the kills found, not for its text: feed every line, take the
+/// kills that can no longer change now and then, and the rest at the end.
+#[derive(Default)]
+pub struct StreamParser {
+    parser: Parser,
+    /// The logical line being assembled (`/dev/kmsg` continuation lines
+    /// start with a space and belong to the record before them).
+    pending: Option<String>,
+    in_record: bool,
+}
+
+impl std::fmt::Debug for StreamParser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamParser")
+            .field("kills", &self.parser.kills.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StreamParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One physical line of the log, with or without its line ending.
+    pub fn feed(&mut self, raw: &str) {
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        if self.in_record
+            && let Some(cont) = line.strip_prefix(' ')
+        {
+            if !KMSG_DICT.is_match(cont)
+                && let Some(last) = self.pending.as_mut()
+            {
+                last.push_str(cont);
+            }
+            return;
+        }
+        self.in_record = KMSG_RECORD.is_match(line);
+        if let Some(done) = self.pending.replace(line.to_owned()) {
+            self.parser.line(&done);
+        }
+    }
+
+    /// Kills old enough that nothing later in the log changes them, in log
+    /// order; the newest few are kept for a late reaper line.
+    pub fn take_settled(&mut self) -> Vec<OomKill> {
+        let kills = &mut self.parser.kills;
+        let settled = kills.len().saturating_sub(UNSETTLED_KILLS);
+        kills.drain(..settled).collect()
+    }
+
+    /// The end of the log: every kill not yet taken.
+    pub fn finish(mut self) -> Vec<OomKill> {
+        if let Some(done) = self.pending.take() {
+            self.parser.line(&done);
+        }
+        self.parser.finish()
+    }
 }
 
 /// The latest kill of `pid` (pids are reused; the last report is the one
@@ -250,6 +312,48 @@ pub fn find_pid(kills: &[OomKill], pid: u32) -> Option<&OomKill> {
 /// `{"kills": [...]}` for `oomguard forensics --format json`.
 pub fn render_json(kills: &[OomKill]) -> serde_json::Value {
     serde_json::json!({ "kills": kills })
+}
+
+/// Writes the same text as `{:#}` of [`render_json`], one kill at a time,
+/// so kills can be written as they are found: `begin`, then `kill` for
+/// each, then `end`.
+#[derive(Debug, Default)]
+pub struct JsonWriter {
+    written: usize,
+}
+
+impl JsonWriter {
+    pub fn begin(&mut self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        out.write_all(b"{\n  \"kills\": [")
+    }
+
+    pub fn kill(&mut self, out: &mut impl std::io::Write, kill: &OomKill) -> std::io::Result<()> {
+        // Through a Value, so keys come in the same (sorted) order as in
+        // `render_json`.
+        let text = serde_json::to_value(kill)
+            .and_then(|v| serde_json::to_string_pretty(&v))
+            .map_err(std::io::Error::other)?;
+        out.write_all(if self.written == 0 { b"\n" } else { b",\n" })?;
+        // Pretty JSON escapes newlines inside strings, so every line of the
+        // text is a line of the structure: indent it as the array's item.
+        for (i, line) in text.lines().enumerate() {
+            if i > 0 {
+                out.write_all(b"\n")?;
+            }
+            out.write_all(b"    ")?;
+            out.write_all(line.as_bytes())?;
+        }
+        self.written += 1;
+        Ok(())
+    }
+
+    pub fn end(&mut self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        if self.written > 0 {
+            out.write_all(b"\n  ]\n}\n")
+        } else {
+            out.write_all(b"]\n}\n")
+        }
+    }
 }
 
 /// A summary for a person: who was killed, how big it was, which limit was
@@ -1336,6 +1440,15 @@ struct Parser {
 }
 
 impl Parser {
+    /// One logical line of the log.
+    fn line(&mut self, line: &str) {
+        let Some((stamp, msg)) = split_transport(line) else {
+            return;
+        };
+        self.observe_time(&stamp);
+        self.handle(classify(msg), &stamp);
+    }
+
     /// Ends the report in progress when the timestamps jump, so fragments
     /// of different reports are not merged.
     fn observe_time(&mut self, stamp: &Stamp) {
@@ -1870,6 +1983,50 @@ mod tests {
         assert_eq!(
             transport("[  pid  ]   uid").map(|t| t.2),
             Some("[  pid  ]   uid".to_owned())
+        );
+    }
+
+    #[test]
+    fn streaming_parses_as_the_whole_text_and_writes_the_same_json() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/kernel-logs");
+        let mut all = String::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            all.push_str(&text);
+            all.push('\n');
+        }
+        // Many copies, so that kills are settled and taken mid-stream.
+        let text = all.repeat(8);
+        let whole = parse(&text);
+        assert!(whole.len() > UNSETTLED_KILLS, "{}", whole.len());
+        let mut stream = StreamParser::new();
+        let mut w = JsonWriter::default();
+        let mut json = Vec::new();
+        w.begin(&mut json).unwrap();
+        let mut got = Vec::new();
+        for line in text.split_inclusive('\n') {
+            stream.feed(line);
+            for k in stream.take_settled() {
+                w.kill(&mut json, &k).unwrap();
+                got.push(k);
+            }
+        }
+        for k in stream.finish() {
+            w.kill(&mut json, &k).unwrap();
+            got.push(k);
+        }
+        w.end(&mut json).unwrap();
+        assert_eq!(got, whole);
+        let want = format!("{:#}\n", render_json(&whole));
+        assert!(String::from_utf8(json).unwrap() == want, "JSON differs");
+
+        let mut empty = Vec::new();
+        let mut w = JsonWriter::default();
+        w.begin(&mut empty).unwrap();
+        w.end(&mut empty).unwrap();
+        assert_eq!(
+            String::from_utf8(empty).unwrap(),
+            format!("{:#}\n", render_json(&[]))
         );
     }
 

@@ -790,6 +790,12 @@ impl TorchScanner {
         report
     }
 
+    /// No message is held waiting for its continuation: a line that
+    /// matches no trigger changes nothing.
+    pub fn is_idle(&self) -> bool {
+        self.oom.is_none() && self.report.is_none() && self.death.is_none() && self.agent.is_none()
+    }
+
     /// The next event already completed but not yet returned.
     pub fn poll(&mut self) -> Option<TorchEvent> {
         self.ready.pop_front()

@@ -10,8 +10,12 @@
 //! - the request head must arrive within [`REQUEST_TIMEOUT`] and fit in
 //!   [`MAX_REQUEST`] bytes, and the response must be taken within
 //!   [`WRITE_TIMEOUT`]; a client that dawdles is dropped;
-//! - at most [`MAX_CONNECTIONS`] are served at once; more are closed at once
-//!   rather than queued;
+//! - at most [`MAX_CONNECTIONS`] are open at once. When a new client comes
+//!   and every slot is taken, the oldest connection that has not yet sent a
+//!   whole request head is closed to make room: idle sockets (a port
+//!   scanner, a client that connects and never speaks) can delay a scrape
+//!   by nothing, however many there are. Only when every slot is busy
+//!   answering is the newcomer closed;
 //! - rendering copies numbers under a mutex for microseconds and never
 //!   awaits while holding it.
 //!
@@ -19,15 +23,16 @@
 //! reconnects for each scrape at most once per scrape interval, which costs
 //! nothing, and it spares the server the keep-alive state machine.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 use super::{CONTENT_TYPE, Metrics};
 
@@ -37,8 +42,8 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest request head accepted (Prometheus sends about 300 bytes).
 pub const MAX_REQUEST: usize = 8 * 1024;
-/// Connections served at the same time.
-pub const MAX_CONNECTIONS: usize = 16;
+/// Connections open at the same time (each costs a task and a descriptor).
+pub const MAX_CONNECTIONS: usize = 128;
 
 /// The limits a connection lives under; [`serve`] uses the constants above.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +69,30 @@ pub enum MetricsError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The warning to print when `addr` can be reached from other machines:
+/// `/metrics` has no authentication, and its labels and series name the
+/// job, its processes and the host. `None` for loopback addresses.
+pub fn exposure_warning(addr: SocketAddr) -> Option<String> {
+    let ip = match addr.ip() {
+        // `::ffff:127.0.0.1` is loopback too.
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    if ip.is_loopback() {
+        return None;
+    }
+    let reach = if ip.is_unspecified() {
+        "every network interface"
+    } else {
+        "the network"
+    };
+    Some(format!(
+        "--metrics-addr {addr} serves /metrics, unauthenticated, to {reach}; \
+         use 127.0.0.1:{} unless other machines are meant to scrape it",
+        addr.port()
+    ))
 }
 
 /// A running endpoint.
@@ -109,11 +138,21 @@ where
     Ok(Serving { addr: bound, task })
 }
 
+/// One open connection, as the accept loop sees it.
+#[derive(Debug)]
+struct Conn {
+    task: AbortHandle,
+    /// Set once the whole request head has arrived: from then on the
+    /// connection is being answered and is not evicted.
+    answering: Arc<AtomicBool>,
+}
+
 async fn accept_loop<F>(listener: TcpListener, metrics: Metrics, shutdown: F, limits: Limits)
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // Oldest first, so eviction takes the connection idle the longest.
+    let mut open: VecDeque<Conn> = VecDeque::new();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -122,15 +161,31 @@ where
         };
         match accepted {
             Ok((stream, _peer)) => {
-                // Over the limit: drop the connection now. Queueing would
-                // let a flood of idle clients pile up memory.
-                let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                    continue;
-                };
+                open.retain(|c| !c.task.is_finished());
+                if open.len() >= limits.max_connections.max(1) {
+                    match open
+                        .iter()
+                        .position(|c| !c.answering.load(Ordering::Relaxed))
+                    {
+                        Some(i) => {
+                            if let Some(idle) = open.remove(i) {
+                                idle.task.abort();
+                            }
+                        }
+                        // Every slot is answering a request: those end
+                        // within the write timeout; drop the newcomer.
+                        None => continue,
+                    }
+                }
                 let metrics = metrics.clone();
-                tokio::spawn(async move {
-                    handle(stream, &metrics, limits).await;
-                    drop(permit);
+                let answering = Arc::new(AtomicBool::new(false));
+                let flag = Arc::clone(&answering);
+                let task = tokio::spawn(async move {
+                    handle(stream, &metrics, limits, &flag).await;
+                });
+                open.push_back(Conn {
+                    task: task.abort_handle(),
+                    answering,
                 });
             }
             // Out of descriptors or the like: back off instead of spinning
@@ -140,9 +195,10 @@ where
     }
 }
 
-async fn handle(mut stream: TcpStream, metrics: &Metrics, limits: Limits) {
-    let response = match tokio::time::timeout(limits.request_timeout, read_head(&mut stream)).await
-    {
+async fn handle(mut stream: TcpStream, metrics: &Metrics, limits: Limits, answering: &AtomicBool) {
+    let head = tokio::time::timeout(limits.request_timeout, read_head(&mut stream)).await;
+    answering.store(true, Ordering::Relaxed);
+    let response = match head {
         Ok(Ok(head)) => respond(&head, metrics),
         Ok(Err(HeadError::TooLarge)) => Response::plain(431, "request header too large\n"),
         Ok(Err(HeadError::Closed)) => return,
@@ -439,8 +495,54 @@ mod tests {
         serving.task.abort();
     }
 
+    /// Connects and sends half a request head, then nothing.
+    async fn idle_client(addr: SocketAddr) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metr").await.unwrap();
+        s
+    }
+
     #[tokio::test]
-    async fn connections_over_the_limit_are_closed() {
+    async fn idle_clients_give_way_to_a_scrape() {
+        let limits = Limits {
+            max_connections: 4,
+            ..LIMITS
+        };
+        let serving = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics(),
+            std::future::pending(),
+            limits,
+        )
+        .await
+        .unwrap();
+        // Sixteen times the limit, all holding their slot until the
+        // request timeout.
+        let mut idle = Vec::new();
+        for _ in 0..64 {
+            idle.push(idle_client(serving.addr).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for _ in 0..9 {
+            let ok = tokio::time::timeout(
+                Duration::from_secs(2),
+                request(serving.addr, b"GET /metrics HTTP/1.0\r\n\r\n"),
+            )
+            .await
+            .expect("a scrape waited behind idle sockets");
+            assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        }
+        // The oldest idle client was closed to make room.
+        let mut out = Vec::new();
+        let n = tokio::time::timeout(Duration::from_secs(2), idle[0].read_to_end(&mut out))
+            .await
+            .expect("the oldest idle client is still open");
+        assert!(n.map_or(true, |n| n == 0), "{out:?}");
+        serving.task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_client_being_answered_is_not_evicted() {
         let limits = Limits {
             max_connections: 1,
             ..LIMITS
@@ -453,26 +555,43 @@ mod tests {
         )
         .await
         .unwrap();
-        let mut idle = TcpStream::connect(serving.addr).await.unwrap();
-        idle.write_all(b"GET /metr").await.unwrap();
-        // Let the server take the first connection before the second.
+        // A whole head, then a body the server drains for a while: the
+        // connection is answered and holds the only slot.
+        let mut busy = TcpStream::connect(serving.addr).await.unwrap();
+        busy.write_all(b"POST /metrics HTTP/1.1\r\nContent-Length: 9\r\n\r\n")
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        // Closed without an answer (a reset, or an empty read).
         let refused = try_request(serving.addr, b"GET /metrics HTTP/1.0\r\n\r\n").await;
         assert!(
             refused.as_deref().unwrap_or_default().is_empty(),
             "{refused:?}"
         );
-        // Once the first is done, there is room again.
-        idle.write_all(b"ics HTTP/1.0\r\n\r\n").await.unwrap();
-        let mut out = String::new();
-        idle.read_to_string(&mut out).await.unwrap();
-        assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
-        drop(idle);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let ok = request(serving.addr, b"GET /metrics HTTP/1.0\r\n\r\n").await;
-        assert!(ok.starts_with("HTTP/1.1 200 OK"), "{ok}");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(2), busy.read_to_end(&mut out)).await;
+        assert!(out.starts_with(b"HTTP/1.1 405 "), "{out:?}");
         serving.task.abort();
+    }
+
+    #[test]
+    fn non_loopback_binds_are_warned_about() {
+        for quiet in [
+            "127.0.0.1:9465",
+            "[::1]:9465",
+            "[::ffff:127.0.0.1]:9465",
+            "127.8.0.1:1",
+        ] {
+            assert_eq!(exposure_warning(quiet.parse().unwrap()), None, "{quiet}");
+        }
+        for (loud, what) in [
+            ("0.0.0.0:9465", "every network interface"),
+            ("[::]:9465", "every network interface"),
+            ("10.1.2.3:9465", "the network"),
+            ("[2001:db8::1]:9465", "the network"),
+        ] {
+            let w = exposure_warning(loud.parse().unwrap()).unwrap();
+            assert!(w.contains(what) && w.contains(loud), "{w}");
+        }
     }
 
     #[tokio::test]

@@ -13,11 +13,23 @@
 //! (`2>&1`), the job gets one channel for both, so their interleaving is the
 //! job's own.
 //!
-//! The supervision loop must never wait on the user's terminal or pipe: the
-//! bytes go through a bounded queue to one writer thread per destination,
-//! and when the destination does not keep up the oldest queued bytes are
-//! dropped and counted. A destination that is gone (EPIPE) only stops the
-//! writing; the job is still drained, so it never blocks on its output.
+//! Output is relayed as a pipe would carry it: nothing is lost, and a
+//! reader that does not keep up slows the job down. The bytes go through a
+//! bounded queue to one writer thread per destination; while that queue is
+//! full the channel is simply not read, so the job's own pipe (or pty)
+//! fills and its writes block, exactly as they would with a slow reader on
+//! a direct pipe. The supervision loop never waits on the user's terminal
+//! or pipe: it only stops reading, and still ticks, handles signals and
+//! stops the job. A destination that is gone (EPIPE) closes the job's
+//! channel, so the job gets EPIPE (or SIGPIPE) as it would have.
+//!
+//! `--output-drop` asks for the opposite trade, for a run watched on the
+//! dashboard or in the log only: the job is never slowed, the oldest queued
+//! bytes are dropped when the destination lags, a closed destination only
+//! stops the writing, and what was dropped is counted.
+//!
+//! Every byte read is scanned (see [`OutputScanner`]); the scan skips whole
+//! reads in which no line can matter, so it costs little next to the copy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -28,7 +40,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use rustix::termios::{OptionalActions, OutputModes};
@@ -39,7 +51,8 @@ use crate::forensics::progress;
 use crate::forensics::torch::{self, MAX_LINE_BYTES, TorchEvent, TorchScanner};
 use crate::pty::{self, PtyError};
 
-/// Bytes queued for one destination before the oldest are dropped.
+/// Bytes queued for one destination before its channel is no longer read
+/// (or, with `--output-drop`, before the oldest are dropped).
 pub const DEFAULT_MAX_BUFFERED: usize = 1 << 20;
 
 /// Bytes one `pump` call reads from one channel before it returns, so a job
@@ -50,11 +63,16 @@ const PUMP_BUDGET: usize = 256 * 1024;
 /// something outside the tree keeps writing.
 const FINISH_BUDGET: usize = 16 << 20;
 
-/// Bytes read per system call.
-const READ_CHUNK: usize = 64 * 1024;
+/// Bytes read per system call: large, so a fast job costs few reads and
+/// few wake-ups of the writer.
+const READ_CHUNK: usize = 1 << 20;
 
 /// Bytes the writer thread takes off its queue per write.
-const WRITE_CHUNK: usize = 64 * 1024;
+const WRITE_CHUNK: usize = 1 << 20;
+
+/// The size asked for the job's pipes (the default 64 KiB means a system
+/// call per 64 KiB); the kernel may give less, which only costs speed.
+const PIPE_SIZE: usize = 1 << 20;
 
 /// Events kept until [`OutputRelay::take_events`]; more are counted and
 /// dropped (a caller that never takes them must not grow without bound).
@@ -166,9 +184,13 @@ pub struct RelayOptions {
     pub stdout: Option<OwnedFd>,
     /// Where the job's stderr goes; `None` is oomguard's own stderr.
     pub stderr: Option<OwnedFd>,
-    /// Bytes queued per destination before the oldest are dropped; `None`
-    /// is [`DEFAULT_MAX_BUFFERED`].
+    /// Bytes queued per destination before the channel is no longer read
+    /// (or the oldest are dropped); `None` is [`DEFAULT_MAX_BUFFERED`].
     pub max_buffered_bytes: Option<usize>,
+    /// `--output-drop`: never slow the job down; drop the oldest queued
+    /// bytes when a destination lags, and keep draining the job when a
+    /// destination is gone.
+    pub drop_when_full: bool,
     /// How often the real terminal's size is read while the job has a pty;
     /// `None` is [`DEFAULT_SIZE_POLL`]. (SIGWINCH alone is not enough: the
     /// terminal sends it to its foreground process group, which is the
@@ -204,8 +226,8 @@ pub struct StreamStats {
     pub read_bytes: u64,
     /// Bytes the destination accepted.
     pub written_bytes: u64,
-    /// Bytes never written: dropped from a full queue (the destination did
-    /// not keep up), or discarded after the destination failed.
+    /// Bytes never written: dropped from a full queue (`--output-drop`),
+    /// or discarded after the destination failed.
     pub dropped_bytes: u64,
 }
 
@@ -249,6 +271,28 @@ impl OutputScanner {
 
     /// Scans raw bytes; an unfinished last line is kept for the next call.
     pub fn feed(&mut self, mut bytes: &[u8]) {
+        // The whole lines in `bytes` after the first can be skipped at once
+        // when none of them can start or continue anything: this keeps the
+        // scan far cheaper than the copy for output such as `yes`.
+        if let Some(last) = bytes.iter().rposition(|&b| b == b'\n' || b == b'\r') {
+            let first = bytes.iter().position(|&b| b == b'\n' || b == b'\r');
+            if let Some(first) = first.filter(|&f| f < last) {
+                self.feed_lines(&bytes[..=first]);
+                let middle = &bytes[first + 1..=last];
+                if self.torch.is_idle() && !may_matter(middle) {
+                    self.line.clear();
+                    self.after_cr = bytes[last] == b'\r';
+                } else {
+                    self.feed_lines(middle);
+                }
+                bytes = &bytes[last + 1..];
+            }
+        }
+        self.feed_lines(bytes);
+    }
+
+    /// Splits bytes into lines, one by one.
+    fn feed_lines(&mut self, mut bytes: &[u8]) {
         while let Some(i) = bytes.iter().position(|&b| b == b'\n' || b == b'\r') {
             self.push(&bytes[..i]);
             let cr = bytes[i] == b'\r';
@@ -340,6 +384,27 @@ impl OutputScanner {
     }
 }
 
+/// Whether any line in `bytes` may be one a parser fed by
+/// [`OutputScanner`] reacts to, when none is in the middle of a message.
+/// Every parser's trigger must be covered here, or its lines are skipped:
+/// the torch scanner starts on `out of memory` / `OutOfMemoryError` (any
+/// case, hence `emory`/`EMORY`), `ChildFailedError`, `worker`, torchrun's
+/// agent (`exitcode`, `closing signal`); the progress parser on a counter
+/// (`580/1288`, `[580/1288]`), a bar (`%|`), an epoch, step or iteration, a
+/// loss dict and Lightning's phase names.
+fn may_matter(bytes: &[u8]) -> bool {
+    static TRIGGERS: std::sync::LazyLock<Option<regex::bytes::Regex>> = std::sync::LazyLock::new(
+        || {
+            regex::bytes::Regex::new(
+                r"emory|EMORY|ChildFailedError|worker|WORKER|exitcode|closing signal|[0-9] ?/ ?[0-9]|%\||[Ee]poch|[Ss]tep|[Ii]ter|loss|Sanity|Validat|Test|Predict",
+            )
+            .ok()
+        },
+    );
+    // No pattern (it cannot fail to compile, but never panic): scan all.
+    TRIGGERS.as_ref().is_none_or(|re| re.is_match(bytes))
+}
+
 // ---------------------------------------------------------------------------
 // Destinations: a bounded queue and a writer thread each.
 
@@ -354,6 +419,9 @@ struct QueueState {
     error: Option<io::Error>,
     /// The relay is gone: write what is queued, then end.
     shutdown: bool,
+    /// The relay's pump, waiting for room in the queue (or for the
+    /// destination to fail).
+    waker: Option<Waker>,
     read_bytes: u64,
     written_bytes: u64,
     dropped_bytes: u64,
@@ -382,10 +450,16 @@ struct Sink {
     probe: OwnedFd,
     tty: bool,
     max_buffered: usize,
+    drop_when_full: bool,
 }
 
 impl Sink {
-    fn start(stream: Stream, dest: OwnedFd, max_buffered: usize) -> Result<Self, OutputError> {
+    fn start(
+        stream: Stream,
+        dest: OwnedFd,
+        max_buffered: usize,
+        drop_when_full: bool,
+    ) -> Result<Self, OutputError> {
         let probe = dup(&dest).map_err(|source| OutputError::Dup { stream, source })?;
         let tty = rustix::termios::isatty(&dest);
         let shared = Arc::new(Shared::default());
@@ -400,15 +474,46 @@ impl Sink {
             probe,
             tty,
             max_buffered: max_buffered.max(1),
+            drop_when_full,
         })
     }
 
-    /// Queues bytes for the writer; never waits for the destination.
+    /// Whether the channel feeding this sink may be read now: the queue
+    /// has room, or the destination failed (then the caller decides). If
+    /// not, `cx` is woken when the writer makes room or fails.
+    fn ready(&self, cx: &mut Context<'_>) -> bool {
+        if self.drop_when_full {
+            return true;
+        }
+        let mut st = self.shared.lock();
+        if st.failed || st.queue.len() < self.max_buffered {
+            return true;
+        }
+        st.waker = Some(cx.waker().clone());
+        false
+    }
+
+    /// The destination failed; nothing more will be written to it.
+    fn failed(&self) -> bool {
+        self.shared.lock().failed
+    }
+
+    /// Queues bytes for the writer; never waits for the destination. Only
+    /// with `--output-drop` does a full queue lose its oldest bytes;
+    /// otherwise the caller stops reading while [`Sink::ready`] says so,
+    /// and the queue outgrows its bound by at most one read (or by what
+    /// `finish` reads once the job is gone).
     fn push(&self, bytes: &[u8]) {
         let mut st = self.shared.lock();
         st.read_bytes += bytes.len() as u64;
         if st.failed {
             st.dropped_bytes += bytes.len() as u64;
+            return;
+        }
+        if !self.drop_when_full {
+            st.queue.extend(bytes);
+            drop(st);
+            self.shared.cond.notify_all();
             return;
         }
         // Only the newest `max_buffered` bytes can survive.
@@ -425,12 +530,19 @@ impl Sink {
     }
 
     /// Waits until everything queued was written (or the destination
-    /// failed), at most until `deadline`. True when nothing is left.
-    fn flush(&self, deadline: Instant) -> bool {
+    /// failed), as long as the destination keeps taking bytes: gives up
+    /// after `stall` without progress. True when nothing is left.
+    fn flush(&self, stall: Duration) -> bool {
         let mut st = self.shared.lock();
+        let mut written = st.written_bytes;
+        let mut deadline = Instant::now() + stall;
         loop {
             if st.failed || (st.queue.is_empty() && !st.writing) {
                 return true;
+            }
+            if st.written_bytes != written {
+                written = st.written_bytes;
+                deadline = Instant::now() + stall;
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return false;
@@ -503,6 +615,9 @@ fn write_loop(dest: &OwnedFd, shared: &Shared) {
             chunk.extend_from_slice(&back[..n - from_front]);
             st.queue.drain(..n);
             st.writing = true;
+            if let Some(w) = st.waker.take() {
+                w.wake();
+            }
         }
         let result = write_all(dest, &chunk);
         let mut st = shared.lock();
@@ -516,6 +631,9 @@ fn write_loop(dest: &OwnedFd, shared: &Shared) {
                 st.queue.clear();
                 st.failed = true;
                 st.error = Some(e);
+                if let Some(w) = st.waker.take() {
+                    w.wake();
+                }
             }
         }
         let failed = st.failed;
@@ -594,6 +712,8 @@ struct Channel {
     fd: AsyncFd<OwnedFd>,
     scanner: OutputScanner,
     open: bool,
+    /// The destination failed: close this end so the job sees EPIPE.
+    closed: bool,
 }
 
 /// The raw copy of the output.
@@ -666,11 +786,12 @@ impl OutputRelay {
         // Same file, pipe or terminal (2>&1): one channel, so the job's own
         // interleaving of the two streams is what arrives.
         let shared = identity(&out).is_some_and(|id| Some(id) == identity(&err));
-        let mut sinks = vec![Sink::start(Stream::Stdout, out, max)?];
+        let drop = opts.drop_when_full;
+        let mut sinks = vec![Sink::start(Stream::Stdout, out, max, drop)?];
         let routes = if shared {
             [0, 0]
         } else {
-            sinks.push(Sink::start(Stream::Stderr, err, max)?);
+            sinks.push(Sink::start(Stream::Stderr, err, max, drop)?);
             [0, 1]
         };
         let mut relay = Self {
@@ -811,12 +932,23 @@ impl OutputRelay {
         self.channels.iter().all(|c| !c.open)
     }
 
-    /// Waits, at most `timeout`, until everything queued has been written
-    /// to the destinations. Call before oomguard prints its own lines after
-    /// the job's, so they come last. True when nothing is left.
-    pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        self.sinks.iter().all(|s| s.flush(deadline))
+    /// Waits until everything queued has been written to the
+    /// destinations, as long as they keep taking bytes; gives up on one
+    /// that takes nothing for `stall` (what is left counts as dropped in
+    /// [`OutputRelay::stats`] only if it was never written). Call before
+    /// oomguard prints its own lines after the job's, so they come last.
+    /// True when nothing is left.
+    pub fn flush(&self, stall: Duration) -> bool {
+        self.sinks.iter().all(|s| s.flush(stall))
+    }
+
+    /// Everything read has been written, or could not be (a destination
+    /// failed).
+    pub fn flushed(&self) -> bool {
+        self.sinks.iter().all(|s| {
+            let st = s.shared.lock();
+            st.failed || (st.queue.is_empty() && !st.writing)
+        })
     }
 
     /// Counters by destination.
@@ -887,17 +1019,19 @@ impl OutputRelay {
                 None
             };
             let is_pty = tty_pair.is_some();
-            let (read, write) = if let Some((master, slave)) = tty_pair {
-                raw_output(&slave)?;
-                (master, slave)
-            } else {
-                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
-                    OutputError::Pipe {
-                        stream,
-                        source: e.into(),
-                    }
-                })?
-            };
+            let (read, write) =
+                if let Some((master, slave)) = tty_pair {
+                    raw_output(&slave)?;
+                    (master, slave)
+                } else {
+                    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                        .map_err(|e| OutputError::Pipe {
+                            stream,
+                            source: e.into(),
+                        })?;
+                    let _ = rustix::pipe::fcntl_setpipe_size(&r, PIPE_SIZE);
+                    (r, w)
+                };
             rustix::io::ioctl_fionbio(&read, true).map_err(|e| OutputError::Watch {
                 stream,
                 source: e.into(),
@@ -911,6 +1045,7 @@ impl OutputRelay {
                 fd,
                 scanner: OutputScanner::new(),
                 open: true,
+                closed: false,
             });
             ends.push(write);
         }
@@ -963,6 +1098,19 @@ impl OutputRelay {
         for ch in channels.iter_mut().filter(|c| c.open) {
             let mut budget = PUMP_BUDGET;
             while budget > 0 {
+                // Backpressure: while the destination's queue is full the
+                // channel is left unread, so the job's writes block.
+                if !sinks[ch.sink].ready(cx) {
+                    break;
+                }
+                if !sinks[ch.sink].drop_when_full && sinks[ch.sink].failed() {
+                    // As a pipe would: the reader is gone, so the job's
+                    // next write fails with EPIPE (or SIGPIPE).
+                    ch.open = false;
+                    ch.closed = true;
+                    ended = true;
+                    break;
+                }
                 let mut guard = match ch.fd.poll_read_ready(cx) {
                     Poll::Ready(Ok(guard)) => guard,
                     Poll::Ready(Err(source)) => {
@@ -1011,6 +1159,8 @@ impl OutputRelay {
             }
             collect(&mut ch.scanner, events, dropped_events);
         }
+        // Dropping a channel closes oomguard's end of it.
+        channels.retain(|c| !c.closed);
         if ended && channels.iter().all(|c| !c.open) {
             return Poll::Ready(Pumped::Closed);
         }
@@ -1285,6 +1435,34 @@ mod tests {
     }
 
     #[test]
+    fn lines_amid_many_skipped_ones_are_still_seen() {
+        let filler = "y\n".repeat(10_000);
+        let text = format!("{filler}{}\n{filler}", died(21));
+        let mut s = OutputScanner::new();
+        s.feed(b"partial ");
+        s.feed(text.as_bytes());
+        s.feed(format!("{}\r{filler}", died(22)).as_bytes());
+        s.finish();
+        assert_eq!(s.take_events().len(), 2);
+    }
+
+    #[test]
+    fn a_held_message_takes_its_continuation_from_a_later_read() {
+        // The anchor ends one read; the figures, which match no trigger,
+        // come amid other lines in the next.
+        let mut s = OutputScanner::new();
+        s.feed(b"x\nRuntimeError: CUDA out of mem");
+        s.feed(b"ory.\nTried to allocate 2.00 MiB (GPU 0; 3.79 GiB total capacity; 654.97 MiB already allocated; 6.00 MiB free; 666.00 MiB reserved in total by PyTorch)\nmore\nlines\n");
+        s.finish();
+        let events = s.take_events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let TorchEvent::CudaOom(oom) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(oom.tried_bytes, Some(2 << 20));
+    }
+
+    #[test]
     fn invalid_utf8_is_tolerated() {
         let mut bytes = b"\xff\xfe garbage \xc3\n".to_vec();
         bytes.extend_from_slice(died(11).as_bytes());
@@ -1321,7 +1499,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_drops_the_oldest_bytes() {
+    fn with_output_drop_a_full_queue_drops_the_oldest_bytes() {
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
         // Fill the pipe so the writer thread blocks on its first chunk.
         let filler = dup(&w).unwrap();
@@ -1330,7 +1508,7 @@ mod tests {
         while let Ok(n) = rustix::io::write(&filler, &[b'.'; 4096]) {
             filled += n;
         }
-        let sink = Sink::start(Stream::Stdout, w, 10).unwrap();
+        let sink = Sink::start(Stream::Stdout, w, 10, true).unwrap();
         sink.push(b"first");
         wait_writing(&sink);
         // Queued: 10 bytes at most; the oldest go.
@@ -1353,17 +1531,17 @@ mod tests {
             got.extend_from_slice(&buf[..n]);
         }
         assert_eq!(&got[filled..], b"firstGHIJKLMNOP");
-        assert!(sink.flush(Instant::now() + Duration::from_secs(5)));
+        assert!(sink.flush(Duration::from_secs(5)));
         assert_eq!(sink.stats().written_bytes, 15);
     }
 
     #[test]
     fn a_closed_destination_discards_and_reports() {
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
-        let sink = Sink::start(Stream::Stdout, w, 1 << 20).unwrap();
+        let sink = Sink::start(Stream::Stdout, w, 1 << 20, false).unwrap();
         drop(r);
         sink.push(b"hello\n");
-        assert!(sink.flush(Instant::now() + Duration::from_secs(5)));
+        assert!(sink.flush(Duration::from_secs(5)));
         sink.push(b"more\n");
         let st = sink.stats();
         assert_eq!(st.dropped_bytes, 11, "{st:?}");

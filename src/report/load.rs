@@ -4,9 +4,11 @@
 //! Tolerant by design, because the log is written by a process that may be
 //! killed at any moment and by versions of oomguard that add fields: unknown
 //! fields and unknown events are ignored, missing fields are `None`, a line
-//! that is not JSON (typically the last one, cut short) is skipped with a
-//! warning. Only a line of another schema, or a file with no oomguard line
-//! at all, is an error, since reading it as `oomguard/1` would mislead.
+//! that is not JSON (typically the last one, cut short), or a JSON line with
+//! no `"schema"` string (a stray line from another tool, an edit by hand),
+//! is skipped with a warning. Only a line that names another schema, or a
+//! file with no oomguard line at all, is an error, since reading it as
+//! `oomguard/1` would mislead.
 
 use std::collections::BTreeMap;
 
@@ -298,6 +300,7 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
     let mut log = RunLog::default();
     let mut clock = Clock::default();
     let mut parsed_any = false;
+    let mut first_foreign = None;
     let lines: Vec<&str> = text.lines().collect();
     let last_nonblank = lines.iter().rposition(|l| !l.trim().is_empty());
     let mut seq = 0;
@@ -328,7 +331,7 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
         };
         match obj.get("schema") {
             Some(Value::String(s)) if s == SCHEMA => {}
-            Some(other) => {
+            Some(other @ Value::String(_)) => {
                 return Err(ReportError::Schema {
                     line: n,
                     found: match other {
@@ -337,7 +340,12 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
                     },
                 });
             }
-            None => return Err(ReportError::NotALog { line: n }),
+            Some(_) | None => {
+                first_foreign.get_or_insert(n);
+                log.warnings
+                    .push(format!("line {n}: no \"schema\" string, skipped"));
+                continue;
+            }
         }
         parsed_any = true;
         let Some(event) = str_of(&obj, "event") else {
@@ -476,7 +484,10 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
         });
     }
     if !parsed_any {
-        return Err(ReportError::Empty);
+        return Err(match first_foreign {
+            Some(line) => ReportError::NotALog { line },
+            None => ReportError::Empty,
+        });
     }
     log.attempts = attempts(&log);
     Ok(log)
@@ -932,6 +943,22 @@ mod tests {
         assert!(matches!(e, ReportError::NotALog { line: 1 }), "{e:?}");
         assert!(matches!(load("\n\n").unwrap_err(), ReportError::Empty));
         assert!(matches!(load("garbage\n").unwrap_err(), ReportError::Empty));
+    }
+
+    #[test]
+    fn a_line_without_a_schema_is_skipped_with_a_warning() {
+        let text = [
+            sample(1.0, 1, 100),
+            r#"{"event":"sample","t":2}"#.to_string(),
+            r#"{"schema":1,"event":"sample","t":3}"#.to_string(),
+            sample(4.0, 1, 200),
+        ]
+        .join("\n");
+        let log = load(&text).unwrap();
+        assert_eq!(log.samples.len(), 2);
+        assert_eq!(log.warnings.len(), 2, "{:?}", log.warnings);
+        assert!(log.warnings[0].starts_with("line 2: no \"schema\""));
+        assert!(log.warnings[1].starts_with("line 3: no \"schema\""));
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub struct Settings {
     pub attach_spec: Option<crate::attach::AttachSpec>,
     /// `--output-log`: a raw copy of everything the job prints.
     pub output_log: Option<PathBuf>,
+    /// `--output-drop`: drop output a slow reader does not take instead of
+    /// making the job wait.
+    pub output_drop: bool,
 }
 
 /// What differs between the subcommands: the preset layer under the file,
@@ -153,6 +156,7 @@ pub struct CommandLine {
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub metrics_textfile: Option<PathBuf>,
     pub output_log: Option<PathBuf>,
+    pub output_drop: bool,
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
     pub resume_cmd: Option<String>,
@@ -185,6 +189,7 @@ impl Settings {
             metrics_addr: a.metrics_addr,
             metrics_textfile: a.metrics_textfile,
             output_log: a.output_log,
+            output_drop: a.output_drop,
             nvml: (!a.no_gpu).then_some(a.nvml_lib),
             torch_stats: a.torch_stats,
             resume_cmd: a.restart.resume_cmd,
@@ -376,6 +381,7 @@ impl Settings {
             allow_kill,
             attach_spec: None,
             output_log: cmd.output_log,
+            output_drop: cmd.output_drop,
         })
     }
 }

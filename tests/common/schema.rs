@@ -272,6 +272,8 @@ pub struct RunEnd {
     pub detached_reason: Option<String>,
     #[serde(default)]
     pub still_running_pids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub output_dropped_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
