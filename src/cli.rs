@@ -53,6 +53,10 @@ pub struct AttachArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
     pub pss_interval: Duration,
 
+    /// CPU the PSS readings may use, as a share of one core (1%).
+    #[arg(long, value_name = "PCT", default_value = "1%", value_parser = core_share)]
+    pub pss_budget: f64,
+
     /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
     #[arg(long, value_name = "SIZE|PCT", value_parser = size_or_percent)]
     pub budget: Option<SizeOrPercent>,
@@ -155,10 +159,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration)]
     pub interval: Duration,
 
-    /// Maximum age of a PSS reading (smaps_rollup is swept in the
-    /// background at this cadence; between sweeps PSS follows RSS changes).
+    /// How often a process tree whose memory moved is re-read from
+    /// smaps_rollup (in the background, within --pss-budget; between
+    /// readings PSS follows RSS changes).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = duration)]
     pub pss_interval: Duration,
+
+    /// CPU the PSS readings may use, as a share of one core (1%). Readings
+    /// after a fork or exit come first; large trees are read less often.
+    #[arg(long, value_name = "PCT", default_value = "1%", value_parser = core_share)]
+    pub pss_budget: f64,
 
     /// How often sample lines in the log carry per-process detail (and on
     /// every rule or action).
@@ -351,6 +361,21 @@ fn duration(s: &str) -> Result<Duration, String> {
         return Err(format!("'{s}' must be greater than zero"));
     }
     Ok(d)
+}
+
+/// A share of one core: "1%", "0.5%" (up to "100%").
+fn core_share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .strip_suffix('%')
+        .unwrap_or(s.trim())
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a share of one core (e.g. 1% or 0.5%)"))?;
+    if !(v > 0.0 && v <= 100.0) {
+        return Err(format!("'{s}' must be above 0% and at most 100%"));
+    }
+    Ok(v / 100.0)
 }
 
 fn size(s: &str) -> Result<u64, String> {

@@ -53,6 +53,7 @@ pub fn demo(args: DemoArgs) -> i32 {
         log: args.log.clone(),
         interval: Duration::from_millis(500),
         pss_interval: Duration::from_secs(1),
+        pss_budget: crate::probe::pss::SweepConfig::DEFAULT_BUDGET,
         procs_interval: Duration::from_secs(5),
         budget: Some(SizeOrPercent::Bytes(args.budget)),
         cgroup: CgroupMode::Auto,

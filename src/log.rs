@@ -164,6 +164,9 @@ pub struct SampleEvent {
     pub ceiling: Option<Ceiling>,
     pub eta_seconds: Option<f64>,
     pub tree: TreeTotals,
+    /// PSS and RSS by role (the roles present), on every line.
+    #[serde(default)]
+    pub roles: Vec<crate::model::RoleTotals>,
     pub system: SystemSample,
     pub cgroup: Option<CgroupSample>,
     pub psi: Option<Psi>,
@@ -194,6 +197,7 @@ impl SampleEvent {
                 pss_age_seconds: round3(sample.tree.pss_age_seconds),
                 ..sample.tree.clone()
             },
+            roles: crate::model::role_totals(&sample.procs),
             system: SystemSample {
                 swap_in_bytes_per_s: sample.system.swap_in_bytes_per_s.round(),
                 swap_out_bytes_per_s: sample.system.swap_out_bytes_per_s.round(),

@@ -40,7 +40,8 @@ use crate::model::{CeilingState, History, ProcSample, Role, Sample, View};
 use crate::policy::{Action, Decision, Engine, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped, RelayOptions};
-use crate::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
+use crate::probe::proc::{TreeRoot, TreeScanner, totals};
+use crate::probe::pss::{Member, PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
 use crate::restart::{Budget, CheckpointWatch};
 use crate::supervise::{self, Job, SpawnSpec, Status};
@@ -61,6 +62,8 @@ pub struct RunConfig {
     pub log: Option<PathBuf>,
     pub interval: Duration,
     pub pss_interval: Duration,
+    /// Share of one core the PSS readings may use.
+    pub pss_budget: f64,
     pub procs_interval: Duration,
     pub budget: Option<SizeOrPercent>,
     pub cgroup: CgroupMode,
@@ -113,6 +116,7 @@ impl RunConfig {
             log: a.log,
             interval: a.interval,
             pss_interval: a.pss_interval,
+            pss_budget: a.pss_budget,
             procs_interval: a.procs_interval,
             budget: a.budget.or(settings.budget),
             cgroup: a.cgroup,
@@ -141,6 +145,7 @@ impl RunConfig {
             log: a.log,
             interval: a.interval,
             pss_interval: a.pss_interval,
+            pss_budget: a.pss_budget,
             procs_interval: Duration::from_secs(60),
             budget: a.budget,
             cgroup: CgroupMode::Off,
@@ -644,7 +649,13 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     let cfg_restart = cfg.restart.clone();
     let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
     let mut sup = Supervisor {
-        sweeper: PssSweeper::start(cfg.proc_root.clone(), cfg.pss_interval),
+        sweeper: PssSweeper::start(
+            cfg.proc_root.clone(),
+            SweepConfig {
+                interval: cfg.pss_interval,
+                budget: cfg.pss_budget,
+            },
+        ),
         history: History::new(10.0),
         engine: Engine::new(cfg.policy.policy.clone()),
         oom_kills_at_start: cg_first.as_ref().and_then(|c| c.oom_kill_count),
@@ -1327,11 +1338,9 @@ impl Supervisor {
                 |c| c.usage_bytes,
             );
             self.sweeper.set_targets(
-                procs
-                    .iter()
-                    .map(|p| (p.pid, p.start_time, p.rss_bytes))
-                    .collect(),
-                charged,
+                procs.iter().map(Member::from).collect(),
+                owned_ws.unwrap_or(charged),
+                owned_ws.is_some(),
             );
         }
         let pss_age = self.sweeper.apply(&mut procs, now);

@@ -103,6 +103,7 @@ pub struct Sample {
     pub ceiling: Option<Ceiling>,
     pub eta_seconds: Option<f64>,
     pub tree: Tree,
+    pub roles: Vec<RoleTotals>,
     pub system: System,
     pub cgroup: Option<Cgroup>,
     pub psi: Option<Psi>,
@@ -111,6 +112,14 @@ pub struct Sample {
     pub procs: Option<Vec<Proc>>,
     #[serde(default)]
     pub torch: Vec<TorchProc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleTotals {
+    pub role: String,
+    pub pss_bytes: u64,
+    pub rss_bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
