@@ -283,6 +283,7 @@ impl TreeScanner {
                     }
                 }
             }
+            None if self.walk_children(&mut stats) => {}
             None => {
                 let Ok(dir) = fs::read_dir(&self.proc_root) else {
                     return Vec::new();
@@ -370,6 +371,60 @@ impl TreeScanner {
         self.known.retain(|_, k| k.seen);
         out.sort_by_key(|f| f.stat.pid);
         out
+    }
+
+    /// Finds the tree through the kernel's per-thread `children` lists,
+    /// from the root down: the cost follows the tree, not every process on
+    /// the machine. False (nothing read) where the kernel has no such lists
+    /// (CONFIG_PROC_CHILDREN), and the caller walks all of /proc.
+    fn walk_children(&mut self, stats: &mut HashMap<u32, StatLine>) -> bool {
+        let (root, include_root) = match self.root {
+            TreeRoot::ChildrenOf(p) => (p, false),
+            TreeRoot::Process(p) => (p, true),
+        };
+        let mut kids = Vec::new();
+        if !self.children_of(root, &mut kids) {
+            return false;
+        }
+        if include_root && let Some(st) = self.read_stat(root) {
+            stats.insert(root, st);
+        }
+        let mut queue = kids;
+        while let Some(pid) = queue.pop() {
+            if stats.contains_key(&pid) || pid == root {
+                continue;
+            }
+            if let Some(st) = self.read_stat(pid) {
+                stats.insert(pid, st);
+                self.children_of(pid, &mut queue);
+            }
+        }
+        true
+    }
+
+    /// Appends the children of every thread of `pid`; false when the first
+    /// thread's list cannot be read.
+    fn children_of(&mut self, pid: u32, out: &mut Vec<u32>) -> bool {
+        use std::io::Read;
+        let Ok(tasks) = fs::read_dir(self.proc_root.join(pid.to_string()).join("task")) else {
+            return false;
+        };
+        let mut any = false;
+        for task in tasks.flatten() {
+            self.buf.clear();
+            let read = fs::File::open(task.path().join("children"))
+                .and_then(|mut f| f.read_to_string(&mut self.buf))
+                .is_ok();
+            if read {
+                any = true;
+                out.extend(
+                    self.buf
+                        .split_ascii_whitespace()
+                        .filter_map(|s| s.parse::<u32>().ok()),
+                );
+            }
+        }
+        any
     }
 
     fn read_stat(&mut self, pid: u32) -> Option<StatLine> {
