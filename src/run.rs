@@ -1331,15 +1331,10 @@ impl Supervisor {
         };
         let system = self.system.read(now);
         if !quick {
-            let charged = cgroup.as_ref().map_or(
-                system
-                    .mem_total_bytes
-                    .saturating_sub(system.mem_available_bytes),
-                |c| c.usage_bytes,
-            );
+            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes));
             self.sweeper.set_targets(
                 procs.iter().map(Member::from).collect(),
-                owned_ws.unwrap_or(charged),
+                charged,
                 owned_ws.is_some(),
             );
         }

@@ -277,7 +277,7 @@ impl Feeder {
                     .filter(|f| f.stat.state != 'Z')
                     .map(ProcSample::from)
                     .collect();
-                sweeper.set_targets(procs.iter().map(Member::from).collect(), 0, false);
+                sweeper.set_targets(procs.iter().map(Member::from).collect(), None, false);
                 let age = sweeper.apply(&mut procs, now);
                 let mut tree: TreeTotals = totals(&procs);
                 tree.pss_age_seconds = age;

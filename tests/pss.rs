@@ -17,30 +17,7 @@ const MIB: u64 = 1 << 20;
 /// children that read every shared page (so they map it, copy-on-write) and
 /// write PRIV MiB of their own, live EPOCH_S and exit; GAP_S between
 /// epochs, TAIL_S at the end.
-const CHURN: &str = r#"
-import os, sys, time
-shared, priv, workers, epochs = (int(a) for a in sys.argv[1:5])
-epoch_s, gap_s, lead_s, tail_s = (float(a) for a in sys.argv[5:9])
-buf = bytearray(shared << 20)
-buf[::4096] = b"\x01" * (len(buf) // 4096)
-time.sleep(lead_s)
-for e in range(epochs):
-    kids = []
-    end = time.monotonic() + epoch_s
-    for w in range(workers):
-        pid = os.fork()
-        if pid == 0:
-            seen = sum(buf[::4096])
-            own = bytearray(priv << 20)
-            own[::4096] = b"\x02" * (len(own) // 4096)
-            time.sleep(max(0.0, end - time.monotonic()))
-            os._exit(0 if seen else 1)
-        kids.append(pid)
-    for k in kids:
-        os.waitpid(k, 0)
-    time.sleep(gap_s)
-time.sleep(tail_s)
-"#;
+const CHURN: &str = include_str!("../benches/churn.py");
 
 struct Scenario {
     name: &'static str,

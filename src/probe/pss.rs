@@ -102,8 +102,8 @@ struct Snapshot {
     readings: HashMap<Key, Reading>,
     /// When the burst started (its oldest reading).
     at: Instant,
-    /// What the tree was charged for then (cgroup usage or used RAM).
-    footprint_at: u64,
+    /// What the tree's cgroup was charged for then.
+    footprint_at: Option<u64>,
     /// CPU seconds the burst cost.
     cost: f64,
 }
@@ -118,7 +118,8 @@ struct State {
     /// RSS when a process was first seen: its private growth since is all
     /// an unmeasured newcomer is charged for.
     first_rss: HashMap<Key, u64>,
-    footprint: u64,
+    /// The usage of the cgroup the tree is in, when it has one.
+    footprint: Option<u64>,
     /// The owned cgroup gives the exact footprint: PSS only splits it.
     exact: bool,
     /// Bumped on every `set_targets`; a family whose burst was thrown away
@@ -138,9 +139,9 @@ struct State {
 /// RSS changes below this do not make a reading stale.
 const RSS_SLACK: u64 = 1 << 20;
 /// The budget saved while idle is capped at this much wall time's worth.
-const SAVINGS: f64 = 30.0;
+const SAVINGS: f64 = 15.0;
 /// Without any change a snapshot is still renewed after this many intervals.
-const MAX_AGE_INTERVALS: u32 = 12;
+const MAX_AGE_INTERVALS: u32 = 6;
 /// With an owned cgroup (exact footprint) refreshes wait this many intervals.
 const EXACT_SLOWDOWN: u32 = 4;
 
@@ -179,7 +180,7 @@ impl PssSweeper {
             family: HashMap::new(),
             snaps: HashMap::new(),
             first_rss: HashMap::new(),
-            footprint: 0,
+            footprint: None,
             exact: false,
             version: 0,
             failed: HashMap::new(),
@@ -205,10 +206,11 @@ impl PssSweeper {
         self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the sweeper which processes form the tree, and what the tree
-    /// is charged for right now (its cgroup's usage, or the machine's used
-    /// memory); `exact` when that figure is the job's own (owned cgroup).
-    pub fn set_targets(&self, members: Vec<Member>, footprint: u64, exact: bool) {
+    /// Tells the sweeper which processes form the tree, and what the
+    /// cgroup the tree is in is charged for right now, when it is in one
+    /// (the machine's used memory would mostly measure other jobs);
+    /// `exact` when that figure is the job's own (owned cgroup).
+    pub fn set_targets(&self, members: Vec<Member>, footprint: Option<u64>, exact: bool) {
         let mut st = self.lock();
         st.version += 1;
         st.footprint = footprint;
@@ -219,6 +221,7 @@ impl PssSweeper {
             st.first_rss.entry(m.key()).or_insert(m.rss);
         }
         st.first_rss.retain(|k, _| live.contains(k));
+        st.members = members;
         // A snapshot whose root is gone (the trainer exited, its workers
         // were orphaned) moves to a family that holds its survivors, so
         // their shares are not forgotten.
@@ -247,7 +250,6 @@ impl PssSweeper {
         let changed = roots
             .iter()
             .any(|r| matches!(need(&st, *r), Some(Need::Forked)));
-        st.members = members;
         drop(st);
         if changed {
             self.shared.1.notify_one();
@@ -265,80 +267,84 @@ impl PssSweeper {
     /// what it shares is still counted in full by its parent's reading from
     /// before the fork.
     pub fn apply(&self, procs: &mut [ProcSample], now: Instant) -> f64 {
-        let st = self.lock();
-        let index: HashMap<Key, usize> = procs
-            .iter()
-            .enumerate()
-            .map(|(i, p)| ((p.pid, p.start_time), i))
-            .collect();
-        let mut oldest = 0.0f64;
-        for p in procs.iter_mut() {
-            let key = (p.pid, p.start_time);
-            let reading = st
-                .family
-                .get(&key)
-                .and_then(|root| st.snaps.get(root))
-                .and_then(|s| s.readings.get(&key));
-            match reading {
-                Some(r) => {
-                    let grown = p.rss_bytes as i64 - r.rss_at as i64;
-                    p.pss_bytes = (r.rollup.pss as i64 + grown).max(0) as u64;
-                    p.uss_bytes = (r.rollup.uss as i64 + grown).max(0) as u64;
-                    p.swap_bytes = r.rollup.swap;
-                    oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
-                }
-                None => {
-                    let grown = st
-                        .first_rss
-                        .get(&key)
-                        .map_or(0, |&first| p.rss_bytes.saturating_sub(first));
-                    p.pss_bytes = grown;
-                    p.uss_bytes = grown;
-                    p.swap_bytes = 0;
-                }
-            }
-        }
-        // Exited members' shared pages, to the survivors.
-        for (root, snap) in &st.snaps {
-            for (key, r) in &snap.readings {
-                if index.contains_key(key) {
-                    continue;
-                }
-                let shared = r.rollup.pss.saturating_sub(r.rollup.uss);
-                if shared == 0 {
-                    continue;
-                }
-                let mut heir = r.parent;
-                let mut steps = 0;
-                while let Some(h) = heir {
-                    if index.contains_key(&h) || steps > 64 {
-                        break;
-                    }
-                    heir = snap.readings.get(&h).and_then(|x| x.parent);
-                    steps += 1;
-                }
-                let heir = heir
-                    .filter(|h| index.contains_key(h))
-                    .or_else(|| index.contains_key(root).then_some(*root))
-                    .or_else(|| {
-                        snap.readings
-                            .keys()
-                            .find(|k| index.contains_key(k))
-                            .copied()
-                    });
-                if let Some(i) = heir.and_then(|h| index.get(&h)) {
-                    procs[*i].pss_bytes += shared;
-                    oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
-                }
-            }
-        }
-        oldest
+        estimate(&self.lock(), procs, now)
     }
 
     /// What the sweeper has spent so far.
     pub fn stats(&self) -> SweepStats {
         self.lock().stats
     }
+}
+
+/// See [`PssSweeper::apply`].
+fn estimate(st: &State, procs: &mut [ProcSample], now: Instant) -> f64 {
+    let index: HashMap<Key, usize> = procs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ((p.pid, p.start_time), i))
+        .collect();
+    let mut oldest = 0.0f64;
+    for p in procs.iter_mut() {
+        let key = (p.pid, p.start_time);
+        let reading = st
+            .family
+            .get(&key)
+            .and_then(|root| st.snaps.get(root))
+            .and_then(|s| s.readings.get(&key));
+        match reading {
+            Some(r) => {
+                let grown = p.rss_bytes as i64 - r.rss_at as i64;
+                p.pss_bytes = (r.rollup.pss as i64 + grown).max(0) as u64;
+                p.uss_bytes = (r.rollup.uss as i64 + grown).max(0) as u64;
+                p.swap_bytes = r.rollup.swap;
+                oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
+            }
+            None => {
+                let grown = st
+                    .first_rss
+                    .get(&key)
+                    .map_or(0, |&first| p.rss_bytes.saturating_sub(first));
+                p.pss_bytes = grown;
+                p.uss_bytes = grown;
+                p.swap_bytes = 0;
+            }
+        }
+    }
+    // Exited members' shared pages, to the survivors.
+    for (root, snap) in &st.snaps {
+        for (key, r) in &snap.readings {
+            if index.contains_key(key) {
+                continue;
+            }
+            let shared = r.rollup.pss.saturating_sub(r.rollup.uss);
+            if shared == 0 {
+                continue;
+            }
+            let mut heir = r.parent;
+            let mut steps = 0;
+            while let Some(h) = heir {
+                if index.contains_key(&h) || steps > 64 {
+                    break;
+                }
+                heir = snap.readings.get(&h).and_then(|x| x.parent);
+                steps += 1;
+            }
+            let heir = heir
+                .filter(|h| index.contains_key(h))
+                .or_else(|| index.contains_key(root).then_some(*root))
+                .or_else(|| {
+                    snap.readings
+                        .keys()
+                        .find(|k| index.contains_key(k))
+                        .copied()
+                });
+            if let Some(i) = heir.and_then(|h| index.get(&h)) {
+                procs[*i].pss_bytes += shared;
+                oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
+            }
+        }
+    }
+    oldest
 }
 
 impl Drop for PssSweeper {
@@ -416,7 +422,10 @@ fn need(st: &State, root: Key) -> Option<Need> {
     // page it inherited): a footprint that moved says so. With an owned
     // cgroup the footprint is exact already.
     let footprint_moved = !st.exact
-        && st.footprint.abs_diff(snap.footprint_at) > (4u64 << 20).max(st.footprint / 100);
+        && st
+            .footprint
+            .zip(snap.footprint_at)
+            .is_some_and(|(now, then)| now.abs_diff(then) > (4u64 << 20).max(now / 100));
     let old = age >= st.cfg.interval * MAX_AGE_INTERVALS * slow;
     (moved > 0 || footprint_moved || old).then(|| Need::Refresh(moved as f64, age.as_secs_f64()))
 }
@@ -624,4 +633,153 @@ fn read_into(path: &Path, buf: &mut String) -> Option<()> {
 fn thread_cpu() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn member(pid: u32, ppid: u32, role: Role, rss: u64) -> Member {
+        Member {
+            pid,
+            start_time: u64::from(pid) * 10,
+            ppid,
+            role,
+            rss,
+        }
+    }
+
+    fn proc(m: &Member) -> ProcSample {
+        ProcSample {
+            pid: m.pid,
+            ppid: m.ppid,
+            role: m.role,
+            comm: "python3".into(),
+            rss_bytes: m.rss,
+            pss_bytes: 0,
+            uss_bytes: 0,
+            swap_bytes: 0,
+            gpu_bytes: None,
+            torch: None,
+            start_time: m.start_time,
+        }
+    }
+
+    fn reading(pss: u64, uss: u64, rss: u64, parent: Option<Key>) -> Reading {
+        Reading {
+            rollup: Rollup {
+                rss,
+                pss,
+                uss,
+                swap: 0,
+            },
+            rss_at: rss,
+            at: Instant::now(),
+            parent,
+        }
+    }
+
+    fn state(members: Vec<Member>, snap: Vec<(Key, Reading)>, root: Key) -> State {
+        let mut st = State {
+            cfg: SweepConfig {
+                interval: Duration::from_secs(5),
+                budget: 0.01,
+            },
+            family: family_roots(&members),
+            first_rss: members.iter().map(|m| (m.key(), m.rss)).collect(),
+            members,
+            snaps: HashMap::new(),
+            footprint: None,
+            exact: false,
+            version: 0,
+            failed: HashMap::new(),
+            tokens: 0.3,
+            refilled: Instant::now(),
+            cost_per_byte: 0.0,
+            stats: SweepStats::default(),
+            stop: false,
+        };
+        st.snaps.insert(
+            root,
+            Snapshot {
+                readings: snap.into_iter().collect(),
+                at: Instant::now(),
+                footprint_at: None,
+                cost: 0.01,
+            },
+        );
+        st
+    }
+
+    fn total(st: &State) -> u64 {
+        let mut procs: Vec<ProcSample> = st.members.iter().map(proc).collect();
+        estimate(st, &mut procs, Instant::now());
+        procs.iter().map(|p| p.pss_bytes).sum()
+    }
+
+    #[test]
+    fn families_stop_at_launchers() {
+        let ms = vec![
+            member(10, 1, Role::Launcher, 0),
+            member(11, 10, Role::Trainer, 0),
+            member(12, 11, Role::Worker, 0),
+            member(13, 12, Role::Worker, 0),
+            member(14, 11, Role::Launcher, 0),
+            member(15, 14, Role::Other, 0),
+        ];
+        let f = family_roots(&ms);
+        let root = |pid: u32| f[&(pid, u64::from(pid) * 10)].0;
+        assert_eq!([10, 11, 12, 13, 14, 15].map(root), [10, 11, 11, 11, 14, 15]);
+    }
+
+    #[test]
+    fn a_fork_is_not_counted_twice_before_the_family_is_read() {
+        // The parent alone held 800 MiB; 6 workers appear that map it and
+        // have since written 40 MiB each (their RSS grew by that much after
+        // the tick first saw them).
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let snap = vec![(parent.key(), reading(800 * MIB, 800 * MIB, 800 * MIB, None))];
+        let mut ms = vec![parent];
+        for i in 0..6 {
+            ms.push(member(101 + i, 100, Role::Worker, 800 * MIB));
+        }
+        let mut st = state(ms, snap, parent.key());
+        assert_eq!(total(&st), 800 * MIB);
+        for m in st.members.iter_mut().skip(1) {
+            m.rss += 40 * MIB;
+        }
+        assert_eq!(total(&st), 1040 * MIB);
+        assert!(matches!(need(&st, parent.key()), Some(Need::Forked)));
+    }
+
+    #[test]
+    fn exited_workers_hand_their_share_back() {
+        // A consistent burst of the parent and 6 workers sharing 800 MiB,
+        // then the workers exit: the parent's old reading (1/7 of it) plus
+        // the workers' shared parts is the 800 MiB still there.
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let share = 800 * MIB / 7;
+        let mut snap = vec![(parent.key(), reading(share, 0, 800 * MIB, None))];
+        for i in 0..6 {
+            let w = member(101 + i, 100, Role::Worker, 840 * MIB);
+            snap.push((
+                w.key(),
+                reading(share + 40 * MIB, 40 * MIB, 840 * MIB, Some(parent.key())),
+            ));
+        }
+        let st = state(vec![parent], snap, parent.key());
+        let t = total(&st);
+        assert!(t.abs_diff(800 * MIB) < MIB, "{t}");
+        assert!(matches!(need(&st, parent.key()), Some(Need::Exited)));
+    }
+
+    #[test]
+    fn an_unchanged_fresh_family_needs_nothing() {
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let snap = vec![(parent.key(), reading(800 * MIB, 800 * MIB, 800 * MIB, None))];
+        let st = state(vec![parent], snap, parent.key());
+        assert_eq!(need(&st, parent.key()), None);
+    }
 }
