@@ -3,6 +3,7 @@
 //! it and allocate their own, so the test knows the truth at every sample.
 //! `--cgroup off`, so the footprint is the PSS sum; everything runs inside a
 //! small memory cgroup.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -34,9 +35,12 @@ struct Scenario {
 const SHARED_MIB: u64 = 800;
 const PRIV_MIB: u64 = 40;
 
-/// Runs the scenario under oomguard and returns the samples as
-/// (t, procs, tree PSS, tree RSS, role PSS sum), or None when skipped.
-fn run(s: &Scenario) -> Option<Vec<(f64, u32, u64, u64, u64)>> {
+/// One sample: t, procs, tree PSS, tree RSS, the role PSS totals' sum.
+type Point = (f64, u32, u64, u64, u64);
+
+/// Runs the scenario under oomguard and returns its samples, or None when
+/// skipped.
+fn run(s: &Scenario) -> Option<Vec<Point>> {
     let cg = MemCgroup::or_skip(s.name, 2 << 30)?;
     let dir = tempfile::tempdir().unwrap();
     let script = common::script(dir.path(), "churn.py", CHURN);

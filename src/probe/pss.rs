@@ -427,7 +427,7 @@ fn need(st: &State, root: Key) -> Option<Need> {
             .zip(snap.footprint_at)
             .is_some_and(|(now, then)| now.abs_diff(then) > (4u64 << 20).max(now / 100));
     let old = age >= st.cfg.interval * MAX_AGE_INTERVALS * slow;
-    (moved > 0 || footprint_moved || old).then(|| Need::Refresh(moved as f64, age.as_secs_f64()))
+    (moved > 0 || footprint_moved || old).then_some(Need::Refresh(moved as f64, age.as_secs_f64()))
 }
 
 /// The family to read next, if the budget allows one now; otherwise how
