@@ -143,7 +143,7 @@ const SAVINGS: f64 = 15.0;
 /// Without any change a snapshot is still renewed after this many intervals.
 const MAX_AGE_INTERVALS: u32 = 6;
 /// With an owned cgroup (exact footprint) refreshes wait this many intervals.
-const EXACT_SLOWDOWN: u32 = 4;
+const EXACT_SLOWDOWN: u32 = 2;
 
 /// Why a family should be read.
 #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
@@ -419,13 +419,11 @@ fn need(st: &State, root: Key) -> Option<Need> {
         .filter(|&d| d > RSS_SLACK)
         .sum();
     // Sharing can change without any RSS change (a worker writing to a
-    // page it inherited): a footprint that moved says so. With an owned
-    // cgroup the footprint is exact already.
-    let footprint_moved = !st.exact
-        && st
-            .footprint
-            .zip(snap.footprint_at)
-            .is_some_and(|(now, then)| now.abs_diff(then) > (4u64 << 20).max(now / 100));
+    // page it inherited): a footprint that moved says so.
+    let footprint_moved = st
+        .footprint
+        .zip(snap.footprint_at)
+        .is_some_and(|(now, then)| now.abs_diff(then) > (4u64 << 20).max(now / 100));
     let old = age >= st.cfg.interval * MAX_AGE_INTERVALS * slow;
     (moved > 0 || footprint_moved || old).then_some(Need::Refresh(moved as f64, age.as_secs_f64()))
 }
