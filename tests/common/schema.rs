@@ -103,6 +103,8 @@ pub struct Sample {
     pub ceiling: Option<Ceiling>,
     pub eta_seconds: Option<f64>,
     pub tree: Tree,
+    /// Added within oomguard/1 (issue 12): older logs lack it.
+    #[serde(default)]
     pub roles: Vec<RoleTotals>,
     pub system: System,
     pub cgroup: Option<Cgroup>,
