@@ -123,6 +123,10 @@ pub struct AttachArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub pss_interval: Option<Duration>,
 
+    /// CPU the PSS readings may use, as a share of one core.
+    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::core_share)]
+    pub pss_budget: Option<f64>,
+
     /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
     #[arg(long, value_name = "SIZE|PCT", value_parser = crate::settings::values::budget)]
     pub budget: Option<SizeOrPercent>,
@@ -255,10 +259,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub interval: Option<Duration>,
 
-    /// Maximum age of a PSS reading (smaps_rollup is swept in the
-    /// background at this cadence; between sweeps PSS follows RSS changes).
+    /// How often a process tree whose memory moved is re-read from
+    /// smaps_rollup (in the background, within --pss-budget; between
+    /// readings PSS follows RSS changes).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub pss_interval: Option<Duration>,
+
+    /// CPU the PSS readings may use, as a share of one core. Readings
+    /// after a fork or exit come first; large trees are read less often.
+    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::core_share)]
+    pub pss_budget: Option<f64>,
 
     /// How often sample lines in the log carry per-process detail (and on
     /// every rule or action).
@@ -436,6 +446,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     crate::settings::values::positive_duration(s)
 }
 
+/// A share of one core: "1%", "0.5%" (up to "100%").
 fn size(s: &str) -> Result<u64, String> {
     crate::settings::values::positive_size(s)
 }

@@ -80,6 +80,35 @@ pub struct TreeTotals {
     pub pss_age_seconds: f64,
 }
 
+/// One role's share of the tree at one tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleTotals {
+    pub role: Role,
+    pub pss_bytes: u64,
+    pub rss_bytes: u64,
+}
+
+/// PSS and RSS summed by role, for the roles present, in [`Role::ALL`]
+/// order. Every sample line carries these, so the report's stack and the
+/// role metric never have to guess between per-process lists.
+pub fn role_totals(procs: &[ProcSample]) -> Vec<RoleTotals> {
+    Role::ALL
+        .iter()
+        .filter_map(|&role| {
+            let mut it = procs.iter().filter(|p| p.role == role).peekable();
+            it.peek()?;
+            let (pss_bytes, rss_bytes) = it.fold((0, 0), |(pss, rss), p| {
+                (pss + p.pss_bytes, rss + p.rss_bytes)
+            });
+            Some(RoleTotals {
+                role,
+                pss_bytes,
+                rss_bytes,
+            })
+        })
+        .collect()
+}
+
 /// Machine-wide memory.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SystemSample {

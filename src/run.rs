@@ -39,7 +39,8 @@ use crate::model::{CeilingState, History, ProcSample, Role, Sample, View};
 use crate::policy::{Action, Decision, Engine, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped, RelayOptions};
-use crate::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
+use crate::probe::proc::{TreeRoot, TreeScanner, totals};
+use crate::probe::pss::{Member, PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
 use crate::restart::{Budget, CheckpointWatch};
 use crate::supervise::{self, Job, SpawnSpec, Status};
@@ -601,7 +602,13 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
     let cfg_restart = cfg.restart.clone();
     let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
     let mut sup = Supervisor {
-        sweeper: PssSweeper::start(cfg.proc_root.clone(), cfg.pss_interval),
+        sweeper: PssSweeper::start(
+            cfg.proc_root.clone(),
+            SweepConfig {
+                interval: cfg.pss_interval,
+                budget: cfg.pss_budget,
+            },
+        ),
         history: History::new(10.0),
         engine: Engine::new(cfg.policy.policy.clone()),
         oom_kills_at_start: cg_first.as_ref().and_then(|c| c.oom_kill_count),
@@ -1566,18 +1573,11 @@ impl Supervisor {
         };
         let system = self.system.read(now);
         if !quick {
-            let charged = cgroup.as_ref().map_or(
-                system
-                    .mem_total_bytes
-                    .saturating_sub(system.mem_available_bytes),
-                |c| c.usage_bytes,
-            );
+            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes));
             self.sweeper.set_targets(
-                procs
-                    .iter()
-                    .map(|p| (p.pid, p.start_time, p.rss_bytes))
-                    .collect(),
+                procs.iter().map(Member::from).collect(),
                 charged,
+                owned_ws.is_some(),
             );
         }
         let pss_age = self.sweeper.apply(&mut procs, now);

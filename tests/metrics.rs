@@ -35,7 +35,8 @@ use oomguard::model::{
 };
 use oomguard::probe::cgroup::{self, CgroupReader};
 use oomguard::probe::gpu::GpuProbe;
-use oomguard::probe::proc::{PssSweeper, TreeRoot, TreeScanner, totals};
+use oomguard::probe::proc::{TreeRoot, TreeScanner, totals};
+use oomguard::probe::pss::{Member, PssSweeper, SweepConfig};
 use oomguard::probe::system::SystemReader;
 
 use common::{MemCgroup, require};
@@ -255,7 +256,13 @@ impl Feeder {
             let proc_root = PathBuf::from("/proc");
             let mut scanner = TreeScanner::new(&proc_root, TreeRoot::Process(job_pid));
             scanner.set_job(Some(job_pid));
-            let sweeper = PssSweeper::start(proc_root.clone(), Duration::from_millis(500));
+            let sweeper = PssSweeper::start(
+                proc_root.clone(),
+                SweepConfig {
+                    interval: Duration::from_millis(500),
+                    budget: SweepConfig::DEFAULT_BUDGET,
+                },
+            );
             let mut system = SystemReader::new(&proc_root);
             let cg = cgroup::locate(&proc_root, &job_pid.to_string())
                 .map(|l| CgroupReader::new(l, false));
@@ -270,13 +277,7 @@ impl Feeder {
                     .filter(|f| f.stat.state != 'Z')
                     .map(ProcSample::from)
                     .collect();
-                sweeper.set_targets(
-                    procs
-                        .iter()
-                        .map(|p| (p.pid, p.start_time, p.rss_bytes))
-                        .collect(),
-                    0,
-                );
+                sweeper.set_targets(procs.iter().map(Member::from).collect(), None, false);
                 let age = sweeper.apply(&mut procs, now);
                 let mut tree: TreeTotals = totals(&procs);
                 tree.pss_age_seconds = age;

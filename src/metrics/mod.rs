@@ -183,10 +183,11 @@ impl Metrics {
     /// tick set; a value this tick does not know (no cgroup, no ETA) stops
     /// being exported.
     pub fn update(&self, sample: &Sample, view: &View) {
+        // The same role totals the sample line carries (absent roles are 0).
         let mut role_pss = Role::ALL.map(|r| (r, 0u64));
-        for p in &sample.procs {
-            if let Some(slot) = role_pss.iter_mut().find(|(r, _)| *r == p.role) {
-                slot.1 += p.pss_bytes;
+        for t in crate::model::role_totals(&sample.procs) {
+            if let Some(slot) = role_pss.iter_mut().find(|(r, _)| *r == t.role) {
+                slot.1 = t.pss_bytes;
             }
         }
         let tick = Tick {

@@ -3,10 +3,8 @@
 //!
 //! The per-tick path reads only `/proc/PID/stat` (ppid, start time, comm and
 //! RSS in one cheap read). PSS, USS and swap need `smaps_rollup`, which walks
-//! every mapping and costs milliseconds on a large process, so a background
-//! [`PssSweeper`] thread refreshes them at most every `--pss-interval` and
-//! the tick carries them forward by the RSS change since (new allocations
-//! are private, so they count fully in PSS and USS).
+//! every mapping and costs milliseconds on a large process: the background
+//! sweeper in [`crate::probe::pss`] takes those readings within a CPU budget.
 //!
 //! A process that vanishes mid-scan or whose files cannot be read (hidepid,
 //! another user) is skipped quietly: never an error, never a crash.
@@ -14,10 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use crate::model::{ProcSample, Role, TreeTotals};
 
@@ -210,7 +205,7 @@ pub struct Found {
 
 impl From<Found> for ProcSample {
     /// A process as one tick reports it; PSS, USS and swap are filled in by
-    /// [`PssSweeper::apply`], GPU memory by the GPU probe.
+    /// [`crate::probe::pss::PssSweeper::apply`], GPU memory by the GPU probe.
     fn from(f: Found) -> Self {
         ProcSample {
             pid: f.stat.pid,
@@ -302,6 +297,17 @@ impl TreeScanner {
             Some(pids) => {
                 for &pid in pids {
                     if let Some(st) = self.read_stat(pid) {
+                        stats.insert(pid, st);
+                    }
+                }
+            }
+            None if self.walk_children(&mut stats) => {
+                // Members of the owned cgroup that are not descendants
+                // (put there from outside) are the job's too.
+                for pid in self.extra_roots.clone() {
+                    if !stats.contains_key(&pid)
+                        && let Some(st) = self.read_stat(pid)
+                    {
                         stats.insert(pid, st);
                     }
                 }
@@ -430,6 +436,62 @@ impl TreeScanner {
         out
     }
 
+    /// Finds the tree through the kernel's per-thread `children` lists,
+    /// from the root down: the cost follows the tree, not every process on
+    /// the machine. False (nothing read) where the kernel has no such lists
+    /// (CONFIG_PROC_CHILDREN), and the caller walks all of /proc.
+    fn walk_children(&mut self, stats: &mut HashMap<u32, StatLine>) -> bool {
+        let (root, include_root) = match self.root {
+            TreeRoot::ChildrenOf(p) => (p, false),
+            TreeRoot::Process(p) => (p, true),
+            // A job known by its members only has no root to walk from.
+            TreeRoot::Members => return true,
+        };
+        let mut kids = Vec::new();
+        if !self.children_of(root, &mut kids) {
+            return false;
+        }
+        if include_root && let Some(st) = self.read_stat(root) {
+            stats.insert(root, st);
+        }
+        let mut queue = kids;
+        while let Some(pid) = queue.pop() {
+            if stats.contains_key(&pid) || pid == root {
+                continue;
+            }
+            if let Some(st) = self.read_stat(pid) {
+                stats.insert(pid, st);
+                self.children_of(pid, &mut queue);
+            }
+        }
+        true
+    }
+
+    /// Appends the children of every thread of `pid`; false when the first
+    /// thread's list cannot be read.
+    fn children_of(&mut self, pid: u32, out: &mut Vec<u32>) -> bool {
+        use std::io::Read;
+        let Ok(tasks) = fs::read_dir(self.proc_root.join(pid.to_string()).join("task")) else {
+            return false;
+        };
+        let mut any = false;
+        for task in tasks.flatten() {
+            self.buf.clear();
+            let read = fs::File::open(task.path().join("children"))
+                .and_then(|mut f| f.read_to_string(&mut self.buf))
+                .is_ok();
+            if read {
+                any = true;
+                out.extend(
+                    self.buf
+                        .split_ascii_whitespace()
+                        .filter_map(|s| s.parse::<u32>().ok()),
+                );
+            }
+        }
+        any
+    }
+
     fn read_stat(&mut self, pid: u32) -> Option<StatLine> {
         use std::io::Read;
         self.buf.clear();
@@ -478,247 +540,6 @@ pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Measured {
-    start_time: u64,
-    rollup: Rollup,
-    /// When the reading was taken or last found still valid.
-    at: Instant,
-    /// The process's RSS (from `stat`) and the tree generation then.
-    rss_at: u64,
-    generation: u64,
-}
-
-/// A tree process the sweeper should measure: pid, start time, RSS.
-pub type Target = (u32, u64, u64);
-
-#[derive(Debug, Default)]
-struct SweepState {
-    targets: Vec<Target>,
-    /// Bumped whenever the set of tree processes changes, or the memory
-    /// the tree is charged for moves: sharing, and with it everyone's PSS,
-    /// may have changed. (A copy-on-write break — a worker touching the
-    /// dataset it inherited — grows PSS and USS without changing RSS.)
-    generation: u64,
-    /// The footprint when the generation was last bumped.
-    footprint_at: u64,
-    results: HashMap<u32, Measured>,
-    stop: bool,
-}
-
-/// RSS changes below this do not make a PSS reading stale.
-const RSS_SLACK: u64 = 64 * 1024;
-
-/// Reads `smaps_rollup` for every tree process on its own thread, so the
-/// expensive part of accounting never delays a tick. New processes are
-/// measured first; the others whenever their reading is older than
-/// `interval`.
-pub struct PssSweeper {
-    shared: Arc<(Mutex<SweepState>, Condvar)>,
-    handle: Option<JoinHandle<()>>,
-}
-
-impl PssSweeper {
-    pub fn start(proc_root: PathBuf, interval: Duration) -> Self {
-        let shared = Arc::new((Mutex::new(SweepState::default()), Condvar::new()));
-        let thread_shared = Arc::clone(&shared);
-        let handle = std::thread::Builder::new()
-            .name("oomguard-pss".into())
-            .spawn(move || sweep_loop(&proc_root, interval, &thread_shared))
-            .ok();
-        Self { shared, handle }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, SweepState> {
-        // A poisoned lock only means the sweeper panicked mid-update; the
-        // data is still plain numbers, so keep using it.
-        self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Tells the sweeper which processes (pid, start time, RSS) form the
-    /// tree, and what the tree is charged for right now (its cgroup's usage,
-    /// or the machine's used memory).
-    pub fn set_targets(&self, targets: Vec<Target>, footprint: u64) {
-        let mut st = self.lock();
-        let moved = footprint.abs_diff(st.footprint_at);
-        if moved > RSS_SLACK.max(footprint / 100).max(4 << 20) {
-            st.generation += 1;
-            st.footprint_at = footprint;
-        }
-        let new = targets
-            .iter()
-            .any(|(pid, start, _)| st.results.get(pid).is_none_or(|m| m.start_time != *start));
-        let same_set = targets.len() == st.targets.len()
-            && targets
-                .iter()
-                .zip(&st.targets)
-                .all(|(a, b)| a.0 == b.0 && a.1 == b.1);
-        if !same_set {
-            st.generation += 1;
-        }
-        st.results.retain(|pid, m| {
-            targets
-                .iter()
-                .any(|&(p, s, _)| p == *pid && s == m.start_time)
-        });
-        st.targets = targets;
-        drop(st);
-        if new {
-            self.shared.1.notify_one();
-        }
-    }
-
-    /// Applies the latest measurements to this tick's processes and returns
-    /// the age of the oldest one used.
-    pub fn apply(&self, procs: &mut [ProcSample], now: Instant) -> f64 {
-        let st = self.lock();
-        let mut oldest = 0.0f64;
-        for p in procs.iter_mut() {
-            match st
-                .results
-                .get(&p.pid)
-                .filter(|m| m.start_time == p.start_time)
-            {
-                Some(m) => {
-                    let grown = p.rss_bytes as i64 - m.rollup.rss as i64;
-                    p.pss_bytes = (m.rollup.pss as i64 + grown).max(0) as u64;
-                    p.uss_bytes = (m.rollup.uss as i64 + grown).max(0) as u64;
-                    p.swap_bytes = m.rollup.swap;
-                    oldest = oldest.max(now.saturating_duration_since(m.at).as_secs_f64());
-                }
-                None => {
-                    // Not measured yet (it appeared this tick). A forked
-                    // worker shares its parent's pages, so counting it as
-                    // 0 until the sweep reaches it is closer to the truth
-                    // than counting its RSS.
-                    p.pss_bytes = 0;
-                    p.uss_bytes = 0;
-                    p.swap_bytes = 0;
-                }
-            }
-        }
-        oldest
-    }
-}
-
-impl Drop for PssSweeper {
-    fn drop(&mut self) {
-        self.lock().stop = true;
-        self.shared.1.notify_all();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-fn sweep_loop(proc_root: &Path, interval: Duration, shared: &(Mutex<SweepState>, Condvar)) {
-    let (lock, cvar) = shared;
-    let mut buf = String::with_capacity(2048);
-    loop {
-        let target = {
-            let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if st.stop {
-                    return;
-                }
-                let now = Instant::now();
-                // A due reading whose inputs have not changed (same RSS,
-                // same tree) still holds: renew it without the walk.
-                let generation = st.generation;
-                let due: Vec<Target> = st.targets.clone();
-                for (pid, start, rss) in due {
-                    if let Some(m) = st.results.get_mut(&pid)
-                        && m.start_time == start
-                        && now.duration_since(m.at) >= interval
-                        && m.generation == generation
-                        && m.rss_at.abs_diff(rss) <= RSS_SLACK
-                    {
-                        m.at = now;
-                    }
-                }
-                // Never measured first, then the stalest that is due.
-                let mut best: Option<(u32, u64, Option<Instant>)> = None;
-                for &(pid, start, _) in &st.targets {
-                    let at = st
-                        .results
-                        .get(&pid)
-                        .filter(|m| m.start_time == start)
-                        .map(|m| m.at);
-                    let better = match (&best, at) {
-                        (None, _) => true,
-                        (Some((_, _, Some(_))), None) => true,
-                        (Some((_, _, Some(b))), Some(a)) => a < *b,
-                        _ => false,
-                    };
-                    if better {
-                        best = Some((pid, start, at));
-                    }
-                }
-                match best {
-                    Some((pid, start, None)) => break (pid, start),
-                    Some((pid, start, Some(at))) if now.duration_since(at) >= interval => {
-                        break (pid, start);
-                    }
-                    Some((_, _, Some(at))) => {
-                        let wait = interval.saturating_sub(now.duration_since(at));
-                        st = cvar
-                            .wait_timeout(st, wait)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
-                    }
-                    None => {
-                        st = cvar
-                            .wait_timeout(st, interval)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
-                    }
-                }
-            }
-        };
-        let (pid, start) = target;
-        let (rss_at, generation) = {
-            let st = lock.lock().unwrap_or_else(|e| e.into_inner());
-            let rss = st.targets.iter().find(|t| t.0 == pid).map_or(0, |t| t.2);
-            (rss, st.generation)
-        };
-        let dir = proc_root.join(pid.to_string());
-        let rollup =
-            read_into(&dir.join("smaps_rollup"), &mut buf).and_then(|()| parse_smaps_rollup(&buf));
-        // The pid may have been reused between listing and reading: only
-        // keep the reading if the start time still matches.
-        let same = read_into(&dir.join("stat"), &mut buf)
-            .and_then(|()| parse_stat(&buf))
-            .is_some_and(|s| s.start_time == start);
-        let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-        match rollup {
-            Some(rollup) if same => {
-                st.results.insert(
-                    pid,
-                    Measured {
-                        start_time: start,
-                        rollup,
-                        at: Instant::now(),
-                        rss_at,
-                        generation,
-                    },
-                );
-            }
-            _ => {
-                // Gone or unreadable: stop trying until the tick lists it
-                // again with a new identity.
-                st.targets.retain(|&(p, s, _)| !(p == pid && s == start));
-            }
-        }
-    }
-}
-
-fn read_into(path: &Path, buf: &mut String) -> Option<()> {
-    use std::io::Read;
-    buf.clear();
-    fs::File::open(path).ok()?.read_to_string(buf).ok()?;
-    Some(())
-}
-
 /// Sums a tick's processes.
 pub fn totals(procs: &[ProcSample]) -> TreeTotals {
     let mut t = TreeTotals {
@@ -738,6 +559,7 @@ pub fn totals(procs: &[ProcSample]) -> TreeTotals {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const STAT: &str = "4242 (python3 (x) y) S 4200 4200 4100 34816 4242 4194304 3014 0 0 0 \
         12 3 0 0 20 0 5 0 987654 1234567890 25600 18446744073709551615 1 1 0 0 0 0 0 \

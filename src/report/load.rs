@@ -119,6 +119,9 @@ pub struct SamplePoint {
     pub cgroup_limit_bytes: Option<u64>,
     pub oom_kill_count: Option<u64>,
     pub gpus: Vec<GpuPoint>,
+    /// PSS by role at this tick (lines that carry `roles`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub role_pss: Vec<(Role, u64)>,
 }
 
 /// One GPU in one sample.
@@ -711,6 +714,18 @@ fn sample_point(obj: &Map<String, Value>, t: f64, attempt: u32) -> SamplePoint {
         cgroup_usage_bytes: cgroup.and_then(|c| u64_of(c, "usage_bytes")),
         cgroup_limit_bytes: cgroup.and_then(|c| u64_of(c, "limit_bytes")),
         oom_kill_count: cgroup.and_then(|c| u64_of(c, "oom_kill_count")),
+        role_pss: obj
+            .get("roles")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| {
+                        let r = r.as_object()?;
+                        Some((role_of(r.get("role")), u64_of(r, "pss_bytes")?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         gpus: obj
             .get("gpus")
             .and_then(Value::as_array)

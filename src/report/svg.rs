@@ -211,11 +211,23 @@ fn thresholds(log: &RunLog) -> (Option<Threshold>, Option<Threshold>) {
 
 /// Role split of the PSS sum at each sample of one attempt.
 ///
-/// The per-process lists come at a slower cadence than samples, so the
-/// split at a sample is the role shares interpolated between the lists
-/// around it, applied to that sample's exact PSS sum: the stack's top is
-/// always the measured total, and at each list the split is exact.
+/// Sample lines carry their role totals (`roles`), which are used as they
+/// are. Logs from before that have only the slower per-process lists: the
+/// split at a sample is then the role shares interpolated between the lists
+/// around it, applied to that sample's exact PSS sum.
 fn role_stack(samples: &[&SamplePoint], log: &RunLog, attempt: u32) -> Option<Vec<[f64; 4]>> {
+    let exact = |s: &SamplePoint| {
+        let mut sums = [0.0; 4];
+        for &(role, pss) in &s.role_pss {
+            if let Some(i) = STACK.iter().position(|r| *r == role) {
+                sums[i] += pss as f64;
+            }
+        }
+        sums
+    };
+    if !samples.is_empty() && samples.iter().all(|s| !s.role_pss.is_empty()) {
+        return Some(samples.iter().map(|s| exact(s)).collect());
+    }
     let snaps: Vec<(f64, [f64; 4])> = log
         .snapshots
         .iter()
@@ -238,6 +250,9 @@ fn role_stack(samples: &[&SamplePoint], log: &RunLog, attempt: u32) -> Option<Ve
         samples
             .iter()
             .map(|s| {
+                if !s.role_pss.is_empty() {
+                    return exact(s);
+                }
                 let after = snaps.iter().position(|(t, _)| *t >= s.t);
                 let shares = match after {
                     Some(0) => snaps[0].1,
@@ -532,7 +547,11 @@ pub fn timeline(log: &RunLog) -> String {
         let used = log
             .snapshots
             .iter()
-            .any(|s| s.procs.iter().any(|p| p.role == r && p.pss_bytes > 0));
+            .any(|s| s.procs.iter().any(|p| p.role == r && p.pss_bytes > 0))
+            || log
+                .samples
+                .iter()
+                .any(|s| s.role_pss.iter().any(|&(role, pss)| role == r && pss > 0));
         if used {
             legend.push(LegendItem {
                 label: format!("{} PSS", r.as_str()),

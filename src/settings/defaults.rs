@@ -9,6 +9,8 @@ use crate::policy::Action;
 
 pub const INTERVAL: Duration = Duration::from_secs(1);
 pub const PSS_INTERVAL: Duration = Duration::from_secs(5);
+/// Share of one core the PSS readings may use.
+pub const PSS_BUDGET: f64 = crate::probe::pss::SweepConfig::DEFAULT_BUDGET;
 pub const PROCS_INTERVAL: Duration = Duration::from_secs(60);
 pub const CGROUP: CgroupMode = CgroupMode::Auto;
 pub const KILL_AFTER: Duration = Duration::from_secs(10);
@@ -31,6 +33,7 @@ pub fn help_defaults() -> Vec<(&'static str, String)> {
     vec![
         ("interval", d(INTERVAL)),
         ("pss_interval", d(PSS_INTERVAL)),
+        ("pss_budget", format!("{}%", PSS_BUDGET * 100.0)),
         ("procs_interval", d(PROCS_INTERVAL)),
         ("cgroup", "auto".to_string()),
         ("kill_after", d(KILL_AFTER)),

@@ -63,6 +63,7 @@ pub struct FileSettings {
 struct RawFile {
     interval: Option<Spanned<toml::Value>>,
     pss_interval: Option<Spanned<toml::Value>>,
+    pss_budget: Option<Spanned<toml::Value>>,
     procs_interval: Option<Spanned<toml::Value>>,
     cgroup: Option<Spanned<String>>,
     kill_after: Option<Spanned<toml::Value>>,
@@ -236,6 +237,11 @@ pub fn parse(path: &Path, text: &str) -> Result<FileSettings, ConfigError> {
         grace: dur("grace", &raw.grace)?,
         restart_delay: dur("restart_delay", &raw.restart_delay)?,
         restart_reset: dur("restart_reset", &raw.restart_reset)?,
+        pss_budget: raw
+            .pss_budget
+            .as_ref()
+            .map(|v| ctx.value("pss_budget", v, values::core_share))
+            .transpose()?,
         budget: raw
             .budget
             .as_ref()

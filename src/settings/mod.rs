@@ -26,6 +26,7 @@ use crate::units::SizeOrPercent;
 pub struct Layer {
     pub interval: Option<Duration>,
     pub pss_interval: Option<Duration>,
+    pub pss_budget: Option<f64>,
     pub procs_interval: Option<Duration>,
     pub cgroup: Option<CgroupMode>,
     pub kill_after: Option<Duration>,
@@ -79,6 +80,8 @@ pub struct Settings {
     pub log: Option<PathBuf>,
     pub interval: Duration,
     pub pss_interval: Duration,
+    /// Share of one core the PSS readings may use.
+    pub pss_budget: f64,
     pub procs_interval: Duration,
     pub budget: Option<SizeOrPercent>,
     pub cgroup: CgroupMode,
@@ -170,6 +173,7 @@ impl Settings {
         let mut flags = policy_layer(&a.policy);
         flags.interval = a.interval;
         flags.pss_interval = a.pss_interval;
+        flags.pss_budget = a.pss_budget;
         flags.procs_interval = a.procs_interval;
         flags.cgroup = a.cgroup;
         flags.kill_after = a.kill_after;
@@ -222,6 +226,7 @@ impl Settings {
         let mut flags = policy_layer(&a.policy);
         flags.interval = a.interval;
         flags.pss_interval = a.pss_interval;
+        flags.pss_budget = a.pss_budget;
         flags.budget = a.budget;
         let cmd = CommandLine {
             argv: vec![OsString::from(&spec.label)],
@@ -338,6 +343,7 @@ impl Settings {
             log: cmd.log,
             interval: pick!(interval, defaults::INTERVAL),
             pss_interval: pick!(pss_interval, defaults::PSS_INTERVAL),
+            pss_budget: pick!(pss_budget, defaults::PSS_BUDGET),
             procs_interval: pick!(procs_interval, defaults::PROCS_INTERVAL),
             budget: pick!(budget),
             // A job oomguard did not launch cannot be put in a cgroup of its own.

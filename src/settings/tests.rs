@@ -25,6 +25,7 @@ fn settings(flags: &[&str], file: Option<&str>) -> Settings {
     let mut layer = policy_layer(&a.policy);
     layer.interval = a.interval;
     layer.pss_interval = a.pss_interval;
+    layer.pss_budget = a.pss_budget;
     layer.procs_interval = a.procs_interval;
     layer.cgroup = a.cgroup;
     layer.kill_after = a.kill_after;
@@ -86,6 +87,13 @@ fn cases() -> Vec<Case> {
             get: |s| dur(s.pss_interval),
             from_flag: "2000ms",
             from_file: "3000ms",
+        },
+        Case {
+            flag: &["--pss-budget", "2%"],
+            file: "pss_budget = \"3%\"",
+            get: |s| format!("{:.3}", s.pss_budget),
+            from_flag: "0.020",
+            from_file: "0.030",
         },
         Case {
             flag: &["--procs-interval", "2s"],
@@ -264,7 +272,7 @@ fn every_file_key_has_a_precedence_case() {
         .iter()
         .map(|c| c.file.split(' ').next().unwrap_or(""))
         .collect();
-    let sample = "interval pss_interval procs_interval cgroup kill_after budget fail_above \
+    let sample = "interval pss_interval pss_budget procs_interval cgroup kill_after budget fail_above \
                   notify policy warn_at critical_at on_critical max_pause grace \
                   checkpoint_signal on_warn checkpoint_dir checkpoint_glob max_restarts \
                   restart_delay restart_reset";

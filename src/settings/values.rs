@@ -48,6 +48,21 @@ pub fn checkpoint_signal(text: &str) -> Result<i32, String> {
     Ok(sig)
 }
 
+/// A share of one core for oomguard's own work: `1%` (or `1`) is 0.01.
+pub fn core_share(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let v: f64 = t
+        .strip_suffix('%')
+        .unwrap_or(t)
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a share of one core (e.g. 1% or 0.5%)"))?;
+    if !(v > 0.0 && v <= 100.0) {
+        return Err(format!("'{text}' must be above 0% and at most 100%"));
+    }
+    Ok(v / 100.0)
+}
+
 /// A duration greater than zero.
 pub fn positive_duration(text: &str) -> Result<Duration, String> {
     let d = units::parse_duration(text).map_err(|e| e.to_string())?;

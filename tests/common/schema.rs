@@ -131,6 +131,9 @@ pub struct Sample {
     pub ceiling: Option<Ceiling>,
     pub eta_seconds: Option<f64>,
     pub tree: Tree,
+    /// Added within oomguard/1 (issue 12): older logs lack it.
+    #[serde(default)]
+    pub roles: Vec<RoleTotals>,
     pub system: System,
     pub cgroup: Option<Cgroup>,
     pub psi: Option<Psi>,
@@ -147,6 +150,14 @@ pub struct Sample {
     pub gpu_eta_seconds: Option<f64>,
     #[serde(default)]
     pub torch_fragmentation_bytes: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleTotals {
+    pub role: String,
+    pub pss_bytes: u64,
+    pub rss_bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
