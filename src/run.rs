@@ -2498,6 +2498,8 @@ impl Supervisor {
         } else if self.cfg.attach.is_some()
             && let Some(m) = self.attached_members()
         {
+            // The attached job's own cgroup: every member is in it.
+            self.owned_members = m.iter().copied().collect();
             self.scanner.scan(Some(&m))
         } else {
             match self
