@@ -133,11 +133,17 @@ impl Run {
         })
     }
 
-    fn stop_signal(&self) -> Option<String> {
+    /// The first stop's signal and the pids it went to.
+    fn stop(&self) -> Option<(Option<String>, Vec<u32>)> {
         self.log.iter().find_map(|l| match &l.event {
-            Event::Action(a) if a.action == "stop" => a.signal.clone(),
+            Event::Action(a) if a.action == "stop" => Some((a.signal.clone(), a.pids.clone())),
             _ => None,
         })
+    }
+
+    /// The job's main process (the leak), as the scenario saw it.
+    fn pid(&self) -> u32 {
+        self.num("pid") as u32
     }
 
     /// Attached to `path`, a cgroup that holds only the job and is not
@@ -152,14 +158,20 @@ impl Run {
             .unwrap_or_else(|| panic!("{}: no cgroup in run_start", self.name));
         assert_eq!(info.path, path, "{}", self.name);
         assert!(!info.owned && info.exclusive, "{}: {info:?}", self.name);
-        let samples: Vec<&schema::Sample> = self.log.iter().filter_map(|l| l.sample()).collect();
+        let samples: Vec<(f64, &schema::Sample)> = self
+            .log
+            .iter()
+            .filter_map(|l| Some((l.t, l.sample()?)))
+            .collect();
+        // The job holds its memory until it is stopped.
+        let holding = self.first_action("stop").unwrap_or(f64::INFINITY);
         assert!(
             samples.len() >= 3,
             "{}: only {} samples",
             self.name,
             samples.len()
         );
-        for s in samples {
+        for (t, s) in samples {
             let cg = s.cgroup.as_ref().expect("a cgroup on every sample");
             assert_eq!(cg.version, 2, "{}", self.name);
             assert_eq!(cg.path, path, "{}", self.name);
@@ -173,7 +185,7 @@ impl Run {
                 self.name
             );
             assert!(
-                s.tree.footprint_bytes >= at_least_mib << 20,
+                t >= holding || s.tree.footprint_bytes >= at_least_mib << 20,
                 "{}: footprint {} below {at_least_mib} MiB",
                 self.name,
                 s.tree.footprint_bytes
@@ -200,13 +212,13 @@ impl Run {
             "{}",
             self.name
         );
-        assert!(
-            end.still_running_pids
-                .as_ref()
-                .is_some_and(|p| !p.is_empty()),
-            "{}: {end:?}",
+        assert_eq!(
+            end.still_running_pids,
+            Some(vec![self.pid()]),
+            "{}",
             self.name
         );
+        assert_eq!(self.run_start().pid, self.pid(), "{}", self.name);
         assert!(
             self.err.contains("still running"),
             "{}: {}",
@@ -222,12 +234,12 @@ impl Run {
     fn assert_stopped(&self) {
         assert_eq!(self.num("exit"), 75, "{}: {}", self.name, self.err);
         assert_eq!(self.num("oom_kill"), 0, "{}: the kernel killed", self.name);
-        assert_eq!(
-            self.stop_signal().as_deref(),
-            Some("SIGTERM"),
-            "{}",
-            self.name
-        );
+        // The trainer alone gets the checkpoint signal.
+        let (signal, pids) = self
+            .stop()
+            .unwrap_or_else(|| panic!("{}: no stop action", self.name));
+        assert_eq!(signal.as_deref(), Some("SIGTERM"), "{}", self.name);
+        assert_eq!(pids, vec![self.pid()], "{}", self.name);
         assert!(
             self.job.contains("checkpoint"),
             "{}: the trainer did not checkpoint: {}",
@@ -280,9 +292,9 @@ echo +memory > /sys/fs/cgroup/{slurm}/step_0/user/cgroup.subtree_control
 echo 300M > /sys/fs/cgroup/{slurm}/memory.max
 job {slurm}/step_0/user/task_0 s1 40 80; js=$job; holds {slurm} 40
 {og} --slurm-job 42 --watch-for 4s --log /tmp/s1.ndjson >/dev/null 2>/tmp/s1.err
-echo "@@ s1.exit=$?"; report s1 {slurm} $js
+echo "@@ s1.exit=$?"; echo "@@ s1.pid=$js"; report s1 {slurm} $js
 {og} --cgroup /{slurm} --watch-for 4s --log /tmp/s2.ndjson >/dev/null 2>/tmp/s2.err
-echo "@@ s2.exit=$?"; cp /tmp/s1.job /tmp/s2.job; report s2 {slurm} $js
+echo "@@ s2.exit=$?"; echo "@@ s2.pid=$js"; cp /tmp/s1.job /tmp/s2.job; report s2 {slurm} $js
 kill $js; wait $js
 
 # C: by --cgroup (the directory); a leak in a 200M cgroup is stopped by
@@ -290,7 +302,7 @@ kill $js; wait $js
 mkdir -p /sys/fs/cgroup/c; echo 200M > /sys/fs/cgroup/c/memory.max
 job c c 20 400; jc=$job; holds c 30
 timeout 120 {og} --cgroup /sys/fs/cgroup/c --log /tmp/c.ndjson >/dev/null 2>/tmp/c.err
-echo "@@ c.exit=$?"; wait $jc; echo "@@ c.job_exit=$?"; report c c $jc
+echo "@@ c.exit=$?"; echo "@@ c.pid=$jc"; wait $jc; echo "@@ c.job_exit=$?"; report c c $jc
 
 # W/W0: 30 s polling; the admin's memory.high (186M, past the critical
 # level of a 200M limit) holds the leak. Only a kernel wake-up from the
@@ -301,7 +313,7 @@ for w in w w0; do
   job $w $w 200 190 1000; jw=$job
   if [ $w = w0 ]; then export OOMGUARD_KERNEL_WAKEUPS=off; fi
   timeout 120 oomguard attach --no-tui --no-notify --interval 30s --cgroup /$w --log /tmp/$w.ndjson >/dev/null 2>/tmp/$w.err
-  echo "@@ $w.exit=$?"; wait $jw; echo "@@ $w.job_exit=$?"; report $w $w $jw
+  echo "@@ $w.exit=$?"; echo "@@ $w.pid=$jw"; wait $jw; echo "@@ $w.job_exit=$?"; report $w $w $jw
 done
 unset OOMGUARD_KERNEL_WAKEUPS
 "#
@@ -312,12 +324,11 @@ unset OOMGUARD_KERNEL_WAKEUPS
     let p = get("p");
     p.assert_detached("SIGTERM received");
     p.assert_exclusive("/p", 30);
-    assert_eq!(p.run_start().pid as i64, p.num("pid"));
 
     let slurm_path = format!("/{slurm}");
     for name in ["s1", "s2"] {
         let s = get(name);
-        s.assert_detached("--watch-for 4s elapsed");
+        s.assert_detached("--watch-for 4.0s elapsed");
         s.assert_exclusive(&slurm_path, 30);
     }
 
