@@ -3330,7 +3330,12 @@ impl Supervisor {
             (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
             (Outcome::StoppedByPolicy, _) => format!(
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
-                self.stop.as_ref().map_or("kill", |s| s.reason.as_str())
+                // An attached trainer that checkpointed and left ends the
+                // stop early: the action, not "kill", is what happened.
+                self.stop.as_ref().map_or_else(
+                    || self.policy_end.map_or("kill", |a| a.name()),
+                    |s| s.reason.as_str()
+                )
             ),
             (_, Status::Exited(c)) => format!("exited with {c}"),
             (_, Status::Signaled(s)) => {

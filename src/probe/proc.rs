@@ -375,7 +375,22 @@ impl TreeScanner {
                     }
                 }
             }
-            (TreeRoot::Members, false) => {}
+            (TreeRoot::Members, false) => {
+                // A full walk for a member list (`scan_descendants_and`):
+                // members whose parent is not a member are top-level, the
+                // rest are reached through their parent (with its role).
+                // Without a member list the tree stays empty.
+                let members: HashSet<u32> =
+                    std::mem::take(&mut self.extra_roots).into_iter().collect();
+                for &pid in &members {
+                    if stats
+                        .get(&pid)
+                        .is_some_and(|st| !members.contains(&st.ppid))
+                    {
+                        stack.push((pid, None));
+                    }
+                }
+            }
             (TreeRoot::ChildrenOf(parent), false) => {
                 // Pushed first, so popped last: a member that is also a
                 // descendant is reached through its parent (with its role).
@@ -750,6 +765,44 @@ mod tests {
         sc.set_job(Some(301));
         let roles: Vec<(u32, Role)> = sc.scan(None).iter().map(|f| (f.stat.pid, f.role)).collect();
         assert_eq!(roles, vec![(301, Role::Trainer), (302, Role::Worker)]);
+    }
+
+    /// `attach` to a job alone in its cgroup: a full scan with the member
+    /// list (`scan_descendants_and`) finds the members as a forest (an
+    /// orphan member included, a member's child that left the cgroup too)
+    /// and nothing else on the machine.
+    #[test]
+    fn attach_members_full_scan_finds_the_members() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            &[
+                (1, 0, "init", 10, "init"),
+                (400, 1, "sshd", 10, "sshd"),
+                (401, 1, "python3", 10, "python3 t.py"),
+                (402, 401, "python3", 10, "python3 t.py"),
+                (403, 1, "python3", 10, "python3 orphan.py"),
+                (404, 402, "sh", 10, "sh -c moved-out"),
+            ],
+        );
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::Members);
+        sc.set_job(Some(401));
+        let roles: Vec<(u32, Role)> = sc
+            .scan_descendants_and(&[401, 402, 403])
+            .iter()
+            .map(|f| (f.stat.pid, f.role))
+            .collect();
+        assert_eq!(
+            roles,
+            vec![
+                (401, Role::Trainer),
+                (402, Role::Worker),
+                (403, Role::Other),
+                (404, Role::Worker),
+            ]
+        );
+        // No member list: an empty tree, never the whole machine.
+        assert!(sc.scan_descendants_and(&[]).is_empty());
     }
 
     #[test]
