@@ -274,12 +274,13 @@ fn closing_the_terminal_ends_the_run_with_run_end() {
     let end = schema::run_end(&lines);
     assert_eq!(end.exit_code, 137);
     assert_eq!(last_event(&log), "run_end");
-    assert!(
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .contains(r#""reason":"terminal hangup","result":"ok","signal":"SIGHUP""#),
-        "no hangup action"
-    );
+    let hangup = lines.iter().any(|l| {
+        matches!(&l.event, schema::Event::Action(a)
+            if a.reason == "terminal hangup"
+                && a.result == "ok"
+                && a.signal.as_deref() == Some("SIGHUP"))
+    });
+    assert!(hangup, "no hangup action");
 }
 
 #[test]

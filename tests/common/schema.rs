@@ -111,6 +111,8 @@ pub struct CgroupInfo {
     pub owned: bool,
     #[serde(default)]
     pub not_owned_reason: Option<String>,
+    /// Absent in logs written before `attach` used the job's cgroup.
+    #[serde(default)]
     pub exclusive: bool,
     #[serde(default)]
     pub not_exclusive_reason: Option<String>,
