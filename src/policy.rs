@@ -14,7 +14,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Sample, View};
+use crate::model::{GpuSample, Psi, Sample, SystemSample, View};
 
 /// What a rule looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -390,38 +390,51 @@ impl Readings {
         gpu_eta: Option<f64>,
         frag: Option<f64>,
     ) -> Self {
-        let mut r = Readings {
+        Self::from_inputs(&Inputs {
             t: sample.t,
+            headroom_percent: view.headroom_percent(),
+            headroom_bytes: view.headroom_bytes(),
+            footprint_bytes: sample.tree.footprint_bytes,
+            system: &sample.system,
+            psi: sample.psi,
+            has_ceiling: view.nearest.is_some(),
+            eta_seconds: view.eta_seconds,
+            fastest_growth: Some(view.fastest.map_or(0.0, |(_, rate)| rate)),
+            gpus: &sample.gpus,
+            gpu_eta,
+            frag,
+        })
+    }
+
+    /// Every metric from its inputs, however they were gathered (a live
+    /// tick, or a logged sample in `oomguard replay`).
+    pub fn from_inputs(i: &Inputs<'_>) -> Self {
+        let mut r = Readings {
+            t: i.t,
             ..Default::default()
         };
-        r.set(Metric::HeadroomPercent, view.headroom_percent());
-        r.set(
-            Metric::HeadroomBytes,
-            view.headroom_bytes().map(|b| b as f64),
-        );
-        r.set(Metric::TreePss, Some(sample.tree.footprint_bytes as f64));
-        let sys_known = sample.system.mem_total_bytes > 0;
+        r.set(Metric::HeadroomPercent, i.headroom_percent);
+        r.set(Metric::HeadroomBytes, i.headroom_bytes.map(|b| b as f64));
+        r.set(Metric::TreePss, Some(i.footprint_bytes as f64));
+        let sys_known = i.system.mem_total_bytes > 0;
         r.set(
             Metric::SwapUsed,
-            sys_known.then_some(sample.system.swap_used_bytes as f64),
+            sys_known.then_some(i.system.swap_used_bytes as f64),
         );
         r.set(
             Metric::SwapInRate,
-            sys_known.then_some(sample.system.swap_in_bytes_per_s),
+            sys_known.then_some(i.system.swap_in_bytes_per_s),
         );
-        r.set(Metric::PsiSome, sample.psi.map(|p| p.some_avg10));
-        r.set(Metric::PsiFull, sample.psi.map(|p| p.full_avg10));
+        r.set(Metric::PsiSome, i.psi.map(|p| p.some_avg10));
+        r.set(Metric::PsiFull, i.psi.map(|p| p.full_avg10));
         // Flat memory: the ETA is infinite, which is a value, not unknown.
         r.set(
             Metric::Eta,
-            view.nearest
-                .map(|_| view.eta_seconds.unwrap_or(f64::INFINITY)),
+            i.has_ceiling
+                .then(|| i.eta_seconds.unwrap_or(f64::INFINITY)),
         );
-        r.set(
-            Metric::FastestGrowth,
-            Some(view.fastest.map_or(0.0, |(_, rate)| rate)),
-        );
-        let gpu_pct = sample
+        r.set(Metric::FastestGrowth, i.fastest_growth);
+        let gpu_pct = i
             .gpus
             .iter()
             .filter(|g| g.total_bytes > 0)
@@ -430,11 +443,29 @@ impl Readings {
         r.set(Metric::GpuUsedPercent, gpu_pct);
         r.set(
             Metric::GpuEta,
-            gpu_pct.map(|_| gpu_eta.unwrap_or(f64::INFINITY)),
+            gpu_pct.map(|_| i.gpu_eta.unwrap_or(f64::INFINITY)),
         );
-        r.set(Metric::TorchFragmentation, frag);
+        r.set(Metric::TorchFragmentation, i.frag);
         r
     }
+}
+
+/// What the engine reads, before it becomes `Readings`.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    pub t: f64,
+    pub headroom_percent: Option<f64>,
+    pub headroom_bytes: Option<u64>,
+    pub footprint_bytes: u64,
+    pub system: &'a SystemSample,
+    pub psi: Option<Psi>,
+    /// A ceiling is known (the ETA means something).
+    pub has_ceiling: bool,
+    pub eta_seconds: Option<f64>,
+    pub fastest_growth: Option<f64>,
+    pub gpus: &'a [GpuSample],
+    pub gpu_eta: Option<f64>,
+    pub frag: Option<f64>,
 }
 
 /// What the engine wants done.

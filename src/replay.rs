@@ -16,7 +16,8 @@ use std::io::BufRead;
 use serde::Deserialize;
 
 use crate::log::{ActionEvent, RunStart, SCHEMA, SampleEvent};
-use crate::policy::{Decision, Engine, Metric, Policy, Readings};
+use crate::model::GpuSample;
+use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
 
 /// Two actions are the same when they agree in kind and rule and lie
 /// within this many seconds of each other.
@@ -247,7 +248,11 @@ fn run_engine(
     let mut out = Vec::new();
     let mut attempt = 0;
     let mut manual = manual.iter().peekable();
+    let mut gpus: &[GpuSample] = &[];
     for (a, t, s) in samples {
+        if !s.gpus.is_empty() {
+            gpus = &s.gpus;
+        }
         if *a != attempt {
             attempt = *a;
             engine.reset();
@@ -262,7 +267,7 @@ fn run_engine(
         if job_ended.iter().any(|(ea, et)| *ea == attempt && *et < *t) {
             continue;
         }
-        for d in engine.step(&readings(*t, s)) {
+        for d in engine.step(&readings(*t, s, gpus)) {
             let (action, reason) = match d {
                 Decision::Act { action, reason, .. } => (action.name().to_string(), reason),
                 Decision::Resume { reason } => ("resume".to_string(), reason),
@@ -279,50 +284,24 @@ fn run_engine(
     out
 }
 
-/// The engine's inputs, from a logged sample.
-pub fn readings(t: f64, s: &SampleEvent) -> Readings {
-    let mut r = Readings {
+/// The engine's inputs, from a logged sample. `gpus`: the newest per-GPU
+/// detail (a line may leave it out to keep the log small; it stands until
+/// the next line that has it).
+pub fn readings(t: f64, s: &SampleEvent, gpus: &[GpuSample]) -> Readings {
+    Readings::from_inputs(&Inputs {
         t,
-        ..Default::default()
-    };
-    r.set(Metric::HeadroomPercent, s.headroom_percent);
-    r.set(Metric::HeadroomBytes, s.headroom_bytes.map(|b| b as f64));
-    r.set(Metric::TreePss, Some(s.tree.footprint_bytes as f64));
-    let sys_known = s.system.mem_total_bytes > 0;
-    r.set(
-        Metric::SwapUsed,
-        sys_known.then_some(s.system.swap_used_bytes as f64),
-    );
-    r.set(
-        Metric::SwapInRate,
-        sys_known.then_some(s.system.swap_in_bytes_per_s),
-    );
-    r.set(Metric::PsiSome, s.psi.map(|p| p.some_avg10));
-    r.set(Metric::PsiFull, s.psi.map(|p| p.full_avg10));
-    r.set(
-        Metric::Eta,
-        s.ceiling.map(|_| s.eta_seconds.unwrap_or(f64::INFINITY)),
-    );
-    r.set(
-        Metric::FastestGrowth,
-        Some(s.fastest_growth_bytes_per_s.unwrap_or(0.0)),
-    );
-    let gpu_pct = s
-        .gpus
-        .iter()
-        .filter(|g| g.total_bytes > 0)
-        .map(|g| g.used_bytes as f64 / g.total_bytes as f64 * 100.0)
-        .max_by(f64::total_cmp);
-    r.set(Metric::GpuUsedPercent, gpu_pct);
-    r.set(
-        Metric::GpuEta,
-        gpu_pct.map(|_| s.gpu_eta_seconds.unwrap_or(f64::INFINITY)),
-    );
-    r.set(
-        Metric::TorchFragmentation,
-        s.torch_fragmentation_bytes.map(|b| b as f64),
-    );
-    r
+        headroom_percent: s.headroom_percent,
+        headroom_bytes: s.headroom_bytes,
+        footprint_bytes: s.tree.footprint_bytes,
+        system: &s.system,
+        psi: s.psi,
+        has_ceiling: s.ceiling.is_some(),
+        eta_seconds: s.eta_seconds,
+        fastest_growth: Some(s.fastest_growth_bytes_per_s.unwrap_or(0.0)),
+        gpus,
+        gpu_eta: s.gpu_eta_seconds,
+        frag: s.torch_fragmentation_bytes.map(|b| b as f64),
+    })
 }
 
 /// Pairs each replayed action with the nearest unpaired recorded one of the
