@@ -456,22 +456,24 @@ impl TreeScanner {
     /// the machine. False (nothing read) where the kernel has no such lists
     /// (CONFIG_PROC_CHILDREN), and the caller walks all of /proc.
     fn walk_children(&mut self, stats: &mut HashMap<u32, StatLine>) -> bool {
-        let (root, include_root) = match self.root {
-            TreeRoot::ChildrenOf(p) => (p, false),
-            TreeRoot::Process(p) => (p, true),
-            // A job known by its members only has no root to walk from.
-            TreeRoot::Members => return true,
+        // Where the walk starts, and whether the start is in the tree.
+        let starts: Vec<(u32, bool)> = match self.root {
+            TreeRoot::ChildrenOf(p) => vec![(p, false)],
+            TreeRoot::Process(p) => vec![(p, true)],
+            // A job known by its members: each member and what it forked.
+            TreeRoot::Members => self.extra_roots.iter().map(|&p| (p, true)).collect(),
         };
-        let mut kids = Vec::new();
-        if !self.children_of(root, &mut kids) {
-            return false;
+        let mut queue = Vec::new();
+        for (i, &(start, include)) in starts.iter().enumerate() {
+            if !self.children_of(start, &mut queue) && i == 0 {
+                return false;
+            }
+            if include && let Some(st) = self.read_stat(start) {
+                stats.insert(start, st);
+            }
         }
-        if include_root && let Some(st) = self.read_stat(root) {
-            stats.insert(root, st);
-        }
-        let mut queue = kids;
         while let Some(pid) = queue.pop() {
-            if stats.contains_key(&pid) || pid == root {
+            if stats.contains_key(&pid) || starts.iter().any(|&(s, inc)| s == pid && !inc) {
                 continue;
             }
             if let Some(st) = self.read_stat(pid) {
