@@ -170,20 +170,7 @@ pub struct CommandLine {
 impl Settings {
     /// `oomguard run`.
     pub fn for_run(a: RunArgs) -> Result<Self, ConfigError> {
-        let mut flags = policy_layer(&a.policy);
-        flags.interval = a.interval;
-        flags.pss_interval = a.pss_interval;
-        flags.pss_budget = a.pss_budget;
-        flags.procs_interval = a.procs_interval;
-        flags.cgroup = a.cgroup;
-        flags.kill_after = a.kill_after;
-        flags.budget = a.budget;
-        flags.fail_above = a.fail_above;
-        flags.checkpoint_dir = a.restart.checkpoint_dir;
-        flags.checkpoint_glob = a.restart.checkpoint_glob;
-        flags.max_restarts = a.restart.max_restarts;
-        flags.restart_delay = a.restart.restart_delay;
-        flags.restart_reset = a.restart.restart_reset;
+        let flags = run_layer(&a);
         let cmd = CommandLine {
             argv: a.command,
             log: a.log,
@@ -417,6 +404,26 @@ pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigE
         None => "the flags given".to_string(),
     };
     Ok(Some((s.policy.policy, source)))
+}
+
+/// What `run`'s flags say about the values the file can also set.
+fn run_layer(a: &RunArgs) -> Layer {
+    Layer {
+        interval: a.interval,
+        pss_interval: a.pss_interval,
+        pss_budget: a.pss_budget,
+        procs_interval: a.procs_interval,
+        cgroup: a.cgroup,
+        kill_after: a.kill_after,
+        budget: a.budget,
+        fail_above: a.fail_above,
+        checkpoint_dir: a.restart.checkpoint_dir.clone(),
+        checkpoint_glob: a.restart.checkpoint_glob.clone(),
+        max_restarts: a.restart.max_restarts,
+        restart_delay: a.restart.restart_delay,
+        restart_reset: a.restart.restart_reset,
+        ..policy_layer(&a.policy)
+    }
 }
 
 /// The policy flags shared by `run` and `attach`.

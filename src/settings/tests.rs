@@ -22,20 +22,7 @@ fn run_args(extra: &[&str]) -> RunArgs {
 
 fn settings(flags: &[&str], file: Option<&str>) -> Settings {
     let a = run_args(flags);
-    let mut layer = policy_layer(&a.policy);
-    layer.interval = a.interval;
-    layer.pss_interval = a.pss_interval;
-    layer.pss_budget = a.pss_budget;
-    layer.procs_interval = a.procs_interval;
-    layer.cgroup = a.cgroup;
-    layer.kill_after = a.kill_after;
-    layer.budget = a.budget;
-    layer.fail_above = a.fail_above;
-    layer.checkpoint_dir = a.restart.checkpoint_dir.clone();
-    layer.checkpoint_glob = a.restart.checkpoint_glob.clone();
-    layer.max_restarts = a.restart.max_restarts;
-    layer.restart_delay = a.restart.restart_delay;
-    layer.restart_reset = a.restart.restart_reset;
+    let layer = run_layer(&a);
     let file = file.map(|t| file::parse(Path::new("oomguard.toml"), t).unwrap());
     Settings::merge(CommandLine::default(), &layer, file.as_ref(), Preset::Run).unwrap()
 }
