@@ -11,39 +11,9 @@ mod common;
 mod vm;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use common::schema::{self, Event};
-
-/// The machine, or skip (fail under CI).
-fn machine() -> Option<vm::Machine> {
-    match vm::Machine::find() {
-        Ok(m) => Some(m),
-        Err(why) => {
-            common::require(false, &why);
-            None
-        }
-    }
-}
-
-/// The static leaker (tests/fixtures/jobs/leak.c): it prints "checkpoint"
-/// and exits 0 on SIGTERM, oomguard's default checkpoint signal.
-fn leaker(dir: &Path) -> Option<PathBuf> {
-    let out = dir.join("leak");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/leak.c");
-    let ok = Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    common::require(
-        ok,
-        "gcc -static cannot build the leaker (install gcc and libc6-dev)",
-    )
-    .then_some(out)
-}
 
 /// `job CG NAME ARGS...` starts `leak ARGS` alone in /sys/fs/cgroup/CG, in
 /// the background (not under oomguard), its pid in `$job`. `report NAME CG
@@ -261,9 +231,11 @@ impl Run {
 #[test]
 fn serial_vm_attach_v2() {
     let _serial = common::serial();
-    let Some(m) = machine() else { return };
+    let Some(m) = vm::machine_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
-    let Some(leak) = leaker(dir.path()) else {
+    let Some(leak) = vm::static_leaker(dir.path()) else {
         return;
     };
     let mut img = vm::Initramfs::new(&m);

@@ -8,40 +8,11 @@ mod common;
 #[path = "support/vm.rs"]
 mod vm;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// The machine, or skip (fail under CI).
-fn machine() -> Option<vm::Machine> {
-    match vm::Machine::find() {
-        Ok(m) => Some(m),
-        Err(why) => {
-            common::require(false, &why);
-            None
-        }
-    }
-}
-
-/// The static leaker (tests/fixtures/jobs/leak.c), built with gcc -static.
-fn leaker(dir: &Path) -> Option<PathBuf> {
-    let out = dir.join("leak");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/leak.c");
-    let ok = Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    common::require(
-        ok,
-        "gcc -static cannot build the leaker (install gcc and libc6-dev)",
-    )
-    .then_some(out)
-}
+use std::path::Path;
 
 /// An image with oomguard and the leaker in /bin.
 fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
-    let leak = leaker(dir)?;
+    let leak = vm::static_leaker(dir)?;
     let mut img = vm::Initramfs::new(m);
     img.add_binary("bin/oomguard", Path::new(env!("CARGO_BIN_EXE_oomguard")));
     img.add_file("bin/leak", &leak, 0o755);
@@ -182,7 +153,9 @@ impl Run {
 #[test]
 fn serial_vm_delegated_v2_owns_and_stops() {
     let _serial = common::serial();
-    let Some(m) = machine() else { return };
+    let Some(m) = vm::machine_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let Some(img) = image(&m, dir.path()) else {
         return;
@@ -324,7 +297,9 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
 #[test]
 fn serial_vm_global_oom_and_swap() {
     let _serial = common::serial();
-    let Some(m) = machine() else { return };
+    let Some(m) = vm::machine_or_skip() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let Some(mut img) = image(&m, dir.path()) else {
         return;

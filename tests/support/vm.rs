@@ -488,3 +488,34 @@ pub fn run_scenario(machine: &Machine, mut img: Initramfs, scenario: &str, boot:
     assert!(out.completed(), "the scenario did not finish");
     out
 }
+
+/// The machine, or skip (fail under CI). The test crate must declare
+/// `mod common;`.
+pub fn machine_or_skip() -> Option<Machine> {
+    match Machine::find() {
+        Ok(m) => Some(m),
+        Err(why) => {
+            crate::common::require(false, &why);
+            None
+        }
+    }
+}
+
+/// The static leaker (tests/fixtures/jobs/leak.c), built with gcc -static:
+/// it prints "checkpoint" and exits 0 on SIGTERM, oomguard's default
+/// checkpoint signal.
+pub fn static_leaker(dir: &Path) -> Option<PathBuf> {
+    let out = dir.join("leak");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/leak.c");
+    let ok = Command::new("gcc")
+        .args(["-O2", "-static", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .is_ok_and(|s| s.success());
+    crate::common::require(
+        ok,
+        "gcc -static cannot build the leaker (install gcc and libc6-dev)",
+    )
+    .then_some(out)
+}
