@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::cli::DemoArgs;
-use crate::run::{EXIT_POLICY, run};
+use crate::runtime::{EXIT_POLICY, run};
 use crate::settings::Settings;
 
 const SCRIPT: &str = include_str!("demo.py");

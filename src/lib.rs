@@ -31,7 +31,7 @@ pub mod pty;
 pub mod replay;
 pub mod report;
 pub mod restart;
-pub mod run;
+pub mod runtime;
 pub mod settings;
 pub mod supervise;
 pub mod tui;

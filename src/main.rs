@@ -3,7 +3,7 @@
 //! knows about the terminal.
 
 use oomguard::cli::{Cli, Command};
-use oomguard::run::run;
+use oomguard::runtime::run;
 use oomguard::settings::Settings;
 
 /// Writes to stdout, which is ours for these commands (no job runs).
