@@ -367,6 +367,27 @@ pub struct ActionEvent {
     pub result: String,
 }
 
+/// `rule`: a rule started or stopped firing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleEvent {
+    pub rule: String,
+    pub metric: String,
+    pub value: f64,
+    pub threshold: f64,
+    /// `firing` or `cleared`.
+    pub state: String,
+}
+
+/// `checkpoint`: the wait for a checkpoint during a stop ended (with
+/// `--checkpoint-dir`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEvent {
+    /// The new complete checkpoint, if one was seen.
+    pub path: Option<std::path::PathBuf>,
+    pub confirmed: bool,
+    pub waited_seconds: f64,
+}
+
 /// Unforced lines carry the per-GPU detail on one process list in this
 /// many (it is 2.5 kB with 8 GPUs; the 24 h size goal has no room for more).
 pub const GPU_DETAIL_EVERY: u32 = 2;

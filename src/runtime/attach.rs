@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{Ident, SIG_CONT, Stop, Supervisor};
+use super::Supervisor;
 use crate::log::Outcome;
 use crate::probe::cgroup::{CgroupReader, Location};
 use crate::units::human_duration;
@@ -135,29 +135,12 @@ impl Supervisor {
         Some(!alive)
     }
 
-    /// Lets go of everything a graceful stop holds (throttled or frozen
-    /// processes): a job oomguard stops watching, or whose stop it gives
-    /// up, must not be left stopped.
-    pub(super) fn release_stop(&mut self, st: &Stop) {
-        let held: Vec<Ident> = st.throttled.iter().copied().collect();
-        self.signal_all(&held, SIG_CONT);
-        if st.frozen_all {
-            let all = self.idents(|_| true);
-            self.signal_all(&all, SIG_CONT);
-        }
-    }
 
     /// Ends the watch with the job still running: anything oomguard paused
     /// or holds is resumed first.
     pub(super) fn end_watch(&mut self, why: String) {
-        let paused: Vec<Ident> = self.paused.drain().collect();
-        if !paused.is_empty() {
-            let (pids, result) = self.signal_all(&paused, SIG_CONT);
-            self.log_action("resume", &why, pids, Some(SIG_CONT), result);
-        }
-        if let Some(st) = self.stop.take() {
-            self.release_stop(&st);
-        }
+        self.core.act.let_go(&why, &self.tree, &mut self.sig);
+        self.acted(None);
         if let Some(a) = self.attached.as_mut()
             && a.detached.is_none()
         {

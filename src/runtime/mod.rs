@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -35,18 +35,26 @@ use crate::cli::CgroupMode;
 use crate::log::{
     CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart, SampleEvent,
 };
-use crate::model::{CeilingState, History, ProcSample, Role, Sample, View};
-use crate::policy::{Action, Decision, Engine, Readings};
+use crate::model::{CeilingState, ProcSample, Role, Sample, View};
+use crate::policy::{Action, Engine, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped, RelayOptions};
 use crate::probe::proc::{TreeRoot, TreeScanner, totals};
 use crate::probe::pss::{Member, PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
-use crate::restart::{Budget, CheckpointWatch};
+use crate::restart::Budget;
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, SizeOrPercent, human_duration};
 
+mod act;
 mod attach;
+mod tick;
+
+use tick::{Core, FAST, TickInputs, Voice};
+use act::{
+    ActConfig, Acted, Actuator, DesktopNotifier, Ident, Notifier, ProcSignaller,
+    SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
+};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
@@ -96,10 +104,6 @@ pub fn run(cfg: RunConfig) -> i32 {
     }
 }
 
-const SIG_TERM: i32 = libc::SIGTERM;
-const SIG_KILL: i32 = libc::SIGKILL;
-const SIG_CONT: i32 = libc::SIGCONT;
-const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
 /// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
@@ -113,54 +117,8 @@ const FORWARDED: [(i32, bool); 6] = [
     (libc::SIGUSR2, false),
 ];
 
-/// Fastest polling cadence (near the ceiling and while stopping).
-const FAST: Duration = Duration::from_millis(20);
-/// Throttle cycle for growers during a stop: run `THROTTLE_RUN` of every
-/// `THROTTLE_CYCLE`.
-const THROTTLE_CYCLE: Duration = Duration::from_millis(500);
-const THROTTLE_RUN: Duration = Duration::from_millis(50);
-/// Warn notifications are abandoned after this long (a hung notification
-/// daemon must not matter).
-const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
-/// A tree frozen at the last-resort level that has not found room again
-/// after this long cannot reach a checkpoint: it is ended.
-const LAST_RESORT_HOLD: Duration = Duration::from_secs(5);
 /// Hooks are killed after this long.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Identity of a process: pid and start time.
-type Ident = (u32, u64);
-
-/// The graceful stop in progress.
-#[derive(Debug)]
-struct Stop {
-    reason: String,
-    action: Action,
-    grace_end: Instant,
-    step: StopStep,
-    /// Growers held by the throttle (stopped except for short slices).
-    throttled: HashSet<Ident>,
-    throttle_running: bool,
-    throttle_switch: Instant,
-    /// Everything frozen at the last-resort level, since when.
-    frozen_all: bool,
-    frozen_since: Option<Instant>,
-    /// The processes that got the checkpoint signal.
-    signalled: Vec<Ident>,
-    /// Confirms the checkpoint (with `--checkpoint-dir`).
-    watch: Option<CheckpointWatch>,
-    began: Instant,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum StopStep {
-    /// Waiting for the trainers to checkpoint and exit.
-    Checkpoint,
-    /// SIGTERM sent to the rest; SIGKILL at the deadline.
-    Terminate { until: Instant },
-    /// SIGKILL sent; waiting for the tree to be gone.
-    Killed,
-}
 
 struct Supervisor {
     cfg: RunConfig,
@@ -172,9 +130,12 @@ struct Supervisor {
     cgroup: Option<CgroupReader>,
     owned: Option<OwnedCgroup>,
     budget_bytes: Option<u64>,
-    history: History,
-    engine: Engine,
     job: Job,
+    /// The engine, the history and what oomguard holds (pause, the stop
+    /// ladder, the kill).
+    core: Core,
+    sig: ProcSignaller,
+    notifier: Box<dyn Notifier>,
     foreground: bool,
     main_status: Option<Status>,
     /// The tree at the last scan: what signals may be sent to.
@@ -182,16 +143,8 @@ struct Supervisor {
     /// Zombies whose parent is oomguard, seen at the last scan: not gone
     /// until reaped.
     zombie_children: usize,
-    /// When SIGKILL follows if the tree has not exited by then.
-    kill_at: Option<Instant>,
-    killed: bool,
     /// The INT or TERM that started the shutdown, if one did.
     shutdown_signal: Option<i32>,
-    /// Processes oomguard paused (policy `pause`).
-    paused: HashSet<Ident>,
-    stop: Option<Stop>,
-    /// The critical action that ended the attempt, if the policy did.
-    policy_end: Option<Action>,
     helpers: supervise::Helpers,
     hook_deadlines: HashMap<u32, Instant>,
     next_tick: Instant,
@@ -200,8 +153,6 @@ struct Supervisor {
     last_procs_log: Option<f64>,
     /// Unforced lines with the process list written so far.
     procs_lists: u32,
-    last_view: Option<View>,
-    last_sample: Option<Sample>,
     oom_kills_at_start: Option<u64>,
     vm_oom_kills_at_start: Option<u64>,
     thresholds: Vec<AsyncFd<Threshold>>,
@@ -609,8 +560,17 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
                 budget: cfg.pss_budget,
             },
         ),
-        history: History::new(10.0),
-        engine: Engine::new(cfg.policy.policy.clone()),
+        core: Core::new(
+            Engine::new(cfg.policy.policy.clone()),
+            Actuator::new(act_config(&cfg)),
+            Voice {
+                quiet: cfg.quiet,
+                notify: cfg.notify,
+                on_warn: cfg.policy.on_warn.clone(),
+            },
+        ),
+        sig: ProcSignaller::new(&cfg.proc_root),
+        notifier: Box::new(DesktopNotifier),
         oom_kills_at_start: cg_first.as_ref().and_then(|c| c.oom_kill_count),
         vm_oom_kills_at_start: first_system.oom_kill_total,
         cfg,
@@ -626,12 +586,7 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         main_status: None,
         tree: Vec::new(),
         zombie_children: 0,
-        kill_at: None,
-        killed: false,
         shutdown_signal: None,
-        paused: HashSet::new(),
-        stop: None,
-        policy_end: None,
         helpers: supervise::Helpers::default(),
         hook_deadlines: HashMap::new(),
         next_tick: now,
@@ -639,8 +594,6 @@ async fn supervise_job(cfg: RunConfig) -> i32 {
         last_logged: None,
         last_procs_log: None,
         procs_lists: 0,
-        last_view: None,
-        last_sample: None,
         thresholds: Vec::new(),
         pri_wakes: Vec::new(),
         owned_members: HashSet::new(),
@@ -803,6 +756,19 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
 
 /// The environment every attempt gets: its number, the newest checkpoint
 /// and the degraded variables.
+/// What the actuator needs of the settings.
+fn act_config(cfg: &RunConfig) -> ActConfig {
+    ActConfig {
+        checkpoint_signal: cfg.policy.checkpoint_signal,
+        grace: cfg.policy.grace,
+        kill_after: cfg.kill_after,
+        may_kill: cfg.attach.is_none() || cfg.allow_kill,
+        quiet: cfg.quiet,
+        checkpoint_dir: cfg.restart.checkpoint_dir.clone(),
+        checkpoint_glob: cfg.restart.checkpoint_glob.clone(),
+    }
+}
+
 fn attempt_env(
     attempt: u32,
     checkpoint: Option<&std::path::Path>,
@@ -1042,11 +1008,6 @@ impl Supervisor {
         }
     }
 
-    /// Whether oomguard may kill processes: always those it launched; under
-    /// `attach` only with `--allow-kill`.
-    fn may_kill(&self) -> bool {
-        self.cfg.attach.is_none() || self.cfg.allow_kill
-    }
 
     /// The job wrote to its terminal (the dashboard's pty).
     fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
@@ -1199,10 +1160,11 @@ impl Supervisor {
                 .any(|f| f.signal.as_deref() == Some("SIGKILL")),
             _ => false,
         };
-        let (warn, _) = self.engine.policy().thresholds();
+        let (warn, _) = self.core.engine.policy().thresholds();
         let warn = warn.unwrap_or(20.0);
         sigkill
             && self
+                .core
                 .last_view
                 .as_ref()
                 .and_then(|v| v.headroom_percent())
@@ -1212,9 +1174,9 @@ impl Supervisor {
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
     /// critical level.
     fn host_memory_critical(&self) -> bool {
-        let (_, crit) = self.engine.policy().thresholds();
+        let (_, crit) = self.core.engine.policy().thresholds();
         let crit = crit.unwrap_or(8.0);
-        self.last_view
+        self.core.last_view
             .as_ref()
             .and_then(|v| v.headroom_percent())
             .is_some_and(|h| h <= crit)
@@ -1252,7 +1214,7 @@ impl Supervisor {
                     return;
                 };
                 let t = self.started.elapsed().as_secs_f64();
-                let alive = self.main_status.is_none() && self.stop.is_none();
+                let alive = self.main_status.is_none() && self.core.act.stop.is_none();
                 match cmd {
                     UiCommand::Interrupt => {
                         if let Some(p) = &self.pty {
@@ -1260,12 +1222,12 @@ impl Supervisor {
                         }
                     }
                     UiCommand::TogglePause if alive => {
-                        if self.paused.is_empty() {
+                        if self.core.act.paused.is_empty() {
                             self.pause("manual (dashboard)");
-                            self.engine.paused_externally(t);
+                            self.core.engine.paused_externally(t);
                         } else {
                             self.resume("manual (dashboard)");
-                            self.engine.resumed_externally();
+                            self.core.engine.resumed_externally();
                         }
                     }
                     UiCommand::Stop | UiCommand::Quit { stop_job: true } if alive => {
@@ -1306,11 +1268,11 @@ impl Supervisor {
             return;
         };
         app.set_elapsed(self.started.elapsed().as_secs_f64());
-        let state = match &self.stop {
+        let state = match &self.core.act.stop {
             Some(st) if st.action == Action::Restart => PolicyState::Restarting,
             Some(_) => PolicyState::Stopping,
             None if self.relaunch_at.is_some() => PolicyState::Restarting,
-            None if !self.paused.is_empty() => PolicyState::Paused,
+            None if !self.core.act.paused.is_empty() => PolicyState::Paused,
             None if self.warning => PolicyState::Warning,
             None => PolicyState::Normal,
         };
@@ -1360,11 +1322,10 @@ impl Supervisor {
             Some(libc::SIGHUP),
             "ok".into(),
         );
-        let paused: Vec<Ident> = self.paused.drain().collect();
-        self.signal_all(&paused, SIG_CONT);
+        self.core.act.unpause(&mut self.sig);
         self.shutdown_signal = Some(libc::SIGHUP);
-        if self.kill_at.is_none() {
-            self.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        if self.core.act.kill_at.is_none() {
+            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
@@ -1410,14 +1371,14 @@ impl Supervisor {
             pid: self.job.pid,
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
-            policy: self.engine.policy().to_json(),
+            policy: self.core.engine.policy().to_json(),
             gpu: self.gpu_info.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
         };
         self.log.write_at("run_start", sample.t, &start);
-        self.last_sample = Some(sample);
+        self.core.last_sample = Some(sample);
     }
 
     /// On cgroup v1, asks the kernel to wake us when usage crosses the
@@ -1445,7 +1406,7 @@ impl Supervisor {
         {
             targets.push((dir, budget));
         }
-        let (warn, crit) = self.engine.policy().thresholds();
+        let (warn, crit) = self.core.engine.policy().thresholds();
         let mut levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)]
             .into_iter()
             .flatten()
@@ -1529,7 +1490,7 @@ impl Supervisor {
         if !reader.owned() || reader.location().version != Version::V2 {
             return;
         }
-        let (_, Some(crit)) = self.engine.policy().thresholds() else {
+        let (_, Some(crit)) = self.core.engine.policy().thresholds() else {
             return;
         };
         // Three quarters of the way from the ceiling down to the critical
@@ -1625,7 +1586,7 @@ impl Supervisor {
 
     fn next_wake(&self) -> Instant {
         let mut wake = self.next_tick;
-        if let Some(k) = self.kill_at {
+        if let Some(k) = self.core.act.kill_at {
             wake = wake.min(k);
         }
         if self.main_status.is_some() {
@@ -1646,7 +1607,7 @@ impl Supervisor {
     fn on_timer(&mut self) {
         let now = Instant::now();
         self.reap();
-        if self.kill_at.is_some_and(|k| now >= k) {
+        if self.core.act.kill_at.is_some_and(|k| now >= k) {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
@@ -1666,21 +1627,54 @@ impl Supervisor {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
-        self.prune_held();
+        self.core.act.prune(&self.tree, &self.sig);
         if !quick {
             self.remember(&sample);
         }
         self.check_oom_kills(&sample);
-        let view = self.history.push(&sample);
-        // Only a fresh reading moves the GPU's trend (a carried one would
-        // flatten it).
-        let gpu_eta =
-            if sample.gpus.is_empty() || sample.gpus.iter().any(|g| g.age_seconds.is_some()) {
-                None
-            } else {
-                self.gpu_eta(&sample)
-            };
-        let frag = self.torch.as_ref().map(|_| {
+        let inputs = TickInputs {
+            now,
+            ending: self.main_status.is_some() || self.shutdown_signal.is_some(),
+            job_pid: self.job.pid,
+            gpu_eta: self.fresh_gpu_eta(&sample),
+            torch_fragmentation: self.torch_fragmentation(&sample),
+        };
+        let out = self
+            .core
+            .tick(sample, inputs, &mut self.sig, &mut *self.notifier);
+        self.acted(Some(&out.view));
+        let Some(sample) = self.core.last_sample.take() else {
+            return;
+        };
+        self.record(
+            &sample,
+            &out.view,
+            out.decided,
+            out.waits_changed,
+            Some(&out.readings),
+        );
+        let every = self.core.cadence(&out.view, self.cfg.interval);
+        self.next_tick = now + every;
+        if every >= self.cfg.interval {
+            self.next_full = self.next_tick;
+        }
+        self.core.last_view = Some(out.view);
+        self.core.last_sample = Some(sample);
+    }
+
+    /// The fullest GPU's ETA, from fresh readings only (a carried one
+    /// would flatten the trend).
+    fn fresh_gpu_eta(&mut self, sample: &Sample) -> Option<f64> {
+        if sample.gpus.is_empty() || sample.gpus.iter().any(|g| g.age_seconds.is_some()) {
+            return None;
+        }
+        self.gpu_eta(sample)
+    }
+
+    /// The largest reserved-but-unallocated CUDA memory of any tree
+    /// process (with `--torch-stats`).
+    fn torch_fragmentation(&self, sample: &Sample) -> Option<f64> {
+        self.torch.as_ref().map(|_| {
             sample
                 .procs
                 .iter()
@@ -1688,89 +1682,10 @@ impl Supervisor {
                 .map(crate::probe::torch_stats::total_fragmentation_bytes)
                 .max()
                 .unwrap_or(0) as f64
-        });
-        let readings = Readings::from_sample(&sample, &view, gpu_eta, frag);
-        // Once the job is ending (it exited, a stop is under way, or oomguard
-        // was told to stop) the policy has nothing more to decide.
-        let waits_before = self.engine.pending_changes();
-        let decisions = if self.main_status.is_some()
-            || self.shutdown_signal.is_some()
-            || self.stop.is_some()
-        {
-            Vec::new()
-        } else {
-            self.engine.step(&readings)
-        };
-        // A rule that starts or ends its `for` wait is logged too, so that
-        // `oomguard replay` waits from the same sample.
-        let acted = !decisions.is_empty();
-        let waits_changed = self.engine.pending_changes() != waits_before;
-        for d in decisions {
-            self.apply(d, &sample, &view);
-        }
-        if !self.paused.is_empty() {
-            // Processes born just before the pause are paused too.
-            self.pause_new();
-        }
-        if self.stop.is_some() {
-            self.guard(&sample, now);
-        }
-        self.record(&sample, &view, acted, waits_changed, Some(&readings));
-        let every = self.cadence(&view);
-        self.next_tick = now + every;
-        if every >= self.cfg.interval {
-            self.next_full = self.next_tick;
-        }
-        self.last_view = Some(view);
-        self.last_sample = Some(sample);
+        })
     }
 
-    /// Forgets held processes (paused, throttled, signalled for a
-    /// checkpoint) that are no longer the process that was held: gone, or
-    /// their pid taken by another. Only a live identity is ever signalled
-    /// again.
-    fn prune_held(&mut self) {
-        let in_tree: HashSet<Ident> = self.tree.iter().map(|p| (p.pid, p.start_time)).collect();
-        let root = self.cfg.proc_root.clone();
-        let alive = |id: &Ident| in_tree.contains(id) || supervise::is_alive(&root, id.0, id.1);
-        self.paused.retain(|id| alive(id));
-        if let Some(st) = self.stop.as_mut() {
-            st.throttled.retain(|id| alive(id));
-        }
-    }
 
-    /// How soon the next tick comes: faster as headroom shrinks.
-    fn cadence(&self, view: &View) -> Duration {
-        let base = self.cfg.interval;
-        if self.stop.is_some() || !self.paused.is_empty() {
-            return FAST.max(Duration::from_millis(20));
-        }
-        let (warn, crit) = self.engine.policy().thresholds();
-        let (warn, crit) = (warn.unwrap_or(20.0), crit.unwrap_or(8.0));
-        let fast = match view.headroom_percent() {
-            Some(h) if h < crit * 2.0 => FAST,
-            Some(h) if h < warn => Duration::from_millis(100),
-            Some(h) if h < warn + 10.0 => Duration::from_millis(250),
-            _ => base,
-        };
-        let fast = match view.eta_seconds {
-            Some(eta) if eta < 30.0 => fast.min(Duration::from_millis(100)),
-            _ => fast,
-        };
-        // A steep drop since the last tick (before there is history for an
-        // ETA): look again soon.
-        let dropped = self
-            .last_view
-            .as_ref()
-            .and_then(|prev| Some(prev.headroom_percent()? - view.headroom_percent()?))
-            .is_some_and(|d| d > 2.0);
-        let fast = if dropped {
-            fast.min(Duration::from_millis(100))
-        } else {
-            fast
-        };
-        fast.min(base)
-    }
 
     /// `force`: a rule or action happened (the line is logged, with the
     /// per-process detail); `waits_changed`: a rule began or ended its `for`
@@ -1814,7 +1729,7 @@ impl Supervisor {
         if let Some(app) = self.app.as_mut() {
             app.on_sample(sample, view);
         }
-        self.metrics.set_paused(!self.paused.is_empty());
+        self.metrics.set_paused(!self.core.act.paused.is_empty());
         self.stats.samples += 1;
         let s = &mut self.stats;
         if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
@@ -1861,7 +1776,7 @@ impl Supervisor {
         }
         let mut event = SampleEvent::new(sample, view, with_procs);
         if let Some(r) = readings {
-            event = event.with_policy_inputs(self.engine.policy(), r);
+            event = event.with_policy_inputs(self.core.engine.policy(), r);
         }
         if with_procs && !force {
             // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
@@ -1946,417 +1861,89 @@ impl Supervisor {
 
     /// Signals processes by identity; returns the pids reached and the
     /// first error, if any.
-    fn signal_all(&self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
-        let mut reached = Vec::new();
-        let mut err = None;
-        for &(pid, start) in targets {
-            match supervise::signal_process(&self.cfg.proc_root, pid, start, sig) {
-                Ok(()) => reached.push(pid),
-                Err(supervise::SignalError::Gone(_)) => {}
-                Err(e) => {
-                    err.get_or_insert(e.to_string());
-                }
-            }
-        }
-        (reached, err.unwrap_or_else(|| "ok".into()))
+    fn signal_all(&mut self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
+        signal_all(&mut self.sig, targets, sig)
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
-        self.tree
-            .iter()
-            .filter(|p| pred(p))
-            .map(|p| (p.pid, p.start_time))
-            .collect()
+        idents(&self.tree, pred)
     }
 
-    fn apply(&mut self, d: Decision, sample: &Sample, view: &View) {
-        match d {
-            Decision::Rule {
-                rule,
-                metric,
-                value,
-                threshold,
-                firing,
-            } => {
-                let value = if value.is_finite() { value } else { f64::MAX };
-                self.log.write(
-                    "rule",
-                    &serde_json::json!({
-                        "rule": rule,
-                        "metric": metric.name(),
-                        "value": (value * 1000.0).round() / 1000.0,
-                        "threshold": threshold,
-                        "state": if firing { "firing" } else { "cleared" },
-                    }),
-                );
+    /// Hands what the actuator did to the sinks (`view`: this tick's, for
+    /// the hooks' environment).
+    fn acted(&mut self, view: Option<&View>) {
+        for a in self.core.act.drain() {
+            match a {
+                Acted::Action {
+                    action,
+                    reason,
+                    pids,
+                    signal,
+                    result,
+                } => self.log_action(action, &reason, pids, signal, result),
+                Acted::Say(text) => self.say(text),
+                Acted::Checkpoint {
+                    path,
+                    waited_seconds,
+                } => {
+                    self.log.write(
+                        "checkpoint",
+                        &crate::log::CheckpointEvent {
+                            confirmed: path.is_some(),
+                            path: path.clone(),
+                            waited_seconds,
+                        },
+                    );
+                    if path.is_some() {
+                        self.checkpoint = path;
+                    }
+                }
+                Acted::GaveUp => self.core.engine.reset(),
+                Acted::Rule(r) => self.log.write("rule", &r),
+                Acted::Hook {
+                    cmd,
+                    action,
+                    reason,
+                } => self.run_hook(&cmd, action, &reason, view),
             }
-            Decision::Act {
-                action,
-                reason,
-                hook,
-            } => {
-                if action == Action::Warn {
-                    self.warn(&reason, sample, view);
-                } else {
-                    self.describe(action, &reason, view);
-                }
-                match action {
-                    Action::Warn => {
-                        self.log_action("warn", &reason, Vec::new(), None, "ok".into());
-                    }
-                    Action::Pause => self.pause(&reason),
-                    Action::Stop | Action::Restart => self.begin_stop(action, &reason),
-                    Action::Kill if !self.may_kill() => {
-                        self.say(format!(
-                            "{reason}: not killing processes oomguard did not launch (use --allow-kill)"
-                        ));
-                        self.log_action(
-                            "warn",
-                            &reason,
-                            Vec::new(),
-                            None,
-                            "kill refused: attached".into(),
-                        );
-                    }
-                    Action::Kill => {
-                        self.policy_end = Some(Action::Kill);
-                        self.kill_tree(&reason);
-                    }
-                }
-                let hook = hook.or_else(|| {
-                    (action == Action::Warn)
-                        .then(|| self.cfg.policy.on_warn.clone())
-                        .flatten()
-                });
-                if let Some(cmd) = hook {
-                    self.run_hook(&cmd, action, &reason, view);
-                }
-            }
-            Decision::Resume { reason } => self.resume(&reason),
         }
     }
 
-    fn describe(&mut self, action: Action, reason: &str, view: &View) {
-        if self.cfg.quiet {
-            return;
-        }
-        let head = view.nearest.map_or_else(String::new, |n| {
-            format!(
-                ": headroom {} ({:.1}%) under the {} ceiling of {}",
-                HumanBytes(n.headroom_bytes),
-                n.headroom_percent(),
-                n.ceiling.source.as_str(),
-                HumanBytes(n.ceiling.bytes)
-            )
-        });
-        let what = match action {
-            Action::Pause => "pausing the job".to_string(),
-            Action::Stop => format!(
-                "stopping the job gracefully ({} to the trainer, {} grace)",
-                supervise::signal_name(self.cfg.policy.checkpoint_signal),
-                human_duration(self.cfg.policy.grace)
-            ),
-            Action::Restart => "stopping the job to restart it".to_string(),
-            Action::Kill => "killing the job".to_string(),
-            Action::Warn => "warning".to_string(),
-        };
-        self.say(format!("{reason}{head}; {what}"));
-    }
 
-    fn warn(&mut self, reason: &str, sample: &Sample, view: &View) {
-        let head = view.nearest.map_or_else(String::new, |n| {
-            format!(
-                "headroom {} ({:.1}%) under the {} ceiling of {}",
-                HumanBytes(n.headroom_bytes),
-                n.headroom_percent(),
-                n.ceiling.source.as_str(),
-                HumanBytes(n.ceiling.bytes)
-            )
-        });
-        let eta = view
-            .eta_seconds
-            .map_or_else(String::new, |e| format!("; full in ~{e:.0}s"));
-        let top = sample
-            .procs
-            .iter()
-            .max_by_key(|p| p.pss_bytes)
-            .map_or_else(String::new, |p| {
-                format!(
-                    "; largest {} (pid {}, {}) {}",
-                    p.comm,
-                    p.pid,
-                    p.role.as_str(),
-                    HumanBytes(p.pss_bytes)
-                )
-            });
-        let msg = format!("{head}{eta}{top}");
-        if !self.cfg.quiet {
-            self.say(format!("warning ({reason}): {msg}"));
-        }
-        if self.cfg.notify {
-            notify(format!("oomguard: memory warning ({reason})"), msg);
-        }
-    }
+
 
     fn pause(&mut self, reason: &str) {
-        let targets = self.idents(|_| true);
-        let (pids, result) = self.signal_all(&targets, SIG_STOP);
-        self.paused.extend(targets);
-        self.log_action("pause", reason, pids, Some(SIG_STOP), result);
-    }
-
-    fn pause_new(&mut self) {
-        let new: Vec<Ident> = self.idents(|p| !self.paused.contains(&(p.pid, p.start_time)));
-        if !new.is_empty() {
-            self.signal_all(&new, SIG_STOP);
-            self.paused.extend(new);
-        }
+        self.core.act.pause(reason, &self.tree, &mut self.sig);
+        self.acted(None);
     }
 
     fn resume(&mut self, reason: &str) {
-        let targets: Vec<Ident> = self.paused.drain().collect();
-        let (pids, result) = self.signal_all(&targets, SIG_CONT);
-        self.log_action("resume", reason, pids, Some(SIG_CONT), result);
-        if !self.cfg.quiet {
-            self.say(format!("{reason} cleared; resuming the job"));
-        }
+        self.core.act.resume(reason, &mut self.sig);
+        self.acted(None);
     }
 
-    /// Starts the graceful ladder: checkpoint signal to the trainers only.
     fn begin_stop(&mut self, action: Action, reason: &str) {
-        self.policy_end = Some(action);
-        let now = Instant::now();
-        // A paused trainer cannot checkpoint: let it run (growers stay held
-        // by the throttle below).
-        let mut trainers = self.idents(|p| p.role == Role::Trainer);
-        if trainers.is_empty() {
-            trainers = self.idents(|p| p.pid == self.job.pid);
-        }
-        let growers = self.growers();
-        if !self.paused.is_empty() {
-            let resume: Vec<Ident> = self
-                .paused
-                .drain()
-                .filter(|id| !growers.contains(id))
-                .collect();
-            self.signal_all(&resume, SIG_CONT);
-        }
-        let sig = self.cfg.policy.checkpoint_signal;
-        let (pids, result) = self.signal_all(&trainers, sig);
-        self.log_action(action.name(), reason, pids, Some(sig), result);
-        self.stop = Some(Stop {
-            reason: reason.to_string(),
+        let prev = self.core.last_sample.as_ref();
+        self.core.act.begin_stop(
             action,
-            grace_end: now + self.cfg.policy.grace,
-            step: StopStep::Checkpoint,
-            throttled: growers,
-            throttle_running: false,
-            throttle_switch: now,
-            frozen_all: false,
-            frozen_since: None,
-            signalled: trainers,
-            watch: self.cfg.restart.checkpoint_dir.clone().map(|dir| {
-                CheckpointWatch::new(
-                    dir,
-                    self.cfg.restart.checkpoint_glob.clone(),
-                    SystemTime::now(),
-                )
-            }),
-            began: now,
-        });
+            reason,
+            self.job.pid,
+            &self.tree,
+            prev,
+            Instant::now(),
+            &mut self.sig,
+        );
+        self.acted(None);
     }
 
-    /// Non-trainer processes whose memory grew over the recent window
-    /// (usually DataLoader workers with a leaking cache).
-    fn growers(&self) -> HashSet<Ident> {
-        let Some(prev) = &self.last_sample else {
-            return HashSet::new();
-        };
-        let before: HashMap<Ident, u64> = prev
-            .procs
-            .iter()
-            .map(|p| ((p.pid, p.start_time), p.rss_bytes))
-            .collect();
-        self.tree
-            .iter()
-            .filter(|p| matches!(p.role, Role::Worker | Role::Other))
-            .filter(|p| {
-                before
-                    .get(&(p.pid, p.start_time))
-                    .is_none_or(|&b| p.rss_bytes > b)
-            })
-            .map(|p| (p.pid, p.start_time))
-            .collect()
-    }
 
-    /// Keeps the kernel out while the stop is in progress, and walks the
-    /// ladder: trainers exit (or grace ends) → SIGTERM + SIGCONT to the
-    /// rest → `--kill-after` → SIGKILL.
-    fn guard(&mut self, sample: &Sample, now: Instant) {
-        let (_, crit) = self.engine.policy().thresholds();
-        let crit = crit.unwrap_or(8.0);
-        let last_resort = crit / 2.0;
-        // Freezing everything is only for ceilings the kernel enforces: a
-        // budget overrun is not an OOM kill, so the trainer keeps its
-        // chance to checkpoint there.
-        let hard = sample
-            .ceilings()
-            .into_iter()
-            .filter(|c| c.ceiling.source != crate::model::CeilingSource::Budget)
-            .map(|c| c.headroom_percent())
-            .min_by(f64::total_cmp);
-        let new_growers = self.growers();
-        let Some(mut st) = self.stop.take() else {
-            return;
-        };
-        let trainers_alive = st
-            .signalled
-            .iter()
-            .any(|id| sample.procs.iter().any(|p| (p.pid, p.start_time) == *id));
-        match st.step {
-            StopStep::Checkpoint => {
-                let low = hard.is_some_and(|h| h < last_resort);
-                if low && !st.frozen_all {
-                    let all = self.idents(|_| true);
-                    let (pids, result) = self.signal_all(&all, SIG_STOP);
-                    st.frozen_all = true;
-                    st.frozen_since = Some(now);
-                    st.throttle_running = false;
-                    let why = format!("last resort during {}", st.reason);
-                    self.log_action("pause", &why, pids, Some(SIG_STOP), result);
-                } else if st.frozen_all && hard.is_some_and(|h| h >= last_resort * 1.5) {
-                    // Room again: the trainers may go on to their checkpoint.
-                    self.signal_all(&st.signalled, SIG_CONT);
-                    st.frozen_all = false;
-                    st.frozen_since = None;
-                }
-                // Throttle: growers held, with a short run slice per cycle
-                // so a data-bound trainer still gets its batches.
-                st.throttled.extend(new_growers);
-                st.throttled.retain(|id| !st.signalled.contains(id));
-                if !st.frozen_all && !st.throttled.is_empty() {
-                    let targets: Vec<Ident> = st.throttled.iter().copied().collect();
-                    if now >= st.throttle_switch {
-                        if st.throttle_running {
-                            self.signal_all(&targets, SIG_STOP);
-                            st.throttle_running = false;
-                            st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
-                        } else {
-                            self.signal_all(&targets, SIG_CONT);
-                            st.throttle_running = true;
-                            st.throttle_switch = now + THROTTLE_RUN;
-                        }
-                    }
-                }
-                let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
-                if stuck && !self.may_kill() {
-                    // attach: oomguard may not end a frozen tree, so the
-                    // trainer alone runs (the growers stay frozen) and gets
-                    // the rest of the grace to checkpoint.
-                    self.signal_all(&st.signalled, SIG_CONT);
-                }
-                let grace_over = now >= st.grace_end || (stuck && self.may_kill());
-                // With --checkpoint-dir, a new complete checkpoint is the
-                // signal to go on; the trainer is never cut off while it
-                // is still writing one within the grace period.
-                let confirmed = st.watch.as_mut().and_then(|w| w.poll(now));
-                if grace_over && trainers_alive && !self.may_kill() {
-                    // attach: as far as a non-parent can go. Give back what
-                    // was held and keep watching.
-                    let held: Vec<Ident> = st.throttled.iter().copied().collect();
-                    self.signal_all(&held, SIG_CONT);
-                    if st.frozen_all {
-                        let all = self.idents(|_| true);
-                        self.signal_all(&all, SIG_CONT);
-                    }
-                    self.say(
-                        "the trainer did not exit within the grace period; leaving it running \
-                         (oomguard did not launch it; --allow-kill to let it stop the tree)"
-                            .to_string(),
-                    );
-                    self.policy_end = None;
-                    self.engine.reset();
-                    return;
-                }
-                if !self.may_kill() && !trainers_alive {
-                    // attach: the trainer checkpointed and left; the rest
-                    // is not ours to end (nor to leave stopped).
-                    self.release_stop(&st);
-                    self.stop = None;
-                    return;
-                }
-                if !trainers_alive || grace_over || confirmed.is_some() {
-                    if let Some(w) = &st.watch {
-                        let path =
-                            confirmed.or_else(|| (!trainers_alive).then(|| w.written()).flatten());
-                        self.log.write(
-                            "checkpoint",
-                            &serde_json::json!({
-                                "path": path,
-                                "confirmed": path.is_some(),
-                                "waited_seconds": ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0,
-                            }),
-                        );
-                        if path.is_some() {
-                            self.checkpoint = path;
-                        } else if !self.cfg.quiet {
-                            self.say(
-                                "no new checkpoint was confirmed in the checkpoint directory"
-                                    .to_string(),
-                            );
-                        }
-                    }
-                    let rest = self.idents(|_| true);
-                    if st.frozen_all && grace_over {
-                        // Resuming a tree at the edge would hand the kernel
-                        // the kill; end it here instead.
-                        let (pids, result) = self.signal_all(&rest, SIG_KILL);
-                        let why = format!("last resort during {}", st.reason);
-                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
-                        self.killed = true;
-                        st.step = StopStep::Killed;
-                    } else {
-                        let (pids, result) = self.signal_all(&rest, SIG_TERM);
-                        self.signal_all(&rest, SIG_CONT);
-                        if !pids.is_empty() {
-                            let why = format!("{}: terminating the rest of the tree", st.reason);
-                            self.log_action("stop", &why, pids, Some(SIG_TERM), result);
-                        }
-                        st.step = StopStep::Terminate {
-                            until: now + self.cfg.kill_after,
-                        };
-                    }
-                    if grace_over && trainers_alive && !self.cfg.quiet {
-                        self.say(format!(
-                            "the trainer did not exit within the {} grace; terminating the job",
-                            human_duration(self.cfg.policy.grace)
-                        ));
-                    }
-                }
-            }
-            StopStep::Terminate { until } => {
-                if now >= until {
-                    let rest = self.idents(|_| true);
-                    let (pids, result) = self.signal_all(&rest, SIG_KILL);
-                    if !pids.is_empty() {
-                        let why = format!("{}: --kill-after expired", st.reason);
-                        self.log_action("kill", &why, pids, Some(SIG_KILL), result);
-                    }
-                    self.killed = true;
-                    st.step = StopStep::Killed;
-                }
-            }
-            StopStep::Killed if self.may_kill() => {
-                let rest = self.idents(|_| true);
-                self.signal_all(&rest, SIG_KILL);
-            }
-            StopStep::Killed => {}
-        }
-        let _ = st.action;
-        self.stop = Some(st);
-    }
 
-    fn run_hook(&mut self, cmd: &str, action: Action, reason: &str, view: &View) {
+
+
+
+
+
+    fn run_hook(&mut self, cmd: &str, action: Action, reason: &str, view: Option<&View>) {
         use std::process::{Command, Stdio};
         let mut c = Command::new("/bin/sh");
         c.arg("-c").arg(cmd).stdin(Stdio::null());
@@ -2370,7 +1957,7 @@ impl Supervisor {
             .env("OOMGUARD_ACTION", action.name())
             .env("OOMGUARD_RULE", reason)
             .env("OOMGUARD_JOB_PID", self.job.pid.to_string());
-        if let Some(n) = view.nearest {
+        if let Some(n) = view.and_then(|v| v.nearest) {
             c.env("OOMGUARD_HEADROOM_BYTES", n.headroom_bytes.to_string())
                 .env(
                     "OOMGUARD_HEADROOM_PERCENT",
@@ -2379,7 +1966,7 @@ impl Supervisor {
                 .env("OOMGUARD_CEILING_BYTES", n.ceiling.bytes.to_string())
                 .env("OOMGUARD_CEILING_SOURCE", n.ceiling.source.as_str());
         }
-        if let Some(eta) = view.eta_seconds {
+        if let Some(eta) = view.and_then(|v| v.eta_seconds) {
             c.env("OOMGUARD_ETA_SECONDS", format!("{eta:.1}"));
         }
         if let Some(p) = &self.cfg.log {
@@ -2459,7 +2046,7 @@ impl Supervisor {
         }
         self.refresh_tree();
         // A stop or a kill already under way deals with the rest.
-        if self.tree.is_empty() || self.stop.is_some() || self.killed {
+        if self.tree.is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
             return;
         }
         if !self.cfg.quiet {
@@ -2478,8 +2065,8 @@ impl Supervisor {
             Some(SIG_TERM),
             result,
         );
-        if self.kill_at.is_none() {
-            self.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        if self.core.act.kill_at.is_none() {
+            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
@@ -2574,10 +2161,9 @@ impl Supervisor {
                 self.foreground = false;
             }
             // A paused job cannot handle the signal: let it run.
-            let paused: Vec<Ident> = self.paused.drain().collect();
-            self.signal_all(&paused, SIG_CONT);
+            self.core.act.unpause(&mut self.sig);
             self.shutdown_signal = Some(sig);
-            self.kill_at = Some(Instant::now() + self.cfg.kill_after);
+            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }
 
@@ -2593,31 +2179,14 @@ impl Supervisor {
     }
 
     fn kill_tree(&mut self, why: &str) {
-        if !self.may_kill() {
-            self.kill_at = None;
-            self.say(format!(
-                "{why}: not killing processes oomguard did not launch (use --allow-kill)"
-            ));
-            return;
+        if self.core.act.cfg.may_kill {
+            self.refresh_tree();
         }
-        self.refresh_tree();
-        if !self.killed && !self.tree.is_empty() && !self.cfg.quiet {
-            self.say(format!("{why}: killing {} process(es)", self.tree.len()));
-        }
-        let first = !self.killed;
-        self.killed = true;
-        let all = self.idents(|_| true);
-        let (pids, result) = self.signal_all(&all, SIG_KILL);
-        if self.main_status.is_none() {
-            let _ = supervise::signal_group(self.job.pid, SIG_KILL);
-        }
-        // Logged once: the later rounds only catch late-born processes.
-        if first {
-            self.log_action("kill", why, pids, Some(SIG_KILL), result);
-        }
-        // Processes born between the scan and the signals are caught by
-        // the next round.
-        self.kill_at = Some(Instant::now() + Duration::from_millis(100));
+        let group = self.main_status.is_none().then_some(self.job.pid);
+        self.core
+            .act
+            .kill(why, &self.tree, group, Instant::now(), &mut self.sig);
+        self.acted(None);
     }
 
     /// The latest GPU reading (never blocks: NVML runs on its own thread),
@@ -2878,7 +2447,7 @@ impl Supervisor {
     /// `--on-critical restart` (the policy meant to restart anyway) or
     /// `--restart-on oom-kill`.
     fn restart_enabled(&self) -> bool {
-        let p = self.engine.policy();
+        let p = self.core.engine.policy();
         self.cfg.restart.restart_on.iter().any(|k| k == "oom-kill")
             || p.after_pause == Action::Restart
             || p.rules.iter().any(|r| r.action == Action::Restart)
@@ -2901,9 +2470,9 @@ impl Supervisor {
         let sample = self.sample(true);
         let kernel = self.kernel_killed(&sample);
         let how = match status {
-            _ if self.policy_end.is_some() => format!(
+            _ if self.core.act.policy_end.is_some() => format!(
                 "stopped by oomguard ({})",
-                self.policy_end.map_or("", |a| a.name())
+                self.core.act.policy_end.map_or("", |a| a.name())
             ),
             _ if kernel => "hit by the kernel OOM killer".to_string(),
             Status::Exited(c) => format!("exited with {c}"),
@@ -2926,7 +2495,7 @@ impl Supervisor {
         let cuda = self.cuda_oom.is_some() && on("cuda-oom") && status != Status::Exited(0);
         let memory_death = self.memory_death && self.restart_enabled();
         let wanted = self.cfg.attach.is_none()
-            && (self.policy_end == Some(Action::Restart)
+            && (self.core.act.policy_end == Some(Action::Restart)
                 || (kernel && self.restart_enabled())
                 || memory_death
                 || cuda);
@@ -2988,7 +2557,7 @@ impl Supervisor {
                 self.env.insert(name.to_string(), new);
             }
         }
-        let reason = match (&self.stop, self.policy_end) {
+        let reason = match (&self.core.act.stop, self.core.act.policy_end) {
             (Some(st), Some(Action::Restart)) => st.reason.clone(),
             _ if kernel => "kernel OOM kill".to_string(),
             _ if memory_death => {
@@ -3122,22 +2691,14 @@ impl Supervisor {
                 self.main_status = None;
                 self.tree.clear();
                 self.zombie_children = 0;
-                self.kill_at = None;
-                self.killed = false;
-                self.paused.clear();
-                self.stop = None;
-                self.policy_end = None;
+                self.core.reset();
                 self.cuda_oom = None;
                 self.memory_death = false;
                 self.progress = crate::forensics::progress::ProgressTracker::new();
                 self.log.set_progress(None, false);
                 self.metrics.set_progress(None, None);
-                self.engine.reset();
-                self.history.clear();
                 self.next_tick = now;
                 self.next_full = now;
-                self.last_view = None;
-                self.last_sample = None;
                 self.last_logged = None;
                 self.attempt_started = now;
                 let cg = self.cgroup.as_ref().and_then(|c| c.read());
@@ -3195,7 +2756,7 @@ impl Supervisor {
         }
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
-        let view = self.history.push(&sample);
+        let view = self.core.history.push(&sample);
         self.record(&sample, &view, true, false, None);
         let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
         let kernel_killed = match (cg_kills, self.oom_kills_at_start) {
@@ -3212,7 +2773,7 @@ impl Supervisor {
         // SIGKILL is what the job died of).
         let oom_killed = kernel_killed
             && status.code() != 0
-            && !(self.killed && status == Status::Signaled(libc::SIGKILL));
+            && !(self.core.act.killed && status == Status::Signaled(libc::SIGKILL));
         // `attach`: a watch that ended before the job did is not an exit.
         let detached = self.cfg.attach.is_some() && self.main_status.is_none();
         let (outcome, mut exit_code) = match status {
@@ -3220,7 +2781,7 @@ impl Supervisor {
             _ if detached => (Outcome::Detached, 0),
             _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
-            _ if self.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
+            _ if self.core.act.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
             Status::Exited(c) => (Outcome::Exited, c),
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
@@ -3332,8 +2893,8 @@ impl Supervisor {
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
                 // An attached trainer that checkpointed and left ends the
                 // stop early: the action, not "kill", is what happened.
-                self.stop.as_ref().map_or_else(
-                    || self.policy_end.map_or("kill", |a| a.name()),
+                self.core.act.stop.as_ref().map_or_else(
+                    || self.core.act.policy_end.map_or("kill", |a| a.name()),
                     |s| s.reason.as_str()
                 )
             ),
@@ -3410,18 +2971,3 @@ impl Supervisor {
     }
 }
 
-/// Shows a desktop notification off the supervision path: fire and forget,
-/// abandoned after `NOTIFY_TIMEOUT`, and only when a session bus exists.
-fn notify(summary: String, body: String) {
-    let bus = std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
-        || std::env::var_os("XDG_RUNTIME_DIR")
-            .is_some_and(|d| std::path::Path::new(&d).join("bus").exists());
-    if !bus {
-        return;
-    }
-    tokio::spawn(async move {
-        let mut n = notify_rust::Notification::new();
-        n.summary(&summary).body(&body).appname("oomguard");
-        let _ = tokio::time::timeout(NOTIFY_TIMEOUT, n.show_async()).await;
-    });
-}

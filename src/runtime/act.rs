@@ -1,0 +1,664 @@
+//! The actuator: everything oomguard does *to* the job's processes — pause
+//! and resume, the graceful stop ladder (checkpoint signal, throttle of the
+//! growers, last-resort freeze, SIGTERM, SIGKILL) and the kill.
+//!
+//! Signals go through the [`Signaller`] trait and desktop notifications
+//! through [`Notifier`], so the whole ladder runs in unit tests against a
+//! recording signaller and a scripted tree, without a single process. What
+//! the actuator did comes back as [`Acted`] records; the loop hands them to
+//! the sinks (log, metrics, dashboard, GitHub annotations).
+//!
+//! Identity is (pid, start time) everywhere: a held process that is no
+//! longer the process that was held is forgotten by [`Actuator::prune`], and
+//! every signal is sent by identity, so a recycled pid is never hit.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::model::{CeilingSource, ProcSample, Role, Sample};
+use crate::policy::Action;
+use crate::restart::CheckpointWatch;
+use crate::supervise::{self, SignalError};
+use crate::units::human_duration;
+
+/// Identity of a process: pid and start time.
+pub type Ident = (u32, u64);
+
+pub const SIG_TERM: i32 = libc::SIGTERM;
+pub const SIG_KILL: i32 = libc::SIGKILL;
+pub const SIG_CONT: i32 = libc::SIGCONT;
+pub const SIG_STOP: i32 = libc::SIGSTOP;
+
+/// One throttle cycle: growers are stopped except for a short run slice.
+pub const THROTTLE_CYCLE: Duration = Duration::from_millis(500);
+pub const THROTTLE_RUN: Duration = Duration::from_millis(50);
+/// How long the whole tree may stay frozen at the last-resort level before
+/// the stop goes on without the checkpoint.
+pub const LAST_RESORT_HOLD: Duration = Duration::from_secs(5);
+
+/// Sends signals to processes by identity.
+pub trait Signaller {
+    /// Sends `sig` to `id` only if the pid still is that process.
+    fn signal(&mut self, id: Ident, sig: i32) -> Result<(), SignalError>;
+    /// Whether `id` is still that process (and not a zombie).
+    fn is_alive(&self, id: Ident) -> bool;
+    /// Sends `sig` to a process group (the job's, while its leader lives).
+    fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError>;
+}
+
+/// Shows a desktop notification.
+pub trait Notifier {
+    fn notify(&mut self, summary: String, body: String);
+}
+
+/// The real signaller: `kill(2)` after checking the start time under
+/// `proc_root`.
+#[derive(Debug, Clone)]
+pub struct ProcSignaller {
+    proc_root: PathBuf,
+}
+
+impl ProcSignaller {
+    pub fn new(proc_root: &Path) -> Self {
+        Self {
+            proc_root: proc_root.to_path_buf(),
+        }
+    }
+}
+
+impl Signaller for ProcSignaller {
+    fn signal(&mut self, (pid, start): Ident, sig: i32) -> Result<(), SignalError> {
+        supervise::signal_process(&self.proc_root, pid, start, sig)
+    }
+
+    fn is_alive(&self, (pid, start): Ident) -> bool {
+        supervise::is_alive(&self.proc_root, pid, start)
+    }
+
+    fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
+        supervise::signal_group(pgid, sig).map_err(|e| SignalError::Failed {
+            pid: pgid,
+            sig,
+            errno: e.to_string(),
+        })
+    }
+}
+
+/// The real notifier: a desktop notification over the session bus, when
+/// there is one; never waits for it more than a moment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DesktopNotifier;
+
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Notifier for DesktopNotifier {
+    fn notify(&mut self, summary: String, body: String) {
+        let bus = std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
+            || std::env::var_os("XDG_RUNTIME_DIR")
+                .is_some_and(|d| std::path::Path::new(&d).join("bus").exists());
+        if !bus || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut n = notify_rust::Notification::new();
+            n.summary(&summary).body(&body).appname("oomguard");
+            let _ = tokio::time::timeout(NOTIFY_TIMEOUT, n.show_async()).await;
+        });
+    }
+}
+
+/// What the actuator did, for the sinks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acted {
+    /// An `action` line: what, why, the pids reached, the signal and the
+    /// first error (`"ok"` when none).
+    Action {
+        action: &'static str,
+        reason: String,
+        pids: Vec<u32>,
+        signal: Option<i32>,
+        result: String,
+    },
+    /// A message for the user (stderr or the dashboard).
+    Say(String),
+    /// The checkpoint wait ended (with `--checkpoint-dir`).
+    Checkpoint {
+        path: Option<PathBuf>,
+        waited_seconds: f64,
+    },
+    /// A rule changed state.
+    Rule(crate::log::RuleEvent),
+    /// A hook command to run for an action.
+    Hook {
+        cmd: String,
+        action: Action,
+        reason: String,
+    },
+    /// A stop that could not end the job (attach without `--allow-kill`)
+    /// was given up: the policy starts over.
+    GaveUp,
+}
+
+/// What the actuator needs to know of the settings.
+#[derive(Debug, Clone)]
+pub struct ActConfig {
+    pub checkpoint_signal: i32,
+    pub grace: Duration,
+    pub kill_after: Duration,
+    /// Always for a job oomguard launched; under `attach` only with
+    /// `--allow-kill`.
+    pub may_kill: bool,
+    pub quiet: bool,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_glob: String,
+}
+
+/// The graceful stop in progress.
+#[derive(Debug)]
+pub struct Stop {
+    pub reason: String,
+    pub action: Action,
+    grace_end: Instant,
+    pub step: StopStep,
+    /// Growers held by the throttle (stopped except for short slices).
+    pub throttled: HashSet<Ident>,
+    throttle_running: bool,
+    throttle_switch: Instant,
+    /// Everything frozen at the last-resort level, since when.
+    pub frozen_all: bool,
+    frozen_since: Option<Instant>,
+    /// The processes that got the checkpoint signal.
+    pub signalled: Vec<Ident>,
+    /// Confirms the checkpoint (with `--checkpoint-dir`).
+    watch: Option<CheckpointWatch>,
+    began: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StopStep {
+    /// Waiting for the trainers to checkpoint and exit.
+    Checkpoint,
+    /// SIGTERM sent to the rest; SIGKILL at the deadline.
+    Terminate { until: Instant },
+    /// SIGKILL sent; waiting for the tree to be gone.
+    Killed,
+}
+
+/// The levels the stop ladder works against, from the policy.
+#[derive(Debug, Clone, Copy)]
+pub struct Levels {
+    /// Headroom (percent) under which the whole tree is frozen during a
+    /// stop, for ceilings the kernel enforces.
+    pub last_resort: f64,
+}
+
+/// The state of what oomguard holds and is doing to the job.
+#[derive(Debug)]
+pub struct Actuator {
+    pub cfg: ActConfig,
+    /// Processes oomguard paused (policy `pause`).
+    pub paused: HashSet<Ident>,
+    pub stop: Option<Stop>,
+    /// The critical action that ended the attempt, if the policy did.
+    pub policy_end: Option<Action>,
+    /// SIGKILL was sent to the tree.
+    pub killed: bool,
+    /// When SIGKILL follows if the tree has not exited by then.
+    pub kill_at: Option<Instant>,
+    out: Vec<Acted>,
+}
+
+impl Actuator {
+    pub fn new(cfg: ActConfig) -> Self {
+        Self {
+            cfg,
+            paused: HashSet::new(),
+            stop: None,
+            policy_end: None,
+            killed: false,
+            kill_at: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// A new attempt holds nothing.
+    pub fn reset(&mut self) {
+        self.paused.clear();
+        self.stop = None;
+        self.policy_end = None;
+        self.killed = false;
+        self.kill_at = None;
+    }
+
+    /// What was done since the last call.
+    pub fn drain(&mut self) -> Vec<Acted> {
+        std::mem::take(&mut self.out)
+    }
+
+    /// Whether anything is held or under way (the loop then ticks fast).
+    pub fn busy(&self) -> bool {
+        self.stop.is_some() || !self.paused.is_empty()
+    }
+
+    pub fn push(&mut self, acted: Acted) {
+        self.out.push(acted);
+    }
+
+    fn say(&mut self, text: String) {
+        self.out.push(Acted::Say(text));
+    }
+
+    fn record(&mut self, action: &'static str, reason: &str, sent: Sent, signal: i32) {
+        self.out.push(Acted::Action {
+            action,
+            reason: reason.to_string(),
+            pids: sent.0,
+            signal: Some(signal),
+            result: sent.1,
+        });
+    }
+
+    /// Forgets held processes (paused, throttled, signalled for a
+    /// checkpoint) that are no longer the process that was held: gone, or
+    /// their pid taken by another. Only a live identity is ever signalled
+    /// again.
+    pub fn prune(&mut self, tree: &[ProcSample], sig: &dyn Signaller) {
+        let in_tree: HashSet<Ident> = idents(tree, |_| true).into_iter().collect();
+        let alive = |id: &Ident| in_tree.contains(id) || sig.is_alive(*id);
+        self.paused.retain(|id| alive(id));
+        if let Some(st) = self.stop.as_mut() {
+            st.throttled.retain(|id| alive(id));
+        }
+    }
+
+    /// Policy `pause`: SIGSTOP to the whole tree.
+    pub fn pause(&mut self, reason: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
+        let targets = idents(tree, |_| true);
+        let sent = signal_all(sig, &targets, SIG_STOP);
+        self.paused.extend(targets);
+        self.record("pause", reason, sent, SIG_STOP);
+    }
+
+    /// Processes born since the pause are paused too.
+    pub fn pause_new(&mut self, tree: &[ProcSample], sig: &mut dyn Signaller) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let new = idents(tree, |p| !self.paused.contains(&(p.pid, p.start_time)));
+        if !new.is_empty() {
+            signal_all(sig, &new, SIG_STOP);
+            self.paused.extend(new);
+        }
+    }
+
+    /// Policy `resume` (the pausing rule cleared).
+    pub fn resume(&mut self, reason: &str, sig: &mut dyn Signaller) {
+        let targets: Vec<Ident> = self.paused.drain().collect();
+        let sent = signal_all(sig, &targets, SIG_CONT);
+        self.record("resume", reason, sent, SIG_CONT);
+        if !self.cfg.quiet {
+            self.say(format!("{reason} cleared; resuming the job"));
+        }
+    }
+
+    /// Gives back what oomguard paused (the job is being told to stop and
+    /// must be able to handle it). Returns what was resumed.
+    pub fn unpause(&mut self, sig: &mut dyn Signaller) -> Sent {
+        let paused: Vec<Ident> = self.paused.drain().collect();
+        signal_all(sig, &paused, SIG_CONT)
+    }
+
+    /// Starts the graceful ladder: the checkpoint signal to the trainers
+    /// only (to the job's main process when no trainer is known). The
+    /// growers (`prev`: the last sample, for the comparison) stay held by
+    /// the throttle; everything else oomguard paused runs again.
+    pub fn begin_stop(
+        &mut self,
+        action: Action,
+        reason: &str,
+        job_pid: u32,
+        tree: &[ProcSample],
+        prev: Option<&Sample>,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        self.policy_end = Some(action);
+        let mut trainers = idents(tree, |p| p.role == Role::Trainer);
+        if trainers.is_empty() {
+            trainers = idents(tree, |p| p.pid == job_pid);
+        }
+        let growers = growers(tree, prev);
+        if !self.paused.is_empty() {
+            // A paused trainer cannot checkpoint: let it run.
+            let resume: Vec<Ident> = self
+                .paused
+                .drain()
+                .filter(|id| !growers.contains(id))
+                .collect();
+            signal_all(sig, &resume, SIG_CONT);
+        }
+        let signal = self.cfg.checkpoint_signal;
+        let sent = signal_all(sig, &trainers, signal);
+        self.record(action.name(), reason, sent, signal);
+        let watch = self.cfg.checkpoint_dir.clone().map(|dir| {
+            CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), SystemTime::now())
+        });
+        self.stop = Some(Stop {
+            reason: reason.to_string(),
+            action,
+            grace_end: now + self.cfg.grace,
+            step: StopStep::Checkpoint,
+            throttled: growers,
+            throttle_running: false,
+            throttle_switch: now,
+            frozen_all: false,
+            frozen_since: None,
+            signalled: trainers,
+            watch,
+            began: now,
+        });
+    }
+
+    /// Keeps the kernel out while the stop is in progress, and walks the
+    /// ladder: trainers exit (or grace ends) → SIGTERM + SIGCONT to the
+    /// rest → `--kill-after` → SIGKILL. `sample`: this tick's tree; `prev`:
+    /// the last tick's, to find new growers.
+    pub fn guard(
+        &mut self,
+        sample: &Sample,
+        prev: Option<&Sample>,
+        levels: Levels,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        let Some(mut st) = self.stop.take() else {
+            return;
+        };
+        let tree = &sample.procs;
+        match st.step {
+            StopStep::Checkpoint => {
+                let new_growers = growers(tree, prev);
+                let hard = kernel_headroom(sample);
+                self.hold(&mut st, hard, levels, new_growers, tree, now, sig);
+                if !self.checkpoint_step(&mut st, tree, now, sig) {
+                    return;
+                }
+            }
+            StopStep::Terminate { until } => {
+                if now >= until {
+                    let rest = idents(tree, |_| true);
+                    let sent = signal_all(sig, &rest, SIG_KILL);
+                    if !sent.0.is_empty() {
+                        let why = format!("{}: --kill-after expired", st.reason);
+                        self.record("kill", &why, sent, SIG_KILL);
+                    }
+                    self.killed = true;
+                    st.step = StopStep::Killed;
+                }
+            }
+            StopStep::Killed if self.cfg.may_kill => {
+                let rest = idents(tree, |_| true);
+                signal_all(sig, &rest, SIG_KILL);
+            }
+            StopStep::Killed => {}
+        }
+        self.stop = Some(st);
+    }
+
+    /// The checkpoint step's holding pattern: the last-resort freeze, and
+    /// the throttle of the growers (held, with a short run slice per cycle
+    /// so a data-bound trainer still gets its batches).
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        &mut self,
+        st: &mut Stop,
+        hard: Option<f64>,
+        levels: Levels,
+        new_growers: HashSet<Ident>,
+        tree: &[ProcSample],
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        let low = hard.is_some_and(|h| h < levels.last_resort);
+        if low && !st.frozen_all {
+            let all = idents(tree, |_| true);
+            let sent = signal_all(sig, &all, SIG_STOP);
+            st.frozen_all = true;
+            st.frozen_since = Some(now);
+            st.throttle_running = false;
+            let why = format!("last resort during {}", st.reason);
+            self.record("pause", &why, sent, SIG_STOP);
+        } else if st.frozen_all && hard.is_some_and(|h| h >= levels.last_resort * 1.5) {
+            // Room again: the trainers may go on to their checkpoint.
+            signal_all(sig, &st.signalled, SIG_CONT);
+            st.frozen_all = false;
+            st.frozen_since = None;
+        }
+        st.throttled.extend(new_growers);
+        let signalled = st.signalled.clone();
+        st.throttled.retain(|id| !signalled.contains(id));
+        if st.frozen_all || st.throttled.is_empty() || now < st.throttle_switch {
+            return;
+        }
+        let targets: Vec<Ident> = st.throttled.iter().copied().collect();
+        if st.throttle_running {
+            signal_all(sig, &targets, SIG_STOP);
+            st.throttle_running = false;
+            st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
+        } else {
+            signal_all(sig, &targets, SIG_CONT);
+            st.throttle_running = true;
+            st.throttle_switch = now + THROTTLE_RUN;
+        }
+    }
+
+    /// Decides whether the checkpoint wait is over and, if so, moves the
+    /// ladder on. Returns false when the stop ended here (attach: given up
+    /// or released), true when `st` is still the stop in progress.
+    fn checkpoint_step(
+        &mut self,
+        st: &mut Stop,
+        tree: &[ProcSample],
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) -> bool {
+        let trainers_alive = st
+            .signalled
+            .iter()
+            .any(|id| tree.iter().any(|p| (p.pid, p.start_time) == *id));
+        let may_kill = self.cfg.may_kill;
+        let stuck = st.frozen_since.is_some_and(|f| now - f >= LAST_RESORT_HOLD);
+        if stuck && !may_kill {
+            // attach: oomguard may not end a frozen tree, so the trainer
+            // alone runs (the growers stay frozen) and gets the rest of the
+            // grace to checkpoint.
+            signal_all(sig, &st.signalled, SIG_CONT);
+        }
+        let grace_over = now >= st.grace_end || (stuck && may_kill);
+        // With --checkpoint-dir, a new complete checkpoint is the signal to
+        // go on; the trainer is never cut off while it is still writing one
+        // within the grace period.
+        let confirmed = st.watch.as_mut().and_then(|w| w.poll(now));
+        if grace_over && trainers_alive && !may_kill {
+            // attach: as far as a non-parent can go. Give back what was
+            // held and keep watching.
+            self.release(st, tree, sig);
+            self.say(
+                "the trainer did not exit within the grace period; leaving it running \
+                 (oomguard did not launch it; --allow-kill to let it stop the tree)"
+                    .to_string(),
+            );
+            self.policy_end = None;
+            self.out.push(Acted::GaveUp);
+            return false;
+        }
+        if !may_kill && !trainers_alive {
+            // attach: the trainer checkpointed and left; the rest is not
+            // ours to end (nor to leave stopped).
+            self.release(st, tree, sig);
+            return false;
+        }
+        if trainers_alive && !grace_over && confirmed.is_none() {
+            return true;
+        }
+        if let Some(w) = &st.watch {
+            let path = confirmed.or_else(|| (!trainers_alive).then(|| w.written()).flatten());
+            if path.is_none() && !self.cfg.quiet {
+                self.say("no new checkpoint was confirmed in the checkpoint directory".to_string());
+            }
+            self.out.push(Acted::Checkpoint {
+                path,
+                waited_seconds: ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0,
+            });
+        }
+        let rest = idents(tree, |_| true);
+        if st.frozen_all && grace_over {
+            // Resuming a tree at the edge would hand the kernel the kill;
+            // end it here instead.
+            let sent = signal_all(sig, &rest, SIG_KILL);
+            let why = format!("last resort during {}", st.reason);
+            self.record("kill", &why, sent, SIG_KILL);
+            self.killed = true;
+            st.step = StopStep::Killed;
+        } else {
+            let sent = signal_all(sig, &rest, SIG_TERM);
+            signal_all(sig, &rest, SIG_CONT);
+            if !sent.0.is_empty() {
+                let why = format!("{}: terminating the rest of the tree", st.reason);
+                self.record("stop", &why, sent, SIG_TERM);
+            }
+            st.step = StopStep::Terminate {
+                until: now + self.cfg.kill_after,
+            };
+        }
+        if grace_over && trainers_alive && !self.cfg.quiet {
+            self.say(format!(
+                "the trainer did not exit within the {} grace; terminating the job",
+                human_duration(self.cfg.grace)
+            ));
+        }
+        true
+    }
+
+    /// Lets go of everything a graceful stop holds (throttled or frozen
+    /// processes): a job oomguard stops watching, or whose stop it gives
+    /// up, must not be left stopped.
+    pub fn release(&mut self, st: &Stop, tree: &[ProcSample], sig: &mut dyn Signaller) {
+        let held: Vec<Ident> = st.throttled.iter().copied().collect();
+        signal_all(sig, &held, SIG_CONT);
+        if st.frozen_all {
+            signal_all(sig, &idents(tree, |_| true), SIG_CONT);
+        }
+    }
+
+    /// Ends what oomguard holds without ending the job (attach's watch
+    /// ends): resumes the paused (logged) and releases a stop.
+    pub fn let_go(&mut self, why: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
+        if !self.paused.is_empty() {
+            let sent = self.unpause(sig);
+            self.record("resume", why, sent, SIG_CONT);
+        }
+        if let Some(st) = self.stop.take() {
+            self.release(&st, tree, sig);
+        }
+    }
+
+    /// SIGKILL to the whole tree, and to the job's process group
+    /// (`group`, while its leader lives) for what the scan has not seen yet.
+    /// Logged once: later rounds (every 100 ms, `kill_at`) only catch
+    /// late-born processes. Refused, with a message, when oomguard may not
+    /// kill. Returns whether the signals were sent.
+    pub fn kill(
+        &mut self,
+        why: &str,
+        tree: &[ProcSample],
+        group: Option<u32>,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) -> bool {
+        if !self.cfg.may_kill {
+            self.kill_at = None;
+            self.say(format!(
+                "{why}: not killing processes oomguard did not launch (use --allow-kill)"
+            ));
+            return false;
+        }
+        if !self.killed && !tree.is_empty() && !self.cfg.quiet {
+            self.say(format!("{why}: killing {} process(es)", tree.len()));
+        }
+        let first = !self.killed;
+        self.killed = true;
+        let sent = signal_all(sig, &idents(tree, |_| true), SIG_KILL);
+        if let Some(pgid) = group {
+            let _ = sig.signal_group(pgid, SIG_KILL);
+        }
+        if first {
+            self.record("kill", why, sent, SIG_KILL);
+        }
+        self.kill_at = Some(now + Duration::from_millis(100));
+        true
+    }
+}
+
+/// The pids reached and the first error (`"ok"` when none).
+pub type Sent = (Vec<u32>, String);
+
+/// Signals processes by identity; a process that is gone is skipped
+/// silently.
+pub fn signal_all(sig: &mut dyn Signaller, targets: &[Ident], signal: i32) -> Sent {
+    let mut reached = Vec::new();
+    let mut err = None;
+    for &id in targets {
+        match sig.signal(id, signal) {
+            Ok(()) => reached.push(id.0),
+            Err(SignalError::Gone(_)) => {}
+            Err(e) => {
+                err.get_or_insert(e.to_string());
+            }
+        }
+    }
+    (reached, err.unwrap_or_else(|| "ok".into()))
+}
+
+/// The identities of the tree's processes that match.
+pub fn idents(tree: &[ProcSample], pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
+    tree.iter()
+        .filter(|p| pred(p))
+        .map(|p| (p.pid, p.start_time))
+        .collect()
+}
+
+/// Non-trainer processes whose memory grew since `prev` (usually
+/// DataLoader workers with a leaking cache), new ones included.
+pub fn growers(tree: &[ProcSample], prev: Option<&Sample>) -> HashSet<Ident> {
+    let Some(prev) = prev else {
+        return HashSet::new();
+    };
+    let before: HashMap<Ident, u64> = prev
+        .procs
+        .iter()
+        .map(|p| ((p.pid, p.start_time), p.rss_bytes))
+        .collect();
+    tree.iter()
+        .filter(|p| matches!(p.role, Role::Worker | Role::Other))
+        .filter(|p| {
+            before
+                .get(&(p.pid, p.start_time))
+                .is_none_or(|&b| p.rss_bytes > b)
+        })
+        .map(|p| (p.pid, p.start_time))
+        .collect()
+}
+
+/// The least headroom (percent) under a ceiling the kernel enforces:
+/// freezing everything is only for those, since a budget overrun is not an
+/// OOM kill and the trainer keeps its chance to checkpoint there.
+fn kernel_headroom(sample: &Sample) -> Option<f64> {
+    sample
+        .ceilings()
+        .into_iter()
+        .filter(|c| c.ceiling.source != CeilingSource::Budget)
+        .map(|c| c.headroom_percent())
+        .min_by(f64::total_cmp)
+}
