@@ -135,7 +135,6 @@ impl Supervisor {
         Some(!alive)
     }
 
-
     /// Ends the watch with the job still running: anything oomguard paused
     /// or holds is resumed first.
     pub(super) fn end_watch(&mut self, why: String) {

@@ -50,11 +50,11 @@ mod act;
 mod attach;
 mod tick;
 
-use tick::{Core, FAST, TickInputs, Voice};
 use act::{
-    ActConfig, Acted, Actuator, DesktopNotifier, Ident, Notifier, ProcSignaller,
-    SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
+    ActConfig, Acted, Actuator, DesktopNotifier, Ident, Notifier, ProcSignaller, SIG_CONT,
+    SIG_KILL, SIG_TERM, idents, signal_all,
 };
+use tick::{Core, FAST, TickInputs, Voice};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
@@ -103,7 +103,6 @@ pub fn run(cfg: RunConfig) -> i32 {
         }
     }
 }
-
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
 /// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
@@ -1008,7 +1007,6 @@ impl Supervisor {
         }
     }
 
-
     /// The job wrote to its terminal (the dashboard's pty).
     fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
         match n {
@@ -1176,7 +1174,8 @@ impl Supervisor {
     fn host_memory_critical(&self) -> bool {
         let (_, crit) = self.core.engine.policy().thresholds();
         let crit = crit.unwrap_or(8.0);
-        self.core.last_view
+        self.core
+            .last_view
             .as_ref()
             .and_then(|v| v.headroom_percent())
             .is_some_and(|h| h <= crit)
@@ -1685,8 +1684,6 @@ impl Supervisor {
         })
     }
 
-
-
     /// `force`: a rule or action happened (the line is logged, with the
     /// per-process detail); `waits_changed`: a rule began or ended its `for`
     /// wait (the line is logged). `readings`: what the policy saw (the
@@ -1909,9 +1906,6 @@ impl Supervisor {
         }
     }
 
-
-
-
     fn pause(&mut self, reason: &str) {
         self.core.act.pause(reason, &self.tree, &mut self.sig);
         self.acted(None);
@@ -1935,13 +1929,6 @@ impl Supervisor {
         );
         self.acted(None);
     }
-
-
-
-
-
-
-
 
     fn run_hook(&mut self, cmd: &str, action: Action, reason: &str, view: Option<&View>) {
         use std::process::{Command, Stdio};
@@ -2970,4 +2957,3 @@ impl Supervisor {
         }
     }
 }
-

@@ -109,8 +109,7 @@ impl Core {
         notifier: &mut dyn Notifier,
     ) -> TickOut {
         let view = self.history.push(&sample);
-        let readings =
-            Readings::from_sample(&sample, &view, inp.gpu_eta, inp.torch_fragmentation);
+        let readings = Readings::from_sample(&sample, &view, inp.gpu_eta, inp.torch_fragmentation);
         let waits_before = self.engine.pending_changes();
         let decisions = if inp.ending || self.act.stop.is_some() {
             Vec::new()
@@ -207,7 +206,8 @@ impl Core {
             }
             Action::Kill => {
                 self.act.policy_end = Some(Action::Kill);
-                self.act.kill(&reason, tree, Some(inp.job_pid), inp.now, sig);
+                self.act
+                    .kill(&reason, tree, Some(inp.job_pid), inp.now, sig);
             }
         }
         let hook = hook.or_else(|| {
@@ -314,4 +314,437 @@ fn describe(action: Action, reason: &str, view: &View, act: &Actuator) -> String
         Action::Warn => "warning".to_string(),
     };
     format!("{reason}{head}; {what}")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The tick driven by a scripted sampler and a recording signaller: no
+    //! process is started, every signal is seen.
+
+    use std::collections::HashSet;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::model::{ProcSample, Role, SystemSample, TreeTotals};
+    use crate::policy::Policy;
+    use crate::runtime::act::{ActConfig, Ident, SIG_CONT, SIG_KILL, SIG_STOP, SIG_TERM};
+    use crate::supervise::SignalError;
+
+    const GIB: u64 = 1 << 30;
+    const CKPT: i32 = libc::SIGUSR1;
+    const TRAINER: u32 = 100;
+    const W1: u32 = 101;
+    const W2: u32 = 102;
+
+    /// Every signal sent, in order; `dead`: identities that are gone.
+    #[derive(Default)]
+    struct Recorder {
+        sent: Vec<(u32, i32)>,
+        groups: Vec<(u32, i32)>,
+        dead: HashSet<Ident>,
+    }
+
+    impl Signaller for Recorder {
+        fn signal(&mut self, id: Ident, sig: i32) -> Result<(), SignalError> {
+            if self.dead.contains(&id) {
+                return Err(SignalError::Gone(id.0));
+            }
+            self.sent.push((id.0, sig));
+            Ok(())
+        }
+        fn is_alive(&self, id: Ident) -> bool {
+            !self.dead.contains(&id)
+        }
+        fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
+            self.groups.push((pgid, sig));
+            Ok(())
+        }
+    }
+
+    impl Recorder {
+        fn take(&mut self) -> Vec<(u32, i32)> {
+            std::mem::take(&mut self.sent)
+        }
+    }
+
+    #[derive(Default)]
+    struct Notes(Vec<String>);
+
+    impl Notifier for Notes {
+        fn notify(&mut self, summary: String, _body: String) {
+            self.0.push(summary);
+        }
+    }
+
+    /// A scripted sampler: a trainer and two workers on a 10 GiB machine;
+    /// each `sample` call says how much is still available and how big
+    /// each process is.
+    struct Script {
+        procs: Vec<(u32, Role, u64)>,
+        start_times: Vec<(u32, u64)>,
+    }
+
+    impl Script {
+        fn new() -> Self {
+            Self {
+                procs: vec![
+                    (TRAINER, Role::Trainer, GIB),
+                    (W1, Role::Worker, GIB / 4),
+                    (W2, Role::Worker, GIB / 4),
+                ],
+                start_times: Vec::new(),
+            }
+        }
+
+        fn start_time(&self, pid: u32) -> u64 {
+            self.start_times
+                .iter()
+                .find(|(p, _)| *p == pid)
+                .map_or(pid as u64 * 10, |(_, s)| *s)
+        }
+
+        fn sample(&self, t: f64, headroom_percent: f64) -> Sample {
+            let total = 10 * GIB;
+            let procs: Vec<ProcSample> = self
+                .procs
+                .iter()
+                .map(|&(pid, role, rss)| ProcSample {
+                    pid,
+                    ppid: if pid == TRAINER { 1 } else { TRAINER },
+                    role,
+                    comm: "python3".into(),
+                    rss_bytes: rss,
+                    pss_bytes: rss,
+                    uss_bytes: rss,
+                    swap_bytes: 0,
+                    gpu_bytes: None,
+                    torch: None,
+                    start_time: self.start_time(pid),
+                })
+                .collect();
+            let used: u64 = procs.iter().map(|p| p.pss_bytes).sum();
+            Sample {
+                t,
+                tree: TreeTotals {
+                    procs: procs.len() as u32,
+                    rss_bytes: used,
+                    pss_bytes: used,
+                    footprint_bytes: used,
+                    ..Default::default()
+                },
+                procs,
+                system: SystemSample {
+                    mem_total_bytes: total,
+                    mem_available_bytes: (total as f64 * headroom_percent / 100.0) as u64,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+        }
+
+        fn grow(&mut self, pid: u32, by: u64) {
+            for p in self.procs.iter_mut().filter(|p| p.0 == pid) {
+                p.2 += by;
+            }
+        }
+
+        fn exit(&mut self, pid: u32) {
+            self.procs.retain(|p| p.0 != pid);
+        }
+    }
+
+    /// Warn at 20 % headroom, critical at 8 %.
+    fn core(on_critical: Action, may_kill: bool) -> Core {
+        let policy = Policy::default_with(80.0, 92.0, on_critical);
+        let act = Actuator::new(ActConfig {
+            checkpoint_signal: CKPT,
+            grace: Duration::from_secs(2),
+            kill_after: Duration::from_secs(1),
+            may_kill,
+            quiet: true,
+            checkpoint_dir: None,
+            checkpoint_glob: "*".into(),
+        });
+        let voice = Voice {
+            quiet: true,
+            notify: true,
+            on_warn: None,
+        };
+        Core::new(Engine::new(policy), act, voice)
+    }
+
+    struct Run {
+        core: Core,
+        sig: Recorder,
+        notes: Notes,
+        t0: Instant,
+    }
+
+    impl Run {
+        fn new(core: Core) -> Self {
+            Self {
+                core,
+                sig: Recorder::default(),
+                notes: Notes::default(),
+                t0: Instant::now(),
+            }
+        }
+
+        /// One tick at `t` seconds; returns the actions taken.
+        fn tick(&mut self, script: &Script, t: f64, headroom: f64) -> Vec<(&'static str, String)> {
+            let sample = script.sample(t, headroom);
+            self.core.act.prune(&sample.procs, &self.sig);
+            let inputs = TickInputs {
+                now: self.t0 + Duration::from_secs_f64(t),
+                ending: false,
+                job_pid: TRAINER,
+                gpu_eta: None,
+                torch_fragmentation: None,
+            };
+            self.core
+                .tick(sample, inputs, &mut self.sig, &mut self.notes);
+            self.core
+                .act
+                .drain()
+                .into_iter()
+                .filter_map(|a| match a {
+                    Acted::Action { action, reason, .. } => Some((action, reason)),
+                    _ => None,
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_stop_ladder_checkpoints_the_trainer_then_terminates_then_kills() {
+        let mut run = Run::new(core(Action::Stop, true));
+        let script = Script::new();
+        assert!(run.tick(&script, 0.0, 50.0).is_empty());
+        assert!(run.sig.take().is_empty());
+        // Critical: the checkpoint signal goes to the trainer only.
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "stop", "{acts:?}");
+        assert_eq!(run.sig.take(), vec![(TRAINER, CKPT)]);
+        // Within the grace the trainer is left alone.
+        run.tick(&script, 2.0, 5.0);
+        assert!(run.sig.take().is_empty());
+        // Grace over (2 s): TERM, and CONT so a stopped process sees it.
+        let acts = run.tick(&script, 3.1, 5.0);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert!(acts[0].1.contains("terminating the rest"), "{acts:?}");
+        let sent = run.sig.take();
+        let terms: Vec<u32> = sent
+            .iter()
+            .filter(|s| s.1 == SIG_TERM)
+            .map(|s| s.0)
+            .collect();
+        assert_eq!(terms, vec![TRAINER, W1, W2]);
+        assert!(sent.iter().filter(|s| s.1 == SIG_CONT).count() == 3);
+        // --kill-after (1 s) later: SIGKILL to whatever is left.
+        run.tick(&script, 3.5, 5.0);
+        assert!(run.sig.take().is_empty());
+        let acts = run.tick(&script, 4.2, 5.0);
+        assert_eq!(acts[0].0, "kill");
+        assert!(acts[0].1.contains("--kill-after expired"));
+        assert_eq!(
+            run.sig.take(),
+            vec![(TRAINER, SIG_KILL), (W1, SIG_KILL), (W2, SIG_KILL)]
+        );
+        assert!(run.core.act.killed);
+        assert_eq!(run.core.act.policy_end, Some(Action::Stop));
+    }
+
+    #[test]
+    fn a_trainer_that_exits_after_its_checkpoint_ends_the_wait_at_once() {
+        let mut run = Run::new(core(Action::Stop, true));
+        let mut script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        run.tick(&script, 1.0, 5.0);
+        run.sig.take();
+        script.exit(TRAINER);
+        run.tick(&script, 1.2, 5.0);
+        let terms: Vec<(u32, i32)> = run
+            .sig
+            .take()
+            .into_iter()
+            .filter(|s| s.1 == SIG_TERM)
+            .collect();
+        assert_eq!(terms, vec![(W1, SIG_TERM), (W2, SIG_TERM)]);
+    }
+
+    #[test]
+    fn growing_workers_are_throttled_while_the_trainer_checkpoints() {
+        let mut run = Run::new(core(Action::Stop, true));
+        let mut script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        script.grow(W1, 64 << 20);
+        run.tick(&script, 1.0, 5.0);
+        // The stop, then the first throttle slice lets the grower run.
+        assert_eq!(run.sig.take(), vec![(TRAINER, CKPT), (W1, SIG_CONT)]);
+        let mut w1 = Vec::new();
+        let mut t = 1.0;
+        while t < 2.9 {
+            t += 0.02;
+            script.grow(W1, 1 << 20);
+            run.tick(&script, t, 5.0);
+            for (pid, sig) in run.sig.take() {
+                assert_eq!(pid, W1, "only the grower is throttled (got {sig} to {pid})");
+                w1.push((t, sig));
+            }
+        }
+        // It alternates: held ~450 ms, let run ~50 ms.
+        assert!(w1.len() >= 6, "{w1:?}");
+        for pair in w1.windows(2) {
+            assert_ne!(pair[0].1, pair[1].1, "{w1:?}");
+        }
+        let stops: Vec<f64> = w1.iter().filter(|s| s.1 == SIG_STOP).map(|s| s.0).collect();
+        let conts: Vec<f64> = w1.iter().filter(|s| s.1 == SIG_CONT).map(|s| s.0).collect();
+        for (s, c) in stops.iter().zip(conts.iter()) {
+            let held = c - s;
+            assert!((0.42..0.52).contains(&held), "held {held:.3}s: {w1:?}");
+        }
+    }
+
+    #[test]
+    fn the_last_resort_freezes_the_tree_and_kills_it_when_it_stays_stuck() {
+        let mut c = core(Action::Stop, true);
+        c.act.cfg.grace = Duration::from_secs(30);
+        let mut run = Run::new(c);
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        run.tick(&script, 1.0, 5.0);
+        run.sig.take();
+        // Below half the critical level (4 %): everything is frozen.
+        let acts = run.tick(&script, 1.1, 2.0);
+        assert_eq!(acts[0].0, "pause");
+        assert!(acts[0].1.starts_with("last resort"), "{acts:?}");
+        assert_eq!(
+            run.sig.take(),
+            vec![(TRAINER, SIG_STOP), (W1, SIG_STOP), (W2, SIG_STOP)]
+        );
+        // The grace (30 s) has not run out, but frozen for 5 s is stuck:
+        // the tree is killed rather than resumed into the kernel's hands.
+        run.tick(&script, 3.0, 2.0);
+        assert!(run.sig.take().iter().all(|s| s.1 != SIG_KILL));
+        let acts = run.tick(&script, 6.2, 2.0);
+        assert_eq!(acts[0].0, "kill", "{acts:?}");
+        assert_eq!(
+            run.sig.take(),
+            vec![(TRAINER, SIG_KILL), (W1, SIG_KILL), (W2, SIG_KILL)]
+        );
+    }
+
+    #[test]
+    fn a_pause_that_lasts_past_max_pause_becomes_a_stop() {
+        let mut c = core(Action::Pause, true);
+        let mut policy = c.engine.policy().clone();
+        policy.max_pause_seconds = 3.0;
+        c.engine = Engine::new(policy);
+        let mut run = Run::new(c);
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "pause");
+        assert_eq!(
+            run.sig.take(),
+            vec![(TRAINER, SIG_STOP), (W1, SIG_STOP), (W2, SIG_STOP)]
+        );
+        run.tick(&script, 2.0, 5.0);
+        run.tick(&script, 3.0, 5.0);
+        assert!(run.sig.take().is_empty());
+        let acts = run.tick(&script, 4.1, 5.0);
+        assert_eq!(acts[0].0, "stop", "{acts:?}");
+        assert!(acts[0].1.starts_with("max-pause"), "{acts:?}");
+        // The paused tree runs again (none grew), so the trainer can
+        // checkpoint; then it gets the checkpoint signal.
+        let sent = run.sig.take();
+        assert_eq!(sent.last(), Some(&(TRAINER, CKPT)), "{sent:?}");
+        for pid in [TRAINER, W1, W2] {
+            assert!(sent.contains(&(pid, SIG_CONT)), "{sent:?}");
+        }
+        assert!(run.core.act.paused.is_empty());
+    }
+
+    #[test]
+    fn a_paused_process_whose_pid_was_reused_is_never_resumed() {
+        let mut run = Run::new(core(Action::Pause, true));
+        let mut script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        run.tick(&script, 1.0, 5.0);
+        run.sig.take();
+        // W1 died; an unrelated process got its pid.
+        run.sig.dead.insert((W1, W1 as u64 * 10));
+        script.start_times.push((W1, 999_999));
+        run.tick(&script, 2.0, 5.0);
+        // It joined the tree after the pause: paused as a new member...
+        assert_eq!(run.sig.take(), vec![(W1, SIG_STOP)]);
+        // ...and resumed with the rest when the rule clears; the old W1
+        // identity is never signalled.
+        let acts = run.tick(&script, 3.0, 40.0);
+        assert_eq!(acts[0].0, "resume", "{acts:?}");
+        let sent = run.sig.take();
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert!(!run.core.act.paused.contains(&(W1, W1 as u64 * 10)));
+    }
+
+    #[test]
+    fn restart_is_a_stop_that_remembers_it_ends_in_a_restart() {
+        let mut run = Run::new(core(Action::Restart, true));
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "restart");
+        assert_eq!(run.sig.take(), vec![(TRAINER, CKPT)]);
+        assert_eq!(run.core.act.policy_end, Some(Action::Restart));
+        // A new attempt starts with nothing held and the policy rearmed.
+        run.core.reset();
+        assert!(run.core.act.stop.is_none() && run.core.act.policy_end.is_none());
+        let acts = run.tick(&script, 0.0, 5.0);
+        assert_eq!(acts[0].0, "restart", "the rule fires again: {acts:?}");
+    }
+
+    #[test]
+    fn warn_notifies_and_kill_is_refused_when_oomguard_did_not_launch_the_job() {
+        let mut run = Run::new(core(Action::Kill, false));
+        let script = Script::new();
+        let acts = run.tick(&script, 0.0, 15.0);
+        assert_eq!(acts[0].0, "warn");
+        assert_eq!(run.notes.0.len(), 1);
+        assert!(run.notes.0[0].contains("memory warning"));
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts, vec![("warn", "critical-headroom".to_string())]);
+        assert!(run.sig.take().is_empty());
+        assert!(run.sig.groups.is_empty());
+    }
+
+    #[test]
+    fn kill_reaches_the_tree_and_the_job_group() {
+        let mut run = Run::new(core(Action::Kill, true));
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "kill");
+        assert_eq!(run.sig.take().len(), 3);
+        assert_eq!(run.sig.groups, vec![(TRAINER, SIG_KILL)]);
+        assert!(run.core.act.kill_at.is_some());
+    }
+
+    #[test]
+    fn the_cadence_speeds_up_near_the_ceiling_and_while_holding() {
+        let mut run = Run::new(core(Action::Pause, true));
+        let script = Script::new();
+        let base = Duration::from_secs(1);
+        run.tick(&script, 0.0, 50.0);
+        let v = run.core.history.push(&script.sample(0.5, 50.0));
+        assert_eq!(run.core.cadence(&v, base), base);
+        let v = run.core.history.push(&script.sample(0.6, 25.0));
+        assert!(run.core.cadence(&v, base) <= Duration::from_millis(250));
+        run.tick(&script, 1.0, 5.0);
+        let v = run.core.history.push(&script.sample(1.1, 50.0));
+        assert_eq!(
+            run.core.cadence(&v, base),
+            FAST,
+            "a paused job is watched closely"
+        );
+    }
 }
