@@ -212,6 +212,93 @@ impl Budget {
     }
 }
 
+/// How an attempt ended, as far as the restart decision goes.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptEnd {
+    /// The policy's critical action ended it (`stop`, `restart`, `kill`).
+    pub policy_end: Option<crate::policy::Action>,
+    /// The rule that began the stop, if one did.
+    pub stop_reason: Option<String>,
+    /// The kernel OOM killer took a process of the job.
+    pub kernel_killed: bool,
+    /// A worker or rank was SIGKILLed while memory was at the warn level.
+    pub memory_death: bool,
+    /// The job printed a CUDA OOM (`Some(true)`: with a fragmented cache).
+    pub cuda_oom: Option<bool>,
+    /// The main process exited with 0.
+    pub succeeded: bool,
+}
+
+/// What the restart settings allow.
+#[derive(Debug, Clone, Default)]
+pub struct RestartRules {
+    /// A kernel OOM kill (or a memory death) restarts: `--restart-on
+    /// oom-kill`, or a policy that restarts anyway.
+    pub on_memory: bool,
+    /// `--restart-on cuda-oom`.
+    pub on_cuda_oom: bool,
+}
+
+/// Why the attempt should be followed by another, or `None`. The order is
+/// the order of certainty: oomguard's own action, then the kernel's kill,
+/// then what the job printed.
+pub fn restart_reason(end: &AttemptEnd, rules: &RestartRules) -> Option<String> {
+    use crate::policy::Action;
+    let cuda = end.cuda_oom.is_some() && rules.on_cuda_oom && !end.succeeded;
+    if end.policy_end == Some(Action::Restart) {
+        return Some(end.stop_reason.clone().unwrap_or_else(|| "restart".into()));
+    }
+    if end.kernel_killed && rules.on_memory {
+        return Some("kernel OOM kill".into());
+    }
+    if end.memory_death && rules.on_memory {
+        return Some("a worker or rank was SIGKILLed with memory at the warn level".into());
+    }
+    cuda.then(|| "CUDA out of memory".into())
+}
+
+/// One variable changed for the next attempt: name, old value, new value.
+pub type EnvChange = (String, Option<String>, String);
+
+/// The environment changes for the next attempt: each `--degrade` applied
+/// to the variable's current value (`current`: the last attempt's value,
+/// else oomguard's own environment), and `expandable_segments:True` added to
+/// `PYTORCH_CUDA_ALLOC_CONF` after a CUDA OOM with a fragmented cache (the
+/// cure PyTorch itself suggests). Also returns the variables that could not
+/// be degraded, with why.
+pub fn degrade_env(
+    degrade: &[Degrade],
+    current: impl Fn(&str) -> Option<String>,
+    cuda_fragmented: bool,
+) -> (Vec<EnvChange>, Vec<String>) {
+    let mut changes = Vec::new();
+    let mut problems = Vec::new();
+    for d in degrade {
+        let now = current(&d.name);
+        match d.next(now.as_deref()) {
+            Some(new) => changes.push((d.name.clone(), now, new)),
+            None => problems.push(format!(
+                "cannot degrade {}: it is {} (half and dec need a number)",
+                d.name,
+                now.map_or("not set".to_string(), |c| format!("'{c}'"))
+            )),
+        }
+    }
+    const ALLOC: &str = "PYTORCH_CUDA_ALLOC_CONF";
+    let conf = current(ALLOC);
+    let has = conf
+        .as_deref()
+        .is_some_and(|c| c.contains("expandable_segments"));
+    if cuda_fragmented && !has {
+        let new = match conf.as_deref() {
+            Some(c) if !c.is_empty() => format!("{c},expandable_segments:True"),
+            _ => "expandable_segments:True".to_string(),
+        };
+        changes.push((ALLOC.to_string(), conf, new));
+    }
+    (changes, problems)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,5 +381,99 @@ mod tests {
         assert_eq!(w.poll(t0), None, "just appeared");
         assert_eq!(w.poll(t0 + Duration::from_millis(100)), None);
         assert_eq!(w.poll(t0 + Duration::from_millis(600)), Some(ck));
+    }
+
+    use crate::policy::Action;
+
+    fn rules(on_memory: bool, on_cuda_oom: bool) -> RestartRules {
+        RestartRules {
+            on_memory,
+            on_cuda_oom,
+        }
+    }
+
+    #[test]
+    fn restart_reasons_in_order_of_certainty() {
+        let ours = AttemptEnd {
+            policy_end: Some(Action::Restart),
+            stop_reason: Some("critical-headroom".into()),
+            kernel_killed: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            restart_reason(&ours, &rules(false, false)).as_deref(),
+            Some("critical-headroom")
+        );
+        let stopped = AttemptEnd {
+            policy_end: Some(Action::Stop),
+            ..Default::default()
+        };
+        assert_eq!(restart_reason(&stopped, &rules(true, true)), None);
+        let kernel = AttemptEnd {
+            kernel_killed: true,
+            memory_death: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            restart_reason(&kernel, &rules(true, false)).as_deref(),
+            Some("kernel OOM kill")
+        );
+        assert_eq!(restart_reason(&kernel, &rules(false, true)), None);
+        let death = AttemptEnd {
+            memory_death: true,
+            ..Default::default()
+        };
+        assert!(
+            restart_reason(&death, &rules(true, false))
+                .is_some_and(|r| r.contains("SIGKILLed"))
+        );
+        let cuda = AttemptEnd {
+            cuda_oom: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(
+            restart_reason(&cuda, &rules(false, true)).as_deref(),
+            Some("CUDA out of memory")
+        );
+        assert_eq!(restart_reason(&cuda, &rules(true, false)), None);
+        let cuda_but_fine = AttemptEnd {
+            cuda_oom: Some(false),
+            succeeded: true,
+            ..Default::default()
+        };
+        assert_eq!(restart_reason(&cuda_but_fine, &rules(false, true)), None);
+        assert_eq!(restart_reason(&AttemptEnd::default(), &rules(true, true)), None);
+    }
+
+    #[test]
+    fn degrading_halves_workers_and_fixes_a_fragmented_cache() {
+        let d = vec![parse_degrade("NUM_WORKERS=half,min=1").unwrap()];
+        let env = |name: &str| match name {
+            "NUM_WORKERS" => Some("8".to_string()),
+            "PYTORCH_CUDA_ALLOC_CONF" => Some("max_split_size_mb:128".to_string()),
+            _ => None,
+        };
+        let (changes, problems) = degrade_env(&d, env, true);
+        assert!(problems.is_empty());
+        assert_eq!(
+            changes,
+            vec![
+                ("NUM_WORKERS".into(), Some("8".into()), "4".into()),
+                (
+                    "PYTORCH_CUDA_ALLOC_CONF".into(),
+                    Some("max_split_size_mb:128".into()),
+                    "max_split_size_mb:128,expandable_segments:True".into()
+                ),
+            ]
+        );
+        let (changes, _) = degrade_env(&d, env, false);
+        assert_eq!(changes.len(), 1, "no fragmentation, no allocator change");
+        let set = |name: &str| {
+            (name == "PYTORCH_CUDA_ALLOC_CONF").then(|| "expandable_segments:True".to_string())
+        };
+        let (changes, problems) = degrade_env(&d, set, true);
+        assert!(changes.is_empty(), "already set: {changes:?}");
+        assert_eq!(problems.len(), 1, "NUM_WORKERS unset cannot be halved");
+        assert!(problems[0].contains("not set"));
     }
 }

@@ -185,6 +185,16 @@ pub enum StopStep {
     Killed,
 }
 
+/// Where a stop begins: the tree now, the last tick's sample (to find the
+/// growers), the job's main process and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Scene<'a> {
+    pub tree: &'a [ProcSample],
+    pub prev: Option<&'a Sample>,
+    pub job_pid: u32,
+    pub now: Instant,
+}
+
 /// The levels the stop ladder works against, from the policy.
 #[derive(Debug, Clone, Copy)]
 pub struct Levels {
@@ -317,12 +327,15 @@ impl Actuator {
         &mut self,
         action: Action,
         reason: &str,
-        job_pid: u32,
-        tree: &[ProcSample],
-        prev: Option<&Sample>,
-        now: Instant,
+        at: Scene<'_>,
         sig: &mut dyn Signaller,
     ) {
+        let Scene {
+            tree,
+            prev,
+            job_pid,
+            now,
+        } = at;
         self.policy_end = Some(action);
         let mut trainers = idents(tree, |p| p.role == Role::Trainer);
         if trainers.is_empty() {

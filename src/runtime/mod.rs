@@ -1917,16 +1917,13 @@ impl Supervisor {
     }
 
     fn begin_stop(&mut self, action: Action, reason: &str) {
-        let prev = self.core.last_sample.as_ref();
-        self.core.act.begin_stop(
-            action,
-            reason,
-            self.job.pid,
-            &self.tree,
-            prev,
-            Instant::now(),
-            &mut self.sig,
-        );
+        let at = act::Scene {
+            tree: &self.tree,
+            prev: self.core.last_sample.as_ref(),
+            job_pid: self.job.pid,
+            now: Instant::now(),
+        };
+        self.core.act.begin_stop(action, reason, at, &mut self.sig);
         self.acted(None);
     }
 
@@ -2452,44 +2449,30 @@ impl Supervisor {
         }
         self.pty_scanner.finish();
         self.log_output_events();
-        let status = self.main_status.unwrap_or(Status::Exited(0));
-        let ran = self.attempt_started.elapsed();
         let sample = self.sample(true);
-        let kernel = self.kernel_killed(&sample);
-        let how = match status {
-            _ if self.core.act.policy_end.is_some() => format!(
-                "stopped by oomguard ({})",
-                self.core.act.policy_end.map_or("", |a| a.name())
-            ),
-            _ if kernel => "hit by the kernel OOM killer".to_string(),
-            Status::Exited(c) => format!("exited with {c}"),
-            Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
+        let end = crate::restart::AttemptEnd {
+            policy_end: self.core.act.policy_end,
+            stop_reason: self.core.act.stop.as_ref().map(|st| st.reason.clone()),
+            kernel_killed: self.kernel_killed(&sample),
+            memory_death: self.memory_death,
+            cuda_oom: self.cuda_oom,
+            succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
-        if self.attempts.len() < self.attempt as usize {
-            let at = self
-                .progress
-                .current()
-                .map(|p| p.describe())
-                .filter(|d| !d.is_empty())
-                .map_or(String::new(), |d| format!(" at {d}"));
-            self.attempts.push(format!(
-                "attempt {}: {how} after {}{at}",
-                self.attempt,
-                human_duration(ran)
-            ));
-        }
+        self.note_attempt(&end);
         let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
-        let cuda = self.cuda_oom.is_some() && on("cuda-oom") && status != Status::Exited(0);
-        let memory_death = self.memory_death && self.restart_enabled();
-        let wanted = self.cfg.attach.is_none()
-            && (self.core.act.policy_end == Some(Action::Restart)
-                || (kernel && self.restart_enabled())
-                || memory_death
-                || cuda);
-        if !wanted || self.shutdown_signal.is_some() || self.no_more_attempts {
+        let rules = crate::restart::RestartRules {
+            on_memory: self.restart_enabled(),
+            on_cuda_oom: on("cuda-oom"),
+        };
+        let reason = crate::restart::restart_reason(&end, &rules)
+            .filter(|_| self.cfg.attach.is_none());
+        let Some(reason) = reason else {
+            return false;
+        };
+        if self.shutdown_signal.is_some() || self.no_more_attempts {
             return false;
         }
-        let Some(delay) = self.budget.next(ran) else {
+        let Some(delay) = self.budget.next(self.attempt_started.elapsed()) else {
             self.restart_limit = true;
             if !self.cfg.quiet {
                 self.say(format!(
@@ -2505,67 +2488,79 @@ impl Supervisor {
         {
             self.checkpoint = Some(path);
         }
-        let mut degraded = serde_json::Map::new();
-        for d in &r.degrade {
-            let current = self
-                .env
-                .get(&d.name)
-                .cloned()
-                .or_else(|| std::env::var(&d.name).ok());
-            match d.next(current.as_deref()) {
-                Some(new) => {
-                    degraded.insert(d.name.clone(), serde_json::json!([current, new]));
-                    self.env.insert(d.name.clone(), new);
-                }
-                None => self.say(format!(
-                    "cannot degrade {}: it is {} (half and dec need a number)",
-                    d.name,
-                    current.map_or("not set".to_string(), |c| format!("'{c}'"))
-                )),
-            }
+        let fragmented = reason == "CUDA out of memory" && self.cuda_oom == Some(true);
+        let env = self.env.clone();
+        let (changes, problems) = crate::restart::degrade_env(
+            &r.degrade,
+            |name| env.get(name).cloned().or_else(|| std::env::var(name).ok()),
+            fragmented,
+        );
+        for p in problems {
+            self.say(p);
         }
-        if cuda && self.cuda_oom == Some(true) {
-            // Fragmentation: the cure PyTorch itself suggests.
-            let name = "PYTORCH_CUDA_ALLOC_CONF";
-            let current = self
-                .env
-                .get(name)
-                .cloned()
-                .or_else(|| std::env::var(name).ok());
-            let has = current
-                .as_deref()
-                .is_some_and(|c| c.contains("expandable_segments"));
-            if !has {
-                let new = match current.as_deref() {
-                    Some(c) if !c.is_empty() => format!("{c},expandable_segments:True"),
-                    _ => "expandable_segments:True".to_string(),
-                };
-                degraded.insert(name.to_string(), serde_json::json!([current, new]));
-                self.env.insert(name.to_string(), new);
-            }
+        for (name, _, new) in &changes {
+            self.env.insert(name.clone(), new.clone());
         }
-        let reason = match (&self.core.act.stop, self.core.act.policy_end) {
-            (Some(st), Some(Action::Restart)) => st.reason.clone(),
-            _ if kernel => "kernel OOM kill".to_string(),
-            _ if memory_death => {
-                "a worker or rank was SIGKILLed with memory at the warn level".to_string()
-            }
-            _ if cuda => "CUDA out of memory".to_string(),
-            _ => "restart".to_string(),
+        self.announce_restart(&reason, &changes, delay);
+        if self.foreground {
+            // Between attempts Ctrl-C must reach oomguard.
+            supervise::reclaim_foreground(std::io::stdin().as_fd());
+        }
+        self.relaunch_at = Some(Instant::now() + delay);
+        true
+    }
+
+    /// The summary's line for the attempt that just ended.
+    fn note_attempt(&mut self, end: &crate::restart::AttemptEnd) {
+        if self.attempts.len() >= self.attempt as usize {
+            return;
+        }
+        let status = self.main_status.unwrap_or(Status::Exited(0));
+        let how = match status {
+            _ if end.policy_end.is_some() => format!(
+                "stopped by oomguard ({})",
+                end.policy_end.map_or("", |a| a.name())
+            ),
+            _ if end.kernel_killed => "hit by the kernel OOM killer".to_string(),
+            Status::Exited(c) => format!("exited with {c}"),
+            Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
         };
+        let at = self
+            .progress
+            .current()
+            .map(|p| p.describe())
+            .filter(|d| !d.is_empty())
+            .map_or(String::new(), |d| format!(" at {d}"));
+        self.attempts.push(format!(
+            "attempt {}: {how} after {}{at}",
+            self.attempt,
+            human_duration(self.attempt_started.elapsed())
+        ));
+    }
+
+    /// The `restart` line, the dashboard's event and the user's message.
+    fn announce_restart(
+        &mut self,
+        reason: &str,
+        changes: &[crate::restart::EnvChange],
+        delay: Duration,
+    ) {
         self.restarts += 1;
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
         self.log.set_attempt(self.attempt + 1);
-        let changes: Vec<(String, String)> = degraded
-            .iter()
-            .map(|(k, v)| (k.clone(), v[1].as_str().unwrap_or("").to_string()))
-            .collect();
         self.ui_event(crate::tui::UiEvent::Restart {
             t: self.started.elapsed().as_secs_f64(),
             attempt: self.attempt + 1,
-            degraded: changes,
+            degraded: changes
+                .iter()
+                .map(|(k, _, new)| (k.clone(), new.clone()))
+                .collect(),
         });
+        let degraded: serde_json::Map<String, serde_json::Value> = changes
+            .iter()
+            .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
+            .collect();
         self.log.write(
             "restart",
             &serde_json::json!({
@@ -2575,38 +2570,27 @@ impl Supervisor {
                 "delay_seconds": delay.as_secs_f64(),
             }),
         );
-        if !self.cfg.quiet {
-            let changes: Vec<String> = degraded
-                .iter()
-                .map(|(k, v)| {
-                    format!(
-                        "{k} {} -> {}",
-                        v[0].as_str().unwrap_or("unset"),
-                        v[1].as_str().unwrap_or("")
-                    )
-                })
-                .collect();
-            let changes = if changes.is_empty() {
-                String::new()
-            } else {
-                format!(" with {}", changes.join(", "))
-            };
-            self.say(format!(
-                "restarting in {} (attempt {} of at most {}){changes}{}",
-                human_duration(delay),
-                self.attempt + 1,
-                self.cfg.restart.max_restarts + 1,
-                self.checkpoint
-                    .as_ref()
-                    .map_or(String::new(), |c| format!(" from {}", c.display()))
-            ));
+        if self.cfg.quiet {
+            return;
         }
-        if self.foreground {
-            // Between attempts Ctrl-C must reach oomguard.
-            supervise::reclaim_foreground(std::io::stdin().as_fd());
-        }
-        self.relaunch_at = Some(Instant::now() + delay);
-        true
+        let listed: Vec<String> = changes
+            .iter()
+            .map(|(k, old, new)| format!("{k} {} -> {new}", old.as_deref().unwrap_or("unset")))
+            .collect();
+        let with = if listed.is_empty() {
+            String::new()
+        } else {
+            format!(" with {}", listed.join(", "))
+        };
+        self.say(format!(
+            "restarting in {} (attempt {} of at most {}){with}{}",
+            human_duration(delay),
+            self.attempt + 1,
+            self.cfg.restart.max_restarts + 1,
+            self.checkpoint
+                .as_ref()
+                .map_or(String::new(), |c| format!(" from {}", c.display()))
+        ));
     }
 
     /// Starts the next attempt.

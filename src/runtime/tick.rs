@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::act::{Acted, Actuator, Levels, Notifier, Signaller};
+use super::act::{Acted, Actuator, Levels, Notifier, Scene, Signaller};
 use crate::model::{History, Sample, View};
 use crate::policy::{Action, Decision, Engine, Readings};
 use crate::supervise;
@@ -188,9 +188,13 @@ impl Core {
             }),
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
-                let prev = self.last_sample.as_ref();
-                self.act
-                    .begin_stop(action, &reason, inp.job_pid, tree, prev, inp.now, sig);
+                let at = Scene {
+                    tree,
+                    prev: self.last_sample.as_ref(),
+                    job_pid: inp.job_pid,
+                    now: inp.now,
+                };
+                self.act.begin_stop(action, &reason, at, sig);
             }
             Action::Kill if !self.act.cfg.may_kill => {
                 self.act.push(Acted::Say(format!(
