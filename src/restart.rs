@@ -424,8 +424,7 @@ mod tests {
             ..Default::default()
         };
         assert!(
-            restart_reason(&death, &rules(true, false))
-                .is_some_and(|r| r.contains("SIGKILLed"))
+            restart_reason(&death, &rules(true, false)).is_some_and(|r| r.contains("SIGKILLed"))
         );
         let cuda = AttemptEnd {
             cuda_oom: Some(false),
@@ -442,7 +441,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(restart_reason(&cuda_but_fine, &rules(false, true)), None);
-        assert_eq!(restart_reason(&AttemptEnd::default(), &rules(true, true)), None);
+        assert_eq!(
+            restart_reason(&AttemptEnd::default(), &rules(true, true)),
+            None
+        );
     }
 
     #[test]

@@ -23,38 +23,36 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
-use std::io::IsTerminal;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
-use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::CgroupMode;
 use crate::log::{
     CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart, SampleEvent,
 };
 use crate::model::{CeilingState, ProcSample, Role, Sample, View};
-use crate::policy::{Action, Engine, Readings};
+use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
-use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped, RelayOptions};
-use crate::probe::proc::{TreeRoot, TreeScanner, totals};
-use crate::probe::pss::{Member, PssSweeper, SweepConfig};
+use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped};
+use crate::probe::proc::{TreeScanner, totals};
+use crate::probe::pss::{Member, PssSweeper};
 use crate::probe::system::SystemReader;
 use crate::restart::Budget;
 use crate::supervise::{self, Job, SpawnSpec, Status};
-use crate::units::{HumanBytes, SizeOrPercent, human_duration};
+use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
+mod setup;
 mod tick;
 
 use act::{
-    ActConfig, Acted, Actuator, DesktopNotifier, Ident, Notifier, ProcSignaller, SIG_CONT,
-    SIG_KILL, SIG_TERM, idents, signal_all,
+    ActConfig, Acted, Ident, Notifier, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents,
+    signal_all,
 };
-use tick::{Core, FAST, TickInputs, Voice};
+use tick::{Core, FAST, TickInputs};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
 pub const EXIT_POLICY: i32 = 75;
@@ -83,7 +81,7 @@ pub fn run(cfg: RunConfig) -> i32 {
     let log = cfg.log.clone();
     let started = Instant::now();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(supervise_job(cfg))
+        rt.block_on(setup::supervise_job(cfg))
     })) {
         Ok(code) => code,
         Err(payload) => {
@@ -260,431 +258,6 @@ struct RunStats {
     samples: u64,
 }
 
-async fn supervise_job(cfg: RunConfig) -> i32 {
-    let started = Instant::now();
-    let mut log = match &cfg.log {
-        Some(path) => match LogWriter::create(path, started) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("oomguard: {e}");
-                return 2;
-            }
-        },
-        None => LogWriter::disabled(started),
-    };
-
-    // Metrics before the job starts: a port in use or an unwritable
-    // textfile is a usage error (exit 2), not something to find out later.
-    let metrics =
-        crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
-    let mut metrics_stop = None;
-    if let Some(addr) = cfg.metrics_addr {
-        if let Some(w) = crate::metrics::http::exposure_warning(addr) {
-            eprintln!("oomguard: warning: {w}");
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
-            let _ = rx.await;
-        })
-        .await
-        {
-            eprintln!("oomguard: {e}");
-            return 2;
-        }
-        metrics_stop = Some(tx);
-    }
-    let textfile = cfg
-        .metrics_textfile
-        .as_ref()
-        .map(crate::metrics::Textfile::new);
-    if let Some(t) = &textfile
-        && let Err(e) = t.write(&metrics.render())
-    {
-        eprintln!("oomguard: {e}");
-        return 2;
-    }
-
-    // Register every handler before the job exists, so no signal (and no
-    // SIGCHLD) can arrive unhandled.
-    let mut streams = Vec::new();
-    for (sig, _) in FORWARDED {
-        match signal(SignalKind::from_raw(sig)) {
-            Ok(s) => streams.push((sig, s)),
-            Err(e) => eprintln!("oomguard: cannot handle signal {sig}: {e}"),
-        }
-    }
-    let Ok(mut sigchld) = signal(SignalKind::child()) else {
-        return internal_failure(&mut log, "cannot handle SIGCHLD".into());
-    };
-
-    if cfg.attach.is_none()
-        && let Err(e) = supervise::become_subreaper()
-    {
-        eprintln!("oomguard: cannot become a child subreaper ({e}); orphaned workers may escape");
-    }
-
-    let own_loc = cgroup::locate(&cfg.proc_root, "self");
-    let (owned, not_owned_reason) = match (cfg.cgroup, &own_loc) {
-        _ if cfg.attach.is_some() => (None, Some("attached to a running process".to_string())),
-        (CgroupMode::Off, _) => (None, Some("disabled with --cgroup off".to_string())),
-        (CgroupMode::Auto, None) => (None, Some("no memory cgroup hierarchy found".to_string())),
-        (CgroupMode::Auto, Some(loc)) => {
-            report_stale(&cgroup::clean_stale(loc, &cfg.proc_root), cfg.quiet);
-            match OwnedCgroup::create(loc, &format!("oomguard-{}", std::process::id())) {
-                Ok(o) => (Some(o), None),
-                Err(e) => (None, Some(e.to_string())),
-            }
-        }
-    };
-
-    let stdin = std::io::stdin();
-    let foreground = stdin.is_terminal() && supervise::owns_foreground(stdin.as_fd());
-    let torch = if cfg.torch_stats {
-        match crate::probe::torch_stats::TorchStatsInjector::new(cfg.interval)
-            .and_then(|inj| inj.reader().map(|r| (inj, r)))
-        {
-            Ok(t) => Some(t),
-            Err(e) => {
-                eprintln!("oomguard: --torch-stats: {e}");
-                return 2;
-            }
-        }
-    } else {
-        None
-    };
-    // The dashboard: when stdin and stdout are terminals and CI is unset,
-    // or forced with --tui; never with --no-tui.
-    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
-    let want_tui = !cfg.tui.no_tui
-        && (cfg.tui.tui || (stdin.is_terminal() && std::io::stdout().is_terminal() && !in_ci));
-    let (mut tui, mut app) = if want_tui {
-        match crate::tui::Tui::new() {
-            Ok(t) => {
-                let cmd = cfg
-                    .argv
-                    .iter()
-                    .map(|a| a.to_string_lossy())
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let mut app = crate::tui::App::new(cmd);
-                let (w, c) = cfg.policy.policy.thresholds();
-                app.set_thresholds(w, c);
-                (Some(t), Some(app))
-            }
-            Err(e) => {
-                eprintln!("oomguard: no dashboard ({e}); running without it");
-                (None, None)
-            }
-        }
-    } else {
-        (None, None)
-    };
-    let (mut pty, mut slave) = (None, None);
-    if let (Some(t), Some(a), None) = (&tui, &mut app, cfg.attach) {
-        match open_job_pty(t, a) {
-            Ok((m, s)) => {
-                pty = Some(m);
-                slave = Some(s);
-            }
-            // No /dev/pts (a minimal container or initramfs): the job
-            // matters more than the dashboard.
-            Err(e) => {
-                eprintln!("oomguard: {e}; running the job with pipes and no dashboard");
-                tui = None;
-                app = None;
-            }
-        }
-    }
-    // With the dashboard the job's terminal is its pty, not ours.
-    let foreground = foreground && slave.is_none();
-    let (mut relay, mut stdio) = (None, None);
-    let mut pty_log = None;
-    if cfg.attach.is_none() && slave.is_none() {
-        match OutputRelay::new(RelayOptions {
-            output_log: cfg.output_log.clone(),
-            drop_when_full: cfg.output_drop,
-            ..Default::default()
-        }) {
-            Ok((r, s)) => {
-                relay = Some(r);
-                stdio = Some(s);
-            }
-            Err(e) => {
-                eprintln!("oomguard: {e}");
-                return 2;
-            }
-        }
-    } else if let (Some(path), true) = (&cfg.output_log, slave.is_some()) {
-        match std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            Ok(f) => pty_log = Some(f),
-            Err(e) => {
-                eprintln!("oomguard: cannot write '{}': {e}", path.display());
-                return 2;
-            }
-        }
-    }
-    let mut first_env = attempt_env(1, None, &BTreeMap::new());
-    if let Some((inj, _)) = &torch {
-        first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
-    }
-    let launched = match cfg.attach {
-        Some(pid) => attach_to(&cfg, pid).map_err(|e| {
-            eprintln!("oomguard: {e}");
-            2
-        }),
-        None => Err(0),
-    };
-    let (job, owned, not_owned_reason) = match launched {
-        Ok(job) => (job, None, not_owned_reason),
-        Err(2) => return 2,
-        Err(_) => match launch(
-            &cfg,
-            &cfg.argv,
-            first_env.clone(),
-            owned.as_ref(),
-            foreground,
-            slave.as_ref(),
-            stdio.take(),
-        ) {
-            Ok(job) => (job, owned, not_owned_reason),
-            // Joining the cgroup can fail (a hierarchy that refuses the
-            // move); the job matters more than the cgroup.
-            Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
-                let retry = relay.as_ref().map(|r| r.job_stdio()).transpose();
-                let retry = match retry {
-                    Ok(s) => s,
-                    Err(e) => return internal_failure(&mut log, e.to_string()),
-                };
-                match launch(
-                    &cfg,
-                    &cfg.argv,
-                    first_env,
-                    None,
-                    foreground,
-                    slave.as_ref(),
-                    retry,
-                ) {
-                    Ok(job) => (
-                        job,
-                        None,
-                        Some(format!("cannot move the job into its cgroup: {source}")),
-                    ),
-                    Err(e) => return spawn_failed(&mut log, &e),
-                }
-            }
-            Err(e) => return spawn_failed(&mut log, &e),
-        },
-    };
-
-    // Our copy of the pty's job side must go, or the master never sees EOF;
-    // the same for the relay's copies of the job's ends.
-    drop(slave);
-    if let Some(r) = relay.as_mut() {
-        r.after_spawn();
-    }
-    let cgroup_reader = match &owned {
-        Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
-        None => cfg
-            .attach_spec
-            .as_ref()
-            .and_then(|s| s.cgroup.clone())
-            .or_else(|| cgroup::locate(&cfg.proc_root, &job.pid.to_string()))
-            .map(|loc| CgroupReader::new(loc, false)),
-    };
-    let attached = cfg.attach.map(|pid| {
-        attach::Attached::new(
-            cfg.attach_spec.as_ref(),
-            cgroup_reader.as_ref(),
-            &cfg.proc_root,
-            pid,
-            started,
-        )
-    });
-    let mut system = SystemReader::new(&cfg.proc_root);
-    let first_system = system.read(Instant::now());
-    let budget_bytes = cfg.budget.map(|b| match b {
-        SizeOrPercent::Bytes(n) => n,
-        SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
-    });
-    let root = match cfg.attach {
-        _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
-        Some(pid) => TreeRoot::Process(pid),
-        None => TreeRoot::ChildrenOf(std::process::id()),
-    };
-    let mut scanner = TreeScanner::new(&cfg.proc_root, root);
-    scanner.set_job(Some(job.pid));
-    if cfg.attach.is_some() {
-        // oomguard may watch from inside the job's cgroup (a SLURM job).
-        scanner.exclude(std::process::id());
-    }
-
-    // NVML is loaded at run time: the same binary works without a driver.
-    let (gpu, gpu_info) = match &cfg.nvml {
-        None => (
-            None,
-            GpuInfo {
-                available: false,
-                reason: Some("disabled with --no-gpu".into()),
-            },
-        ),
-        Some(lib) => match crate::probe::gpu::GpuProbe::open(lib.as_deref()) {
-            Ok(p) => (
-                Some(p),
-                GpuInfo {
-                    available: true,
-                    reason: None,
-                },
-            ),
-            Err(e) => (
-                None,
-                GpuInfo {
-                    available: false,
-                    reason: Some(e.to_string()),
-                },
-            ),
-        },
-    };
-    let now = Instant::now();
-    let cfg_restart = cfg.restart.clone();
-    let cg_first = cgroup_reader.as_ref().and_then(|c| c.read());
-    let mut sup = Supervisor {
-        sweeper: PssSweeper::start(
-            cfg.proc_root.clone(),
-            SweepConfig {
-                interval: cfg.pss_interval,
-                budget: cfg.pss_budget,
-            },
-        ),
-        core: Core::new(
-            Engine::new(cfg.policy.policy.clone()),
-            Actuator::new(act_config(&cfg)),
-            Voice {
-                quiet: cfg.quiet,
-                notify: cfg.notify,
-                on_warn: cfg.policy.on_warn.clone(),
-            },
-        ),
-        sig: ProcSignaller::new(&cfg.proc_root),
-        notifier: Box::new(DesktopNotifier),
-        oom_kills_at_start: cg_first.as_ref().and_then(|c| c.oom_kill_count),
-        vm_oom_kills_at_start: first_system.oom_kill_total,
-        cfg,
-        started,
-        log,
-        scanner,
-        system,
-        cgroup: cgroup_reader,
-        owned,
-        budget_bytes,
-        job,
-        foreground,
-        main_status: None,
-        tree: Vec::new(),
-        zombie_children: 0,
-        shutdown_signal: None,
-        helpers: supervise::Helpers::default(),
-        hook_deadlines: HashMap::new(),
-        next_tick: now,
-        next_full: now,
-        last_logged: None,
-        last_procs_log: None,
-        procs_lists: 0,
-        thresholds: Vec::new(),
-        pri_wakes: Vec::new(),
-        owned_members: HashSet::new(),
-        stats: RunStats::default(),
-        attempt: 1,
-        attempt_started: now,
-        budget: Budget::new(
-            cfg_restart.max_restarts,
-            cfg_restart.restart_delay,
-            Duration::from_secs(300),
-            cfg_restart.restart_reset,
-        ),
-        env: BTreeMap::new(),
-        checkpoint: None,
-        relaunch_at: None,
-        restart_limit: false,
-        attempts: Vec::new(),
-        restarts: 0,
-        no_more_attempts: false,
-        metrics,
-        textfile,
-        annotator: crate::github::in_github_actions(std::env::vars())
-            .then(crate::github::Annotator::default),
-        _metrics_stop: metrics_stop,
-        recent: HashMap::new(),
-        oom_seen: (None, None),
-        oom_reported: HashSet::new(),
-        gpu,
-        gpu_info,
-        ns_pids: HashMap::new(),
-        gpu_history: Default::default(),
-        gpu_last: None,
-        torch,
-        attached,
-        tui,
-        app,
-        pty,
-        warning: false,
-        hung_up: false,
-        internal_error: None,
-        relay,
-        pty_scanner: OutputScanner::new(),
-        pty_log,
-        cuda_oom: None,
-        progress: crate::forensics::progress::ProgressTracker::new(),
-        memory_death: false,
-        rank_notes: Vec::new(),
-    };
-    let restartable = sup.restart_enabled();
-    if let Some(app) = sup.app.as_mut() {
-        app.set_restart_available(restartable);
-    }
-    sup.write_run_start(not_owned_reason);
-    sup.register_thresholds(cg_first.as_ref());
-    sup.register_pri_wakes();
-    sup.set_memory_high(cg_first.as_ref());
-
-    let mut pty_buf = vec![0u8; 64 * 1024];
-    loop {
-        let forwarded = recv_any(&mut streams);
-        let wake = sup.next_wake();
-        let threshold = threshold_crossed(&sup.thresholds);
-        let pri = pri_woken(&sup.pri_wakes);
-        let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
-        let term = term_event(sup.tui.as_mut());
-        tokio::select! {
-            _ = sigchld.recv() => sup.reap(),
-            sig = forwarded => sup.on_signal(sig),
-            _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
-            () = threshold => sup.tick(true),
-            i = pri => {
-                if let Some(w) = sup.pri_wakes.get_mut(i) {
-                    w.get_mut().rearm();
-                }
-                sup.tick(true);
-            }
-            n = output => sup.on_output(n, &pty_buf),
-            pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
-            ev = term => sup.on_term(ev),
-        }
-        sup.draw();
-        if sup.relaunch_at.is_some_and(|at| Instant::now() >= at) {
-            sup.relaunch();
-        }
-        if sup.relaunch_at.is_none() && sup.finished() && !sup.plan_restart() {
-            break;
-        }
-    }
-    drain_output(sup.relay.as_mut(), &mut streams).await;
-    sup.finish()
-}
-
 /// The job is gone, but its last output may still wait for a slow reader:
 /// wait for it as a pipe would hold it, however long the reader takes,
 /// while a signal that ends the run (INT, TERM) still ends it.
@@ -753,8 +326,6 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
     .await
 }
 
-/// The environment every attempt gets: its number, the newest checkpoint
-/// and the degraded variables.
 /// What the actuator needs of the settings.
 fn act_config(cfg: &RunConfig) -> ActConfig {
     ActConfig {
@@ -767,7 +338,8 @@ fn act_config(cfg: &RunConfig) -> ActConfig {
         checkpoint_glob: cfg.restart.checkpoint_glob.clone(),
     }
 }
-
+/// The environment every attempt gets: its number, the newest checkpoint
+/// and the degraded variables.
 fn attempt_env(
     attempt: u32,
     checkpoint: Option<&std::path::Path>,
@@ -2464,8 +2036,8 @@ impl Supervisor {
             on_memory: self.restart_enabled(),
             on_cuda_oom: on("cuda-oom"),
         };
-        let reason = crate::restart::restart_reason(&end, &rules)
-            .filter(|_| self.cfg.attach.is_none());
+        let reason =
+            crate::restart::restart_reason(&end, &rules).filter(|_| self.cfg.attach.is_none());
         let Some(reason) = reason else {
             return false;
         };

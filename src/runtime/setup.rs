@@ -1,0 +1,640 @@
+//! Starting a run: everything opened before the job exists (log,
+//! metrics, signal handlers, the owned cgroup, the dashboard and its pty,
+//! the output relay), the launch, the readers the loop samples with, and
+//! the loop itself. A usage problem found here exits 2 before the job
+//! starts; a failure after `run_start` ends the log with `run_end`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::IsTerminal;
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
+use super::act::{Actuator, DesktopNotifier, ProcSignaller};
+use super::tick::{Core, Voice};
+use super::{
+    FORWARDED, RunConfig, RunStats, Supervisor, act_config, attach, attach_to, attempt_env,
+    drain_output, internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any,
+    relay_pump, report_stale, spawn_failed, term_event, threshold_crossed,
+};
+use crate::cli::CgroupMode;
+use crate::log::{GpuInfo, LogWriter};
+use crate::model::SystemSample;
+use crate::policy::Engine;
+use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
+use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, RelayOptions};
+use crate::probe::proc::{TreeRoot, TreeScanner};
+use crate::probe::pss::{PssSweeper, SweepConfig};
+use crate::probe::system::SystemReader;
+use crate::probe::torch_stats::{TorchStatsInjector, TorchStatsReader};
+use crate::restart::Budget;
+use crate::supervise::{self, Job};
+use crate::units::SizeOrPercent;
+
+/// Where the run's own records go, opened before the job starts: a port in
+/// use or an unwritable file is a usage error (exit 2), not something to
+/// find out later.
+struct Outputs {
+    log: LogWriter,
+    metrics: crate::metrics::Metrics,
+    /// Stops the metrics endpoint when dropped.
+    metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    textfile: Option<crate::metrics::Textfile>,
+}
+
+/// The dashboard, its state, and the job's pty (the dashboard owns the real
+/// terminal; the job gets a terminal of its own).
+#[derive(Default)]
+struct Screen {
+    tui: Option<crate::tui::Tui>,
+    app: Option<crate::tui::App>,
+    pty: Option<crate::tui::PtyMaster>,
+    /// The job's side of the pty, until the job has it.
+    slave: Option<OwnedFd>,
+}
+
+/// How the job's output reaches its destination.
+#[derive(Default)]
+struct Output {
+    relay: Option<OutputRelay>,
+    /// The job's ends of the relay, for the first attempt.
+    stdio: Option<JobStdio>,
+    /// `--output-log` with the dashboard: the pty's output, copied.
+    pty_log: Option<std::fs::File>,
+}
+
+type Torch = (TorchStatsInjector, TorchStatsReader);
+
+/// The readers the loop samples with.
+struct Readers {
+    scanner: TreeScanner,
+    system: SystemReader,
+    first_system: SystemSample,
+    cgroup: Option<CgroupReader>,
+    attached: Option<attach::Attached>,
+    budget_bytes: Option<u64>,
+}
+
+pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
+    let started = Instant::now();
+    let Outputs {
+        mut log,
+        metrics,
+        metrics_stop,
+        textfile,
+    } = match open_outputs(&cfg, started).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    // Every handler is registered before the job exists, so no signal (and
+    // no SIGCHLD) can arrive unhandled.
+    let streams = signal_streams();
+    let Ok(sigchld) = signal(SignalKind::child()) else {
+        return internal_failure(&mut log, "cannot handle SIGCHLD".into());
+    };
+    if cfg.attach.is_none()
+        && let Err(e) = supervise::become_subreaper()
+    {
+        eprintln!("oomguard: cannot become a child subreaper ({e}); orphaned workers may escape");
+    }
+    let (owned, not_owned_reason) = own_cgroup(&cfg);
+    let stdin = std::io::stdin();
+    let foreground = stdin.is_terminal() && supervise::owns_foreground(stdin.as_fd());
+    let torch = match open_torch(&cfg) {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    let mut screen = open_dashboard(&cfg);
+    // With the dashboard the job's terminal is its pty, not ours.
+    let foreground = foreground && screen.slave.is_none();
+    let mut output = match open_output(&cfg, screen.slave.is_some()) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let mut first_env = attempt_env(1, None, &BTreeMap::new());
+    if let Some((inj, _)) = &torch {
+        first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
+    }
+    let start = Start {
+        env: first_env,
+        owned,
+        not_owned_reason,
+        foreground,
+        slave: screen.slave.as_ref(),
+    };
+    let (job, owned, not_owned_reason) = match start_job(&cfg, start, &mut output) {
+        Ok(j) => j,
+        Err(StartError::Usage) => return 2,
+        Err(StartError::Internal(e)) => return internal_failure(&mut log, e),
+        Err(StartError::Spawn(e)) => return spawn_failed(&mut log, &e),
+    };
+    // Our copy of the pty's job side must go, or the master never sees EOF;
+    // the same for the relay's copies of the job's ends.
+    screen.slave = None;
+    if let Some(r) = output.relay.as_mut() {
+        r.after_spawn();
+    }
+    let readers = open_readers(&cfg, owned.as_ref(), &job, started);
+    let cg_first = readers.cgroup.as_ref().and_then(|c| c.read());
+    let parts = Parts {
+        outputs: Outputs {
+            log,
+            metrics,
+            metrics_stop,
+            textfile,
+        },
+        readers,
+        owned,
+        job,
+        foreground,
+        torch,
+        screen,
+        output,
+        cg_oom_kills: cg_first.as_ref().and_then(|c| c.oom_kill_count),
+        started,
+    };
+    let mut sup = Supervisor::assemble(cfg, parts);
+    let restartable = sup.restart_enabled();
+    if let Some(app) = sup.app.as_mut() {
+        app.set_restart_available(restartable);
+    }
+    sup.write_run_start(not_owned_reason);
+    sup.register_thresholds(cg_first.as_ref());
+    sup.register_pri_wakes();
+    sup.set_memory_high(cg_first.as_ref());
+    run_loop(sup, streams, sigchld).await
+}
+
+/// The loop: a `select!` over the few things that can happen, each handed
+/// to the supervisor; then the job's last output, and the ending.
+async fn run_loop(
+    mut sup: Supervisor,
+    mut streams: Vec<(i32, Signal)>,
+    mut sigchld: Signal,
+) -> i32 {
+    let mut pty_buf = vec![0u8; 64 * 1024];
+    loop {
+        let forwarded = recv_any(&mut streams);
+        let wake = sup.next_wake();
+        let threshold = threshold_crossed(&sup.thresholds);
+        let pri = pri_woken(&sup.pri_wakes);
+        let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
+        let term = term_event(sup.tui.as_mut());
+        tokio::select! {
+            _ = sigchld.recv() => sup.reap(),
+            sig = forwarded => sup.on_signal(sig),
+            _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
+            () = threshold => sup.tick(true),
+            i = pri => {
+                if let Some(w) = sup.pri_wakes.get_mut(i) {
+                    w.get_mut().rearm();
+                }
+                sup.tick(true);
+            }
+            n = output => sup.on_output(n, &pty_buf),
+            pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
+            ev = term => sup.on_term(ev),
+        }
+        sup.draw();
+        if sup.relaunch_at.is_some_and(|at| Instant::now() >= at) {
+            sup.relaunch();
+        }
+        if sup.relaunch_at.is_none() && sup.finished() && !sup.plan_restart() {
+            break;
+        }
+    }
+    drain_output(sup.relay.as_mut(), &mut streams).await;
+    sup.finish()
+}
+
+async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32> {
+    let log = match &cfg.log {
+        Some(path) => LogWriter::create(path, started).map_err(|e| {
+            eprintln!("oomguard: {e}");
+            2
+        })?,
+        None => LogWriter::disabled(started),
+    };
+    let metrics =
+        crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
+    let mut metrics_stop = None;
+    if let Some(addr) = cfg.metrics_addr {
+        if let Some(w) = crate::metrics::http::exposure_warning(addr) {
+            eprintln!("oomguard: warning: {w}");
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
+            let _ = rx.await;
+        })
+        .await
+        {
+            eprintln!("oomguard: {e}");
+            return Err(2);
+        }
+        metrics_stop = Some(tx);
+    }
+    let textfile = cfg
+        .metrics_textfile
+        .as_ref()
+        .map(crate::metrics::Textfile::new);
+    if let Some(t) = &textfile
+        && let Err(e) = t.write(&metrics.render())
+    {
+        eprintln!("oomguard: {e}");
+        return Err(2);
+    }
+    Ok(Outputs {
+        log,
+        metrics,
+        metrics_stop,
+        textfile,
+    })
+}
+
+fn signal_streams() -> Vec<(i32, Signal)> {
+    let mut streams = Vec::new();
+    for (sig, _) in FORWARDED {
+        match signal(SignalKind::from_raw(sig)) {
+            Ok(s) => streams.push((sig, s)),
+            Err(e) => eprintln!("oomguard: cannot handle signal {sig}: {e}"),
+        }
+    }
+    streams
+}
+
+/// A cgroup of the job's own (after cleaning up what a killed oomguard
+/// left behind), or why there is none.
+fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
+    let own_loc = cgroup::locate(&cfg.proc_root, "self");
+    match (cfg.cgroup, &own_loc) {
+        _ if cfg.attach.is_some() => (None, Some("attached to a running process".to_string())),
+        (CgroupMode::Off, _) => (None, Some("disabled with --cgroup off".to_string())),
+        (CgroupMode::Auto, None) => (None, Some("no memory cgroup hierarchy found".to_string())),
+        (CgroupMode::Auto, Some(loc)) => {
+            report_stale(&cgroup::clean_stale(loc, &cfg.proc_root), cfg.quiet);
+            match OwnedCgroup::create(loc, &format!("oomguard-{}", std::process::id())) {
+                Ok(o) => (Some(o), None),
+                Err(e) => (None, Some(e.to_string())),
+            }
+        }
+    }
+}
+
+fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
+    if !cfg.torch_stats {
+        return Ok(None);
+    }
+    TorchStatsInjector::new(cfg.interval)
+        .and_then(|inj| inj.reader().map(|r| (inj, r)))
+        .map(Some)
+        .map_err(|e| {
+            eprintln!("oomguard: --torch-stats: {e}");
+            2
+        })
+}
+
+/// The dashboard: when stdin and stdout are terminals and CI is unset, or
+/// forced with --tui; never with --no-tui. Without a pty for the job there
+/// is no dashboard (the job matters more).
+fn open_dashboard(cfg: &RunConfig) -> Screen {
+    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    let terminal = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let want = !cfg.tui.no_tui && (cfg.tui.tui || (terminal && !in_ci));
+    if !want {
+        return Screen::default();
+    }
+    let tui = match crate::tui::Tui::new() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("oomguard: no dashboard ({e}); running without it");
+            return Screen::default();
+        }
+    };
+    let cmd = cfg
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut app = crate::tui::App::new(cmd);
+    let (w, c) = cfg.policy.policy.thresholds();
+    app.set_thresholds(w, c);
+    if cfg.attach.is_some() {
+        return Screen {
+            tui: Some(tui),
+            app: Some(app),
+            ..Screen::default()
+        };
+    }
+    match open_job_pty(&tui, &app) {
+        Ok((m, s)) => Screen {
+            tui: Some(tui),
+            app: Some(app),
+            pty: Some(m),
+            slave: Some(s),
+        },
+        // No /dev/pts (a minimal container or initramfs).
+        Err(e) => {
+            eprintln!("oomguard: {e}; running the job with pipes and no dashboard");
+            Screen::default()
+        }
+    }
+}
+
+/// The relay of the job's stdout and stderr (not with the dashboard, whose
+/// pty is read by the loop, nor under `attach`).
+fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, i32> {
+    if cfg.attach.is_none() && !has_pty {
+        let (relay, stdio) = OutputRelay::new(RelayOptions {
+            output_log: cfg.output_log.clone(),
+            drop_when_full: cfg.output_drop,
+            ..Default::default()
+        })
+        .map_err(|e| {
+            eprintln!("oomguard: {e}");
+            2
+        })?;
+        return Ok(Output {
+            relay: Some(relay),
+            stdio: Some(stdio),
+            pty_log: None,
+        });
+    }
+    let (Some(path), true) = (&cfg.output_log, has_pty) else {
+        return Ok(Output::default());
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| {
+            eprintln!("oomguard: cannot write '{}': {e}", path.display());
+            2
+        })?;
+    Ok(Output {
+        pty_log: Some(file),
+        ..Output::default()
+    })
+}
+
+/// What the first launch needs.
+struct Start<'a> {
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    owned: Option<OwnedCgroup>,
+    not_owned_reason: Option<String>,
+    foreground: bool,
+    slave: Option<&'a OwnedFd>,
+}
+
+enum StartError {
+    /// Reported already; exit 2.
+    Usage,
+    Internal(String),
+    Spawn(supervise::SpawnError),
+}
+
+/// Launches the job (or finds the one to attach to). Joining the owned
+/// cgroup can fail (a hierarchy that refuses the move): the job matters
+/// more than the cgroup, so it is launched again without one.
+fn start_job(
+    cfg: &RunConfig,
+    start: Start<'_>,
+    output: &mut Output,
+) -> Result<(Job, Option<OwnedCgroup>, Option<String>), StartError> {
+    if let Some(pid) = cfg.attach {
+        return match attach_to(cfg, pid) {
+            Ok(job) => Ok((job, None, start.not_owned_reason)),
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                Err(StartError::Usage)
+            }
+        };
+    }
+    let Start {
+        env,
+        owned,
+        not_owned_reason,
+        foreground,
+        slave,
+    } = start;
+    let first = launch(
+        cfg,
+        &cfg.argv,
+        env.clone(),
+        owned.as_ref(),
+        foreground,
+        slave,
+        output.stdio.take(),
+    );
+    match first {
+        Ok(job) => Ok((job, owned, not_owned_reason)),
+        Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
+            let retry = output.relay.as_ref().map(|r| r.job_stdio()).transpose();
+            let retry = retry.map_err(|e| StartError::Internal(e.to_string()))?;
+            let job = launch(cfg, &cfg.argv, env, None, foreground, slave, retry)
+                .map_err(StartError::Spawn)?;
+            let why = format!("cannot move the job into its cgroup: {source}");
+            Ok((job, None, Some(why)))
+        }
+        Err(e) => Err(StartError::Spawn(e)),
+    }
+}
+
+fn open_readers(
+    cfg: &RunConfig,
+    owned: Option<&OwnedCgroup>,
+    job: &Job,
+    started: Instant,
+) -> Readers {
+    let cgroup_reader = match owned {
+        Some(o) => Some(CgroupReader::new(o.location().clone(), true)),
+        None => cfg
+            .attach_spec
+            .as_ref()
+            .and_then(|s| s.cgroup.clone())
+            .or_else(|| cgroup::locate(&cfg.proc_root, &job.pid.to_string()))
+            .map(|loc| CgroupReader::new(loc, false)),
+    };
+    let attached = cfg.attach.map(|pid| {
+        attach::Attached::new(
+            cfg.attach_spec.as_ref(),
+            cgroup_reader.as_ref(),
+            &cfg.proc_root,
+            pid,
+            started,
+        )
+    });
+    let mut system = SystemReader::new(&cfg.proc_root);
+    let first_system = system.read(Instant::now());
+    let budget_bytes = cfg.budget.map(|b| match b {
+        SizeOrPercent::Bytes(n) => n,
+        SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
+    });
+    let root = match cfg.attach {
+        _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
+        Some(pid) => TreeRoot::Process(pid),
+        None => TreeRoot::ChildrenOf(std::process::id()),
+    };
+    let mut scanner = TreeScanner::new(&cfg.proc_root, root);
+    scanner.set_job(Some(job.pid));
+    if cfg.attach.is_some() {
+        // oomguard may watch from inside the job's cgroup (a SLURM job).
+        scanner.exclude(std::process::id());
+    }
+
+    Readers {
+        scanner,
+        system,
+        first_system,
+        cgroup: cgroup_reader,
+        attached,
+        budget_bytes,
+    }
+}
+
+/// NVML is loaded at run time: the same binary works without a driver.
+fn open_gpu(cfg: &RunConfig) -> (Option<crate::probe::gpu::GpuProbe>, GpuInfo) {
+    let off = |reason: String| GpuInfo {
+        available: false,
+        reason: Some(reason),
+    };
+    match &cfg.nvml {
+        None => (None, off("disabled with --no-gpu".into())),
+        Some(lib) => match crate::probe::gpu::GpuProbe::open(lib.as_deref()) {
+            Ok(p) => (
+                Some(p),
+                GpuInfo {
+                    available: true,
+                    reason: None,
+                },
+            ),
+            Err(e) => (None, off(e.to_string())),
+        },
+    }
+}
+
+/// Everything the supervisor is built from.
+struct Parts {
+    outputs: Outputs,
+    readers: Readers,
+    owned: Option<OwnedCgroup>,
+    job: Job,
+    foreground: bool,
+    torch: Option<Torch>,
+    screen: Screen,
+    output: Output,
+    /// The job cgroup's OOM-kill counter at the start.
+    cg_oom_kills: Option<u64>,
+    started: Instant,
+}
+
+impl Supervisor {
+    fn assemble(cfg: RunConfig, parts: Parts) -> Self {
+        let Parts {
+            outputs,
+            readers,
+            owned,
+            job,
+            foreground,
+            torch,
+            screen,
+            output,
+            cg_oom_kills,
+            started,
+        } = parts;
+        let (gpu, gpu_info) = open_gpu(&cfg);
+        let now = Instant::now();
+        let cfg_restart = cfg.restart.clone();
+        Supervisor {
+            sweeper: PssSweeper::start(
+                cfg.proc_root.clone(),
+                SweepConfig {
+                    interval: cfg.pss_interval,
+                    budget: cfg.pss_budget,
+                },
+            ),
+            core: Core::new(
+                Engine::new(cfg.policy.policy.clone()),
+                Actuator::new(act_config(&cfg)),
+                Voice {
+                    quiet: cfg.quiet,
+                    notify: cfg.notify,
+                    on_warn: cfg.policy.on_warn.clone(),
+                },
+            ),
+            sig: ProcSignaller::new(&cfg.proc_root),
+            notifier: Box::new(DesktopNotifier),
+            oom_kills_at_start: cg_oom_kills,
+            vm_oom_kills_at_start: readers.first_system.oom_kill_total,
+            cfg,
+            started,
+            log: outputs.log,
+            scanner: readers.scanner,
+            system: readers.system,
+            cgroup: readers.cgroup,
+            owned,
+            budget_bytes: readers.budget_bytes,
+            job,
+            foreground,
+            main_status: None,
+            tree: Vec::new(),
+            zombie_children: 0,
+            shutdown_signal: None,
+            helpers: supervise::Helpers::default(),
+            hook_deadlines: HashMap::new(),
+            next_tick: now,
+            next_full: now,
+            last_logged: None,
+            last_procs_log: None,
+            procs_lists: 0,
+            thresholds: Vec::new(),
+            pri_wakes: Vec::new(),
+            owned_members: HashSet::new(),
+            stats: RunStats::default(),
+            attempt: 1,
+            attempt_started: now,
+            budget: Budget::new(
+                cfg_restart.max_restarts,
+                cfg_restart.restart_delay,
+                Duration::from_secs(300),
+                cfg_restart.restart_reset,
+            ),
+            env: BTreeMap::new(),
+            checkpoint: None,
+            relaunch_at: None,
+            restart_limit: false,
+            attempts: Vec::new(),
+            restarts: 0,
+            no_more_attempts: false,
+            metrics: outputs.metrics,
+            textfile: outputs.textfile,
+            annotator: crate::github::in_github_actions(std::env::vars())
+                .then(crate::github::Annotator::default),
+            _metrics_stop: outputs.metrics_stop,
+            recent: HashMap::new(),
+            oom_seen: (None, None),
+            oom_reported: HashSet::new(),
+            gpu,
+            gpu_info,
+            ns_pids: HashMap::new(),
+            gpu_history: Default::default(),
+            gpu_last: None,
+            torch,
+            attached: readers.attached,
+            tui: screen.tui,
+            app: screen.app,
+            pty: screen.pty,
+            warning: false,
+            hung_up: false,
+            internal_error: None,
+            relay: output.relay,
+            pty_scanner: OutputScanner::new(),
+            pty_log: output.pty_log,
+            cuda_oom: None,
+            progress: crate::forensics::progress::ProgressTracker::new(),
+            memory_death: false,
+            rank_notes: Vec::new(),
+        }
+    }
+}
