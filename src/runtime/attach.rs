@@ -138,7 +138,9 @@ impl Supervisor {
     /// Ends the watch with the job still running: anything oomguard paused
     /// or holds is resumed first.
     pub(super) fn end_watch(&mut self, why: String) {
-        self.core.act.let_go(&why, &self.tree, &mut self.sig);
+        self.core
+            .act
+            .let_go(&why, &self.sampler.tree, &mut self.sig);
         self.acted(None);
         if let Some(a) = self.attached.as_mut()
             && a.detached.is_none()
@@ -188,7 +190,7 @@ impl Supervisor {
             detached_reason: detached
                 .then(|| self.attached.as_ref().and_then(|a| a.detached.clone()))
                 .flatten(),
-            still_running_pids: detached.then(|| self.tree.iter().map(|p| p.pid).collect()),
+            still_running_pids: detached.then(|| self.sampler.tree.iter().map(|p| p.pid).collect()),
         };
         let mut v = serde_json::to_value(end).unwrap_or_default();
         if let (Some(obj), Ok(serde_json::Value::Object(more))) =
@@ -221,7 +223,7 @@ impl Supervisor {
                     .unwrap_or("ended");
                 Some(format!(
                     "stopped watching {label} (still running, {} process(es)) after {after}: {why}",
-                    self.tree.len()
+                    self.sampler.tree.len()
                 ))
             }
             Outcome::Exited => Some(format!(

@@ -34,17 +34,15 @@ use crate::log::{
 };
 use crate::model::{CeilingState, ProcSample, Role, Sample, View};
 use crate::policy::{Action, Readings};
-use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup, Threshold};
+use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped};
-use crate::probe::proc::{TreeScanner, totals};
-use crate::probe::pss::{Member, PssSweeper};
-use crate::probe::system::SystemReader;
 use crate::restart::Budget;
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
+mod sampler;
 mod setup;
 mod tick;
 
@@ -52,6 +50,7 @@ use act::{
     ActConfig, Acted, Ident, Notifier, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents,
     signal_all,
 };
+use sampler::Sampler;
 use tick::{Core, FAST, TickInputs};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
@@ -119,14 +118,11 @@ const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Supervisor {
     cfg: RunConfig,
+    /// The readers and the tree of the last scan.
+    sampler: Sampler,
     started: Instant,
     log: LogWriter,
-    scanner: TreeScanner,
-    sweeper: PssSweeper,
-    system: SystemReader,
-    cgroup: Option<CgroupReader>,
     owned: Option<OwnedCgroup>,
-    budget_bytes: Option<u64>,
     job: Job,
     /// The engine, the history and what oomguard holds (pause, the stop
     /// ladder, the kill).
@@ -135,11 +131,6 @@ struct Supervisor {
     notifier: Box<dyn Notifier>,
     foreground: bool,
     main_status: Option<Status>,
-    /// The tree at the last scan: what signals may be sent to.
-    tree: Vec<ProcSample>,
-    /// Zombies whose parent is oomguard, seen at the last scan: not gone
-    /// until reaped.
-    zombie_children: usize,
     /// The INT or TERM that started the shutdown, if one did.
     shutdown_signal: Option<i32>,
     helpers: supervise::Helpers,
@@ -155,8 +146,6 @@ struct Supervisor {
     thresholds: Vec<AsyncFd<Threshold>>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
-    /// The owned cgroup's members at the last full scan.
-    owned_members: HashSet<u32>,
     stats: RunStats,
     /// 1-based attempt number.
     attempt: u32,
@@ -187,15 +176,7 @@ struct Supervisor {
     oom_seen: (Option<u64>, Option<u64>),
     /// Kills already written as `oom_kill` events.
     oom_reported: HashSet<u32>,
-    gpu: Option<crate::probe::gpu::GpuProbe>,
     gpu_info: GpuInfo,
-    /// NSpid chains of tree processes (they never change for a process).
-    ns_pids: HashMap<Ident, Vec<u32>>,
-    /// The last GPU reading: when NVML took it, the devices, and each tree
-    /// process's share (fast ticks carry it on, with its age).
-    gpu_last: Option<(Instant, Vec<crate::model::GpuSample>, HashMap<Ident, u64>)>,
-    /// Recent (t, used bytes) of the fullest GPU, for its ETA.
-    gpu_history: std::collections::VecDeque<(f64, f64)>,
     /// `attach`: the job's cgroup, and how the watch ends.
     attached: Option<attach::Attached>,
     /// The live dashboard, its state, and the job's pty (the dashboard owns
@@ -225,12 +206,9 @@ struct Supervisor {
     /// What torchrun said about failed ranks, for the summary.
     rank_notes: Vec<String>,
     pty_log: Option<std::fs::File>,
-    /// `--torch-stats`: the injected reporter (removed on drop) and its
-    /// reader.
-    torch: Option<(
-        crate::probe::torch_stats::TorchStatsInjector,
-        crate::probe::torch_stats::TorchStatsReader,
-    )>,
+    /// `--torch-stats`: the injected reporter (removed on drop); its
+    /// reader is the sampler's.
+    torch: Option<crate::probe::torch_stats::TorchStatsInjector>,
 }
 
 /// What oomguard remembers of a process for explaining its death.
@@ -921,7 +899,7 @@ impl Supervisor {
 
     fn write_run_start(&mut self, not_owned_reason: Option<String>) {
         let sample = self.sample(false);
-        let cgroup = self.cgroup.as_ref().map(|c| CgroupInfo {
+        let cgroup = self.sampler.cgroup.as_ref().map(|c| CgroupInfo {
             version: c.location().version.number(),
             path: c.location().path.clone(),
             owned: c.owned(),
@@ -962,7 +940,7 @@ impl Supervisor {
         if kernel_wakeups_disabled() {
             return;
         }
-        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else {
+        let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
             return;
         };
         let mut targets = Vec::new();
@@ -971,7 +949,7 @@ impl Supervisor {
         {
             targets.push((dir, limit));
         }
-        if let Some(budget) = self.budget_bytes
+        if let Some(budget) = self.sampler.budget_bytes
             && (reader.owned() || self.attached_exclusive())
             && let Some(dir) = reader.limit_dir(&cg.path)
         {
@@ -1007,6 +985,7 @@ impl Supervisor {
             return;
         }
         let v2 = self
+            .sampler
             .cgroup
             .as_ref()
             .filter(|c| c.location().version == Version::V2);
@@ -1055,7 +1034,7 @@ impl Supervisor {
         if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
             return;
         }
-        let (Some(reader), Some(cg)) = (&self.cgroup, cg) else {
+        let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
             return;
         };
         if !reader.owned() || reader.location().version != Version::V2 {
@@ -1074,7 +1053,7 @@ impl Supervisor {
             let at = (limit as f64 * share) as u64;
             high = Some(at.saturating_sub(others));
         }
-        if let Some(budget) = self.budget_bytes {
+        if let Some(budget) = self.sampler.budget_bytes {
             let at = (budget as f64 * share) as u64;
             high = Some(high.map_or(at, |h| h.min(at)));
         }
@@ -1086,73 +1065,6 @@ impl Supervisor {
             reader.location().dir().join("memory.high"),
             high.to_string(),
         );
-    }
-
-    /// Reads one tick's sample. A quick sample re-reads only the processes
-    /// already known (no /proc walk): cheap enough for 20 ms polling.
-    fn sample(&mut self, quick: bool) -> Sample {
-        let now = Instant::now();
-        let mut procs = self.scan_tree(quick);
-        // One pass over the cgroup files; the owned cgroup's working set is
-        // the job's exact footprint.
-        let (cgroup, owned_ws) = match self.cgroup.as_ref() {
-            Some(c) if c.owned() || self.attached_exclusive() => match c.read_with_working_set() {
-                Some((s, ws)) => (Some(s), Some(ws)),
-                None => (None, None),
-            },
-            Some(c) => (c.read(), None),
-            None => (None, None),
-        };
-        let system = self.system.read(now);
-        if !quick {
-            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes));
-            self.sweeper.set_targets(
-                procs.iter().map(Member::from).collect(),
-                charged,
-                owned_ws.is_some(),
-            );
-        }
-        let pss_age = self.sweeper.apply(&mut procs, now);
-        let mut tree = totals(&procs);
-        tree.pss_age_seconds = pss_age;
-        if let Some(ws) = owned_ws {
-            // A process that moved itself out of the owned cgroup is not in
-            // its working set: its PSS counts on top.
-            let outside: u64 = procs
-                .iter()
-                .filter(|p| !self.owned_members.contains(&p.pid))
-                .map(|p| p.pss_bytes)
-                .sum();
-            tree.footprint_bytes = ws + outside;
-        }
-        let psi = self.system.psi();
-        let fresh = if quick {
-            None
-        } else {
-            self.sample_gpus(&mut procs)
-        };
-        let gpus = fresh.unwrap_or_else(|| self.last_gpus(&mut procs, now));
-        if let Some((_, reader)) = self.torch.as_mut() {
-            if !quick {
-                let _ = reader.poll();
-                let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
-                reader.retain_pids(|pid| live.contains(&pid));
-            }
-            for p in procs.iter_mut() {
-                p.torch = reader.latest().get(&p.pid).cloned();
-            }
-        }
-        self.tree = procs.clone();
-        Sample {
-            t: now.duration_since(self.started).as_secs_f64(),
-            tree,
-            procs,
-            system,
-            cgroup,
-            psi,
-            gpus,
-            budget_bytes: self.budget_bytes,
-        }
     }
 
     fn next_wake(&self) -> Instant {
@@ -1198,7 +1110,7 @@ impl Supervisor {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
-        self.core.act.prune(&self.tree, &self.sig);
+        self.core.act.prune(&self.sampler.tree, &self.sig);
         if !quick {
             self.remember(&sample);
         }
@@ -1239,7 +1151,7 @@ impl Supervisor {
         if sample.gpus.is_empty() || sample.gpus.iter().any(|g| g.age_seconds.is_some()) {
             return None;
         }
-        self.gpu_eta(sample)
+        self.sampler.gpu_eta(sample)
     }
 
     /// The largest reserved-but-unallocated CUDA memory of any tree
@@ -1435,7 +1347,7 @@ impl Supervisor {
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
-        idents(&self.tree, pred)
+        idents(&self.sampler.tree, pred)
     }
 
     /// Hands what the actuator did to the sinks (`view`: this tick's, for
@@ -1479,7 +1391,9 @@ impl Supervisor {
     }
 
     fn pause(&mut self, reason: &str) {
-        self.core.act.pause(reason, &self.tree, &mut self.sig);
+        self.core
+            .act
+            .pause(reason, &self.sampler.tree, &mut self.sig);
         self.acted(None);
     }
 
@@ -1490,7 +1404,7 @@ impl Supervisor {
 
     fn begin_stop(&mut self, action: Action, reason: &str) {
         let at = act::Scene {
-            tree: &self.tree,
+            tree: &self.sampler.tree,
             prev: self.core.last_sample.as_ref(),
             job_pid: self.job.pid,
             now: Instant::now(),
@@ -1532,7 +1446,7 @@ impl Supervisor {
             Ok(child) => {
                 let pid = child.id();
                 drop(child); // reaped by our reaper
-                self.scanner.exclude(pid);
+                self.sampler.scanner.exclude(pid);
                 self.helpers.add(pid, cmd.to_string());
                 self.hook_deadlines
                     .insert(pid, Instant::now() + HOOK_TIMEOUT);
@@ -1562,7 +1476,7 @@ impl Supervisor {
         for r in supervise::reap_all() {
             if self.helpers.finished(r.pid).is_some() {
                 self.hook_deadlines.remove(&r.pid);
-                self.scanner.include(r.pid);
+                self.sampler.scanner.include(r.pid);
                 continue;
             }
             if r.pid == self.job.pid && self.main_status.is_none() {
@@ -1602,13 +1516,13 @@ impl Supervisor {
         }
         self.refresh_tree();
         // A stop or a kill already under way deals with the rest.
-        if self.tree.is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
+        if self.sampler.tree.is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
             return;
         }
         if !self.cfg.quiet {
             self.say(format!(
                 "the job's main process exited; stopping {} process(es) it left behind",
-                self.tree.len()
+                self.sampler.tree.len()
             ));
         }
         let rest = self.idents(|_| true);
@@ -1627,49 +1541,11 @@ impl Supervisor {
     }
 
     fn refresh_tree(&mut self) {
-        self.tree = self.scan_tree(false);
+        self.sampler.refresh(self.attached.as_ref());
     }
 
-    /// The tree's live processes (zombies are counted apart: ours are not
-    /// gone until reaped). A quick scan re-reads only the processes already
-    /// known; otherwise the owned cgroup's members, or a /proc walk.
-    fn scan_tree(&mut self, quick: bool) -> Vec<ProcSample> {
-        let found = if quick && !self.tree.is_empty() {
-            // By identity: a recycled pid must not join the tree.
-            let known = self.idents(|_| true);
-            self.scanner.rescan(&known)
-        } else if self.cfg.attach.is_some()
-            && let Some(m) = self.attached_members()
-        {
-            // The attached job's own cgroup: every member is in it.
-            self.owned_members = m.iter().copied().collect();
-            self.scanner.scan(Some(&m))
-        } else {
-            match self
-                .cgroup
-                .as_ref()
-                .filter(|c| c.owned())
-                .and_then(|c| c.procs())
-            {
-                // A full scan of an owned cgroup also walks /proc: a process
-                // that moved itself out of the cgroup is still the job's.
-                Some(m) => {
-                    self.owned_members = m.iter().copied().collect();
-                    self.scanner.scan_descendants_and(&m)
-                }
-                None => self.scanner.scan(None),
-            }
-        };
-        let me = std::process::id();
-        self.zombie_children = found
-            .iter()
-            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
-            .count();
-        found
-            .into_iter()
-            .filter(|f| f.stat.state != 'Z')
-            .map(ProcSample::from)
-            .collect()
+    fn sample(&mut self, quick: bool) -> Sample {
+        self.sampler.sample(quick, self.attached.as_ref())
     }
 
     fn on_signal(&mut self, sig: i32) {
@@ -1739,104 +1615,14 @@ impl Supervisor {
             self.refresh_tree();
         }
         let group = self.main_status.is_none().then_some(self.job.pid);
-        self.core
-            .act
-            .kill(why, &self.tree, group, Instant::now(), &mut self.sig);
+        self.core.act.kill(
+            why,
+            &self.sampler.tree,
+            group,
+            Instant::now(),
+            &mut self.sig,
+        );
         self.acted(None);
-    }
-
-    /// The latest GPU reading (never blocks: NVML runs on its own thread),
-    /// attributed to the tree's processes by pid, namespaced pids included.
-    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Option<Vec<crate::model::GpuSample>> {
-        use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
-        let reading = self.gpu.as_mut().and_then(|g| g.sample())?;
-        let root = self.cfg.proc_root.clone();
-        let tree: Vec<TreeProc> = procs
-            .iter()
-            .map(|p| TreeProc {
-                pid: p.pid,
-                ns_pids: self
-                    .ns_pids
-                    .entry((p.pid, p.start_time))
-                    .or_insert_with(|| read_ns_pids(&root, p.pid).unwrap_or_default())
-                    .clone(),
-            })
-            .collect();
-        let live: HashSet<Ident> = procs.iter().map(|p| (p.pid, p.start_time)).collect();
-        self.ns_pids.retain(|id, _| live.contains(id));
-        let att = attribute(&reading.devices, &tree);
-        let mut shares = HashMap::new();
-        for p in procs.iter_mut() {
-            p.gpu_bytes = att.gpu_bytes(p.pid);
-            if let Some(b) = p.gpu_bytes {
-                shares.insert((p.pid, p.start_time), b);
-            }
-        }
-        let gpus: Vec<crate::model::GpuSample> = reading
-            .devices
-            .iter()
-            .map(|d| {
-                let a = att.devices.iter().find(|a| a.index == d.index);
-                crate::model::GpuSample {
-                    index: d.index,
-                    name: d.name.clone(),
-                    uuid: d.uuid.clone(),
-                    used_bytes: d.used_bytes,
-                    total_bytes: d.total_bytes,
-                    free_bytes: d.free_bytes,
-                    reserved_bytes: d.reserved_bytes,
-                    util_percent: d.util_percent,
-                    tree_bytes: a.map_or(0, |a| a.tree_bytes),
-                    foreign_bytes: a.map_or(0, |a| a.foreign_bytes),
-                    age_seconds: None,
-                }
-            })
-            .collect();
-        self.gpu_last = Some((reading.taken_at, gpus.clone(), shares));
-        Some(gpus)
-    }
-
-    /// The last GPU reading, marked with its age, for a tick that does not
-    /// wait for NVML: the GPU series never blink out near a ceiling.
-    fn last_gpus(&self, procs: &mut [ProcSample], now: Instant) -> Vec<crate::model::GpuSample> {
-        let Some((taken, gpus, shares)) = &self.gpu_last else {
-            return Vec::new();
-        };
-        for p in procs.iter_mut() {
-            p.gpu_bytes = shares.get(&(p.pid, p.start_time)).copied();
-        }
-        let age = (now.saturating_duration_since(*taken).as_secs_f64() * 1000.0).round() / 1000.0;
-        gpus.iter()
-            .cloned()
-            .map(|mut g| {
-                g.age_seconds = Some(age);
-                g
-            })
-            .collect()
-    }
-
-    /// Seconds until the fullest GPU is full at its recent growth.
-    fn gpu_eta(&mut self, sample: &Sample) -> Option<f64> {
-        let g = sample
-            .gpus
-            .iter()
-            .filter(|g| g.total_bytes > 0)
-            .max_by(|a, b| {
-                (a.used_bytes * 1000 / a.total_bytes).cmp(&(b.used_bytes * 1000 / b.total_bytes))
-            })?;
-        self.gpu_history.push_back((sample.t, g.used_bytes as f64));
-        while self
-            .gpu_history
-            .front()
-            .is_some_and(|&(t, _)| sample.t - t > 10.0)
-        {
-            self.gpu_history.pop_front();
-        }
-        if self.gpu_history.len() < 3 {
-            return None;
-        }
-        let slope = crate::model::least_squares_slope(self.gpu_history.iter().copied())?;
-        (slope > 0.0).then(|| g.total_bytes.saturating_sub(g.used_bytes) as f64 / slope)
     }
 
     /// Keeps the last minute of each process's memory and where it sits in
@@ -2179,7 +1965,7 @@ impl Supervisor {
             _ => self.cfg.argv.clone(),
         };
         let mut env = attempt_env(self.attempt, self.checkpoint.as_deref(), &self.env);
-        if let Some((inj, _)) = &self.torch {
+        if let Some(inj) = &self.torch {
             let base = self
                 .env
                 .get("PYTHONPATH")
@@ -2229,11 +2015,11 @@ impl Supervisor {
         match launched {
             Ok(job) => {
                 let now = Instant::now();
-                self.scanner.set_job(Some(job.pid));
+                self.sampler.scanner.set_job(Some(job.pid));
                 self.job = job;
                 self.main_status = None;
-                self.tree.clear();
-                self.zombie_children = 0;
+                self.sampler.tree.clear();
+                self.sampler.zombie_children = 0;
                 self.core.reset();
                 self.cuda_oom = None;
                 self.memory_death = false;
@@ -2244,9 +2030,9 @@ impl Supervisor {
                 self.next_full = now;
                 self.last_logged = None;
                 self.attempt_started = now;
-                let cg = self.cgroup.as_ref().and_then(|c| c.read());
+                let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
                 self.oom_kills_at_start = cg.and_then(|c| c.oom_kill_count);
-                self.vm_oom_kills_at_start = self.system.read(now).oom_kill_total;
+                self.vm_oom_kills_at_start = self.sampler.system.read(now).oom_kill_total;
             }
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
@@ -2271,7 +2057,7 @@ impl Supervisor {
         }
         self.reap();
         self.refresh_tree();
-        self.tree.is_empty() && self.zombie_children == 0
+        self.sampler.tree.is_empty() && self.sampler.zombie_children == 0
     }
 
     fn finish(mut self) -> i32 {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::act::{Actuator, DesktopNotifier, ProcSignaller};
+use super::sampler::Sampler;
 use super::tick::{Core, Voice};
 use super::{
     FORWARDED, RunConfig, RunStats, Supervisor, act_config, attach, attach_to, attempt_env,
@@ -544,16 +545,36 @@ impl Supervisor {
             started,
         } = parts;
         let (gpu, gpu_info) = open_gpu(&cfg);
+        let (torch, torch_reader) = match torch {
+            Some((inj, reader)) => (Some(inj), Some(reader)),
+            None => (None, None),
+        };
         let now = Instant::now();
         let cfg_restart = cfg.restart.clone();
         Supervisor {
-            sweeper: PssSweeper::start(
-                cfg.proc_root.clone(),
-                SweepConfig {
-                    interval: cfg.pss_interval,
-                    budget: cfg.pss_budget,
-                },
-            ),
+            sampler: Sampler {
+                proc_root: cfg.proc_root.clone(),
+                started,
+                scanner: readers.scanner,
+                sweeper: PssSweeper::start(
+                    cfg.proc_root.clone(),
+                    SweepConfig {
+                        interval: cfg.pss_interval,
+                        budget: cfg.pss_budget,
+                    },
+                ),
+                system: readers.system,
+                cgroup: readers.cgroup,
+                budget_bytes: readers.budget_bytes,
+                gpu,
+                torch: torch_reader,
+                tree: Vec::new(),
+                zombie_children: 0,
+                owned_members: HashSet::new(),
+                ns_pids: HashMap::new(),
+                gpu_last: None,
+                gpu_history: Default::default(),
+            },
             core: Core::new(
                 Engine::new(cfg.policy.policy.clone()),
                 Actuator::new(act_config(&cfg)),
@@ -570,16 +591,10 @@ impl Supervisor {
             cfg,
             started,
             log: outputs.log,
-            scanner: readers.scanner,
-            system: readers.system,
-            cgroup: readers.cgroup,
             owned,
-            budget_bytes: readers.budget_bytes,
             job,
             foreground,
             main_status: None,
-            tree: Vec::new(),
-            zombie_children: 0,
             shutdown_signal: None,
             helpers: supervise::Helpers::default(),
             hook_deadlines: HashMap::new(),
@@ -590,7 +605,6 @@ impl Supervisor {
             procs_lists: 0,
             thresholds: Vec::new(),
             pri_wakes: Vec::new(),
-            owned_members: HashSet::new(),
             stats: RunStats::default(),
             attempt: 1,
             attempt_started: now,
@@ -615,11 +629,7 @@ impl Supervisor {
             recent: HashMap::new(),
             oom_seen: (None, None),
             oom_reported: HashSet::new(),
-            gpu,
             gpu_info,
-            ns_pids: HashMap::new(),
-            gpu_history: Default::default(),
-            gpu_last: None,
             torch,
             attached: readers.attached,
             tui: screen.tui,

@@ -1,0 +1,259 @@
+//! The sampler: owns the readers (the tree scanner, the PSS sweep, the
+//! machine, the job's cgroup, NVML, PyTorch's allocator reports) and turns
+//! them into one [`Sample`] per tick. It keeps the tree of the last scan,
+//! which is what signals may be sent to.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::act::{Ident, idents};
+use super::attach::Attached;
+use crate::model::{GpuSample, ProcSample, Sample};
+use crate::probe::cgroup::CgroupReader;
+use crate::probe::gpu::GpuProbe;
+use crate::probe::proc::{TreeScanner, totals};
+use crate::probe::pss::{Member, PssSweeper};
+use crate::probe::system::SystemReader;
+use crate::probe::torch_stats::TorchStatsReader;
+
+pub struct Sampler {
+    pub proc_root: PathBuf,
+    pub started: Instant,
+    pub scanner: TreeScanner,
+    pub sweeper: PssSweeper,
+    pub system: SystemReader,
+    pub cgroup: Option<CgroupReader>,
+    /// The user's `--budget`, resolved to bytes.
+    pub budget_bytes: Option<u64>,
+    pub gpu: Option<GpuProbe>,
+    /// `--torch-stats`: the reports of the injected reporter.
+    pub torch: Option<TorchStatsReader>,
+    /// The tree at the last scan: what signals may be sent to.
+    pub tree: Vec<ProcSample>,
+    /// Zombies whose parent is oomguard, seen at the last scan: not gone
+    /// until reaped.
+    pub zombie_children: usize,
+    /// The owned cgroup's members at the last full scan.
+    pub owned_members: HashSet<u32>,
+    /// NSpid chains of tree processes (they never change for a process).
+    pub ns_pids: HashMap<Ident, Vec<u32>>,
+    /// The last GPU reading: when NVML took it, the devices, and each tree
+    /// process's share (fast ticks carry it on, with its age).
+    pub gpu_last: Option<(Instant, Vec<GpuSample>, HashMap<Ident, u64>)>,
+    /// Recent (t, used bytes) of the fullest GPU, for its ETA.
+    pub gpu_history: VecDeque<(f64, f64)>,
+}
+
+impl Sampler {
+    /// A full scan of the tree, kept as the tree signals go to.
+    pub fn refresh(&mut self, attached: Option<&Attached>) {
+        self.tree = self.scan(false, attached);
+    }
+
+    /// Reads one tick's sample. A quick sample re-reads only the processes
+    /// already known (no /proc walk): cheap enough for 20 ms polling.
+    /// One sample of the job: its tree (a quick scan re-reads only the
+    /// known processes), the cgroup, the machine, the PSS sweep's latest
+    /// readings, the GPUs and PyTorch's allocator.
+    pub fn sample(&mut self, quick: bool, attached: Option<&Attached>) -> Sample {
+        let now = Instant::now();
+        let mut procs = self.scan(quick, attached);
+        // One pass over the cgroup files; the owned cgroup's working set is
+        // the job's exact footprint.
+        let (cgroup, owned_ws) = match self.cgroup.as_ref() {
+            Some(c) if c.owned() || attached.is_some_and(|a| a.exclusive.is_some()) => {
+                match c.read_with_working_set() {
+                    Some((s, ws)) => (Some(s), Some(ws)),
+                    None => (None, None),
+                }
+            }
+            Some(c) => (c.read(), None),
+            None => (None, None),
+        };
+        let system = self.system.read(now);
+        if !quick {
+            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes));
+            self.sweeper.set_targets(
+                procs.iter().map(Member::from).collect(),
+                charged,
+                owned_ws.is_some(),
+            );
+        }
+        let pss_age = self.sweeper.apply(&mut procs, now);
+        let mut tree = totals(&procs);
+        tree.pss_age_seconds = pss_age;
+        if let Some(ws) = owned_ws {
+            // A process that moved itself out of the owned cgroup is not in
+            // its working set: its PSS counts on top.
+            let outside: u64 = procs
+                .iter()
+                .filter(|p| !self.owned_members.contains(&p.pid))
+                .map(|p| p.pss_bytes)
+                .sum();
+            tree.footprint_bytes = ws + outside;
+        }
+        let psi = self.system.psi();
+        let fresh = if quick {
+            None
+        } else {
+            self.sample_gpus(&mut procs)
+        };
+        let gpus = fresh.unwrap_or_else(|| self.last_gpus(&mut procs, now));
+        if let Some(reader) = self.torch.as_mut() {
+            if !quick {
+                let _ = reader.poll();
+                let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+                reader.retain_pids(|pid| live.contains(&pid));
+            }
+            for p in procs.iter_mut() {
+                p.torch = reader.latest().get(&p.pid).cloned();
+            }
+        }
+        self.tree = procs.clone();
+        Sample {
+            t: now.duration_since(self.started).as_secs_f64(),
+            tree,
+            procs,
+            system,
+            cgroup,
+            psi,
+            gpus,
+            budget_bytes: self.budget_bytes,
+        }
+    }
+
+    /// The tree's live processes (zombies are counted apart: ours are not
+    /// gone until reaped). A quick scan re-reads only the processes already
+    /// known; otherwise the owned cgroup's members, or a /proc walk.
+    pub fn scan(&mut self, quick: bool, attached: Option<&Attached>) -> Vec<ProcSample> {
+        let found = if quick && !self.tree.is_empty() {
+            // By identity: a recycled pid must not join the tree.
+            let known = idents(&self.tree, |_| true);
+            self.scanner.rescan(&known)
+        } else if let Some(m) = attached.and_then(Attached::members) {
+            // The attached job's own cgroup: every member is in it.
+            self.owned_members = m.iter().copied().collect();
+            self.scanner.scan(Some(&m))
+        } else {
+            match self
+                .cgroup
+                .as_ref()
+                .filter(|c| c.owned())
+                .and_then(|c| c.procs())
+            {
+                // A full scan of an owned cgroup also walks /proc: a process
+                // that moved itself out of the cgroup is still the job's.
+                Some(m) => {
+                    self.owned_members = m.iter().copied().collect();
+                    self.scanner.scan_descendants_and(&m)
+                }
+                None => self.scanner.scan(None),
+            }
+        };
+        let me = std::process::id();
+        self.zombie_children = found
+            .iter()
+            .filter(|f| f.stat.state == 'Z' && f.stat.ppid == me)
+            .count();
+        found
+            .into_iter()
+            .filter(|f| f.stat.state != 'Z')
+            .map(ProcSample::from)
+            .collect()
+    }
+
+    /// The latest GPU reading (never blocks: NVML runs on its own thread),
+    /// attributed to the tree's processes by pid, namespaced pids included.
+    fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Option<Vec<GpuSample>> {
+        use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
+        let reading = self.gpu.as_mut().and_then(|g| g.sample())?;
+        let root = self.proc_root.clone();
+        let tree: Vec<TreeProc> = procs
+            .iter()
+            .map(|p| TreeProc {
+                pid: p.pid,
+                ns_pids: self
+                    .ns_pids
+                    .entry((p.pid, p.start_time))
+                    .or_insert_with(|| read_ns_pids(&root, p.pid).unwrap_or_default())
+                    .clone(),
+            })
+            .collect();
+        let live: HashSet<Ident> = procs.iter().map(|p| (p.pid, p.start_time)).collect();
+        self.ns_pids.retain(|id, _| live.contains(id));
+        let att = attribute(&reading.devices, &tree);
+        let mut shares = HashMap::new();
+        for p in procs.iter_mut() {
+            p.gpu_bytes = att.gpu_bytes(p.pid);
+            if let Some(b) = p.gpu_bytes {
+                shares.insert((p.pid, p.start_time), b);
+            }
+        }
+        let gpus: Vec<GpuSample> = reading
+            .devices
+            .iter()
+            .map(|d| {
+                let a = att.devices.iter().find(|a| a.index == d.index);
+                GpuSample {
+                    index: d.index,
+                    name: d.name.clone(),
+                    uuid: d.uuid.clone(),
+                    used_bytes: d.used_bytes,
+                    total_bytes: d.total_bytes,
+                    free_bytes: d.free_bytes,
+                    reserved_bytes: d.reserved_bytes,
+                    util_percent: d.util_percent,
+                    tree_bytes: a.map_or(0, |a| a.tree_bytes),
+                    foreign_bytes: a.map_or(0, |a| a.foreign_bytes),
+                    age_seconds: None,
+                }
+            })
+            .collect();
+        self.gpu_last = Some((reading.taken_at, gpus.clone(), shares));
+        Some(gpus)
+    }
+
+    /// The last GPU reading, marked with its age, for a tick that does not
+    /// wait for NVML: the GPU series never blink out near a ceiling.
+    fn last_gpus(&self, procs: &mut [ProcSample], now: Instant) -> Vec<GpuSample> {
+        let Some((taken, gpus, shares)) = &self.gpu_last else {
+            return Vec::new();
+        };
+        for p in procs.iter_mut() {
+            p.gpu_bytes = shares.get(&(p.pid, p.start_time)).copied();
+        }
+        let age = (now.saturating_duration_since(*taken).as_secs_f64() * 1000.0).round() / 1000.0;
+        gpus.iter()
+            .cloned()
+            .map(|mut g| {
+                g.age_seconds = Some(age);
+                g
+            })
+            .collect()
+    }
+
+    /// Seconds until the fullest GPU is full at its recent growth.
+    pub fn gpu_eta(&mut self, sample: &Sample) -> Option<f64> {
+        let g = sample
+            .gpus
+            .iter()
+            .filter(|g| g.total_bytes > 0)
+            .max_by(|a, b| {
+                (a.used_bytes * 1000 / a.total_bytes).cmp(&(b.used_bytes * 1000 / b.total_bytes))
+            })?;
+        self.gpu_history.push_back((sample.t, g.used_bytes as f64));
+        while self
+            .gpu_history
+            .front()
+            .is_some_and(|&(t, _)| sample.t - t > 10.0)
+        {
+            self.gpu_history.pop_front();
+        }
+        if self.gpu_history.len() < 3 {
+            return None;
+        }
+        let slope = crate::model::least_squares_slope(self.gpu_history.iter().copied())?;
+        (slope > 0.0).then(|| g.total_bytes.saturating_sub(g.used_bytes) as f64 / slope)
+    }
+}
