@@ -181,7 +181,7 @@ impl Supervisor {
     /// is unknown, and the pids still running when the watch ended.
     pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::log::RunEnd) {
         if self.cfg.attach.is_none() {
-            self.log.write("run_end", end);
+            self.sinks.log.write("run_end", end);
             return;
         }
         let detached = outcome == Outcome::Detached;
@@ -198,7 +198,7 @@ impl Supervisor {
         {
             obj.extend(more);
         }
-        self.log.write("run_end", &v);
+        self.sinks.log.write("run_end", &v);
     }
 
     /// The summary's first line under `attach` (`None`: the usual one).

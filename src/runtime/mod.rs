@@ -29,10 +29,8 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use crate::log::{
-    CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart, SampleEvent,
-};
-use crate::model::{CeilingState, ProcSample, Role, Sample, View};
+use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart};
+use crate::model::{ProcSample, Role, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped};
@@ -44,13 +42,14 @@ mod act;
 mod attach;
 mod sampler;
 mod setup;
+mod sinks;
 mod tick;
 
 use act::{
-    ActConfig, Acted, Ident, Notifier, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents,
-    signal_all,
+    ActConfig, Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
 };
 use sampler::Sampler;
+use sinks::Sinks;
 use tick::{Core, FAST, TickInputs};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
@@ -118,17 +117,18 @@ const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
 
 struct Supervisor {
     cfg: RunConfig,
+    /// Where everything the run reports goes (log, metrics, GitHub,
+    /// dashboard state, stderr, notifications) and the run's totals.
+    sinks: Sinks,
     /// The readers and the tree of the last scan.
     sampler: Sampler,
     started: Instant,
-    log: LogWriter,
     owned: Option<OwnedCgroup>,
     job: Job,
     /// The engine, the history and what oomguard holds (pause, the stop
     /// ladder, the kill).
     core: Core,
     sig: ProcSignaller,
-    notifier: Box<dyn Notifier>,
     foreground: bool,
     main_status: Option<Status>,
     /// The INT or TERM that started the shutdown, if one did.
@@ -137,16 +137,11 @@ struct Supervisor {
     hook_deadlines: HashMap<u32, Instant>,
     next_tick: Instant,
     next_full: Instant,
-    last_logged: Option<f64>,
-    last_procs_log: Option<f64>,
-    /// Unforced lines with the process list written so far.
-    procs_lists: u32,
     oom_kills_at_start: Option<u64>,
     vm_oom_kills_at_start: Option<u64>,
     thresholds: Vec<AsyncFd<Threshold>>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
-    stats: RunStats,
     /// 1-based attempt number.
     attempt: u32,
     attempt_started: Instant,
@@ -164,12 +159,6 @@ struct Supervisor {
     restarts: u32,
     /// A relaunch failed: no more attempts.
     no_more_attempts: bool,
-    metrics: crate::metrics::Metrics,
-    textfile: Option<crate::metrics::Textfile>,
-    /// Set when running as a GitHub Actions step.
-    annotator: Option<crate::github::Annotator>,
-    /// Stops the metrics endpoint when dropped (the runtime ending does too).
-    _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// The last minute of every tree process's memory, for `oom_kill`.
     recent: HashMap<Ident, Recent>,
     /// The OOM-kill counters last seen (job cgroup, machine).
@@ -182,7 +171,6 @@ struct Supervisor {
     /// The live dashboard, its state, and the job's pty (the dashboard owns
     /// the real terminal; the job gets a terminal of its own).
     tui: Option<crate::tui::Tui>,
-    app: Option<crate::tui::App>,
     pty: Option<crate::tui::PtyMaster>,
     /// A warning rule is firing (for the dashboard's state).
     warning: bool,
@@ -224,17 +212,6 @@ struct Recent {
 
 /// How much of a process's memory history an `oom_kill` event carries.
 const RECENT_WINDOW: f64 = 60.0;
-
-/// Running totals for `run_end` and the summary.
-#[derive(Debug, Default)]
-struct RunStats {
-    peak: Peak,
-    /// The process holding the most PSS at the peak.
-    peak_holder: Option<(u32, String, Role, u64)>,
-    least_headroom: Option<CeilingState>,
-    actions: BTreeMap<String, u32>,
-    samples: u64,
-}
 
 /// The job is gone, but its last output may still wait for a slow reader:
 /// wait for it as a pipe would hold it, however long the reader takes,
@@ -534,8 +511,14 @@ impl Supervisor {
         if let Some(empty) = self.attached_cgroup_empty() {
             if empty {
                 self.main_status = Some(Status::Exited(0));
-                self.log
-                    .write("child_exit", &serde_json::json!({ "pid": self.job.pid }));
+                self.sinks.log.write(
+                    "child_exit",
+                    &ChildExit {
+                        pid: self.job.pid,
+                        code: None,
+                        signal: None,
+                    },
+                );
                 self.say("the job's cgroup has no processes left".to_string());
             }
             return;
@@ -551,8 +534,14 @@ impl Supervisor {
             .is_some_and(|st| st.start_time == self.job.start_time && st.state != 'Z');
         if !same {
             self.main_status = Some(Status::Exited(0));
-            self.log
-                .write("child_exit", &serde_json::json!({ "pid": self.job.pid }));
+            self.sinks.log.write(
+                "child_exit",
+                &ChildExit {
+                    pid: self.job.pid,
+                    code: None,
+                    signal: None,
+                },
+            );
             self.say(format!("pid {} has ended", self.job.pid));
         }
     }
@@ -561,7 +550,7 @@ impl Supervisor {
     fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
         match n {
             Ok(n) if n > 0 => {
-                if let Some(app) = self.app.as_mut() {
+                if let Some(app) = self.sinks.app.as_mut() {
                     app.on_output(&buf[..n]);
                 }
                 if let Some(f) = self.pty_log.as_mut() {
@@ -612,7 +601,7 @@ impl Supervisor {
                 if name == "rank_failed" {
                     self.note_rank_failed(&mut body);
                 }
-                self.log.write(name, &body);
+                self.sinks.log.write(name, &body);
                 let t = self.started.elapsed().as_secs_f64();
                 let ui = match name {
                     "cuda_oom" => Some(crate::tui::UiEvent::CudaOom {
@@ -688,10 +677,11 @@ impl Supervisor {
     fn publish_progress(&mut self) {
         let changed = self.progress.take_changed();
         let current = self.progress.current();
-        self.log.set_progress(current, changed);
-        self.metrics
+        self.sinks.log.set_progress(current, changed);
+        self.sinks
+            .metrics
             .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
-        if let Some(app) = self.app.as_mut() {
+        if let Some(app) = self.sinks.app.as_mut() {
             app.set_progress(current.cloned());
         }
     }
@@ -753,13 +743,13 @@ impl Supervisor {
         };
         match ev {
             TermEvent::Resize { cols, rows } => {
-                if let (Some(app), Some(pty)) = (&self.app, &self.pty) {
+                if let (Some(app), Some(pty)) = (&self.sinks.app, &self.pty) {
                     let (c, r) = crate::tui::output_pane_size(app, cols, rows);
                     let _ = pty.resize(c, r);
                 }
             }
             TermEvent::Key(key) => {
-                let Some(cmd) = self.app.as_mut().and_then(|a| a.on_key(key)) else {
+                let Some(cmd) = self.sinks.app.as_mut().and_then(|a| a.on_key(key)) else {
                     return;
                 };
                 let t = self.started.elapsed().as_secs_f64();
@@ -807,13 +797,13 @@ impl Supervisor {
         if let Some(mut t) = self.tui.take() {
             let _ = t.restore();
         }
-        self.app = None;
+        self.sinks.app = None;
     }
 
     /// Redraws the dashboard (after every event; nothing runs while idle).
     fn draw(&mut self) {
         use crate::tui::PolicyState;
-        let (Some(tui), Some(app)) = (self.tui.as_mut(), self.app.as_mut()) else {
+        let (Some(tui), Some(app)) = (self.tui.as_mut(), self.sinks.app.as_mut()) else {
             return;
         };
         app.set_elapsed(self.started.elapsed().as_secs_f64());
@@ -879,22 +869,13 @@ impl Supervisor {
     }
 
     fn ui_event(&mut self, ev: crate::tui::UiEvent) {
-        if let Some(app) = self.app.as_mut() {
-            app.on_event(ev);
-        }
+        self.sinks.ui(ev);
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
     /// while the dashboard owns the terminal.
     fn say(&mut self, text: String) {
-        match self.app.as_mut() {
-            Some(app) => app.on_event(crate::tui::UiEvent::Note {
-                t: self.started.elapsed().as_secs_f64(),
-                severity: crate::tui::Severity::Info,
-                text,
-            }),
-            None => eprintln!("oomguard: {text}"),
-        }
+        self.sinks.say(text);
     }
 
     fn write_run_start(&mut self, not_owned_reason: Option<String>) {
@@ -926,7 +907,7 @@ impl Supervisor {
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
         };
-        self.log.write_at("run_start", sample.t, &start);
+        self.sinks.log.write_at("run_start", sample.t, &start);
         self.core.last_sample = Some(sample);
     }
 
@@ -1124,7 +1105,7 @@ impl Supervisor {
         };
         let out = self
             .core
-            .tick(sample, inputs, &mut self.sig, &mut *self.notifier);
+            .tick(sample, inputs, &mut self.sig, &mut *self.sinks.notifier);
         self.acted(Some(&out.view));
         let Some(sample) = self.core.last_sample.take() else {
             return;
@@ -1188,7 +1169,7 @@ impl Supervisor {
                 .observe_memory(n.used_bytes, Some(n.headroom_bytes))
             {
                 let advice = flag.advice();
-                self.log.write_at(
+                self.sinks.log.write_at(
                     "phase_memory",
                     sample.t,
                     &serde_json::json!({
@@ -1205,83 +1186,10 @@ impl Supervisor {
             }
             self.publish_progress();
         }
-        // Every tick: a scrape sees the newest numbers (cheap: a copy).
-        self.metrics.update(sample, view);
-        if let Some(app) = self.app.as_mut() {
-            app.on_sample(sample, view);
-        }
-        self.metrics.set_paused(!self.core.act.paused.is_empty());
-        self.stats.samples += 1;
-        let s = &mut self.stats;
-        if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
-            s.peak.tree_pss_bytes = sample.tree.pss_bytes;
-            s.peak.t = sample.t;
-            s.peak_holder = sample
-                .procs
-                .iter()
-                .max_by_key(|p| p.pss_bytes)
-                .map(|p| (p.pid, p.comm.clone(), p.role, p.pss_bytes));
-        }
-        s.peak.tree_rss_bytes = s.peak.tree_rss_bytes.max(sample.tree.rss_bytes);
-        s.peak.swap_used_bytes = s.peak.swap_used_bytes.max(sample.system.swap_used_bytes);
-        let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
-        s.peak.gpu_used_bytes = s.peak.gpu_used_bytes.max(gpu);
-        if let Some(n) = view.nearest
-            && s.least_headroom
-                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
-        {
-            s.least_headroom = Some(n);
-        }
-        // Fast ticks are not all logged: one line per --interval, plus
-        // every tick where a rule or action happened.
-        let due = self
-            .last_logged
-            .is_none_or(|last| sample.t - last >= self.cfg.interval.as_secs_f64() * 0.95);
-        if !(due || force || waits_changed) {
-            return;
-        }
-        self.last_logged = Some(sample.t);
-        // The textfile at the log's cadence, not at every fast tick.
-        if let Some(t) = &self.textfile
-            && let Err(e) = t.write(&self.metrics.render())
-        {
-            self.say(format!("{e}; no more metrics textfile"));
-            self.textfile = None;
-        }
-        let with_procs = force
-            || self
-                .last_procs_log
-                .is_none_or(|last| sample.t - last >= self.cfg.procs_interval.as_secs_f64());
-        if with_procs {
-            self.last_procs_log = Some(sample.t);
-        }
-        let mut event = SampleEvent::new(sample, view, with_procs);
-        if let Some(r) = readings {
-            event = event.with_policy_inputs(self.core.engine.policy(), r);
-        }
-        if with_procs && !force {
-            // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
-            self.procs_lists = self.procs_lists.wrapping_add(1);
-            if self.procs_lists % crate::log::GPU_DETAIL_EVERY != 1 {
-                event = event.without_gpus();
-            }
-        }
-        self.log.write_at("sample", sample.t, &event);
-    }
-
-    fn count(&mut self, action: &str) {
-        *self.stats.actions.entry(action.to_string()).or_insert(0) += 1;
-        self.metrics.action(action);
-    }
-
-    /// A few GitHub Actions annotations (rate-limited), never one per tick.
-    fn annotate(&mut self, key: &str, level: crate::github::Level, title: &str, message: &str) {
-        let t = self.log.t();
-        if let Some(a) = self.annotator.as_mut()
-            && let Some(line) = a.offer(t, key, level, title, message)
-        {
-            eprintln!("{line}");
-        }
+        let inputs = readings.map(|r| (self.core.engine.policy(), r));
+        let paused = !self.core.act.paused.is_empty();
+        self.sinks
+            .sample(sample, view, force || waits_changed, force, inputs, paused);
     }
 
     fn log_action(
@@ -1292,52 +1200,7 @@ impl Supervisor {
         signal: Option<i32>,
         result: String,
     ) {
-        self.count(action);
-        let kind = match action {
-            "warn" => Some(crate::tui::ActionKind::Warn),
-            "pause" => Some(crate::tui::ActionKind::Pause),
-            "resume" => Some(crate::tui::ActionKind::Resume),
-            "stop" => Some(crate::tui::ActionKind::Stop),
-            "kill" => Some(crate::tui::ActionKind::Kill),
-            "restart" => Some(crate::tui::ActionKind::Restart),
-            _ => None,
-        };
-        if let Some(action) = kind {
-            let t = self.started.elapsed().as_secs_f64();
-            let error = (result != "ok").then(|| result.clone());
-            let (reason, pids) = (reason.to_string(), pids.clone());
-            self.ui_event(crate::tui::UiEvent::Action {
-                t,
-                action,
-                reason,
-                pids,
-                error,
-            });
-        }
-        let level = match action {
-            "warn" => Some(crate::github::Level::Warning),
-            "pause" | "stop" | "kill" | "restart" => Some(crate::github::Level::Error),
-            _ => None,
-        };
-        if let Some(level) = level {
-            let msg = format!("{action} ({reason})");
-            self.annotate(
-                &format!("{action}:{reason}"),
-                level,
-                &format!("oomguard: {action}"),
-                &msg,
-            );
-        }
-        self.log.write(
-            "action",
-            &crate::log::ActionEvent {
-                action: action.to_string(),
-                reason: reason.to_string(),
-                pids,
-                signal: signal.map(supervise::signal_name),
-                result,
-            },
-        );
+        self.sinks.action(action, reason, pids, signal, result);
     }
 
     /// Signals processes by identity; returns the pids reached and the
@@ -1367,7 +1230,7 @@ impl Supervisor {
                     path,
                     waited_seconds,
                 } => {
-                    self.log.write(
+                    self.sinks.log.write(
                         "checkpoint",
                         &crate::log::CheckpointEvent {
                             confirmed: path.is_some(),
@@ -1380,7 +1243,7 @@ impl Supervisor {
                     }
                 }
                 Acted::GaveUp => self.core.engine.reset(),
-                Acted::Rule(r) => self.log.write("rule", &r),
+                Acted::Rule(r) => self.sinks.log.write("rule", &r),
                 Acted::Hook {
                     cmd,
                     action,
@@ -1495,7 +1358,7 @@ impl Supervisor {
                     pid: r.pid,
                     how,
                 });
-                self.log.write(
+                self.sinks.log.write(
                     "child_exit",
                     &ChildExit {
                         pid: r.pid,
@@ -1730,7 +1593,7 @@ impl Supervisor {
                 comm: comm.clone(),
                 role: Some(role),
             });
-            self.log.write_at(
+            self.sinks.log.write_at(
                 "oom_kill",
                 t,
                 &serde_json::json!({
@@ -1763,7 +1626,7 @@ impl Supervisor {
                 Ok(_) => "no matching report in the kernel log".to_string(),
                 Err(e) => e.to_string(),
             };
-            self.log.write_at(
+            self.sinks.log.write_at(
                 "oom_kill",
                 t,
                 &serde_json::json!({ "pid": null, "role": null, "reason": why }),
@@ -1906,7 +1769,7 @@ impl Supervisor {
         self.restarts += 1;
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
-        self.log.set_attempt(self.attempt + 1);
+        self.sinks.log.set_attempt(self.attempt + 1);
         self.ui_event(crate::tui::UiEvent::Restart {
             t: self.started.elapsed().as_secs_f64(),
             attempt: self.attempt + 1,
@@ -1919,7 +1782,7 @@ impl Supervisor {
             .iter()
             .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
             .collect();
-        self.log.write(
+        self.sinks.log.write(
             "restart",
             &serde_json::json!({
                 "reason": reason,
@@ -1955,7 +1818,7 @@ impl Supervisor {
     fn relaunch(&mut self) {
         self.relaunch_at = None;
         self.attempt += 1;
-        self.log.set_attempt(self.attempt);
+        self.sinks.log.set_attempt(self.attempt);
         let argv = match &self.cfg.restart.resume_cmd {
             Some(cmd) if self.checkpoint.is_some() => vec![
                 OsString::from("/bin/sh"),
@@ -1973,7 +1836,7 @@ impl Supervisor {
                 .or_else(|| std::env::var_os("PYTHONPATH"));
             env.extend(inj.env(base.as_deref()));
         }
-        let slave = match (&self.tui, &self.app) {
+        let slave = match (&self.tui, &self.sinks.app) {
             (Some(t), Some(a)) => match open_job_pty(t, a) {
                 Ok((m, s)) => {
                     self.pty = Some(m);
@@ -2009,7 +1872,7 @@ impl Supervisor {
         if let Some(r) = self.relay.as_mut() {
             r.after_spawn();
         }
-        if let Some(app) = self.app.as_mut() {
+        if let Some(app) = self.sinks.app.as_mut() {
             app.set_attempt(self.attempt);
         }
         match launched {
@@ -2024,11 +1887,11 @@ impl Supervisor {
                 self.cuda_oom = None;
                 self.memory_death = false;
                 self.progress = crate::forensics::progress::ProgressTracker::new();
-                self.log.set_progress(None, false);
-                self.metrics.set_progress(None, None);
+                self.sinks.log.set_progress(None, false);
+                self.sinks.metrics.set_progress(None, None);
                 self.next_tick = now;
                 self.next_full = now;
-                self.last_logged = None;
+                self.sinks.last_logged = None;
                 self.attempt_started = now;
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
                 self.oom_kills_at_start = cg.and_then(|c| c.oom_kill_count);
@@ -2116,7 +1979,7 @@ impl Supervisor {
         };
         let duration = self.started.elapsed();
         let fail_above = self.cfg.fail_above.map(|limit| {
-            let exceeded = self.stats.peak.tree_pss_bytes > limit;
+            let exceeded = self.sinks.stats.peak.tree_pss_bytes > limit;
             (limit, exceeded)
         });
         // The gate only turns a success into a failure: a job that failed
@@ -2129,9 +1992,9 @@ impl Supervisor {
             &RunEnd {
                 outcome,
                 exit_code,
-                peak: self.stats.peak.clone(),
+                peak: self.sinks.stats.peak.clone(),
                 restarts: self.restarts,
-                actions: self.stats.actions.clone(),
+                actions: self.sinks.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: self.internal_error.clone(),
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
@@ -2149,20 +2012,20 @@ impl Supervisor {
         {
             eprintln!(
                 "oomguard: peak footprint {} exceeded --fail-above {}; exit {}",
-                HumanBytes(self.stats.peak.tree_pss_bytes),
+                HumanBytes(self.sinks.stats.peak.tree_pss_bytes),
                 HumanBytes(limit),
                 exit_code
             );
         }
         if outcome == Outcome::OomKilled {
-            self.annotate(
+            self.sinks.annotate(
                 "oom_kill",
                 crate::github::Level::Error,
                 "oomguard: OOM kill",
                 "the kernel OOM killer killed the job",
             );
         }
-        if self.annotator.is_some()
+        if self.sinks.annotator.is_some()
             && let Some(path) = crate::github::step_summary_path(std::env::vars())
         {
             let data = crate::github::RunSummaryData {
@@ -2177,10 +2040,10 @@ impl Supervisor {
                 exit_code,
                 duration_seconds: duration.as_secs_f64(),
                 attempts: self.attempt,
-                peak: self.stats.peak.clone(),
+                peak: self.sinks.stats.peak.clone(),
                 ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
-                least_headroom_bytes: self.stats.least_headroom.map(|l| l.headroom_bytes),
-                actions: self.stats.actions.clone(),
+                least_headroom_bytes: self.sinks.stats.least_headroom.map(|l| l.headroom_bytes),
+                actions: self.sinks.stats.actions.clone(),
                 fail_above_bytes: self.cfg.fail_above,
             };
             if let Err(e) =
@@ -2189,7 +2052,7 @@ impl Supervisor {
                 eprintln!("oomguard: {e}");
             }
         }
-        if let Some(t) = self.textfile.take()
+        if let Some(t) = self.sinks.textfile.take()
             && let Err(e) = t.remove()
         {
             eprintln!("oomguard: {e}");
@@ -2236,7 +2099,7 @@ impl Supervisor {
                 )
             }
         };
-        let s = &self.stats;
+        let s = &self.sinks.stats;
         match self.attach_headline(outcome, duration) {
             Some(line) => eprintln!("oomguard: {line}"),
             None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),

@@ -13,11 +13,12 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::act::{Actuator, DesktopNotifier, ProcSignaller};
 use super::sampler::Sampler;
+use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    FORWARDED, RunConfig, RunStats, Supervisor, act_config, attach, attach_to, attempt_env,
-    drain_output, internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any,
-    relay_pump, report_stale, spawn_failed, term_event, threshold_crossed,
+    FORWARDED, RunConfig, Supervisor, act_config, attach, attach_to, attempt_env, drain_output,
+    internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any, relay_pump,
+    report_stale, spawn_failed, term_event, threshold_crossed,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -157,7 +158,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     };
     let mut sup = Supervisor::assemble(cfg, parts);
     let restartable = sup.restart_enabled();
-    if let Some(app) = sup.app.as_mut() {
+    if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
     }
     sup.write_run_start(not_owned_reason);
@@ -552,6 +553,23 @@ impl Supervisor {
         let now = Instant::now();
         let cfg_restart = cfg.restart.clone();
         Supervisor {
+            sinks: Sinks {
+                started,
+                log: outputs.log,
+                metrics: outputs.metrics,
+                textfile: outputs.textfile,
+                annotator: crate::github::in_github_actions(std::env::vars())
+                    .then(crate::github::Annotator::default),
+                app: screen.app,
+                notifier: Box::new(DesktopNotifier),
+                stats: RunStats::default(),
+                interval: cfg.interval,
+                procs_interval: cfg.procs_interval,
+                last_logged: None,
+                last_procs_log: None,
+                procs_lists: 0,
+                _metrics_stop: outputs.metrics_stop,
+            },
             sampler: Sampler {
                 proc_root: cfg.proc_root.clone(),
                 started,
@@ -585,12 +603,10 @@ impl Supervisor {
                 },
             ),
             sig: ProcSignaller::new(&cfg.proc_root),
-            notifier: Box::new(DesktopNotifier),
             oom_kills_at_start: cg_oom_kills,
             vm_oom_kills_at_start: readers.first_system.oom_kill_total,
             cfg,
             started,
-            log: outputs.log,
             owned,
             job,
             foreground,
@@ -600,12 +616,8 @@ impl Supervisor {
             hook_deadlines: HashMap::new(),
             next_tick: now,
             next_full: now,
-            last_logged: None,
-            last_procs_log: None,
-            procs_lists: 0,
             thresholds: Vec::new(),
             pri_wakes: Vec::new(),
-            stats: RunStats::default(),
             attempt: 1,
             attempt_started: now,
             budget: Budget::new(
@@ -621,11 +633,6 @@ impl Supervisor {
             attempts: Vec::new(),
             restarts: 0,
             no_more_attempts: false,
-            metrics: outputs.metrics,
-            textfile: outputs.textfile,
-            annotator: crate::github::in_github_actions(std::env::vars())
-                .then(crate::github::Annotator::default),
-            _metrics_stop: outputs.metrics_stop,
             recent: HashMap::new(),
             oom_seen: (None, None),
             oom_reported: HashSet::new(),
@@ -633,7 +640,6 @@ impl Supervisor {
             torch,
             attached: readers.attached,
             tui: screen.tui,
-            app: screen.app,
             pty: screen.pty,
             warning: false,
             hung_up: false,

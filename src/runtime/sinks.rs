@@ -1,0 +1,219 @@
+//! The sink fan-out: everything a run reports goes out through here, to
+//! the NDJSON log, the Prometheus metrics (and their textfile), GitHub
+//! Actions annotations, the dashboard, stderr and desktop notifications,
+//! and into the run's totals for `run_end` and the summary.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::act::Notifier;
+use crate::log::{LogWriter, Peak, SampleEvent};
+use crate::model::{CeilingState, Role, Sample, View};
+use crate::policy::{Policy, Readings};
+use crate::supervise;
+
+/// Running totals for `run_end` and the summary.
+#[derive(Debug, Default)]
+pub struct RunStats {
+    pub peak: Peak,
+    /// The process holding the most PSS at the peak.
+    pub peak_holder: Option<(u32, String, Role, u64)>,
+    pub least_headroom: Option<CeilingState>,
+    pub actions: BTreeMap<String, u32>,
+    pub samples: u64,
+}
+
+pub struct Sinks {
+    pub started: Instant,
+    pub log: LogWriter,
+    pub metrics: crate::metrics::Metrics,
+    pub textfile: Option<crate::metrics::Textfile>,
+    /// Set when running as a GitHub Actions step.
+    pub annotator: Option<crate::github::Annotator>,
+    /// The dashboard's state (it owns the terminal while it runs).
+    pub app: Option<crate::tui::App>,
+    pub notifier: Box<dyn Notifier>,
+    pub stats: RunStats,
+    /// `--interval` and `--procs-interval`: the log's cadence.
+    pub interval: Duration,
+    pub procs_interval: Duration,
+    pub last_logged: Option<f64>,
+    pub last_procs_log: Option<f64>,
+    /// Unforced lines with the process list written so far.
+    pub procs_lists: u32,
+    /// Stops the metrics endpoint when dropped (the runtime ending does too).
+    pub _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Sinks {
+    /// One tick's sample to every sink: metrics and the dashboard always,
+    /// the run's peaks, and the log at its cadence (one line per
+    /// `--interval`; `logged`: this tick must be logged anyway, a rule or
+    /// action happened or a `for` wait changed; `force`: with the process
+    /// list). `inputs`: the policy and what it saw (the inputs a replay
+    /// cannot derive are logged).
+    pub fn sample(
+        &mut self,
+        sample: &Sample,
+        view: &View,
+        logged: bool,
+        force: bool,
+        inputs: Option<(&Policy, &Readings)>,
+        paused: bool,
+    ) {
+        // Every tick: a scrape sees the newest numbers (cheap: a copy).
+        self.metrics.update(sample, view);
+        if let Some(app) = self.app.as_mut() {
+            app.on_sample(sample, view);
+        }
+        self.metrics.set_paused(paused);
+        self.stats.samples += 1;
+        let s = &mut self.stats;
+        if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
+            s.peak.tree_pss_bytes = sample.tree.pss_bytes;
+            s.peak.t = sample.t;
+            s.peak_holder = sample
+                .procs
+                .iter()
+                .max_by_key(|p| p.pss_bytes)
+                .map(|p| (p.pid, p.comm.clone(), p.role, p.pss_bytes));
+        }
+        s.peak.tree_rss_bytes = s.peak.tree_rss_bytes.max(sample.tree.rss_bytes);
+        s.peak.swap_used_bytes = s.peak.swap_used_bytes.max(sample.system.swap_used_bytes);
+        let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
+        s.peak.gpu_used_bytes = s.peak.gpu_used_bytes.max(gpu);
+        if let Some(n) = view.nearest
+            && s.least_headroom
+                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
+        {
+            s.least_headroom = Some(n);
+        }
+        // Fast ticks are not all logged: one line per --interval, plus
+        // every tick where a rule or action happened.
+        let due = self
+            .last_logged
+            .is_none_or(|last| sample.t - last >= self.interval.as_secs_f64() * 0.95);
+        if !(due || logged) {
+            return;
+        }
+        self.last_logged = Some(sample.t);
+        // The textfile at the log's cadence, not at every fast tick.
+        if let Some(t) = &self.textfile
+            && let Err(e) = t.write(&self.metrics.render())
+        {
+            self.say(format!("{e}; no more metrics textfile"));
+            self.textfile = None;
+        }
+        let with_procs = force
+            || self
+                .last_procs_log
+                .is_none_or(|last| sample.t - last >= self.procs_interval.as_secs_f64());
+        if with_procs {
+            self.last_procs_log = Some(sample.t);
+        }
+        let mut event = SampleEvent::new(sample, view, with_procs);
+        if let Some((policy, r)) = inputs {
+            event = event.with_policy_inputs(policy, r);
+        }
+        if with_procs && !force {
+            // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
+            self.procs_lists = self.procs_lists.wrapping_add(1);
+            if self.procs_lists % crate::log::GPU_DETAIL_EVERY != 1 {
+                event = event.without_gpus();
+            }
+        }
+        self.log.write_at("sample", sample.t, &event);
+    }
+
+    /// An `action`: counted, shown on the dashboard, annotated on GitHub
+    /// and logged.
+    pub fn action(
+        &mut self,
+        action: &str,
+        reason: &str,
+        pids: Vec<u32>,
+        signal: Option<i32>,
+        result: String,
+    ) {
+        self.count(action);
+        let kind = match action {
+            "warn" => Some(crate::tui::ActionKind::Warn),
+            "pause" => Some(crate::tui::ActionKind::Pause),
+            "resume" => Some(crate::tui::ActionKind::Resume),
+            "stop" => Some(crate::tui::ActionKind::Stop),
+            "kill" => Some(crate::tui::ActionKind::Kill),
+            "restart" => Some(crate::tui::ActionKind::Restart),
+            _ => None,
+        };
+        if let Some(action) = kind {
+            let t = self.started.elapsed().as_secs_f64();
+            let error = (result != "ok").then(|| result.clone());
+            let (reason, pids) = (reason.to_string(), pids.clone());
+            self.ui(crate::tui::UiEvent::Action {
+                t,
+                action,
+                reason,
+                pids,
+                error,
+            });
+        }
+        let level = match action {
+            "warn" => Some(crate::github::Level::Warning),
+            "pause" | "stop" | "kill" | "restart" => Some(crate::github::Level::Error),
+            _ => None,
+        };
+        if let Some(level) = level {
+            let msg = format!("{action} ({reason})");
+            self.annotate(
+                &format!("{action}:{reason}"),
+                level,
+                &format!("oomguard: {action}"),
+                &msg,
+            );
+        }
+        self.log.write(
+            "action",
+            &crate::log::ActionEvent {
+                action: action.to_string(),
+                reason: reason.to_string(),
+                pids,
+                signal: signal.map(supervise::signal_name),
+                result,
+            },
+        );
+    }
+
+    pub fn ui(&mut self, ev: crate::tui::UiEvent) {
+        if let Some(app) = self.app.as_mut() {
+            app.on_event(ev);
+        }
+    }
+
+    /// oomguard's own message: on stderr, or in the dashboard's events pane
+    /// while the dashboard owns the terminal.
+    pub fn say(&mut self, text: String) {
+        match self.app.as_mut() {
+            Some(app) => app.on_event(crate::tui::UiEvent::Note {
+                t: self.started.elapsed().as_secs_f64(),
+                severity: crate::tui::Severity::Info,
+                text,
+            }),
+            None => eprintln!("oomguard: {text}"),
+        }
+    }
+
+    fn count(&mut self, action: &str) {
+        *self.stats.actions.entry(action.to_string()).or_insert(0) += 1;
+        self.metrics.action(action);
+    }
+
+    /// A few GitHub Actions annotations (rate-limited), never one per tick.
+    pub fn annotate(&mut self, key: &str, level: crate::github::Level, title: &str, message: &str) {
+        let t = self.log.t();
+        if let Some(a) = self.annotator.as_mut()
+            && let Some(line) = a.offer(t, key, level, title, message)
+        {
+            eprintln!("{line}");
+        }
+    }
+}
