@@ -19,38 +19,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-impl Cli {
-    /// The command line with each default from `settings::defaults` shown
-    /// in its help (`[default: …]`), so help and code cannot disagree.
-    pub fn command_with_defaults() -> clap::Command {
-        let mut cmd = <Self as clap::CommandFactory>::command();
-        for sub in ["run", "attach", "demo"] {
-            cmd = cmd.mut_subcommand(sub, |mut s| {
-                for (id, shown) in crate::settings::defaults::help_defaults() {
-                    let present = s.get_arguments().any(|a| a.get_id() == id);
-                    if present {
-                        s = s.mut_arg(id, |a| {
-                            let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
-                            a.help(format!("{help} [default: {shown}]"))
-                        });
-                    }
-                }
-                s
-            });
-        }
-        cmd
-    }
-
-    /// Parses the process's arguments (exits 2 with clap's message on error).
-    pub fn parse_args() -> Self {
-        let matches = Self::command_with_defaults().get_matches();
-        match <Self as clap::FromArgMatches>::from_arg_matches(&matches) {
-            Ok(cli) => cli,
-            Err(e) => e.exit(),
-        }
-    }
-}
-
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Launch a command and supervise its whole process tree.
@@ -124,11 +92,11 @@ pub struct AttachArgs {
     pub pss_interval: Option<Duration>,
 
     /// CPU the PSS readings may use, as a share of one core.
-    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::core_share)]
+    #[arg(long, value_name = "PCT", value_parser = crate::values::core_share)]
     pub pss_budget: Option<f64>,
 
     /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::settings::values::budget)]
+    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::values::budget)]
     pub budget: Option<SizeOrPercent>,
 
     /// Allow oomguard to SIGTERM/SIGKILL processes it did not launch (a
@@ -267,7 +235,7 @@ pub struct RunArgs {
 
     /// CPU the PSS readings may use, as a share of one core. Readings
     /// after a fork or exit come first; large trees are read less often.
-    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::core_share)]
+    #[arg(long, value_name = "PCT", value_parser = crate::values::core_share)]
     pub pss_budget: Option<f64>,
 
     /// How often sample lines in the log carry per-process detail (and on
@@ -276,7 +244,7 @@ pub struct RunArgs {
     pub procs_interval: Option<Duration>,
 
     /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::settings::values::budget)]
+    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::values::budget)]
     pub budget: Option<SizeOrPercent>,
 
     /// Run the job in a memory cgroup of oomguard's own where permitted.
@@ -293,7 +261,7 @@ pub struct RunArgs {
 
     /// Serve Prometheus metrics at http://HOST:PORT/metrics during the run
     /// (e.g. 127.0.0.1:9465; other addresses expose them to the network).
-    #[arg(long, value_name = "HOST:PORT", value_parser = crate::settings::values::listen_addr)]
+    #[arg(long, value_name = "HOST:PORT", value_parser = crate::values::listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// Keep the metrics in FILE for node_exporter's textfile collector
@@ -327,7 +295,7 @@ pub struct RunArgs {
 
     /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
     /// when the job succeeded: a memory-regression gate for CI.
-    #[arg(long, value_name = "SIZE", value_parser = crate::settings::values::positive_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::values::positive_size)]
     pub fail_above: Option<u64>,
 
     #[command(flatten)]
@@ -354,11 +322,11 @@ pub struct PolicyArgs {
     pub policy: Option<String>,
 
     /// Warn when usage reaches this share of the nearest ceiling.
-    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::usage_percent)]
+    #[arg(long, value_name = "PCT", value_parser = crate::values::usage_percent)]
     pub warn_at: Option<f64>,
 
     /// Critical when usage reaches this share of the nearest ceiling.
-    #[arg(long, value_name = "PCT", value_parser = crate::settings::values::usage_percent)]
+    #[arg(long, value_name = "PCT", value_parser = crate::values::usage_percent)]
     pub critical_at: Option<f64>,
 
     /// What a critical rule does.
@@ -378,7 +346,7 @@ pub struct PolicyArgs {
     pub grace: Option<Duration>,
 
     /// The signal asking the trainer to checkpoint and exit.
-    #[arg(long, value_name = "SIGNAL", value_parser = crate::settings::values::checkpoint_signal)]
+    #[arg(long, value_name = "SIGNAL", value_parser = crate::values::checkpoint_signal)]
     pub checkpoint_signal: Option<i32>,
 
     /// Run CMD (with sh -c) on every warning; OOMGUARD_* variables describe it.
@@ -443,12 +411,12 @@ pub enum CriticalAction {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    crate::settings::values::positive_duration(s)
+    crate::values::positive_duration(s)
 }
 
 /// A share of one core: "1%", "0.5%" (up to "100%").
 fn size(s: &str) -> Result<u64, String> {
-    crate::settings::values::positive_size(s)
+    crate::values::positive_size(s)
 }
 
 #[cfg(test)]
@@ -494,23 +462,6 @@ mod tests {
         let misspelt = Cli::try_parse_from(["oomguard", "run", "--budjet", "4G", "--", "true"]);
         assert!(misspelt.is_err(), "a misspelt flag became the command");
         assert!(Cli::try_parse_from(["oomguard", "run", "--budget", "0", "--", "x"]).is_err());
-    }
-
-    #[test]
-    fn help_shows_the_defaults_from_one_place() {
-        let mut cmd = Cli::command_with_defaults();
-        cmd.build();
-        let run = cmd.find_subcommand_mut("run").unwrap();
-        let help = run.render_long_help().to_string();
-        assert!(help.contains("[default: 10s]"), "{help}");
-        assert!(help.contains("[default: 92%]"), "{help}");
-        let attach = cmd.find_subcommand_mut("attach").unwrap();
-        assert!(
-            attach
-                .render_long_help()
-                .to_string()
-                .contains("[default: 1s]")
-        );
     }
 
     #[test]

@@ -36,3 +36,4 @@ pub mod settings;
 pub mod supervise;
 pub mod tui;
 pub mod units;
+pub mod values;

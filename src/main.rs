@@ -2,7 +2,7 @@
 //! turns its result into the process exit code. Only this file (and the TUI)
 //! knows about the terminal.
 
-use oomguard::cli::{Cli, Command};
+use oomguard::cli::Command;
 use oomguard::runtime::run;
 use oomguard::settings::Settings;
 
@@ -173,7 +173,7 @@ fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
 }
 
 fn main() {
-    let cli = Cli::parse_args();
+    let cli = oomguard::settings::parse_cli();
     let code = match cli.command {
         Command::Run(args) => match Settings::for_run(*args) {
             Ok(cfg) => run(cfg),
@@ -199,7 +199,7 @@ fn main() {
             _ => 2,
         },
         Command::Completions { shell } => {
-            let mut cmd = Cli::command_with_defaults();
+            let mut cmd = oomguard::settings::command();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());
             0
         }

@@ -26,10 +26,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{Layer, values};
+use super::Layer;
 use crate::cli::CgroupMode;
 use crate::policy::{Action, Metric, Op, Rule, unit};
 use crate::units;
+use crate::values;
 
 /// Why the configuration was rejected.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -115,7 +116,7 @@ impl Ctx<'_> {
             + 1
     }
 
-    /// Applies a value rule (`settings::values`) to a field.
+    /// Applies a value rule (`crate::values`) to a field.
     fn value<T>(
         &self,
         field: &str,

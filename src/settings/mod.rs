@@ -9,7 +9,6 @@
 
 pub mod defaults;
 pub mod file;
-pub mod values;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -17,7 +16,9 @@ use std::time::Duration;
 
 pub use file::{ConfigError, FileSettings, critical_action};
 
-use crate::cli::{AttachArgs, CgroupMode, CriticalAction, DemoArgs, PolicyArgs, RunArgs, TuiArgs};
+use crate::cli::{
+    AttachArgs, CgroupMode, Cli, CriticalAction, DemoArgs, PolicyArgs, RunArgs, TuiArgs,
+};
 use crate::policy::{Action, Policy};
 use crate::units::SizeOrPercent;
 
@@ -475,6 +476,36 @@ fn check_log_path(path: &Path) -> Result<(), ConfigError> {
             path.display()
         ))),
         None => Ok(()),
+    }
+}
+
+/// The command line with each default from `settings::defaults` shown in
+/// its help (`[default: …]`), so help and code cannot disagree.
+pub fn command() -> clap::Command {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    for sub in ["run", "attach", "demo"] {
+        cmd = cmd.mut_subcommand(sub, |mut s| {
+            for (id, shown) in defaults::help_defaults() {
+                let present = s.get_arguments().any(|a| a.get_id() == id);
+                if present {
+                    s = s.mut_arg(id, |a| {
+                        let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                        a.help(format!("{help} [default: {shown}]"))
+                    });
+                }
+            }
+            s
+        });
+    }
+    cmd
+}
+
+/// Parses the process's arguments (exits 2 with clap's message on error).
+pub fn parse_cli() -> Cli {
+    let matches = command().get_matches();
+    match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
     }
 }
 

@@ -60,6 +60,13 @@ fn critical_action(s: &Settings) -> String {
 }
 
 fn cases() -> Vec<Case> {
+    let mut all = sampling_and_limit_cases();
+    all.extend(action_and_restart_cases());
+    all
+}
+
+/// Sampling, the cgroup, limits and thresholds.
+fn sampling_and_limit_cases() -> Vec<Case> {
     vec![
         Case {
             flag: &["--interval", "2s"],
@@ -138,6 +145,12 @@ fn cases() -> Vec<Case> {
             from_flag: "Some(5.0)",
             from_file: "Some(10.0)",
         },
+    ]
+}
+
+/// Actions, the stop, notifications and restarts.
+fn action_and_restart_cases() -> Vec<Case> {
+    vec![
         Case {
             flag: &["--on-critical", "kill"],
             file: "on_critical = \"pause\"",
@@ -362,4 +375,21 @@ fn bad_paths_are_refused_before_the_job_starts() {
         ..CommandLine::default()
     };
     assert!(Settings::merge(cmd, &Layer::default(), None, Preset::Run).is_ok());
+}
+
+#[test]
+fn help_shows_the_defaults_from_one_place() {
+    let mut cmd = super::command();
+    cmd.build();
+    let run = cmd.find_subcommand_mut("run").unwrap();
+    let help = run.render_long_help().to_string();
+    assert!(help.contains("[default: 10s]"), "{help}");
+    assert!(help.contains("[default: 92%]"), "{help}");
+    let attach = cmd.find_subcommand_mut("attach").unwrap();
+    assert!(
+        attach
+            .render_long_help()
+            .to_string()
+            .contains("[default: 1s]")
+    );
 }
