@@ -8,6 +8,15 @@
 //! the actuator did comes back as [`Acted`] records; the loop hands them to
 //! the sinks (log, metrics, dashboard, GitHub annotations).
 //!
+//! Stopping while memory is still growing: the trainer gets the checkpoint
+//! signal and must reach a step boundary, which a data-bound trainer only
+//! does with its next batch. So instead of freezing the growers outright
+//! (which can deadlock the very checkpoint we wait for), the growing
+//! non-trainer processes are *throttled*: held with SIGSTOP and let run for
+//! a short slice every cycle, so growth slows ~10× while the pipeline still
+//! delivers. Below a last-resort level everything is frozen: the kernel must
+//! never be the one that ends the job.
+//!
 //! Identity is (pid, start time) everywhere: a held process that is no
 //! longer the process that was held is forgotten by [`Actuator::prune`], and
 //! every signal is sent by identity, so a recycled pid is never hit.

@@ -1,25 +1,22 @@
-//! `oomguard run`: the supervision loop.
+//! `oomguard run` and `attach`: the supervision loop, and the
+//! `Supervisor` that wires its parts together.
 //!
-//! One task on a current-thread runtime owns everything that changes state:
-//! it reaps children on SIGCHLD, forwards signals sent to oomguard, samples
-//! the tree, runs the policy engine and carries out its decisions, and walks
-//! the shutdown ladder. The other threads only measure (the PSS sweeper).
-//! Keeping every `waitpid` and every signal in this one place is what makes
-//! the reaper safe (nothing else waits for our children) and the log
-//! ordered.
+//! The parts: the sampler (`sampler.rs`) reads one sample; the core
+//! (`tick.rs`) derives the view, runs the pure policy engine and drives the
+//! actuator (`act.rs`, signals behind the `Signaller` trait); what was done
+//! goes out through the sinks (`sinks.rs`). `setup.rs` opens everything
+//! before the job starts and runs the `select!` loop. What stays here is
+//! what needs the child process itself: reaping, forwarding signals, the
+//! job's output events, restarts and the ending.
+//!
+//! One task on a current-thread runtime owns everything that changes state.
+//! The other threads only measure (the PSS sweeper, NVML). Keeping every
+//! `waitpid` and every signal in this one place is what makes the reaper
+//! safe (nothing else waits for our children) and the log ordered.
 //!
 //! Near a ceiling the loop speeds up: the cheap counters are polled every
 //! 20–250 ms instead of every `--interval`, and on cgroup v1 the kernel
 //! wakes the loop the moment usage crosses the warn and critical levels.
-//!
-//! Stopping while memory is still growing: the trainer gets the checkpoint
-//! signal and must reach a step boundary, which a data-bound trainer only
-//! does with its next batch. So instead of freezing the growers outright
-//! (which can deadlock the very checkpoint we wait for), the growing
-//! non-trainer processes are *throttled*: held with SIGSTOP and let run for
-//! a short slice every cycle, so growth slows ~10× while the pipeline still
-//! delivers. Below a last-resort level everything is frozen: the kernel must
-//! never be the one that ends the job.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
