@@ -18,7 +18,7 @@
 //! 20–250 ms instead of every `--interval`, and on cgroup v1 the kernel
 //! wakes the loop the moment usage crosses the warn and critical levels.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart};
-use crate::model::{ProcSample, Role, Sample, View};
+use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
 use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped};
@@ -37,6 +37,7 @@ use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
+mod oom;
 mod sampler;
 mod setup;
 mod sinks;
@@ -134,8 +135,6 @@ struct Supervisor {
     hook_deadlines: HashMap<u32, Instant>,
     next_tick: Instant,
     next_full: Instant,
-    oom_kills_at_start: Option<u64>,
-    vm_oom_kills_at_start: Option<u64>,
     thresholds: Vec<AsyncFd<Threshold>>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
@@ -156,12 +155,9 @@ struct Supervisor {
     restarts: u32,
     /// A relaunch failed: no more attempts.
     no_more_attempts: bool,
-    /// The last minute of every tree process's memory, for `oom_kill`.
-    recent: HashMap<Ident, Recent>,
-    /// The OOM-kill counters last seen (job cgroup, machine).
-    oom_seen: (Option<u64>, Option<u64>),
-    /// Kills already written as `oom_kill` events.
-    oom_reported: HashSet<u32>,
+    /// The kernel's OOM kills: counters and the memory history that
+    /// explains them.
+    oom: oom::OomWatch,
     gpu_info: GpuInfo,
     /// `attach`: the job's cgroup, and how the watch ends.
     attached: Option<attach::Attached>,
@@ -195,20 +191,6 @@ struct Supervisor {
     /// reader is the sampler's.
     torch: Option<crate::probe::torch_stats::TorchStatsInjector>,
 }
-
-/// What oomguard remembers of a process for explaining its death.
-#[derive(Debug, Clone)]
-struct Recent {
-    comm: String,
-    role: Role,
-    /// e.g. "worker 3 of trainer 1234".
-    place: String,
-    last_seen: f64,
-    points: std::collections::VecDeque<(f64, u64, u64)>,
-}
-
-/// How much of a process's memory history an `oom_kill` event carries.
-const RECENT_WINDOW: f64 = 60.0;
 
 /// The job is gone, but its last output may still wait for a slow reader:
 /// wait for it as a pipe would hold it, however long the reader takes,
@@ -650,7 +632,7 @@ impl Supervisor {
             _ => "a rank".to_string(),
         };
         let who = pid.map_or(who.clone(), |p| format!("{who} (pid {p})"));
-        let note = if pid.is_some_and(|p| self.oom_reported.contains(&p)) {
+        let note = if pid.is_some_and(|p| self.oom.reported(p)) {
             body["oom_killed"] = serde_json::Value::Bool(true);
             let text = format!("{who} was killed by the kernel OOM killer");
             if let Some(advice) = body["advice"].as_array_mut() {
@@ -1090,7 +1072,7 @@ impl Supervisor {
         let sample = self.sample(quick);
         self.core.act.prune(&self.sampler.tree, &self.sig);
         if !quick {
-            self.remember(&sample);
+            self.oom.remember(&sample);
         }
         self.check_oom_kills(&sample);
         let inputs = TickInputs {
@@ -1485,164 +1467,72 @@ impl Supervisor {
         self.acted(None);
     }
 
-    /// Keeps the last minute of each process's memory and where it sits in
-    /// the tree.
-    fn remember(&mut self, sample: &Sample) {
-        let t = sample.t;
-        for p in &sample.procs {
-            let place = match p.role {
-                Role::Worker => {
-                    let mut siblings: Vec<u32> = sample
-                        .procs
-                        .iter()
-                        .filter(|q| q.role == Role::Worker && q.ppid == p.ppid)
-                        .map(|q| q.pid)
-                        .collect();
-                    siblings.sort_unstable();
-                    let n = siblings.iter().position(|&q| q == p.pid).unwrap_or(0) + 1;
-                    format!(
-                        "worker {n} of {} (pid {})",
-                        if sample
-                            .procs
-                            .iter()
-                            .any(|q| q.pid == p.ppid && q.role == Role::Trainer)
-                        {
-                            "the trainer"
-                        } else {
-                            "process"
-                        },
-                        p.ppid
-                    )
-                }
-                r => r.as_str().to_string(),
-            };
-            let e = self
-                .recent
-                .entry((p.pid, p.start_time))
-                .or_insert_with(|| Recent {
-                    comm: p.comm.clone(),
-                    role: p.role,
-                    place: place.clone(),
-                    last_seen: t,
-                    points: Default::default(),
-                });
-            e.comm.clone_from(&p.comm);
-            e.role = p.role;
-            e.place = place;
-            e.last_seen = t;
-            e.points.push_back((t, p.rss_bytes, p.pss_bytes));
-            while e
-                .points
-                .front()
-                .is_some_and(|&(pt, _, _)| t - pt > RECENT_WINDOW)
-            {
-                e.points.pop_front();
-            }
-        }
-        self.recent
-            .retain(|_, e| t - e.last_seen <= 2.0 * RECENT_WINDOW);
-    }
-
     /// When an OOM-kill counter rises, finds the kernel's report of the kill
     /// (by pid, among the processes oomguard has seen in the tree) and
     /// writes an `oom_kill` event.
     fn check_oom_kills(&mut self, sample: &Sample) {
-        let cg = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        let vm = sample.system.oom_kill_total;
-        let (seen_cg, seen_vm) = self.oom_seen;
-        self.oom_seen = (cg, vm);
-        let rose = match (cg, seen_cg) {
-            (Some(now), Some(before)) => now > before,
-            // Without a cgroup, the machine's counter says "someone".
-            (None, _) => vm.zip(seen_vm).is_some_and(|(n, b)| n > b),
-            _ => false,
-        };
-        if rose {
-            self.explain_oom_kills(sample.t);
+        if !self.oom.counter_rose(sample) {
+            return;
+        }
+        for finding in self.oom.explain() {
+            self.write_oom_kill(sample.t, finding);
         }
     }
 
-    fn explain_oom_kills(&mut self, t: f64) {
-        let log = crate::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
-        let kills = match &log {
-            Ok(l) => crate::forensics::kernel::parse(&l.text),
-            Err(_) => Vec::new(),
+    fn write_oom_kill(&mut self, t: f64, finding: oom::Finding) {
+        let e = match finding {
+            oom::Finding::Kill(e) => e,
+            oom::Finding::Unexplained(why) => {
+                self.sinks.log.write_at(
+                    "oom_kill",
+                    t,
+                    &serde_json::json!({ "pid": null, "role": null, "reason": why }),
+                );
+                return;
+            }
         };
-        let mut found = false;
-        for kill in kills.iter().rev() {
-            if self.oom_reported.contains(&kill.pid) {
-                continue;
-            }
-            let Some((_, who)) = self.recent.iter().find(|((pid, _), _)| *pid == kill.pid) else {
-                continue;
-            };
-            let memory: Vec<serde_json::Value> = who
-                .points
-                .iter()
-                .map(|&(pt, rss, pss)| serde_json::json!({"t": (pt * 1000.0).round() / 1000.0, "rss_bytes": rss, "pss_bytes": pss}))
-                .collect();
-            let (role, place, comm) = (who.role, who.place.clone(), who.comm.clone());
-            self.oom_reported.insert(kill.pid);
-            found = true;
-            self.ui_event(crate::tui::UiEvent::OomKill {
-                t,
-                pid: kill.pid,
-                comm: comm.clone(),
-                role: Some(role),
-            });
-            self.sinks.log.write_at(
-                "oom_kill",
-                t,
-                &serde_json::json!({
-                    "pid": kill.pid,
-                    "comm": comm,
-                    "role": role,
-                    "place": place,
-                    "anon_rss_bytes": kill.anon_rss_bytes,
-                    "constraint": kill.constraint,
-                    "cgroup": kill.cgroup,
-                    "kill": kill,
-                    "memory": memory,
-                }),
-            );
-            if !self.cfg.quiet {
-                self.say(format!(
-                    "the kernel OOM killer killed {comm} (pid {}, {place}){}",
-                    kill.pid,
-                    kill.anon_rss_bytes.map_or(String::new(), |b| format!(
-                        " holding {} anonymous memory",
-                        HumanBytes(b)
-                    ))
-                ));
-            }
-        }
-        if !found {
-            // The counter rose but the report is not readable (or names no
-            // process of ours): say what is known.
-            let why = match &log {
-                Ok(_) => "no matching report in the kernel log".to_string(),
-                Err(e) => e.to_string(),
-            };
-            self.sinks.log.write_at(
-                "oom_kill",
-                t,
-                &serde_json::json!({ "pid": null, "role": null, "reason": why }),
-            );
+        let memory: Vec<serde_json::Value> = e
+            .memory
+            .iter()
+            .map(|&(pt, rss, pss)| serde_json::json!({"t": (pt * 1000.0).round() / 1000.0, "rss_bytes": rss, "pss_bytes": pss}))
+            .collect();
+        self.ui_event(crate::tui::UiEvent::OomKill {
+            t,
+            pid: e.kill.pid,
+            comm: e.comm.clone(),
+            role: Some(e.role),
+        });
+        self.sinks.log.write_at(
+            "oom_kill",
+            t,
+            &serde_json::json!({
+                "pid": e.kill.pid,
+                "comm": e.comm,
+                "role": e.role,
+                "place": e.place,
+                "anon_rss_bytes": e.kill.anon_rss_bytes,
+                "constraint": e.kill.constraint,
+                "cgroup": e.kill.cgroup,
+                "kill": e.kill,
+                "memory": memory,
+            }),
+        );
+        if !self.cfg.quiet {
+            self.say(format!(
+                "the kernel OOM killer killed {} (pid {}, {}){}",
+                e.comm,
+                e.kill.pid,
+                e.place,
+                e.kill.anon_rss_bytes.map_or(String::new(), |b| format!(
+                    " holding {} anonymous memory",
+                    HumanBytes(b)
+                ))
+            ));
         }
     }
 
-    /// Whether the kernel OOM killer took a process of the job during this
-    /// attempt (the job cgroup's counter, else the machine's).
     fn kernel_killed(&self, sample: &Sample) -> bool {
-        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        match (cg_kills, self.oom_kills_at_start) {
-            (Some(now), Some(before)) => now > before,
-            _ => sample
-                .system
-                .oom_kill_total
-                .zip(self.vm_oom_kills_at_start)
-                .is_some_and(|(n, b)| n > b),
-        }
+        self.oom.kernel_killed(sample)
     }
 
     /// Whether a kernel OOM kill leads to a restart: with
@@ -1891,8 +1781,9 @@ impl Supervisor {
                 self.sinks.last_logged = None;
                 self.attempt_started = now;
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
-                self.oom_kills_at_start = cg.and_then(|c| c.oom_kill_count);
-                self.vm_oom_kills_at_start = self.sampler.system.read(now).oom_kill_total;
+                let machine = self.sampler.system.read(now).oom_kill_total;
+                self.oom
+                    .start_attempt(cg.and_then(|c| c.oom_kill_count), machine);
             }
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
@@ -1947,16 +1838,7 @@ impl Supervisor {
         let sample = self.sample(false);
         let view = self.core.history.push(&sample);
         self.record(&sample, &view, true, false, None);
-        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        let kernel_killed = match (cg_kills, self.oom_kills_at_start) {
-            (Some(now), Some(before)) => now > before,
-            // No cgroup to ask: the machine-wide counter is the best hint.
-            _ => sample
-                .system
-                .oom_kill_total
-                .zip(self.vm_oom_kills_at_start)
-                .is_some_and(|(n, b)| n > b),
-        };
+        let kernel_killed = self.oom.kernel_killed(&sample);
         // The kernel killed a tree process and the job failed: whichever
         // process the kernel picked, that is why (unless oomguard's own
         // SIGKILL is what the job died of).

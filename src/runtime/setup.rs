@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::act::{Actuator, DesktopNotifier, ProcSignaller};
+use super::oom::OomWatch;
 use super::sampler::Sampler;
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
@@ -603,8 +604,11 @@ impl Supervisor {
                 },
             ),
             sig: ProcSignaller::new(&cfg.proc_root),
-            oom_kills_at_start: cg_oom_kills,
-            vm_oom_kills_at_start: readers.first_system.oom_kill_total,
+            oom: {
+                let mut oom = OomWatch::default();
+                oom.start_attempt(cg_oom_kills, readers.first_system.oom_kill_total);
+                oom
+            },
             cfg,
             started,
             owned,
@@ -633,9 +637,6 @@ impl Supervisor {
             attempts: Vec::new(),
             restarts: 0,
             no_more_attempts: false,
-            recent: HashMap::new(),
-            oom_seen: (None, None),
-            oom_reported: HashSet::new(),
             gpu_info,
             torch,
             attached: readers.attached,

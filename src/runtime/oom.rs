@@ -1,0 +1,197 @@
+//! The kernel's OOM kills, explained: the last minute of every tree
+//! process's memory (and where it sat in the tree), the OOM-kill counters
+//! of the job's cgroup and of the machine, and, when one rises, the
+//! kernel's own report of the kill matched to a process of ours.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use super::act::Ident;
+use crate::forensics::kernel::OomKill;
+use crate::model::{Role, Sample};
+
+/// How much of a process's memory history an `oom_kill` event carries.
+const RECENT_WINDOW: f64 = 60.0;
+
+/// What oomguard remembers of a process for explaining its death.
+#[derive(Debug, Clone)]
+struct Recent {
+    comm: String,
+    role: Role,
+    /// e.g. "worker 3 of trainer 1234".
+    place: String,
+    last_seen: f64,
+    /// (t, RSS, PSS) over the last minute.
+    points: VecDeque<(f64, u64, u64)>,
+}
+
+/// A kill the kernel made, matched to a process of the tree.
+#[derive(Debug, Clone)]
+pub struct Explained {
+    pub kill: OomKill,
+    pub comm: String,
+    pub role: Role,
+    pub place: String,
+    /// (t, RSS, PSS) over the process's last minute.
+    pub memory: Vec<(f64, u64, u64)>,
+}
+
+/// What a rise of an OOM-kill counter turned out to be.
+#[derive(Debug, Clone)]
+pub enum Finding {
+    Kill(Box<Explained>),
+    /// The counter rose but no report names a process of ours: why.
+    Unexplained(String),
+}
+
+#[derive(Debug, Default)]
+pub struct OomWatch {
+    recent: HashMap<Ident, Recent>,
+    /// The counters last seen (job cgroup, machine).
+    seen: (Option<u64>, Option<u64>),
+    /// The counters when the attempt started.
+    at_start: (Option<u64>, Option<u64>),
+    /// Kills already reported.
+    reported: HashSet<u32>,
+}
+
+impl OomWatch {
+    /// A new attempt: kills are counted from these counter values (job
+    /// cgroup, machine).
+    pub fn start_attempt(&mut self, cgroup: Option<u64>, machine: Option<u64>) {
+        self.at_start = (cgroup, machine);
+    }
+
+    /// Whether the kernel killed this pid (and it was reported).
+    pub fn reported(&self, pid: u32) -> bool {
+        self.reported.contains(&pid)
+    }
+
+    /// Keeps the last minute of each process's memory and where it sits in
+    /// the tree.
+    pub fn remember(&mut self, sample: &Sample) {
+        let t = sample.t;
+        for p in &sample.procs {
+            let place = match p.role {
+                Role::Worker => {
+                    let mut siblings: Vec<u32> = sample
+                        .procs
+                        .iter()
+                        .filter(|q| q.role == Role::Worker && q.ppid == p.ppid)
+                        .map(|q| q.pid)
+                        .collect();
+                    siblings.sort_unstable();
+                    let n = siblings.iter().position(|&q| q == p.pid).unwrap_or(0) + 1;
+                    format!(
+                        "worker {n} of {} (pid {})",
+                        if sample
+                            .procs
+                            .iter()
+                            .any(|q| q.pid == p.ppid && q.role == Role::Trainer)
+                        {
+                            "the trainer"
+                        } else {
+                            "process"
+                        },
+                        p.ppid
+                    )
+                }
+                r => r.as_str().to_string(),
+            };
+            let e = self
+                .recent
+                .entry((p.pid, p.start_time))
+                .or_insert_with(|| Recent {
+                    comm: p.comm.clone(),
+                    role: p.role,
+                    place: place.clone(),
+                    last_seen: t,
+                    points: Default::default(),
+                });
+            e.comm.clone_from(&p.comm);
+            e.role = p.role;
+            e.place = place;
+            e.last_seen = t;
+            e.points.push_back((t, p.rss_bytes, p.pss_bytes));
+            while e
+                .points
+                .front()
+                .is_some_and(|&(pt, _, _)| t - pt > RECENT_WINDOW)
+            {
+                e.points.pop_front();
+            }
+        }
+        self.recent
+            .retain(|_, e| t - e.last_seen <= 2.0 * RECENT_WINDOW);
+    }
+
+    /// Whether an OOM-kill counter rose since the last sample: the job
+    /// cgroup's, or without a cgroup the machine's ("someone").
+    pub fn counter_rose(&mut self, sample: &Sample) -> bool {
+        let cg = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
+        let vm = sample.system.oom_kill_total;
+        let (seen_cg, seen_vm) = self.seen;
+        self.seen = (cg, vm);
+        match (cg, seen_cg) {
+            (Some(now), Some(before)) => now > before,
+            (None, _) => vm.zip(seen_vm).is_some_and(|(n, b)| n > b),
+            _ => false,
+        }
+    }
+
+    /// Reads the kernel's recent reports and matches them to processes
+    /// seen in the tree; each kill is reported once.
+    pub fn explain(&mut self) -> Vec<Finding> {
+        let log = crate::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
+        let kills = match &log {
+            Ok(l) => crate::forensics::kernel::parse(&l.text),
+            Err(_) => Vec::new(),
+        };
+        let found = self.match_kills(kills);
+        if !found.is_empty() {
+            return found;
+        }
+        let why = match &log {
+            Ok(_) => "no matching report in the kernel log".to_string(),
+            Err(e) => e.to_string(),
+        };
+        vec![Finding::Unexplained(why)]
+    }
+
+    /// The newest report first; only processes of the tree, each once.
+    fn match_kills(&mut self, kills: Vec<OomKill>) -> Vec<Finding> {
+        let mut found = Vec::new();
+        for kill in kills.into_iter().rev() {
+            if self.reported.contains(&kill.pid) {
+                continue;
+            }
+            let Some((_, who)) = self.recent.iter().find(|((pid, _), _)| *pid == kill.pid) else {
+                continue;
+            };
+            self.reported.insert(kill.pid);
+            found.push(Finding::Kill(Box::new(Explained {
+                comm: who.comm.clone(),
+                role: who.role,
+                place: who.place.clone(),
+                memory: who.points.iter().copied().collect(),
+                kill,
+            })));
+        }
+        found
+    }
+
+    /// Whether the kernel OOM killer took a process of the job during this
+    /// attempt (the job cgroup's counter; with no cgroup to ask, the
+    /// machine-wide counter is the best hint).
+    pub fn kernel_killed(&self, sample: &Sample) -> bool {
+        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
+        match (cg_kills, self.at_start.0) {
+            (Some(now), Some(before)) => now > before,
+            _ => sample
+                .system
+                .oom_kill_total
+                .zip(self.at_start.1)
+                .is_some_and(|(n, b)| n > b),
+        }
+    }
+}
