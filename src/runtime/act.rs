@@ -172,6 +172,8 @@ pub struct Stop {
     pub step: StopStep,
     /// Growers held by the throttle (stopped except for short slices).
     pub throttled: HashSet<Ident>,
+    /// The pids whose throttling was logged.
+    announced: HashSet<u32>,
     throttle_running: bool,
     throttle_switch: Instant,
     /// Everything frozen at the last-resort level, since when.
@@ -372,6 +374,7 @@ impl Actuator {
             grace_end: now + self.cfg.grace,
             step: StopStep::Checkpoint,
             throttled: growers,
+            announced: HashSet::new(),
             throttle_running: false,
             throttle_switch: now,
             frozen_all: false,
@@ -453,7 +456,9 @@ impl Actuator {
             self.record("pause", &why, sent, SIG_STOP);
         } else if st.frozen_all && hard.is_some_and(|h| h >= levels.last_resort * 1.5) {
             // Room again: the trainers may go on to their checkpoint.
-            signal_all(sig, &st.signalled, SIG_CONT);
+            let sent = signal_all(sig, &st.signalled, SIG_CONT);
+            let why = format!("room again during {}", st.reason);
+            self.record("resume", &why, sent, SIG_CONT);
             st.frozen_all = false;
             st.frozen_since = None;
         }
@@ -465,9 +470,23 @@ impl Actuator {
         }
         let targets: Vec<Ident> = st.throttled.iter().copied().collect();
         if st.throttle_running {
-            signal_all(sig, &targets, SIG_STOP);
+            let (held, result) = signal_all(sig, &targets, SIG_STOP);
             st.throttle_running = false;
             st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
+            // Logged when a process is first held, not at every cycle.
+            let new: Vec<u32> = held
+                .into_iter()
+                .filter(|pid| st.announced.insert(*pid))
+                .collect();
+            if !new.is_empty() {
+                let why = format!(
+                    "throttle during {}: growing, held except {} ms in every {} ms",
+                    st.reason,
+                    THROTTLE_RUN.as_millis(),
+                    THROTTLE_CYCLE.as_millis()
+                );
+                self.record("pause", &why, (new, result), SIG_STOP);
+            }
         } else {
             signal_all(sig, &targets, SIG_CONT);
             st.throttle_running = true;

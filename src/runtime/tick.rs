@@ -586,16 +586,21 @@ mod tests {
         // The stop, then the first throttle slice lets the grower run.
         assert_eq!(run.sig.take(), vec![(TRAINER, CKPT), (W1, SIG_CONT)]);
         let mut w1 = Vec::new();
+        let mut logged = Vec::new();
         let mut t = 1.0;
         while t < 2.9 {
             t += 0.02;
             script.grow(W1, 1 << 20);
-            run.tick(&script, t, 5.0);
+            logged.extend(run.tick(&script, t, 5.0));
             for (pid, sig) in run.sig.take() {
                 assert_eq!(pid, W1, "only the grower is throttled (got {sig} to {pid})");
                 w1.push((t, sig));
             }
         }
+        // Logged once, when first held; not at every cycle.
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert_eq!(logged[0].0, "pause");
+        assert!(logged[0].1.starts_with("throttle during"), "{logged:?}");
         // It alternates: held ~450 ms, let run ~50 ms.
         assert!(w1.len() >= 6, "{w1:?}");
         for pair in w1.windows(2) {
