@@ -1785,10 +1785,13 @@ impl Supervisor {
                 self.oom
                     .start_attempt(cg.and_then(|c| c.oom_kill_count), machine);
             }
+            // oomguard was told to restart the job and cannot: its own
+            // failure (exit 70), with the reason in `run_end.error`.
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
                 self.no_more_attempts = true;
-                self.main_status = Some(Status::Exited(e.exit_code()));
+                self.internal_error = Some(format!("cannot restart: {e}"));
+                self.main_status = Some(Status::Exited(EXIT_INTERNAL));
             }
         }
     }
