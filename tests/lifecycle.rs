@@ -149,3 +149,81 @@ fn every_signal_oomguard_sends_while_ending_is_an_action() {
     let end = schema::run_end(&lines);
     assert_eq!(end.actions.get("kill"), Some(&1));
 }
+
+/// Removes itself, then grows 8 MiB every 50 ms: the first attempt runs,
+/// and a relaunch finds no command.
+const VANISHING: &str = r#"#!/bin/sh
+rm -f "$0"
+exec python3 -c '
+import time
+keep = []
+while True:
+    keep.append(bytearray(8 << 20))
+    time.sleep(0.05)
+'
+"#;
+
+/// A relaunch that cannot start is oomguard failing at what it was asked
+/// to do after the job started: exit 70 and `run_end` (`internal_error`,
+/// with `error`) last, not the stop that led to the restart (exit 75).
+#[test]
+fn serial_a_relaunch_that_cannot_start_ends_with_internal_error() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("relaunch-fails", 512 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.sh");
+    fs::write(&job, VANISHING).unwrap();
+    fs::set_permissions(&job, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let out = cg
+        .command(
+            std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
+            &[
+                "run",
+                "--no-tui",
+                "--cgroup",
+                "off",
+                "--budget",
+                "150MiB",
+                "--on-critical",
+                "restart",
+                "--restart-delay",
+                "100ms",
+                "--log",
+                log.to_str().unwrap(),
+                "--",
+                job.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    assert!(
+        matches!(lines[0].event, schema::Event::RunStart(_)),
+        "run_start is not first"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| matches!(l.event, schema::Event::Restart(_))),
+        "the first attempt was never stopped for a restart; stderr:\n{err}"
+    );
+    let end = schema::run_end(&lines);
+    assert_eq!(
+        (end.outcome.as_str(), end.exit_code),
+        ("internal_error", 70),
+        "stderr:\n{err}"
+    );
+    let error = end.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("cannot restart") && error.contains("job.sh"),
+        "run_end.error: {error:?}"
+    );
+    assert_eq!(out.status.code(), Some(70), "stderr:\n{err}");
+}
