@@ -1099,29 +1099,32 @@ impl Supervisor {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
             }
-            if let Some((name, mut body)) = crate::probe::output::log_record(&event, critical) {
-                if name == "rank_failed" {
-                    self.note_rank_failed(&mut body);
+            if let Some(mut record) = crate::log::OutputEvent::from_torch(&event, critical) {
+                if let crate::log::OutputEvent::RankFailed(r) = &mut record {
+                    self.note_rank_failed(r);
                 }
-                self.log.write(name, &body);
+                self.log.write(record.name(), &record);
                 let t = self.started.elapsed().as_secs_f64();
-                let ui = match name {
-                    "cuda_oom" => Some(crate::tui::UiEvent::CudaOom {
+                let ui = match &record {
+                    crate::log::OutputEvent::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
                         t,
-                        pid: body["pid"].as_u64().map(|p| p as u32),
-                        device: body["device"].as_u64().map(|d| d as u32),
-                        tried_bytes: body["tried_bytes"].as_u64(),
+                        pid: e.pid,
+                        device: e.device,
+                        tried_bytes: e.tried_bytes,
                     }),
-                    "worker_died" => Some(crate::tui::UiEvent::WorkerDied {
-                        t,
-                        pid: body["pid"].as_u64().unwrap_or(0) as u32,
-                        comm: String::new(),
-                        how: body["signal"].as_str().map_or_else(
-                            || format!("exit code {}", body["exit_code"]),
-                            |s| format!("killed by {s}"),
-                        ),
-                    }),
-                    _ => None,
+                    crate::log::OutputEvent::WorkerDied(e) => {
+                        Some(crate::tui::UiEvent::WorkerDied {
+                            t,
+                            pid: e.pid.unwrap_or(0),
+                            comm: String::new(),
+                            how: match (&e.signal, e.exit_code) {
+                                (Some(s), _) => format!("killed by {s}"),
+                                (None, Some(code)) => format!("exit code {code}"),
+                                (None, None) => "exit code null".to_string(),
+                            },
+                        })
+                    }
+                    crate::log::OutputEvent::RankFailed(_) => None,
                 };
                 if let Some(ev) = ui {
                     self.ui_event(ev);
@@ -1147,30 +1150,12 @@ impl Supervisor {
 
     /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
     /// keeps a line for the summary.
-    fn note_rank_failed(&mut self, body: &mut serde_json::Value) {
-        let pid = body["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
-        let who = match (body["rank"].as_u64(), body["local_rank"].as_u64()) {
-            (Some(r), _) => format!("rank {r}"),
-            (None, Some(l)) => format!("local rank {l}"),
-            _ => "a rank".to_string(),
-        };
-        let who = pid.map_or(who.clone(), |p| format!("{who} (pid {p})"));
-        let note = if pid.is_some_and(|p| self.oom_reported.contains(&p)) {
-            body["oom_killed"] = serde_json::Value::Bool(true);
-            let text = format!("{who} was killed by the kernel OOM killer");
-            if let Some(advice) = body["advice"].as_array_mut() {
-                advice.insert(0, serde_json::Value::String(text.clone()));
-            }
-            text
-        } else {
-            match (body["signal"].as_str(), body["exit_code"].as_i64()) {
-                (Some(sig), _) => format!("{who} failed: killed by {sig}"),
-                (None, Some(code)) => format!("{who} failed with exit code {code}"),
-                _ => format!("{who} failed"),
-            }
-        };
+    fn note_rank_failed(&mut self, r: &mut crate::log::RankFailedEvent) {
+        if r.pid.is_some_and(|p| self.oom_reported.contains(&p)) {
+            r.tie_to_oom_kill();
+        }
         if self.rank_notes.len() < 16 {
-            self.rank_notes.push(note);
+            self.rank_notes.push(r.describe());
         }
     }
 
