@@ -70,6 +70,9 @@ fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
         EventKind::CudaOom { .. } => ("#CC79A7", "#1a1a1a", Shape::Hexagon),
         EventKind::WorkerDied { .. } => ("#2b2b2b", "#ffffff", Shape::Down),
         EventKind::ChildExit { .. } => ("#8c8c8c", "#ffffff", Shape::Circle),
+        EventKind::RankFailed(r) if r.oom_killed => ("#D55E00", "#ffffff", Shape::Down),
+        EventKind::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
+        EventKind::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
     }
 }
 
@@ -1001,7 +1004,7 @@ pub fn timeline(log: &RunLog) -> String {
         let name = e.kind.name();
         let severe = matches!(
             e.kind,
-            EventKind::OomKill { .. } | EventKind::CudaOom { .. }
+            EventKind::OomKill { .. } | EventKind::CudaOom { .. } | EventKind::RankFailed(_)
         );
         let stroke = match &e.kind {
             EventKind::Rule { state, .. } if state == "cleared" => "#E69F00",
