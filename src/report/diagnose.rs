@@ -586,6 +586,91 @@ fn worker_deaths(log: &RunLog, out: &mut Vec<Finding>) {
     }
 }
 
+/// The actions that end or hold a job (a warning is not one).
+fn decisive(action: &str) -> bool {
+    matches!(action, "stop" | "pause" | "kill" | "restart")
+}
+
+/// The figures behind what oomguard did: least headroom, firings, actions.
+fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) -> Vec<Cited> {
+    let min_headroom = log
+        .samples
+        .iter()
+        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let mut numbers = Vec::new();
+    if let Some((p, t)) = min_headroom {
+        numbers.push(Cited::percent(
+            "min_headroom_percent",
+            "least headroom left",
+            p,
+        ));
+        numbers.push(Cited::seconds(
+            "min_headroom_t_seconds",
+            "least headroom at",
+            t,
+        ));
+    }
+    numbers.push(Cited::count("rules_fired", "rule firings", firings as u64));
+    numbers.push(Cited::count("actions", "actions taken", actions as u64));
+    if restarts > 0 {
+        numbers.push(Cited::count("restarts", "restarts", restarts as u64));
+    }
+    numbers
+}
+
+/// Why the kernel still killed: title and advice of `not_prevented`.
+fn not_prevented(
+    actions: &[(f64, &str, Option<&str>)],
+    no_firings: bool,
+    first_kill: Option<f64>,
+    rules: Option<usize>,
+    did: &str,
+    numbers: &mut Vec<Cited>,
+) -> (String, String) {
+    let before: Vec<_> = actions
+        .iter()
+        .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
+        .collect();
+    if let Some((t, a, _)) = before.first() {
+        let lead = first_kill.map(|k| k - t);
+        if let Some(lead) = lead {
+            numbers.push(Cited::seconds(
+                "action_lead_seconds",
+                "action before the kill",
+                lead,
+            ));
+        }
+        (
+            "oomguard acted, but the kernel killed first".to_string(),
+            format!(
+                "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
+                time_text(*t),
+                lead.map_or_else(|| "too little time".to_string(), time_text),
+            ),
+        )
+    } else if rules == Some(0) {
+        (
+            "No policy was active: oomguard only observed".to_string(),
+            "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
+        )
+    } else if no_firings {
+        (
+            "No rule fired before the kernel killed".to_string(),
+            format!(
+                "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
+            ),
+        )
+    } else {
+        (
+            "Rules fired but took no decisive action before the kill".to_string(),
+            format!(
+                "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
+            ),
+        )
+    }
+}
+
 fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     let kills: Vec<f64> = log
         .events
@@ -624,82 +709,18 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
             _ => {}
         }
     }
-    let decisive = |a: &str| matches!(a, "stop" | "pause" | "kill" | "restart");
-    let min_headroom = log
-        .samples
-        .iter()
-        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    let mut numbers = Vec::new();
-    if let Some((p, t)) = min_headroom {
-        numbers.push(Cited::percent(
-            "min_headroom_percent",
-            "least headroom left",
-            p,
-        ));
-        numbers.push(Cited::seconds(
-            "min_headroom_t_seconds",
-            "least headroom at",
-            t,
-        ));
-    }
-    numbers.push(Cited::count(
-        "rules_fired",
-        "rule firings",
-        firings.len() as u64,
-    ));
-    numbers.push(Cited::count(
-        "actions",
-        "actions taken",
-        actions.len() as u64,
-    ));
-    if !restarts.is_empty() {
-        numbers.push(Cited::count("restarts", "restarts", restarts.len() as u64));
-    }
+    let mut numbers = did_numbers(log, firings.len(), actions.len(), restarts.len());
     let did = describe_actions(&actions, &restarts);
-    let rules = log.start.as_ref().map(|s| s.rules.len());
     if oom_killed {
-        let before: Vec<_> = actions
-            .iter()
-            .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
-            .collect();
-        let (title, advice) = if let Some((t, a, _)) = before.first() {
-            let lead = first_kill.map(|k| k - t);
-            if let Some(lead) = lead {
-                numbers.push(Cited::seconds(
-                    "action_lead_seconds",
-                    "action before the kill",
-                    lead,
-                ));
-            }
-            (
-                "oomguard acted, but the kernel killed first".to_string(),
-                format!(
-                    "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
-                    time_text(*t),
-                    lead.map_or_else(|| "too little time".to_string(), time_text),
-                ),
-            )
-        } else if rules == Some(0) {
-            (
-                "No policy was active: oomguard only observed".to_string(),
-                "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
-            )
-        } else if firings.is_empty() {
-            (
-                "No rule fired before the kernel killed".to_string(),
-                format!(
-                    "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
-                ),
-            )
-        } else {
-            (
-                "Rules fired but took no decisive action before the kill".to_string(),
-                format!(
-                    "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
-                ),
-            )
-        };
+        let rules = log.start.as_ref().map(|s| s.rules.len());
+        let (title, advice) = not_prevented(
+            &actions,
+            firings.is_empty(),
+            first_kill,
+            rules,
+            &did,
+            &mut numbers,
+        );
         out.push(Finding {
             kind: "not_prevented",
             severity: Severity::Critical,
