@@ -294,9 +294,13 @@ pub struct GpuInfo {
 /// `sample`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleEvent {
+    #[serde(default, deserialize_with = "lenient")]
     pub headroom_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
     pub headroom_percent: Option<f64>,
+    #[serde(default, deserialize_with = "lenient")]
     pub ceiling: Option<Ceiling>,
+    #[serde(default, deserialize_with = "lenient")]
     pub eta_seconds: Option<f64>,
     #[serde(default)]
     pub tree: TreeTotals,
@@ -535,8 +539,14 @@ pub struct LineHead {
     pub attempt: Option<u64>,
     #[serde(deserialize_with = "lenient")]
     pub progress: Option<crate::forensics::progress::Progress>,
-    /// The per-process list, on whichever line carries it; entries that
-    /// do not read as a process are dropped.
+}
+
+/// The per-process list of a line other than a sample (which has it as
+/// [`SampleEvent::procs`]): rule and action lines carry one too.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct LineProcs {
+    /// Entries that do not read as a process are dropped.
     #[serde(deserialize_with = "lenient_list")]
     pub procs: Option<Vec<ProcSample>>,
 }
@@ -554,6 +564,21 @@ pub struct RuleEvent {
     pub threshold: Option<f64>,
     #[serde(default = "firing")]
     pub state: String,
+}
+
+impl RuleEvent {
+    /// The line for a rule that started (`firing`) or stopped firing; an
+    /// infinite value (an ETA of never) is written as the largest number.
+    pub fn new(rule: &str, metric: &str, value: f64, threshold: f64, firing: bool) -> Self {
+        let value = if value.is_finite() { value } else { f64::MAX };
+        Self {
+            rule: rule.to_string(),
+            metric: Some(metric.to_string()),
+            value: Some((value * 1000.0).round() / 1000.0),
+            threshold: Some(threshold),
+            state: if firing { "firing" } else { "cleared" }.to_string(),
+        }
+    }
 }
 
 fn firing() -> String {
@@ -1129,12 +1154,12 @@ mod tests {
         let k: OomKillEvent =
             serde_json::from_str(r#"{"pid":7,"role":{"role":"worker","index":3}}"#).unwrap();
         assert_eq!(k.role.as_deref(), Some("worker"));
-        let h: LineHead = serde_json::from_str(
-            r#"{"schema":"oomguard/1","t":"soon","procs":[{"pid":1,"role":"helper"},{"role":"worker"}]}"#,
-        )
-        .unwrap();
+        let h: LineHead = serde_json::from_str(r#"{"schema":"oomguard/1","t":"soon"}"#).unwrap();
         assert_eq!(h.t, None);
-        let procs = h.procs.unwrap();
+        let p: LineProcs =
+            serde_json::from_str(r#"{"procs":[{"pid":1,"role":"helper"},{"role":"worker"}]}"#)
+                .unwrap();
+        let procs = p.procs.unwrap();
         assert_eq!(procs.len(), 1);
         assert_eq!(procs[0].role, crate::model::Role::Other);
     }

@@ -20,8 +20,8 @@ use serde_json::Value;
 use super::ReportError;
 use crate::forensics::progress::Progress;
 use crate::log::{
-    ActionEvent, ChildExit, CudaOomEvent, LineHead, OomKillEvent, PhaseMemoryEvent, PolicyInfo,
-    RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
+    ActionEvent, ChildExit, CudaOomEvent, LineHead, LineProcs, OomKillEvent, PhaseMemoryEvent,
+    PolicyInfo, RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
     WorkerDiedEvent,
 };
 use crate::model::{Ceiling, ProcSample, Role, SystemSample};
@@ -395,16 +395,16 @@ impl Reader {
                 .progress
                 .push(progress_point(p, t, attempt, &event));
         }
-        if let Some(procs) = head.procs {
-            self.log.snapshots.push(Snapshot {
-                t,
-                attempt,
-                procs: procs.iter().map(proc_point).collect(),
-            });
-        }
+        let procs = if event == "sample" {
+            None
+        } else {
+            LineProcs::deserialize(&value).unwrap_or_default().procs
+        };
+        self.snapshot(procs.as_deref(), t, attempt);
         match event_kind(&event, &value, head.attempt) {
             Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
             Ok(Read::Sample(s)) => {
+                self.snapshot(s.procs.as_deref(), t, attempt);
                 let mut point = sample_point(&s, t, attempt);
                 // Per-GPU detail is written less often than the totals: a
                 // line without it carries the last one forward.
@@ -445,6 +445,16 @@ impl Reader {
             }
         }
         Ok(())
+    }
+
+    fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32) {
+        if let Some(procs) = procs {
+            self.log.snapshots.push(Snapshot {
+                t,
+                attempt,
+                procs: procs.iter().map(proc_point).collect(),
+            });
+        }
     }
 
     /// The line as JSON and its envelope, or `None` (with a warning) when
@@ -1028,6 +1038,51 @@ mod tests {
             }
             k => panic!("{k:?}"),
         }
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_costs_the_field_not_the_line() {
+        let text = [
+            line(
+                "sample",
+                1.0,
+                1,
+                r#""headroom_percent":"n/a","tree":{"pss_bytes":10},"cgroup":"none","gpus":{}"#,
+            ),
+            line(
+                "rule",
+                2.0,
+                1,
+                r#""rule":"warn","value":"high","state":"firing""#,
+            ),
+            line("rank_failed", 3.0, 1, r#""rank":"one","pid":42,"signal":9"#),
+            // An event this version does not read must not become one.
+            line("phase_memory", 4.0, 1, r#""phase":"warmup""#),
+        ]
+        .join("\n");
+        let log = load(&text).unwrap();
+        assert_eq!(log.samples.len(), 1);
+        assert_eq!(log.samples[0].pss_bytes, 10);
+        assert_eq!(log.samples[0].headroom_percent, None);
+        assert_eq!(log.samples[0].cgroup_usage_bytes, None);
+        assert_eq!(log.events.len(), 2, "{:?}", log.events);
+        assert!(matches!(
+            &log.events[0].kind,
+            EventKind::Rule { value: None, .. }
+        ));
+        match &log.events[1].kind {
+            EventKind::RankFailed(r) => {
+                assert_eq!((r.rank, r.pid), (None, Some(42)));
+                assert_eq!(r.signal.as_deref(), Some("signal 9"));
+            }
+            k => panic!("{k:?}"),
+        }
+        assert_eq!(log.warnings.len(), 1, "{:?}", log.warnings);
+        assert!(
+            log.warnings[0].starts_with("line 4: phase_memory not readable"),
+            "{:?}",
+            log.warnings
+        );
     }
 
     #[test]
