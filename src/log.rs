@@ -212,12 +212,17 @@ fn round3(x: f64) -> f64 {
 }
 
 /// `run_start`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunStart {
+    #[serde(deserialize_with = "lenient_vec")]
     pub argv: Vec<String>,
     pub pid: u32,
+    #[serde(deserialize_with = "lenient_vec")]
     pub ceilings: Vec<Ceiling>,
+    #[serde(deserialize_with = "lenient")]
     pub cgroup: Option<CgroupInfo>,
+    /// [`Policy::to_json`]; readers take it as [`PolicyInfo`].
     pub policy: serde_json::Value,
     pub gpu: GpuInfo,
     pub version: String,
@@ -225,11 +230,45 @@ pub struct RunStart {
     pub pss_interval_seconds: f64,
 }
 
+/// `run_start.policy` as a reader takes it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyInfo {
+    #[serde(deserialize_with = "lenient_vec")]
+    pub rules: Vec<PolicyRuleInfo>,
+    #[serde(deserialize_with = "lenient")]
+    pub max_pause_seconds: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    pub after_pause: Option<String>,
+}
+
+/// One rule of `run_start.policy.rules`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyRuleInfo {
+    pub name: String,
+    pub metric: String,
+    #[serde(deserialize_with = "lenient")]
+    pub op: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    pub threshold: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    pub unit: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    pub for_seconds: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    pub clear: Option<f64>,
+    pub action: String,
+}
+
 /// The job's cgroup as `run_start` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CgroupInfo {
+    #[serde(default)]
     pub version: u8,
+    #[serde(default)]
     pub path: String,
+    #[serde(default)]
     pub owned: bool,
     /// Why oomguard did not create its own cgroup, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -245,7 +284,8 @@ pub struct CgroupInfo {
 }
 
 /// Whether GPUs are being watched, and why not.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuInfo {
     pub available: bool,
     pub reason: Option<String>,
@@ -254,27 +294,47 @@ pub struct GpuInfo {
 /// `sample`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleEvent {
+    #[serde(default, deserialize_with = "lenient")]
     pub headroom_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
     pub headroom_percent: Option<f64>,
+    #[serde(default, deserialize_with = "lenient")]
     pub ceiling: Option<Ceiling>,
+    #[serde(default, deserialize_with = "lenient")]
     pub eta_seconds: Option<f64>,
+    #[serde(default)]
     pub tree: TreeTotals,
     /// PSS and RSS by role (the roles present), on every line.
     #[serde(default)]
     pub roles: Vec<crate::model::RoleTotals>,
+    #[serde(default)]
     pub system: SystemSample,
+    #[serde(default, deserialize_with = "lenient")]
     pub cgroup: Option<CgroupSample>,
+    #[serde(default, deserialize_with = "lenient")]
     pub psi: Option<Psi>,
     /// Per-GPU detail, on every rule/action line and on every other line
     /// that carries `procs` ([`GPU_DETAIL_EVERY`] process lists): 8 GPUs on
     /// every line would add ~180 MB a day. Left out in between.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "lenient_vec"
+    )]
     pub gpus: Vec<GpuSample>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_list"
+    )]
     pub procs: Option<Vec<ProcSample>>,
     /// PyTorch allocator figures of the processes that report them
     /// (`--torch-stats`), on every line.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "lenient_vec"
+    )]
     pub torch: Vec<TorchProc>,
     /// The policy inputs a replay cannot derive from the fields above
     /// (`oomguard replay`): the fastest grower's rate, the fullest GPU's
@@ -358,34 +418,18 @@ impl SampleEvent {
 /// `action`: something oomguard did (or was refused) and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ActionEvent {
+    #[serde(default)]
     pub action: String,
     /// The rule, `max-pause`, or what else caused it.
+    #[serde(default)]
     pub reason: String,
+    #[serde(default, deserialize_with = "lenient_vec")]
     pub pids: Vec<u32>,
+    #[serde(default, deserialize_with = "signal_name")]
     pub signal: Option<String>,
     /// `ok` or the error.
+    #[serde(default)]
     pub result: String,
-}
-
-/// `rule`: a rule started or stopped firing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RuleEvent {
-    pub rule: String,
-    pub metric: String,
-    pub value: f64,
-    pub threshold: f64,
-    /// `firing` or `cleared`.
-    pub state: String,
-}
-
-/// `checkpoint`: the wait for a checkpoint during a stop ended (with
-/// `--checkpoint-dir`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointEvent {
-    /// The new complete checkpoint, if one was seen.
-    pub path: Option<std::path::PathBuf>,
-    pub confirmed: bool,
-    pub waited_seconds: f64,
 }
 
 /// Unforced lines carry the per-GPU detail on one process list in this
@@ -403,15 +447,25 @@ impl SampleEvent {
 /// `child_exit`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChildExit {
+    #[serde(default)]
     pub pid: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
     pub code: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "signal_name"
+    )]
     pub signal: Option<String>,
 }
 
 /// Peaks over the run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Peak {
     pub tree_pss_bytes: u64,
     pub tree_rss_bytes: u64,
@@ -426,9 +480,13 @@ pub struct Peak {
 pub struct RunEnd {
     pub outcome: Outcome,
     pub exit_code: i32,
+    #[serde(default)]
     pub peak: Peak,
+    #[serde(default)]
     pub restarts: u32,
+    #[serde(default)]
     pub actions: BTreeMap<String, u32>,
+    #[serde(default)]
     pub duration_seconds: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -462,6 +520,480 @@ pub enum Outcome {
     InternalError,
     /// `attach`: the watch ended while the job was still running.
     Detached,
+}
+
+/// The envelope every line carries, as a reader sees it: the fields the
+/// report needs before it knows the event. `schema` is kept as any JSON
+/// value so a reader can tell a missing or non-string schema (a stray
+/// line) from another schema (an error).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct LineHead {
+    pub schema: Option<serde_json::Value>,
+    pub event: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    pub ts: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    pub t: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    pub attempt: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    pub progress: Option<crate::forensics::progress::Progress>,
+}
+
+/// The per-process list of a line other than a sample (which has it as
+/// [`SampleEvent::procs`]): rule and action lines carry one too.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct LineProcs {
+    /// Entries that do not read as a process are dropped.
+    #[serde(deserialize_with = "lenient_list")]
+    pub procs: Option<Vec<ProcSample>>,
+}
+
+/// `rule`: a rule started (`firing`) or stopped (`cleared`) firing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleEvent {
+    #[serde(default)]
+    pub rule: String,
+    #[serde(default)]
+    pub metric: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub value: Option<f64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub threshold: Option<f64>,
+    #[serde(default = "firing")]
+    pub state: String,
+}
+
+impl RuleEvent {
+    /// The line for a rule that started (`firing`) or stopped firing; an
+    /// infinite value (an ETA of never) is written as the largest number.
+    pub fn new(rule: &str, metric: &str, value: f64, threshold: f64, firing: bool) -> Self {
+        let value = if value.is_finite() { value } else { f64::MAX };
+        Self {
+            rule: rule.to_string(),
+            metric: Some(metric.to_string()),
+            value: Some((value * 1000.0).round() / 1000.0),
+            threshold: Some(threshold),
+            state: if firing { "firing" } else { "cleared" }.to_string(),
+        }
+    }
+}
+
+fn firing() -> String {
+    "firing".to_string()
+}
+
+/// `restart`: the job is launched again (the envelope's `attempt` is the
+/// attempt that starts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestartEvent {
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub checkpoint: Option<String>,
+    /// `NAME -> [old, new]` for each setting changed for the next attempt.
+    #[serde(default)]
+    pub degraded: BTreeMap<String, serde_json::Value>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub delay_seconds: Option<f64>,
+}
+
+/// `checkpoint`: the checkpoint oomguard waited for before a restart.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointEvent {
+    pub path: Option<String>,
+    pub confirmed: bool,
+    pub waited_seconds: f64,
+}
+
+/// `oom_kill`: the kernel OOM killer took a process of the job. `pid` and
+/// `role` are null when the counter rose but no report names the process
+/// (`reason` says why).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomKillEvent {
+    #[serde(default, deserialize_with = "lenient")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    #[serde(default, deserialize_with = "role_name")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub place: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub anon_rss_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The kernel's report, as `oomguard forensics` reads it.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub kill: Option<crate::forensics::kernel::OomKill>,
+    /// The victim's memory over its last seconds.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "lenient_vec"
+    )]
+    pub memory: Vec<MemoryPoint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// One point of a process's memory history.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MemoryPoint {
+    pub t: f64,
+    pub rss_bytes: u64,
+    pub pss_bytes: u64,
+}
+
+/// `cuda_oom`: PyTorch's CUDA out-of-memory message, read from the job's
+/// output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CudaOomEvent {
+    #[serde(default, deserialize_with = "device_index")]
+    pub device: Option<u32>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub tried_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub total_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub free_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub allocated_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub reserved_unallocated_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub reserved_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub process_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub fragmentation: bool,
+    #[serde(default, deserialize_with = "lenient_vec")]
+    pub advice: Vec<String>,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl CudaOomEvent {
+    pub fn new(e: &crate::forensics::torch::CudaOom) -> Self {
+        use crate::forensics::torch;
+        Self {
+            device: e.device,
+            tried_bytes: e.tried_bytes,
+            total_bytes: e.total_bytes,
+            free_bytes: e.free_bytes,
+            allocated_bytes: e.allocated_bytes,
+            reserved_unallocated_bytes: e.reserved_unallocated_bytes,
+            reserved_bytes: e.reserved_bytes,
+            process_bytes: e.process_bytes,
+            pid: e.pid,
+            fragmentation: torch::is_fragmentation(e),
+            advice: torch::cuda_oom_advice(e),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// `worker_died`: one DataLoader worker's death (the lines of its cascade
+/// merged).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerDiedEvent {
+    #[serde(default, deserialize_with = "lenient")]
+    pub pid: Option<u32>,
+    #[serde(default, deserialize_with = "lenient_vec")]
+    pub pids: Vec<u32>,
+    #[serde(default, deserialize_with = "signal_name")]
+    pub signal: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub exit_code: Option<i32>,
+    #[serde(default, deserialize_with = "truthy")]
+    pub shm_hint: bool,
+    #[serde(default, deserialize_with = "lenient_vec")]
+    pub advice: Vec<String>,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl WorkerDiedEvent {
+    /// `host_memory_critical`: memory was near its ceiling when it died
+    /// (what tells the kernel OOM killer apart from another SIGKILL).
+    pub fn new(e: &crate::forensics::torch::WorkerDied, host_memory_critical: bool) -> Self {
+        Self {
+            pid: e.pid,
+            pids: e.pids.clone(),
+            signal: e.signal.clone(),
+            exit_code: e.exit_code,
+            shm_hint: e.shm_hint,
+            advice: crate::forensics::torch::worker_died_advice(e, host_memory_critical),
+            message: e.message.clone(),
+        }
+    }
+}
+
+/// `rank_failed`: the torchrun rank that failed (not the siblings torchrun
+/// tore down afterwards).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankFailedEvent {
+    #[serde(default, deserialize_with = "lenient")]
+    pub rank: Option<u32>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub local_rank: Option<u32>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub pid: Option<u32>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub exit_code: Option<i32>,
+    #[serde(default, deserialize_with = "signal_name")]
+    pub signal: Option<String>,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub script: Option<String>,
+    /// The kernel's `oom_kill` of the same pid was seen.
+    #[serde(default, deserialize_with = "truthy")]
+    pub oom_killed: bool,
+    #[serde(default, deserialize_with = "lenient_vec")]
+    pub advice: Vec<String>,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl RankFailedEvent {
+    /// The failed rank of `e` (the root cause, else the first), or `None`
+    /// when the message named none.
+    pub fn new(
+        e: &crate::forensics::torch::RankFailed,
+        host_memory_critical: bool,
+    ) -> Option<Self> {
+        let f = e
+            .failures
+            .iter()
+            .find(|f| f.root_cause)
+            .or_else(|| e.failures.first())?;
+        Some(Self {
+            rank: f.rank,
+            local_rank: f.local_rank,
+            pid: f.pid,
+            exit_code: f.exitcode,
+            signal: f.signal.clone(),
+            host: f.host.clone(),
+            script: e.script.clone(),
+            oom_killed: false,
+            advice: crate::forensics::torch::rank_failed_advice(e, host_memory_critical),
+            message: e.message.clone(),
+        })
+    }
+
+    /// "rank 1 (pid 4242)": who failed, for people.
+    pub fn who(&self) -> String {
+        let who = match (self.rank, self.local_rank) {
+            (Some(r), _) => format!("rank {r}"),
+            (None, Some(l)) => format!("local rank {l}"),
+            _ => "a rank".to_string(),
+        };
+        self.pid.map_or(who.clone(), |p| format!("{who} (pid {p})"))
+    }
+
+    /// What happened to it, in one sentence.
+    pub fn describe(&self) -> String {
+        let who = self.who();
+        if self.oom_killed {
+            return format!("{who} was killed by the kernel OOM killer");
+        }
+        match (&self.signal, self.exit_code) {
+            (Some(sig), _) => format!("{who} failed: killed by {sig}"),
+            (None, Some(code)) => format!("{who} failed with exit code {code}"),
+            _ => format!("{who} failed"),
+        }
+    }
+
+    /// Ties it to the kernel's `oom_kill` of the same pid: marks it and
+    /// puts that first in the advice.
+    pub fn tie_to_oom_kill(&mut self) {
+        if self.oom_killed {
+            return;
+        }
+        self.oom_killed = true;
+        self.advice.insert(0, self.describe());
+    }
+}
+
+/// `phase_memory`: a training phase that changed memory sharply
+/// ("validation adds 800 MiB").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseMemoryEvent {
+    pub phase: crate::forensics::progress::Phase,
+    #[serde(default)]
+    pub epoch: Option<String>,
+    #[serde(default)]
+    pub before_bytes: u64,
+    #[serde(default)]
+    pub added_bytes: u64,
+    #[serde(default)]
+    pub advice: String,
+}
+
+impl PhaseMemoryEvent {
+    pub fn new(flag: &crate::forensics::progress::PhaseMemory) -> Self {
+        Self {
+            phase: flag.phase,
+            epoch: flag.epoch.clone(),
+            before_bytes: flag.before_bytes,
+            added_bytes: flag.added_bytes,
+            advice: flag.advice(),
+        }
+    }
+}
+
+/// What the job's output said, as a log line: the event's name and body.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum OutputEvent {
+    CudaOom(CudaOomEvent),
+    WorkerDied(WorkerDiedEvent),
+    RankFailed(RankFailedEvent),
+}
+
+impl OutputEvent {
+    /// The log line for an event read from the job's output.
+    /// `host_memory_critical` says whether host or cgroup memory was near
+    /// its ceiling when the event came (it is what tells the kernel OOM
+    /// killer apart from another SIGKILL). `None` for progress updates
+    /// (they ride on other lines as `progress`).
+    pub fn from_torch(
+        event: &crate::forensics::torch::TorchEvent,
+        host_memory_critical: bool,
+    ) -> Option<Self> {
+        use crate::forensics::torch::TorchEvent;
+        match event {
+            TorchEvent::CudaOom(e) => Some(OutputEvent::CudaOom(CudaOomEvent::new(e))),
+            TorchEvent::WorkerDied(e) => Some(OutputEvent::WorkerDied(WorkerDiedEvent::new(
+                e,
+                host_memory_critical,
+            ))),
+            TorchEvent::RankFailed(e) => {
+                RankFailedEvent::new(e, host_memory_critical).map(OutputEvent::RankFailed)
+            }
+            TorchEvent::Progress(_) => None,
+        }
+    }
+
+    /// The event name the line carries.
+    pub fn name(&self) -> &'static str {
+        match self {
+            OutputEvent::CudaOom(_) => "cuda_oom",
+            OutputEvent::WorkerDied(_) => "worker_died",
+            OutputEvent::RankFailed(_) => "rank_failed",
+        }
+    }
+}
+
+// Readers are lenient field by field: a value of the wrong type reads as
+// absent rather than costing the whole line (a log is written by versions
+// that add fields, and by hand in tests and bug reports).
+
+/// A field that reads as `None` when its value has the wrong type.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(serde_json::from_value(v).ok())
+}
+
+/// A list that keeps the entries that read, and is empty when it is not a
+/// list.
+fn lenient_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    Ok(lenient_list(d)?.unwrap_or_default())
+}
+
+fn lenient_list<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Array(a) => Some(
+            a.into_iter()
+                .filter_map(|v| serde_json::from_value(v).ok())
+                .collect(),
+        ),
+        _ => None,
+    })
+}
+
+/// A signal as a name: `"SIGKILL"` stays, a number becomes `signal 9`.
+fn signal_name<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Some(s),
+        serde_json::Value::Number(n) => Some(format!("signal {n}")),
+        _ => None,
+    })
+}
+
+/// A device index, also when written as a string (`"0"`).
+fn device_index<'de, D>(d: D) -> Result<Option<u32>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s.trim().parse().ok(),
+        v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+    })
+}
+
+/// A role name, or for the richer shapes other writers may use
+/// (`{"role": "worker", "index": 3}`), its `role` (or `name`) member.
+fn role_name<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Shape {
+        Name(String),
+        Object {
+            role: Option<String>,
+            name: Option<String>,
+        },
+        Other(serde::de::IgnoredAny),
+    }
+    Ok(match Shape::deserialize(d)? {
+        Shape::Name(s) => Some(s),
+        Shape::Object { role, name } => role.or(name),
+        Shape::Other(_) => None,
+    })
+}
+
+/// `true`, or any other value than `false` and null (a hint given as text).
+fn truthy<'de, D>(d: D) -> Result<bool, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Bool(b) => b,
+        v => !v.is_null(),
+    })
 }
 
 #[cfg(test)]
@@ -548,6 +1080,88 @@ mod tests {
         assert_eq!(lines[3]["progress"]["step"], 580);
         assert_eq!(lines[3]["progress"]["phase"], "validation");
         assert_eq!(lines[3]["progress"]["epoch"], "3");
+    }
+
+    #[test]
+    fn output_events_carry_the_figures_and_advice_and_read_back() {
+        let mut s = crate::probe::output::OutputScanner::new();
+        s.feed(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated.\n");
+        s.feed(b"DataLoader worker (pid 4) is killed by signal: Killed.\n");
+        s.finish();
+        let events = s.take_events();
+        let oom = OutputEvent::from_torch(&events[0], false).unwrap();
+        assert_eq!(oom.name(), "cuda_oom");
+        let v = serde_json::to_value(&oom).unwrap();
+        assert_eq!(v["device"], 0);
+        assert_eq!(v["tried_bytes"], 22 << 20);
+        assert_eq!(v["fragmentation"], true);
+        assert!(v["pid"].is_null());
+        assert!(
+            v["advice"][0]
+                .as_str()
+                .unwrap()
+                .contains("expandable_segments:True")
+        );
+        let back: CudaOomEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(OutputEvent::CudaOom(back), oom);
+        let w = OutputEvent::from_torch(&events[1], true).unwrap();
+        assert_eq!(w.name(), "worker_died");
+        let v = serde_json::to_value(&w).unwrap();
+        assert_eq!(v["pid"], 4);
+        assert_eq!(v["signal"], "SIGKILL");
+        assert!(v["exit_code"].is_null());
+        assert_eq!(v["shm_hint"], false);
+        assert!(v["advice"].as_array().is_some_and(|a| !a.is_empty()));
+        let back: WorkerDiedEvent = serde_json::from_value(v).unwrap();
+        assert_eq!(OutputEvent::WorkerDied(back), w);
+    }
+
+    #[test]
+    fn a_failed_rank_tied_to_an_oom_kill_says_so_first() {
+        let mut r = RankFailedEvent {
+            rank: Some(1),
+            local_rank: Some(1),
+            pid: Some(4242),
+            exit_code: Some(-9),
+            signal: Some("SIGKILL".into()),
+            host: None,
+            script: None,
+            oom_killed: false,
+            advice: vec!["x".into()],
+            message: String::new(),
+        };
+        assert_eq!(r.describe(), "rank 1 (pid 4242) failed: killed by SIGKILL");
+        r.tie_to_oom_kill();
+        r.tie_to_oom_kill();
+        assert!(r.oom_killed);
+        assert_eq!(
+            r.advice,
+            ["rank 1 (pid 4242) was killed by the kernel OOM killer", "x"]
+        );
+        let back: RankFailedEvent =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn readers_take_wrong_types_and_numeric_signals_as_absent_or_named() {
+        let a: ActionEvent =
+            serde_json::from_str(r#"{"action":"stop","signal":15,"pids":[5,"x"]}"#).unwrap();
+        assert_eq!(a.signal.as_deref(), Some("signal 15"));
+        assert_eq!(a.pids, [5]);
+        let c: CudaOomEvent = serde_json::from_str(r#"{"device":"1","pid":"?"}"#).unwrap();
+        assert_eq!((c.device, c.pid), (Some(1), None));
+        let k: OomKillEvent =
+            serde_json::from_str(r#"{"pid":7,"role":{"role":"worker","index":3}}"#).unwrap();
+        assert_eq!(k.role.as_deref(), Some("worker"));
+        let h: LineHead = serde_json::from_str(r#"{"schema":"oomguard/1","t":"soon"}"#).unwrap();
+        assert_eq!(h.t, None);
+        let p: LineProcs =
+            serde_json::from_str(r#"{"procs":[{"pid":1,"role":"helper"},{"role":"worker"}]}"#)
+                .unwrap();
+        let procs = p.procs.unwrap();
+        assert_eq!(procs.len(), 1);
+        assert_eq!(procs[0].role, crate::model::Role::Other);
     }
 
     #[test]

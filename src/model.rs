@@ -19,12 +19,18 @@ pub enum Role {
     Trainer,
     /// A descendant of a trainer (DataLoader workers).
     Worker,
-    /// Anything else in the tree (orphans of unknown origin, helpers).
+    /// Anything else in the tree (orphans of unknown origin, helpers); also
+    /// what a log reader makes of a role it does not know.
+    #[serde(other)]
     Other,
 }
 
 impl Role {
     pub const ALL: [Role; 4] = [Role::Launcher, Role::Trainer, Role::Worker, Role::Other];
+
+    fn other() -> Role {
+        Role::Other
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -46,12 +52,21 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ProcSample {
     pub pid: u32,
+    // A log reader takes a process with only some figures (an older or a
+    // hand-written line): the others read as 0.
+    #[serde(default)]
     pub ppid: u32,
+    #[serde(default = "Role::other")]
     pub role: Role,
+    #[serde(default)]
     pub comm: String,
+    #[serde(default)]
     pub rss_bytes: u64,
+    #[serde(default)]
     pub pss_bytes: u64,
+    #[serde(default)]
     pub uss_bytes: u64,
+    #[serde(default)]
     pub swap_bytes: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_bytes: Option<u64>,
@@ -66,6 +81,7 @@ pub struct ProcSample {
 
 /// Sums over the tree. The footprint is the PSS sum, never the RSS sum.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct TreeTotals {
     pub procs: u32,
     pub rss_bytes: u64,
@@ -111,6 +127,7 @@ pub fn role_totals(procs: &[ProcSample]) -> Vec<RoleTotals> {
 
 /// Machine-wide memory.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SystemSample {
     pub mem_total_bytes: u64,
     pub mem_available_bytes: u64,
@@ -127,10 +144,13 @@ pub struct SystemSample {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CgroupSample {
     /// 1 or 2.
+    #[serde(default)]
     pub version: u8,
     /// The job's cgroup, relative to the hierarchy root (`/a/b`).
+    #[serde(default)]
     pub path: String,
     /// Raw usage of the job's cgroup (includes page cache).
+    #[serde(default)]
     pub usage_bytes: u64,
     /// The tightest limit of the cgroup and its ancestors; null when none.
     pub limit_bytes: Option<u64>,
@@ -159,6 +179,7 @@ pub struct Psi {
 
 /// One GPU at one tick (NVML).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuSample {
     pub index: u32,
     pub name: String,

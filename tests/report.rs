@@ -858,3 +858,66 @@ fn a_line_without_a_schema_is_skipped_with_a_warning_not_the_whole_log() {
     );
     assert!(!out.stdout.is_empty());
 }
+
+/// A real run of a job that prints its progress (`Epoch [e/2], Step
+/// [i/20]`): the report's timeline has a step axis whose ticks name steps
+/// the job printed, and marks where epoch 2 began.
+#[test]
+fn a_real_run_with_progress_gets_a_step_axis_with_epoch_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let html = dir.path().join("run.html");
+    let job = r#"for e in 1 2; do for i in $(seq 1 20); do echo "Epoch [$e/2], Step [$i/20], Loss: 0.5"; sleep 0.05; done; done"#;
+    let run = Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .args(["run", "--interval", "100ms", "--log"])
+        .arg(&log)
+        .args(["--", "bash", "-c", job])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_oomguard"))
+        .arg("report")
+        .arg(&log)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains(r#"class="step-axis""#), "no step axis");
+    let steps: Vec<u64> = page
+        .split(r#"class="step-tick""#)
+        .skip(1)
+        .map(|s| {
+            let v = s.split("data-step=\"").nth(1).unwrap();
+            v[..v.find('"').unwrap()].parse().unwrap()
+        })
+        .collect();
+    assert!(steps.len() >= 2, "{steps:?}");
+    assert!(steps.iter().all(|s| (1..=20).contains(s)), "{steps:?}");
+    // The run's log says when epoch 2 was first printed; the axis marks it.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let first_epoch_2 = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["progress"]["epoch"] == "2")
+        .map(|v| v["t"].as_f64().unwrap())
+        .expect("the log carries epoch 2");
+    assert!(
+        page.contains(&format!(
+            r#"class="epoch-start" data-t="{first_epoch_2:.3}""#
+        )),
+        "no epoch start at {first_epoch_2}"
+    );
+    assert!(page.contains(">epoch 2</text>"));
+}

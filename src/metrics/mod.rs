@@ -402,137 +402,25 @@ impl Builder<'_> {
 
 impl State {
     fn families(&self) -> Vec<Family> {
-        use Kind::{Counter, Gauge};
         let mut b = Builder {
             constant: &self.constant,
             families: Vec::with_capacity(24),
         };
         let t = self.tick.as_ref();
-        let int = |x: u64| Some(Value::Int(x));
+        tree_families(&mut b, t);
+        machine_families(&mut b, t);
+        gpu_families(&mut b, t);
+        self.run_families(&mut b);
+        let mut families = b.families;
+        families.sort_by_key(|f| f.name);
+        families
+    }
 
-        b.one(
-            "oomguard_tree_pss_bytes",
-            Gauge,
-            "Proportional set size summed over the job's process tree: its memory footprint.",
-            t.and_then(|t| int(t.tree_pss)),
-        );
-        b.one(
-            "oomguard_tree_rss_bytes",
-            Gauge,
-            "Resident set size summed over the job's process tree (double-counts pages shared by forked workers).",
-            t.and_then(|t| int(t.tree_rss)),
-        );
-        b.one(
-            "oomguard_tree_uss_bytes",
-            Gauge,
-            "Unique (private) set size summed over the job's process tree.",
-            t.and_then(|t| int(t.tree_uss)),
-        );
-        b.one(
-            "oomguard_tree_swap_bytes",
-            Gauge,
-            "Swap used by the job's process tree (proportional share).",
-            t.and_then(|t| int(t.tree_swap)),
-        );
-        b.many(
-            "oomguard_role_pss_bytes",
-            Gauge,
-            "Proportional set size of the job's processes by role (launcher, trainer, worker, other).",
-            t.map(|t| {
-                t.role_pss
-                    .iter()
-                    .map(|(r, v)| (vec![("role", r.as_str().to_string())], Value::Int(*v)))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        );
-        b.one(
-            "oomguard_headroom_bytes",
-            Gauge,
-            "How much more the job can grow before its nearest ceiling.",
-            t.and_then(|t| t.headroom).map(Value::Int),
-        );
-        b.many(
-            "oomguard_ceiling_bytes",
-            Gauge,
-            "Limits the job must stay under, by source (cgroup, budget, system).",
-            t.map(|t| {
-                t.ceilings
-                    .iter()
-                    .map(|(s, v)| (vec![("source", (*s).to_string())], Value::Int(*v)))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        );
-        b.one(
-            "oomguard_eta_seconds",
-            Gauge,
-            "Predicted seconds until headroom reaches zero at the current growth; absent when not growing.",
-            t.and_then(|t| t.eta)
-                .map(|e| Value::Float((e * 1000.0).round() / 1000.0)),
-        );
-        b.one(
-            "oomguard_cgroup_memory_usage_bytes",
-            Gauge,
-            "Memory usage of the job's cgroup, page cache included.",
-            t.and_then(|t| t.cgroup_usage).map(Value::Int),
-        );
-        b.one(
-            "oomguard_cgroup_oom_kills_total",
-            Counter,
-            "Processes the kernel OOM killer killed in the job's cgroup.",
-            t.and_then(|t| t.cgroup_oom_kills).map(Value::Int),
-        );
-        b.one(
-            "oomguard_system_memory_available_bytes",
-            Gauge,
-            "MemAvailable of the machine.",
-            t.and_then(|t| t.system).map(|s| Value::Int(s.0)),
-        );
-        b.one(
-            "oomguard_swap_used_bytes",
-            Gauge,
-            "Swap used on the machine.",
-            t.and_then(|t| t.system).map(|s| Value::Int(s.1)),
-        );
-        b.one(
-            "oomguard_pressure_memory_some_avg10",
-            Gauge,
-            "Memory pressure: percent of the last 10 s some tasks stalled on memory.",
-            t.and_then(|t| t.psi).map(|p| Value::Float(p.0)),
-        );
-        b.one(
-            "oomguard_pressure_memory_full_avg10",
-            Gauge,
-            "Memory pressure: percent of the last 10 s all tasks stalled on memory.",
-            t.and_then(|t| t.psi).map(|p| Value::Float(p.1)),
-        );
-        let gpu = |pick: fn(&(u32, String, u64, u64)) -> u64| {
-            t.map(|t| {
-                t.gpus
-                    .iter()
-                    .map(|g| {
-                        (
-                            vec![("gpu", g.0.to_string()), ("uuid", g.1.clone())],
-                            Value::Int(pick(g)),
-                        )
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default()
-        };
-        b.many(
-            "oomguard_gpu_memory_used_bytes",
-            Gauge,
-            "GPU memory in use on the device (all processes).",
-            gpu(|g| g.2),
-        );
-        b.many(
-            "oomguard_gpu_memory_total_bytes",
-            Gauge,
-            "GPU memory of the device.",
-            gpu(|g| g.3),
-        );
+    /// What oomguard did and where the job is: actions, restarts, pause,
+    /// progress, version.
+    fn run_families(&self, b: &mut Builder<'_>) {
+        use Kind::{Counter, Gauge};
+        let int = |x: u64| Some(Value::Int(x));
         b.many(
             "oomguard_actions_total",
             Counter,
@@ -572,10 +460,146 @@ impl State {
             "oomguard's version; always 1.",
             vec![(vec![("version", self.version.clone())], Value::Int(1))],
         );
-        let mut families = b.families;
-        families.sort_by_key(|f| f.name);
-        families
     }
+}
+
+/// The job's tree: sums, roles, headroom, ceilings, ETA.
+fn tree_families(b: &mut Builder<'_>, t: Option<&Tick>) {
+    use Kind::Gauge;
+    let int = |x: u64| Some(Value::Int(x));
+    b.one(
+        "oomguard_tree_pss_bytes",
+        Gauge,
+        "Proportional set size summed over the job's process tree: its memory footprint.",
+        t.and_then(|t| int(t.tree_pss)),
+    );
+    b.one(
+            "oomguard_tree_rss_bytes",
+            Gauge,
+            "Resident set size summed over the job's process tree (double-counts pages shared by forked workers).",
+            t.and_then(|t| int(t.tree_rss)),
+        );
+    b.one(
+        "oomguard_tree_uss_bytes",
+        Gauge,
+        "Unique (private) set size summed over the job's process tree.",
+        t.and_then(|t| int(t.tree_uss)),
+    );
+    b.one(
+        "oomguard_tree_swap_bytes",
+        Gauge,
+        "Swap used by the job's process tree (proportional share).",
+        t.and_then(|t| int(t.tree_swap)),
+    );
+    b.many(
+        "oomguard_role_pss_bytes",
+        Gauge,
+        "Proportional set size of the job's processes by role (launcher, trainer, worker, other).",
+        t.map(|t| {
+            t.role_pss
+                .iter()
+                .map(|(r, v)| (vec![("role", r.as_str().to_string())], Value::Int(*v)))
+                .collect()
+        })
+        .unwrap_or_default(),
+    );
+    b.one(
+        "oomguard_headroom_bytes",
+        Gauge,
+        "How much more the job can grow before its nearest ceiling.",
+        t.and_then(|t| t.headroom).map(Value::Int),
+    );
+    b.many(
+        "oomguard_ceiling_bytes",
+        Gauge,
+        "Limits the job must stay under, by source (cgroup, budget, system).",
+        t.map(|t| {
+            t.ceilings
+                .iter()
+                .map(|(s, v)| (vec![("source", (*s).to_string())], Value::Int(*v)))
+                .collect()
+        })
+        .unwrap_or_default(),
+    );
+    b.one(
+            "oomguard_eta_seconds",
+            Gauge,
+            "Predicted seconds until headroom reaches zero at the current growth; absent when not growing.",
+            t.and_then(|t| t.eta)
+                .map(|e| Value::Float((e * 1000.0).round() / 1000.0)),
+        );
+}
+
+/// The job's cgroup, the machine's memory and pressure.
+fn machine_families(b: &mut Builder<'_>, t: Option<&Tick>) {
+    use Kind::{Counter, Gauge};
+    b.one(
+        "oomguard_cgroup_memory_usage_bytes",
+        Gauge,
+        "Memory usage of the job's cgroup, page cache included.",
+        t.and_then(|t| t.cgroup_usage).map(Value::Int),
+    );
+    b.one(
+        "oomguard_cgroup_oom_kills_total",
+        Counter,
+        "Processes the kernel OOM killer killed in the job's cgroup.",
+        t.and_then(|t| t.cgroup_oom_kills).map(Value::Int),
+    );
+    b.one(
+        "oomguard_system_memory_available_bytes",
+        Gauge,
+        "MemAvailable of the machine.",
+        t.and_then(|t| t.system).map(|s| Value::Int(s.0)),
+    );
+    b.one(
+        "oomguard_swap_used_bytes",
+        Gauge,
+        "Swap used on the machine.",
+        t.and_then(|t| t.system).map(|s| Value::Int(s.1)),
+    );
+    b.one(
+        "oomguard_pressure_memory_some_avg10",
+        Gauge,
+        "Memory pressure: percent of the last 10 s some tasks stalled on memory.",
+        t.and_then(|t| t.psi).map(|p| Value::Float(p.0)),
+    );
+    b.one(
+        "oomguard_pressure_memory_full_avg10",
+        Gauge,
+        "Memory pressure: percent of the last 10 s all tasks stalled on memory.",
+        t.and_then(|t| t.psi).map(|p| Value::Float(p.1)),
+    );
+}
+
+/// Each GPU's memory.
+fn gpu_families(b: &mut Builder<'_>, t: Option<&Tick>) {
+    use Kind::Gauge;
+    let gpu = |pick: fn(&(u32, String, u64, u64)) -> u64| {
+        t.map(|t| {
+            t.gpus
+                .iter()
+                .map(|g| {
+                    (
+                        vec![("gpu", g.0.to_string()), ("uuid", g.1.clone())],
+                        Value::Int(pick(g)),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default()
+    };
+    b.many(
+        "oomguard_gpu_memory_used_bytes",
+        Gauge,
+        "GPU memory in use on the device (all processes).",
+        gpu(|g| g.2),
+    );
+    b.many(
+        "oomguard_gpu_memory_total_bytes",
+        Gauge,
+        "GPU memory of the device.",
+        gpu(|g| g.3),
+    );
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::forensics::progress;
-use crate::forensics::torch::{self, MAX_LINE_BYTES, TorchEvent, TorchScanner};
+use crate::forensics::torch::{MAX_LINE_BYTES, TorchEvent, TorchScanner};
 use crate::pty::{self, PtyError};
 
 /// Bytes queued for one destination before its channel is no longer read
@@ -1283,72 +1283,6 @@ fn keep_event(events: &mut Vec<TorchEvent>, event: TorchEvent, dropped: &mut u64
     }
 }
 
-/// The NDJSON log line for a recognised event: its name (`cuda_oom`,
-/// `worker_died`) and body, advice included. `host_memory_critical` says
-/// whether host or cgroup memory was near its ceiling when the event came
-/// (it is what tells the kernel OOM killer apart from another SIGKILL).
-/// `None` for progress updates (they ride on other lines as `progress`).
-pub fn log_record(
-    event: &TorchEvent,
-    host_memory_critical: bool,
-) -> Option<(&'static str, serde_json::Value)> {
-    match event {
-        TorchEvent::CudaOom(e) => Some((
-            "cuda_oom",
-            serde_json::json!({
-                "device": e.device,
-                "tried_bytes": e.tried_bytes,
-                "total_bytes": e.total_bytes,
-                "free_bytes": e.free_bytes,
-                "allocated_bytes": e.allocated_bytes,
-                "reserved_unallocated_bytes": e.reserved_unallocated_bytes,
-                "reserved_bytes": e.reserved_bytes,
-                "process_bytes": e.process_bytes,
-                "pid": e.pid,
-                "fragmentation": torch::is_fragmentation(e),
-                "advice": torch::cuda_oom_advice(e),
-                "message": e.message,
-            }),
-        )),
-        TorchEvent::WorkerDied(e) => Some((
-            "worker_died",
-            serde_json::json!({
-                "pid": e.pid,
-                "pids": e.pids,
-                "signal": e.signal,
-                "exit_code": e.exit_code,
-                "shm_hint": e.shm_hint,
-                "advice": torch::worker_died_advice(e, host_memory_critical),
-                "message": e.message,
-            }),
-        )),
-        TorchEvent::RankFailed(e) => {
-            // The rank that failed, not the siblings torchrun tore down.
-            let f = e
-                .failures
-                .iter()
-                .find(|f| f.root_cause)
-                .or_else(|| e.failures.first())?;
-            Some((
-                "rank_failed",
-                serde_json::json!({
-                    "rank": f.rank,
-                    "local_rank": f.local_rank,
-                    "pid": f.pid,
-                    "exit_code": f.exitcode,
-                    "signal": f.signal,
-                    "host": f.host,
-                    "script": e.script,
-                    "oom_killed": false,
-                    "advice": torch::rank_failed_advice(e, host_memory_critical),
-                    "message": e.message,
-                }),
-            ))
-        }
-        TorchEvent::Progress(_) => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1547,34 +1481,6 @@ mod tests {
         assert_eq!(st.dropped_bytes, 11, "{st:?}");
         let e = sink.take_error().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
-    }
-
-    #[test]
-    fn log_records_carry_the_figures_and_advice() {
-        let mut s = OutputScanner::new();
-        s.feed(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated.\n");
-        s.feed(format!("{}\n", died(4)).as_bytes());
-        s.finish();
-        let events = s.take_events();
-        let (name, oom) = log_record(&events[0], false).unwrap();
-        assert_eq!(name, "cuda_oom");
-        assert_eq!(oom["device"], 0);
-        assert_eq!(oom["tried_bytes"], 22 << 20);
-        assert_eq!(oom["fragmentation"], true);
-        assert!(oom["pid"].is_null());
-        assert!(
-            oom["advice"][0]
-                .as_str()
-                .unwrap()
-                .contains("expandable_segments:True")
-        );
-        let (name, w) = log_record(&events[1], true).unwrap();
-        assert_eq!(name, "worker_died");
-        assert_eq!(w["pid"], 4);
-        assert_eq!(w["signal"], "SIGKILL");
-        assert!(w["exit_code"].is_null());
-        assert_eq!(w["shm_hint"], false);
-        assert!(w["advice"].as_array().is_some_and(|a| !a.is_empty()));
     }
 
     #[test]

@@ -239,6 +239,8 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     let mut out = Vec::new();
     oom_kills(log, &mut out);
     progress(log, &mut out);
+    failed_ranks(log, &mut out);
+    phase_memory(log, &mut out);
     cuda_ooms(log, &mut out);
     worker_deaths(log, &mut out);
     what_oomguard_did(log, &mut out);
@@ -307,6 +309,87 @@ fn progress(log: &RunLog, out: &mut Vec<Finding>) {
             numbers: Vec::new(),
         });
     }
+}
+
+/// torchrun's failed rank, tied to the kernel's kill of the same pid when
+/// the log has one.
+fn failed_ranks(log: &RunLog, out: &mut Vec<Finding>) {
+    for e in &log.events {
+        let EventKind::RankFailed(r) = &e.kind else {
+            continue;
+        };
+        let mut numbers = vec![Cited::seconds("t_seconds", "time of the failure", e.t)];
+        if let Some(rank) = r.rank {
+            numbers.push(Cited::count("rank", "global rank", u64::from(rank)));
+        }
+        let advice = if r.oom_killed {
+            "torchrun reported the rank's failure and the kernel's report names the same \
+             process: the rank died of memory, and torchrun then stopped its siblings. \
+             See the OOM kill finding for what held the memory."
+                .to_string()
+        } else {
+            let said: Vec<&str> = r.advice.iter().map(String::as_str).collect();
+            if said.is_empty() {
+                "torchrun stopped every other rank after this one failed: look at this \
+                 rank's own output for the cause."
+                    .to_string()
+            } else {
+                said.join(" ")
+            }
+        };
+        out.push(Finding {
+            kind: "rank_failed",
+            severity: if r.oom_killed {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
+            title: format!("{} at {}", capitalised(&r.describe()), time_text(e.t)),
+            advice,
+            numbers,
+        });
+    }
+}
+
+/// A phase (validation, testing) that added memory sharply.
+fn phase_memory(log: &RunLog, out: &mut Vec<Finding>) {
+    for e in &log.events {
+        let EventKind::PhaseMemory(p) = &e.kind else {
+            continue;
+        };
+        let epoch = p
+            .epoch
+            .as_ref()
+            .map_or(String::new(), |ep| format!(" in epoch {ep}"));
+        out.push(Finding {
+            kind: "phase_memory",
+            severity: Severity::Warning,
+            title: format!(
+                "{} adds {}{epoch}",
+                capitalised(p.phase.as_str()),
+                HumanBytes(p.added_bytes)
+            ),
+            advice: if p.advice.is_empty() {
+                "Memory that a phase adds and keeps is usually outputs or predictions \
+                 being accumulated on the GPU or in a list."
+                    .to_string()
+            } else {
+                p.advice.clone()
+            },
+            numbers: vec![
+                Cited::seconds("t_seconds", "when it was flagged", e.t),
+                Cited::bytes("before_bytes", "usage when the phase began", p.before_bytes),
+                Cited::bytes("added_bytes", "added during the phase", p.added_bytes),
+            ],
+        });
+    }
+}
+
+fn capitalised(s: &str) -> String {
+    let mut c = s.chars();
+    c.next().map_or_else(String::new, |f| {
+        f.to_uppercase().collect::<String>() + c.as_str()
+    })
 }
 
 fn oom_kills(log: &RunLog, out: &mut Vec<Finding>) {
@@ -503,6 +586,91 @@ fn worker_deaths(log: &RunLog, out: &mut Vec<Finding>) {
     }
 }
 
+/// The actions that end or hold a job (a warning is not one).
+fn decisive(action: &str) -> bool {
+    matches!(action, "stop" | "pause" | "kill" | "restart")
+}
+
+/// The figures behind what oomguard did: least headroom, firings, actions.
+fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) -> Vec<Cited> {
+    let min_headroom = log
+        .samples
+        .iter()
+        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let mut numbers = Vec::new();
+    if let Some((p, t)) = min_headroom {
+        numbers.push(Cited::percent(
+            "min_headroom_percent",
+            "least headroom left",
+            p,
+        ));
+        numbers.push(Cited::seconds(
+            "min_headroom_t_seconds",
+            "least headroom at",
+            t,
+        ));
+    }
+    numbers.push(Cited::count("rules_fired", "rule firings", firings as u64));
+    numbers.push(Cited::count("actions", "actions taken", actions as u64));
+    if restarts > 0 {
+        numbers.push(Cited::count("restarts", "restarts", restarts as u64));
+    }
+    numbers
+}
+
+/// Why the kernel still killed: title and advice of `not_prevented`.
+fn not_prevented(
+    actions: &[(f64, &str, Option<&str>)],
+    no_firings: bool,
+    first_kill: Option<f64>,
+    rules: Option<usize>,
+    did: &str,
+    numbers: &mut Vec<Cited>,
+) -> (String, String) {
+    let before: Vec<_> = actions
+        .iter()
+        .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
+        .collect();
+    if let Some((t, a, _)) = before.first() {
+        let lead = first_kill.map(|k| k - t);
+        if let Some(lead) = lead {
+            numbers.push(Cited::seconds(
+                "action_lead_seconds",
+                "action before the kill",
+                lead,
+            ));
+        }
+        (
+            "oomguard acted, but the kernel killed first".to_string(),
+            format!(
+                "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
+                time_text(*t),
+                lead.map_or_else(|| "too little time".to_string(), time_text),
+            ),
+        )
+    } else if rules == Some(0) {
+        (
+            "No policy was active: oomguard only observed".to_string(),
+            "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
+        )
+    } else if no_firings {
+        (
+            "No rule fired before the kernel killed".to_string(),
+            format!(
+                "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
+            ),
+        )
+    } else {
+        (
+            "Rules fired but took no decisive action before the kill".to_string(),
+            format!(
+                "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
+            ),
+        )
+    }
+}
+
 fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     let kills: Vec<f64> = log
         .events
@@ -541,82 +709,18 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
             _ => {}
         }
     }
-    let decisive = |a: &str| matches!(a, "stop" | "pause" | "kill" | "restart");
-    let min_headroom = log
-        .samples
-        .iter()
-        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    let mut numbers = Vec::new();
-    if let Some((p, t)) = min_headroom {
-        numbers.push(Cited::percent(
-            "min_headroom_percent",
-            "least headroom left",
-            p,
-        ));
-        numbers.push(Cited::seconds(
-            "min_headroom_t_seconds",
-            "least headroom at",
-            t,
-        ));
-    }
-    numbers.push(Cited::count(
-        "rules_fired",
-        "rule firings",
-        firings.len() as u64,
-    ));
-    numbers.push(Cited::count(
-        "actions",
-        "actions taken",
-        actions.len() as u64,
-    ));
-    if !restarts.is_empty() {
-        numbers.push(Cited::count("restarts", "restarts", restarts.len() as u64));
-    }
+    let mut numbers = did_numbers(log, firings.len(), actions.len(), restarts.len());
     let did = describe_actions(&actions, &restarts);
-    let rules = log.start.as_ref().map(|s| s.rules.len());
     if oom_killed {
-        let before: Vec<_> = actions
-            .iter()
-            .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
-            .collect();
-        let (title, advice) = if let Some((t, a, _)) = before.first() {
-            let lead = first_kill.map(|k| k - t);
-            if let Some(lead) = lead {
-                numbers.push(Cited::seconds(
-                    "action_lead_seconds",
-                    "action before the kill",
-                    lead,
-                ));
-            }
-            (
-                "oomguard acted, but the kernel killed first".to_string(),
-                format!(
-                    "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
-                    time_text(*t),
-                    lead.map_or_else(|| "too little time".to_string(), time_text),
-                ),
-            )
-        } else if rules == Some(0) {
-            (
-                "No policy was active: oomguard only observed".to_string(),
-                "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
-            )
-        } else if firings.is_empty() {
-            (
-                "No rule fired before the kernel killed".to_string(),
-                format!(
-                    "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
-                ),
-            )
-        } else {
-            (
-                "Rules fired but took no decisive action before the kill".to_string(),
-                format!(
-                    "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
-                ),
-            )
-        };
+        let rules = log.start.as_ref().map(|s| s.rules.len());
+        let (title, advice) = not_prevented(
+            &actions,
+            firings.is_empty(),
+            first_kill,
+            rules,
+            &did,
+            &mut numbers,
+        );
         out.push(Finding {
             kind: "not_prevented",
             severity: Severity::Critical,
@@ -1394,6 +1498,83 @@ mod tests {
         assert!(
             titles.contains(&"attempt 2 resumed at step 500: 33 steps recomputed"),
             "{titles:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_rank_is_tied_to_the_oom_kill_of_its_pid_and_a_phase_flag_is_shown() {
+        let e = |event: &str, t: u32, body: &str| {
+            format!(r#"{{{ENV},"event":"{event}","t":{t},"attempt":1,{body}}}"#)
+        };
+        let log = load(&workers_log(
+            2,
+            10,
+            0,
+            3,
+            &[
+                e(
+                    "phase_memory",
+                    4,
+                    r#""phase":"validation","epoch":"2","before_bytes":3221225472,"added_bytes":838860800,"advice":"validation adds 800 MiB: are predictions or outputs being accumulated?""#,
+                ),
+                // torchrun's message comes before oomguard reads the
+                // kernel's report: the tie is made on the whole log.
+                e(
+                    "rank_failed",
+                    5,
+                    r#""rank":1,"local_rank":1,"pid":4242,"exit_code":-9,"signal":"SIGKILL","oom_killed":false,"advice":[]"#,
+                ),
+                e(
+                    "rank_failed",
+                    5,
+                    r#""rank":3,"pid":77,"exit_code":1,"advice":["look at rank 3's traceback"]"#,
+                ),
+                e(
+                    "oom_kill",
+                    6,
+                    r#""pid":4242,"comm":"python","role":"trainer","anon_rss_bytes":1073741824"#,
+                ),
+            ],
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let titles: Vec<_> = f.iter().map(|f| f.title.as_str()).collect();
+        assert!(
+            titles.contains(&"Rank 1 (pid 4242) was killed by the kernel OOM killer at 5.0s"),
+            "{titles:?}"
+        );
+        let other = f.iter().find(|f| f.title.starts_with("Rank 3")).unwrap();
+        assert_eq!(other.severity, Severity::Warning);
+        assert!(
+            other.title.contains("failed with exit code 1"),
+            "{}",
+            other.title
+        );
+        assert_eq!(other.advice, "look at rank 3's traceback");
+        let phase = f.iter().find(|f| f.kind == "phase_memory").unwrap();
+        assert_eq!(phase.title, "Validation adds 800 MiB in epoch 2");
+        assert!(phase.advice.contains("accumulated"), "{}", phase.advice);
+
+        let text = crate::report::text::render_text(&log, &f);
+        assert!(
+            text.contains("rank 1 (pid 4242) was killed by the kernel OOM killer"),
+            "{text}"
+        );
+        assert!(
+            text.contains("validation adds 800 MiB (epoch 2, from 3.0 GiB)"),
+            "{text}"
+        );
+        let html = crate::report::html::render_html(&log, &f);
+        assert!(html.contains("Rank 1 (pid 4242) was killed by the kernel OOM killer"));
+        assert!(html.contains("Validation adds 800 MiB in epoch 2"));
+        let svg = crate::report::svg::timeline(&log);
+        assert!(
+            svg.contains(r#"data-event="rank_failed""#),
+            "no rank marker"
+        );
+        assert!(
+            svg.contains(r#"data-event="phase_memory""#),
+            "no phase marker"
         );
     }
 

@@ -3,7 +3,9 @@
 //!
 //! Tolerant by design, because the log is written by a process that may be
 //! killed at any moment and by versions of oomguard that add fields: unknown
-//! fields and unknown events are ignored, missing fields are `None`, a line
+//! fields and unknown events are ignored, missing fields are `None` (every
+//! line is read through its type in `crate::log`, the same type that writes
+//! it; a field of the wrong type reads as absent), a line
 //! that is not JSON (typically the last one, cut short), or a JSON line with
 //! no `"schema"` string (a stray line from another tool, an edit by hand),
 //! is skipped with a warning. Only a line that names another schema, or a
@@ -12,12 +14,17 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::ReportError;
-use crate::log::SCHEMA;
-use crate::model::Role;
+use crate::forensics::progress::Progress;
+use crate::log::{
+    ActionEvent, ChildExit, CudaOomEvent, LineHead, LineProcs, OomKillEvent, PhaseMemoryEvent,
+    PolicyInfo, RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
+    WorkerDiedEvent,
+};
+use crate::model::{Ceiling, ProcSample, Role, SystemSample};
 
 /// Everything a report needs from one log.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -225,6 +232,10 @@ pub enum EventKind {
         exit_code: Option<i64>,
         shm_hint: bool,
     },
+    /// A torchrun rank failed (the failed rank only).
+    RankFailed(RankFailedEvent),
+    /// A training phase changed memory sharply.
+    PhaseMemory(PhaseMemoryEvent),
 }
 
 impl EventKind {
@@ -238,6 +249,8 @@ impl EventKind {
             EventKind::OomKill { .. } => "oom_kill",
             EventKind::CudaOom { .. } => "cuda_oom",
             EventKind::WorkerDied { .. } => "worker_died",
+            EventKind::RankFailed(_) => "rank_failed",
+            EventKind::PhaseMemory(_) => "phase_memory",
         }
     }
 
@@ -300,200 +313,303 @@ pub struct Attempt {
 /// its clock per attempt); then the attempt is shifted to follow on, so the
 /// timeline never runs backwards.
 pub fn load(text: &str) -> Result<RunLog, ReportError> {
-    let mut log = RunLog::default();
-    let mut clock = Clock::default();
-    let mut parsed_any = false;
-    let mut first_foreign = None;
+    let mut r = Reader::default();
     let lines: Vec<&str> = text.lines().collect();
     let last_nonblank = lines.iter().rposition(|l| !l.trim().is_empty());
-    let mut seq = 0;
     for (i, raw) in lines.iter().enumerate() {
-        let n = i + 1;
         let raw = raw.trim();
-        if raw.is_empty() {
-            continue;
+        if !raw.is_empty() {
+            r.line(i + 1, raw, Some(i) == last_nonblank)?;
         }
-        let obj = match serde_json::from_str::<Value>(raw) {
-            Ok(Value::Object(obj)) => obj,
-            Ok(_) => {
-                log.warnings
-                    .push(format!("line {n}: not a JSON object, skipped"));
-                continue;
-            }
-            Err(e) => {
-                if Some(i) == last_nonblank {
-                    log.warnings.push(format!(
-                        "line {n}: incomplete last line skipped (the log was cut short: {e})"
-                    ));
-                } else {
-                    log.warnings
-                        .push(format!("line {n}: not valid JSON, skipped ({e})"));
-                }
-                continue;
-            }
+    }
+    if !r.parsed_any {
+        return Err(match r.first_foreign {
+            Some(line) => ReportError::NotALog { line },
+            None => ReportError::Empty,
+        });
+    }
+    let mut log = r.log;
+    tie_ranks_to_oom_kills(&mut log);
+    log.attempts = attempts(&log);
+    Ok(log)
+}
+
+/// A failed rank whose pid the kernel OOM killer took: said so on the
+/// rank's event, wherever the two lines are in the log (torchrun may
+/// report the failure before oomguard reads the kernel's report).
+fn tie_ranks_to_oom_kills(log: &mut RunLog) {
+    let killed: Vec<u32> = log
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::OomKill { pid, .. } => pid,
+            _ => None,
+        })
+        .collect();
+    for e in &mut log.events {
+        if let EventKind::RankFailed(r) = &mut e.kind
+            && r.pid.is_some_and(|p| killed.contains(&p))
+        {
+            r.tie_to_oom_kill();
+        }
+    }
+}
+
+/// The state of a [`load`] between lines.
+#[derive(Default)]
+struct Reader {
+    log: RunLog,
+    clock: Clock,
+    parsed_any: bool,
+    first_foreign: Option<usize>,
+    /// The last marker number given.
+    seq: usize,
+}
+
+impl Reader {
+    /// Takes line `n`; `last` when no other line follows it.
+    fn line(&mut self, n: usize, raw: &str, last: bool) -> Result<(), ReportError> {
+        let Some((value, head)) = self.envelope(n, raw, last)? else {
+            return Ok(());
         };
-        match obj.get("schema") {
-            Some(Value::String(s)) if s == SCHEMA => {}
-            Some(other @ Value::String(_)) => {
-                return Err(ReportError::Schema {
-                    line: n,
-                    found: match other {
-                        Value::String(s) => s.clone(),
-                        v => v.to_string(),
-                    },
-                });
-            }
-            Some(_) | None => {
-                first_foreign.get_or_insert(n);
-                log.warnings
-                    .push(format!("line {n}: no \"schema\" string, skipped"));
-                continue;
-            }
-        }
-        parsed_any = true;
-        let Some(event) = str_of(&obj, "event") else {
-            log.warnings
+        self.parsed_any = true;
+        let Some(event) = head.event.clone() else {
+            self.log
+                .warnings
                 .push(format!("line {n}: no \"event\" field, skipped"));
-            continue;
+            return Ok(());
         };
-        let attempt = u64_of(&obj, "attempt").map_or(clock.attempt.max(1), |a| {
+        let attempt = head.attempt.map_or(self.clock.attempt.max(1), |a| {
             u32::try_from(a).unwrap_or(u32::MAX).max(1)
         });
         // A restart line may carry the attempt it starts (its body's
         // `attempt` overrides the envelope's) while stamped on the old
         // attempt's clock: it does not move the clock to the new attempt.
         let t = if event == "restart" {
-            clock.place(clock.attempt.max(1), f64_of(&obj, "t"))
+            self.clock.place(self.clock.attempt.max(1), head.t)
         } else {
-            clock.place(attempt, f64_of(&obj, "t"))
+            self.clock.place(attempt, head.t)
         };
-        if let Some(Value::Object(p)) = obj.get("progress") {
-            log.progress.push(ProgressPoint {
-                t,
-                attempt,
-                event: event.to_string(),
-                step: u64_of(p, "step"),
-                total: u64_of(p, "total"),
-                epoch: p.get("epoch").and_then(|e| match e {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                }),
-                phase: str_of(p, "phase").map(str::to_string),
-                bytes_per_step: p.get("bytes_per_step").and_then(Value::as_i64),
-                ceiling_step: u64_of(p, "ceiling_step"),
-            });
+        if let Some(p) = &head.progress {
+            self.log
+                .progress
+                .push(progress_point(p, t, attempt, &event));
         }
-        if let Some(procs) = obj.get("procs").and_then(Value::as_array) {
-            log.snapshots.push(Snapshot {
-                t,
-                attempt,
-                procs: procs.iter().filter_map(proc_point).collect(),
-            });
-        }
-        let kind = match event {
-            "run_start" => {
-                log.start = Some(start_info(&obj));
-                continue;
-            }
-            "sample" => {
-                let mut point = sample_point(&obj, t, attempt);
+        let procs = if event == "sample" {
+            None
+        } else {
+            LineProcs::deserialize(&value).unwrap_or_default().procs
+        };
+        self.snapshot(procs.as_deref(), t, attempt);
+        match event_kind(&event, &value, head.attempt) {
+            Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
+            Ok(Read::Sample(s)) => {
+                self.snapshot(s.procs.as_deref(), t, attempt);
+                let mut point = sample_point(&s, t, attempt);
                 // Per-GPU detail is written less often than the totals: a
                 // line without it carries the last one forward.
-                if !obj.contains_key("gpus")
-                    && let Some(prev) = log.samples.last()
+                if s.gpus.is_empty()
+                    && let Some(prev) = self.log.samples.last()
                 {
                     point.gpus = prev.gpus.clone();
                 }
-                log.samples.push(point);
-                continue;
+                self.log.samples.push(point);
             }
-            "run_end" => {
-                log.end = Some(end_info(&obj, t));
-                continue;
+            Ok(Read::End(e)) => self.log.end = Some(end_info(&e, t)),
+            Ok(Read::Event(kind)) => {
+                let seq = if kind.has_marker() {
+                    self.seq += 1;
+                    self.seq
+                } else {
+                    0
+                };
+                self.log.events.push(Event {
+                    seq,
+                    t,
+                    attempt,
+                    line: n,
+                    kind,
+                });
             }
-            "rule" => EventKind::Rule {
-                rule: string_or(&obj, "rule", "?"),
-                metric: string_of(&obj, "metric"),
-                value: f64_of(&obj, "value"),
-                threshold: f64_of(&obj, "threshold"),
-                state: string_or(&obj, "state", "firing"),
-            },
-            "action" => EventKind::Action {
-                action: string_or(&obj, "action", "?"),
-                reason: string_of(&obj, "reason"),
-                pids: obj
-                    .get("pids")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(as_u32).collect())
-                    .unwrap_or_default(),
-                signal: name_of(&obj, "signal"),
-                result: string_of(&obj, "result"),
-            },
-            "child_exit" => EventKind::ChildExit {
-                pid: obj.get("pid").and_then(as_u32),
-                code: i64_of(&obj, "code"),
-                signal: name_of(&obj, "signal"),
-            },
-            "restart" => EventKind::Restart {
-                next_attempt: obj.get("attempt").and_then(as_u32),
-                reason: string_of(&obj, "reason"),
-                checkpoint: string_of(&obj, "checkpoint"),
-                degraded: degraded(&obj),
-                delay_seconds: f64_of(&obj, "delay_seconds"),
-            },
-            "oom_kill" => EventKind::OomKill {
-                pid: obj.get("pid").and_then(as_u32),
-                comm: string_of(&obj, "comm"),
-                role: role_text(obj.get("role")),
-                anon_rss_bytes: u64_of(&obj, "anon_rss_bytes"),
-                constraint: string_of(&obj, "constraint"),
-            },
-            "cuda_oom" => EventKind::CudaOom {
-                device: obj.get("device").and_then(|v| match v {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                }),
-                pid: obj.get("pid").and_then(as_u32),
-                tried_bytes: u64_of(&obj, "tried_bytes"),
-                total_bytes: u64_of(&obj, "total_bytes"),
-                free_bytes: u64_of(&obj, "free_bytes"),
-                allocated_bytes: u64_of(&obj, "allocated_bytes"),
-                reserved_unallocated_bytes: u64_of(&obj, "reserved_unallocated_bytes"),
-                reserved_bytes: u64_of(&obj, "reserved_bytes"),
-                advice: string_of(&obj, "advice"),
-            },
-            "worker_died" => EventKind::WorkerDied {
-                pid: obj.get("pid").and_then(as_u32),
-                signal: name_of(&obj, "signal"),
-                exit_code: i64_of(&obj, "exit_code"),
-                shm_hint: obj
-                    .get("shm_hint")
-                    .is_some_and(|v| v.as_bool().unwrap_or(!v.is_null())),
-            },
-            // Events added later within oomguard/1: not ours to interpret.
-            _ => continue,
-        };
-        if kind.has_marker() {
-            seq += 1;
+            Ok(Read::Unknown) => {}
+            Err(e) => {
+                self.log
+                    .warnings
+                    .push(format!("line {n}: {event} not readable, skipped ({e})"));
+                if event == "run_end" {
+                    self.log.end = Some(EndInfo {
+                        t,
+                        ..EndInfo::default()
+                    });
+                }
+            }
         }
-        log.events.push(Event {
-            seq: if kind.has_marker() { seq } else { 0 },
-            t,
-            attempt,
-            line: n,
-            kind,
-        });
+        Ok(())
     }
-    if !parsed_any {
-        return Err(match first_foreign {
-            Some(line) => ReportError::NotALog { line },
-            None => ReportError::Empty,
-        });
+
+    fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32) {
+        if let Some(procs) = procs {
+            self.log.snapshots.push(Snapshot {
+                t,
+                attempt,
+                procs: procs.iter().map(proc_point).collect(),
+            });
+        }
     }
-    log.attempts = attempts(&log);
-    Ok(log)
+
+    /// The line as JSON and its envelope, or `None` (with a warning) when
+    /// it is not an oomguard line; an error when it names another schema.
+    fn envelope(
+        &mut self,
+        n: usize,
+        raw: &str,
+        last: bool,
+    ) -> Result<Option<(Value, LineHead)>, ReportError> {
+        let value = match serde_json::from_str::<Value>(raw) {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => {
+                self.log
+                    .warnings
+                    .push(format!("line {n}: not a JSON object, skipped"));
+                return Ok(None);
+            }
+            Err(e) => {
+                self.log.warnings.push(if last {
+                    format!("line {n}: incomplete last line skipped (the log was cut short: {e})")
+                } else {
+                    format!("line {n}: not valid JSON, skipped ({e})")
+                });
+                return Ok(None);
+            }
+        };
+        let head = LineHead::deserialize(&value).unwrap_or_default();
+        match &head.schema {
+            Some(Value::String(s)) if s == SCHEMA => Ok(Some((value, head))),
+            Some(Value::String(s)) => Err(ReportError::Schema {
+                line: n,
+                found: s.clone(),
+            }),
+            Some(_) | None => {
+                self.first_foreign.get_or_insert(n);
+                self.log
+                    .warnings
+                    .push(format!("line {n}: no \"schema\" string, skipped"));
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// What one line is, read through its type in `crate::log`.
+enum Read {
+    Start(Box<RunStart>),
+    Sample(Box<SampleEvent>),
+    End(Box<RunEnd>),
+    Event(EventKind),
+    /// An event added later within `oomguard/1`: not ours to interpret.
+    Unknown,
+}
+
+/// Reads the body of a line whose event is `event`. `attempt` is the
+/// line's `attempt`, which on a `restart` names the attempt that starts.
+fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serde_json::Error> {
+    Ok(Read::Event(match event {
+        "run_start" => return Ok(Read::Start(Box::new(RunStart::deserialize(v)?))),
+        "sample" => return Ok(Read::Sample(Box::new(SampleEvent::deserialize(v)?))),
+        "run_end" => return Ok(Read::End(Box::new(RunEnd::deserialize(v)?))),
+        "rule" => {
+            let r = RuleEvent::deserialize(v)?;
+            EventKind::Rule {
+                rule: nonempty(r.rule).unwrap_or_else(|| "?".into()),
+                metric: r.metric,
+                value: r.value.filter(|x| x.is_finite()),
+                threshold: r.threshold.filter(|x| x.is_finite()),
+                state: r.state,
+            }
+        }
+        "action" => {
+            let a = ActionEvent::deserialize(v)?;
+            EventKind::Action {
+                action: nonempty(a.action).unwrap_or_else(|| "?".into()),
+                reason: nonempty(a.reason),
+                pids: a.pids,
+                signal: a.signal,
+                result: nonempty(a.result),
+            }
+        }
+        "child_exit" => {
+            let c = ChildExit::deserialize(v)?;
+            EventKind::ChildExit {
+                pid: Some(c.pid).filter(|&p| p > 0),
+                code: c.code.map(i64::from),
+                signal: c.signal,
+            }
+        }
+        "restart" => {
+            let r = RestartEvent::deserialize(v)?;
+            EventKind::Restart {
+                next_attempt: attempt.and_then(|a| u32::try_from(a).ok()),
+                reason: r.reason,
+                checkpoint: r.checkpoint,
+                degraded: degraded(r.degraded),
+                delay_seconds: r.delay_seconds.filter(|x| x.is_finite()),
+            }
+        }
+        "oom_kill" => {
+            let k = OomKillEvent::deserialize(v)?;
+            EventKind::OomKill {
+                pid: k.pid,
+                comm: k.comm,
+                role: k.role,
+                anon_rss_bytes: k.anon_rss_bytes,
+                constraint: k.constraint,
+            }
+        }
+        "cuda_oom" => {
+            let c = CudaOomEvent::deserialize(v)?;
+            EventKind::CudaOom {
+                device: c.device.map(|d| d.to_string()),
+                pid: c.pid,
+                tried_bytes: c.tried_bytes,
+                total_bytes: c.total_bytes,
+                free_bytes: c.free_bytes,
+                allocated_bytes: c.allocated_bytes,
+                reserved_unallocated_bytes: c.reserved_unallocated_bytes,
+                reserved_bytes: c.reserved_bytes,
+                advice: c.advice.into_iter().next(),
+            }
+        }
+        "worker_died" => {
+            let w = WorkerDiedEvent::deserialize(v)?;
+            EventKind::WorkerDied {
+                pid: w.pid,
+                signal: w.signal,
+                exit_code: w.exit_code.map(i64::from),
+                shm_hint: w.shm_hint,
+            }
+        }
+        "rank_failed" => EventKind::RankFailed(RankFailedEvent::deserialize(v)?),
+        "phase_memory" => EventKind::PhaseMemory(PhaseMemoryEvent::deserialize(v)?),
+        _ => return Ok(Read::Unknown),
+    }))
+}
+
+fn nonempty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+fn progress_point(p: &Progress, t: f64, attempt: u32, event: &str) -> ProgressPoint {
+    ProgressPoint {
+        t,
+        attempt,
+        event: event.to_string(),
+        step: p.step,
+        total: p.total,
+        epoch: p.epoch.clone(),
+        phase: p.phase.map(|ph| ph.as_str().to_string()),
+        bytes_per_step: p.bytes_per_step,
+        ceiling_step: p.ceiling_step,
+    }
 }
 
 /// Places each line on one increasing time axis across attempts.
@@ -626,256 +742,140 @@ fn attempts(log: &RunLog) -> Vec<Attempt> {
     out.into_values().collect()
 }
 
-fn start_info(obj: &Map<String, Value>) -> StartInfo {
-    let policy = obj.get("policy");
-    let rules = policy
-        .and_then(|p| p.get("rules"))
-        .and_then(Value::as_array)
-        .map(|rules| {
-            rules
-                .iter()
-                .filter_map(Value::as_object)
-                .map(|r| PolicyRule {
-                    name: string_or(r, "name", ""),
-                    metric: string_or(r, "metric", ""),
-                    op: string_of(r, "op"),
-                    threshold: f64_of(r, "threshold"),
-                    unit: string_of(r, "unit"),
-                    for_seconds: f64_of(r, "for_seconds"),
-                    clear: f64_of(r, "clear"),
-                    action: string_or(r, "action", ""),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
+    let policy = PolicyInfo::deserialize(&s.policy).unwrap_or_default();
     StartInfo {
-        argv: obj
-            .get("argv")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
-                    .collect()
+        argv: s.argv,
+        pid: Some(u64::from(s.pid)).filter(|&p| p > 0),
+        ts,
+        ceilings: s.ceilings.iter().map(ceiling).collect(),
+        cgroup: s.cgroup.map(|c| (u64::from(c.version), c.path)),
+        rules: policy
+            .rules
+            .into_iter()
+            .map(|r| PolicyRule {
+                name: r.name,
+                metric: r.metric,
+                op: r.op,
+                threshold: r.threshold,
+                unit: r.unit,
+                for_seconds: r.for_seconds,
+                clear: r.clear,
+                action: r.action,
             })
-            .unwrap_or_default(),
-        pid: u64_of(obj, "pid"),
-        ts: string_of(obj, "ts"),
-        ceilings: obj
-            .get("ceilings")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(ceiling).collect())
-            .unwrap_or_default(),
-        cgroup: obj
-            .get("cgroup")
-            .and_then(Value::as_object)
-            .map(|c| (u64_of(c, "version").unwrap_or(0), string_or(c, "path", ""))),
-        rules,
-        gpu_available: obj
-            .get("gpu")
-            .and_then(|g| g.get("available"))
-            .and_then(Value::as_bool),
-        gpu_reason: obj
-            .get("gpu")
-            .and_then(|g| g.get("reason"))
-            .and_then(Value::as_str)
-            .map(str::to_string),
-        version: string_of(obj, "version"),
-        interval_seconds: f64_of(obj, "interval_seconds"),
+            .collect(),
+        gpu_available: Some(s.gpu.available),
+        gpu_reason: s.gpu.reason,
+        version: nonempty(s.version),
+        interval_seconds: Some(s.interval_seconds).filter(|&i| i > 0.0),
     }
 }
 
-fn sample_point(obj: &Map<String, Value>, t: f64, attempt: u32) -> SamplePoint {
-    let empty = Map::new();
-    let tree = obj.get("tree").and_then(Value::as_object).unwrap_or(&empty);
-    let system = obj
-        .get("system")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let cgroup = obj.get("cgroup").and_then(Value::as_object);
+fn sample_point(s: &SampleEvent, t: f64, attempt: u32) -> SamplePoint {
+    // A line without `system` reads as all zeros: the machine's figures
+    // are then unknown, not zero.
+    let sys = (s.system != SystemSample::default()).then_some(&s.system);
+    let cgroup = s.cgroup.as_ref();
     SamplePoint {
         t,
         attempt,
-        procs: u64_of(tree, "procs"),
-        pss_bytes: u64_of(tree, "pss_bytes").unwrap_or(0),
-        rss_bytes: u64_of(tree, "rss_bytes").unwrap_or(0),
-        uss_bytes: u64_of(tree, "uss_bytes").unwrap_or(0),
-        tree_swap_bytes: u64_of(tree, "swap_bytes").unwrap_or(0),
-        footprint_bytes: u64_of(tree, "footprint_bytes"),
-        headroom_bytes: u64_of(obj, "headroom_bytes"),
-        headroom_percent: f64_of(obj, "headroom_percent"),
-        ceiling: obj.get("ceiling").and_then(ceiling),
-        eta_seconds: f64_of(obj, "eta_seconds"),
-        mem_total_bytes: u64_of(system, "mem_total_bytes"),
-        mem_available_bytes: u64_of(system, "mem_available_bytes"),
-        swap_total_bytes: u64_of(system, "swap_total_bytes"),
-        swap_used_bytes: u64_of(system, "swap_used_bytes"),
-        swap_in_bytes_per_s: f64_of(system, "swap_in_bytes_per_s"),
-        swap_out_bytes_per_s: f64_of(system, "swap_out_bytes_per_s"),
-        cgroup_usage_bytes: cgroup.and_then(|c| u64_of(c, "usage_bytes")),
-        cgroup_limit_bytes: cgroup.and_then(|c| u64_of(c, "limit_bytes")),
-        oom_kill_count: cgroup.and_then(|c| u64_of(c, "oom_kill_count")),
-        role_pss: obj
-            .get("roles")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| {
-                        let r = r.as_object()?;
-                        Some((role_of(r.get("role")), u64_of(r, "pss_bytes")?))
-                    })
-                    .collect()
+        procs: Some(u64::from(s.tree.procs)).filter(|&p| p > 0),
+        pss_bytes: s.tree.pss_bytes,
+        rss_bytes: s.tree.rss_bytes,
+        uss_bytes: s.tree.uss_bytes,
+        tree_swap_bytes: s.tree.swap_bytes,
+        footprint_bytes: Some(s.tree.footprint_bytes).filter(|&f| f > 0),
+        headroom_bytes: s.headroom_bytes,
+        headroom_percent: s.headroom_percent.filter(|p| p.is_finite()),
+        ceiling: s.ceiling.as_ref().map(ceiling),
+        eta_seconds: s.eta_seconds.filter(|e| e.is_finite()),
+        mem_total_bytes: sys.map(|s| s.mem_total_bytes),
+        mem_available_bytes: sys.map(|s| s.mem_available_bytes),
+        swap_total_bytes: sys.map(|s| s.swap_total_bytes),
+        swap_used_bytes: sys.map(|s| s.swap_used_bytes),
+        swap_in_bytes_per_s: sys.map(|s| s.swap_in_bytes_per_s),
+        swap_out_bytes_per_s: sys.map(|s| s.swap_out_bytes_per_s),
+        cgroup_usage_bytes: cgroup.map(|c| c.usage_bytes),
+        cgroup_limit_bytes: cgroup.and_then(|c| c.limit_bytes),
+        oom_kill_count: cgroup.and_then(|c| c.oom_kill_count),
+        role_pss: s.roles.iter().map(|r| (r.role, r.pss_bytes)).collect(),
+        gpus: s
+            .gpus
+            .iter()
+            .map(|g| GpuPoint {
+                index: g.index,
+                name: nonempty(g.name.clone()).unwrap_or_else(|| "GPU".into()),
+                used_bytes: g.used_bytes,
+                total_bytes: g.total_bytes,
             })
-            .unwrap_or_default(),
-        gpus: obj
-            .get("gpus")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .enumerate()
-                    .filter_map(|(i, g)| {
-                        let g = g.as_object()?;
-                        Some(GpuPoint {
-                            index: g.get("index").and_then(as_u32).unwrap_or(i as u32),
-                            name: string_or(g, "name", "GPU"),
-                            used_bytes: u64_of(g, "used_bytes")?,
-                            total_bytes: u64_of(g, "total_bytes").unwrap_or(0),
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+            .collect(),
     }
 }
 
-fn end_info(obj: &Map<String, Value>, t: f64) -> EndInfo {
+fn end_info(e: &RunEnd, t: f64) -> EndInfo {
     EndInfo {
         t,
-        outcome: string_of(obj, "outcome"),
-        exit_code: i64_of(obj, "exit_code"),
-        peak: obj
-            .get("peak")
-            .and_then(Value::as_object)
-            .map(|p| PeakInfo {
-                tree_pss_bytes: u64_of(p, "tree_pss_bytes"),
-                tree_rss_bytes: u64_of(p, "tree_rss_bytes"),
-                swap_used_bytes: u64_of(p, "swap_used_bytes"),
-                gpu_used_bytes: u64_of(p, "gpu_used_bytes"),
-                t: f64_of(p, "t"),
-            }),
-        restarts: u64_of(obj, "restarts"),
-        actions: obj
-            .get("actions")
-            .and_then(Value::as_object)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        duration_seconds: f64_of(obj, "duration_seconds"),
-        error: string_of(obj, "error"),
+        outcome: serde_json::to_value(e.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string)),
+        exit_code: Some(i64::from(e.exit_code)),
+        peak: Some(PeakInfo {
+            tree_pss_bytes: Some(e.peak.tree_pss_bytes),
+            tree_rss_bytes: Some(e.peak.tree_rss_bytes),
+            swap_used_bytes: Some(e.peak.swap_used_bytes),
+            gpu_used_bytes: Some(e.peak.gpu_used_bytes),
+            t: Some(e.peak.t),
+        }),
+        restarts: Some(u64::from(e.restarts)),
+        actions: e
+            .actions
+            .iter()
+            .map(|(k, v)| (k.clone(), u64::from(*v)))
+            .collect(),
+        duration_seconds: Some(e.duration_seconds),
+        error: e.error.clone(),
     }
 }
 
-fn proc_point(v: &Value) -> Option<ProcPoint> {
-    let p = v.as_object()?;
-    Some(ProcPoint {
-        pid: p.get("pid").and_then(as_u32)?,
-        ppid: p.get("ppid").and_then(as_u32),
-        role: role_of(p.get("role")),
-        comm: string_or(p, "comm", "?"),
-        rss_bytes: u64_of(p, "rss_bytes").unwrap_or(0),
-        pss_bytes: u64_of(p, "pss_bytes").unwrap_or(0),
-        uss_bytes: u64_of(p, "uss_bytes").unwrap_or(0),
-        swap_bytes: u64_of(p, "swap_bytes").unwrap_or(0),
-        gpu_bytes: u64_of(p, "gpu_bytes"),
-    })
+fn proc_point(p: &ProcSample) -> ProcPoint {
+    ProcPoint {
+        pid: p.pid,
+        ppid: Some(p.ppid).filter(|&pp| pp > 0),
+        role: p.role,
+        comm: nonempty(p.comm.clone()).unwrap_or_else(|| "?".into()),
+        rss_bytes: p.rss_bytes,
+        pss_bytes: p.pss_bytes,
+        uss_bytes: p.uss_bytes,
+        swap_bytes: p.swap_bytes,
+        gpu_bytes: p.gpu_bytes,
+    }
 }
 
-fn ceiling(v: &Value) -> Option<CeilingInfo> {
-    let c = v.as_object()?;
-    Some(CeilingInfo {
-        source: string_or(c, "source", "?"),
-        bytes: u64_of(c, "bytes")?,
-    })
+fn ceiling(c: &Ceiling) -> CeilingInfo {
+    CeilingInfo {
+        source: c.source.as_str().to_string(),
+        bytes: c.bytes,
+    }
 }
 
-fn degraded(obj: &Map<String, Value>) -> BTreeMap<String, (Value, Value)> {
-    let Some(d) = obj.get("degraded").and_then(Value::as_object) else {
-        return BTreeMap::new();
-    };
-    d.iter()
+/// `NAME -> [old, new]` as the writer gives it; a lone value is the new one.
+fn degraded(d: BTreeMap<String, Value>) -> BTreeMap<String, (Value, Value)> {
+    d.into_iter()
         .map(|(k, v)| {
-            let pair = match v.as_array().map(Vec::as_slice) {
-                Some([old, new, ..]) => (old.clone(), new.clone()),
-                Some([new]) => (Value::Null, new.clone()),
-                _ => (Value::Null, v.clone()),
+            let pair = match v {
+                Value::Array(a) => {
+                    let mut it = a.into_iter();
+                    match (it.next(), it.next()) {
+                        (Some(old), Some(new)) => (old, new),
+                        (Some(new), None) => (Value::Null, new),
+                        _ => (Value::Null, Value::Array(Vec::new())),
+                    }
+                }
+                v => (Value::Null, v),
             };
-            (k.clone(), pair)
+            (k, pair)
         })
         .collect()
-}
-
-/// A role name, or for the richer shapes other writers may use
-/// (`{"role": "worker", "index": 3}`), its `role` member.
-fn role_text(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => string_of(o, "role").or_else(|| string_of(o, "name")),
-        _ => None,
-    }
-}
-
-fn role_of(v: Option<&Value>) -> Role {
-    match role_text(v).as_deref() {
-        Some("launcher") => Role::Launcher,
-        Some("trainer") => Role::Trainer,
-        Some("worker") => Role::Worker,
-        _ => Role::Other,
-    }
-}
-
-fn as_u32(v: &Value) -> Option<u32> {
-    v.as_u64().and_then(|n| u32::try_from(n).ok())
-}
-
-fn u64_of(obj: &Map<String, Value>, key: &str) -> Option<u64> {
-    let v = obj.get(key)?;
-    // Writers may print a size as a float; a negative size is nonsense.
-    v.as_u64().or_else(|| {
-        v.as_f64()
-            .filter(|f| *f >= 0.0 && f.is_finite())
-            .map(|f| f as u64)
-    })
-}
-
-fn i64_of(obj: &Map<String, Value>, key: &str) -> Option<i64> {
-    obj.get(key)?.as_i64()
-}
-
-fn f64_of(obj: &Map<String, Value>, key: &str) -> Option<f64> {
-    obj.get(key)?.as_f64().filter(|f| f.is_finite())
-}
-
-fn str_of<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-    obj.get(key)?.as_str()
-}
-
-fn string_of(obj: &Map<String, Value>, key: &str) -> Option<String> {
-    str_of(obj, key).map(str::to_string)
-}
-
-fn string_or(obj: &Map<String, Value>, key: &str, default: &str) -> String {
-    str_of(obj, key).unwrap_or(default).to_string()
-}
-
-/// A signal as a name: `"SIGKILL"` stays, a number becomes `signal 9`.
-fn name_of(obj: &Map<String, Value>, key: &str) -> Option<String> {
-    match obj.get(key)? {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(format!("signal {n}")),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
@@ -1038,6 +1038,51 @@ mod tests {
             }
             k => panic!("{k:?}"),
         }
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_costs_the_field_not_the_line() {
+        let text = [
+            line(
+                "sample",
+                1.0,
+                1,
+                r#""headroom_percent":"n/a","tree":{"pss_bytes":10},"cgroup":"none","gpus":{}"#,
+            ),
+            line(
+                "rule",
+                2.0,
+                1,
+                r#""rule":"warn","value":"high","state":"firing""#,
+            ),
+            line("rank_failed", 3.0, 1, r#""rank":"one","pid":42,"signal":9"#),
+            // An event this version does not read must not become one.
+            line("phase_memory", 4.0, 1, r#""phase":"warmup""#),
+        ]
+        .join("\n");
+        let log = load(&text).unwrap();
+        assert_eq!(log.samples.len(), 1);
+        assert_eq!(log.samples[0].pss_bytes, 10);
+        assert_eq!(log.samples[0].headroom_percent, None);
+        assert_eq!(log.samples[0].cgroup_usage_bytes, None);
+        assert_eq!(log.events.len(), 2, "{:?}", log.events);
+        assert!(matches!(
+            &log.events[0].kind,
+            EventKind::Rule { value: None, .. }
+        ));
+        match &log.events[1].kind {
+            EventKind::RankFailed(r) => {
+                assert_eq!((r.rank, r.pid), (None, Some(42)));
+                assert_eq!(r.signal.as_deref(), Some("signal 9"));
+            }
+            k => panic!("{k:?}"),
+        }
+        assert_eq!(log.warnings.len(), 1, "{:?}", log.warnings);
+        assert!(
+            log.warnings[0].starts_with("line 4: phase_memory not readable"),
+            "{:?}",
+            log.warnings
+        );
     }
 
     #[test]

@@ -70,6 +70,9 @@ fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
         EventKind::CudaOom { .. } => ("#CC79A7", "#1a1a1a", Shape::Hexagon),
         EventKind::WorkerDied { .. } => ("#2b2b2b", "#ffffff", Shape::Down),
         EventKind::ChildExit { .. } => ("#8c8c8c", "#ffffff", Shape::Circle),
+        EventKind::RankFailed(r) if r.oom_killed => ("#D55E00", "#ffffff", Shape::Down),
+        EventKind::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
+        EventKind::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
     }
 }
 
@@ -481,21 +484,105 @@ pub fn timeline(log: &RunLog) -> String {
     let t1 = if t_end - t0 < 1.0 { t0 + 1.0 } else { t_end };
     let frame = Frame { t0, t1 };
     let samples = decimate(&samples_all, t0, t1);
-    let gpu_ids: Vec<(u32, String, u64)> = {
-        let mut ids: Vec<(u32, String, u64)> = Vec::new();
-        for s in &log.samples {
-            for g in &s.gpus {
-                match ids.iter_mut().find(|(i, _, _)| *i == g.index) {
-                    Some(e) => e.2 = e.2.max(g.total_bytes),
-                    None => ids.push((g.index, g.name.clone(), g.total_bytes)),
-                }
-            }
-        }
-        ids.sort_by_key(|g| g.0);
-        ids
+    let gpu_ids = gpu_ids(log);
+    let sc = mem_scale(log, &samples_all, &samples, t0);
+    let legend = legend_items(log, &markers, &gpu_ids, &sc);
+
+    let mut body = String::new();
+    let legend_h = draw_legend(&mut body, &legend);
+    let lanes = lane_assignment(&frame, &markers);
+    let lane_count = lanes.iter().copied().max().map_or(0, |m| m + 1).max(1);
+    let lanes_top = legend_h + 10.0;
+    let mem_top = lanes_top + lane_count as f64 * LANE_H + 8.0;
+    let gpu_top = mem_top + MEM_H + PANEL_GAP;
+    let bottom = if gpu_ids.is_empty() {
+        mem_top + MEM_H
+    } else {
+        gpu_top + GPU_H
+    };
+    let steps = step_points(log);
+    let height = bottom + 46.0 + if steps.is_empty() { 0.0 } else { STEP_AXIS_H };
+    let plot = Plot {
+        log,
+        frame,
+        samples,
+        markers,
+        gpu_ids,
+        mem: YScale {
+            top: mem_top,
+            h: MEM_H,
+            max: sc.ymax,
+        },
+        sc,
+        lanes,
+        lanes_top,
+        gpu_top,
+        bottom,
     };
 
-    // --- Scales.
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" id="timeline" class="timeline" viewBox="0 0 {W} {height:.0}" width="100%" role="img" aria-labelledby="timeline-title timeline-desc" font-family="{FONT}" font-size="12" fill="{INK}"><title id="timeline-title">Memory timeline</title><desc id="timeline-desc">PSS stacked by role with the PSS and RSS sums, swap, ceiling and thresholds over time, GPU memory per device, and one numbered marker per event.</desc>"#
+    );
+    let _ = write!(
+        svg,
+        r#"<defs><clipPath id="clip-mem"><rect x="{ML}" y="{:.1}" width="{PW}" height="{:.1}"/></clipPath></defs>"#,
+        mem_top - 1.0,
+        MEM_H + 2.0
+    );
+    svg.push_str(&body);
+    plot.attempt_bands(&mut svg);
+    plot.time_axis(&mut svg);
+    plot.step_axis(&mut svg, &steps);
+    plot.memory_panel(&mut svg);
+    plot.gpu_panel(&mut svg);
+    plot.markers(&mut svg);
+    svg.push_str("</svg>");
+    svg
+}
+
+/// Height of the step axis under the time axis, when the log has progress.
+const STEP_AXIS_H: f64 = 30.0;
+
+/// Every GPU seen: index, name and the largest capacity reported.
+fn gpu_ids(log: &RunLog) -> Vec<(u32, String, u64)> {
+    let mut ids: Vec<(u32, String, u64)> = Vec::new();
+    for s in &log.samples {
+        for g in &s.gpus {
+            match ids.iter_mut().find(|(i, _, _)| *i == g.index) {
+                Some(e) => e.2 = e.2.max(g.total_bytes),
+                None => ids.push((g.index, g.name.clone(), g.total_bytes)),
+            }
+        }
+    }
+    ids.sort_by_key(|g| g.0);
+    ids
+}
+
+/// The memory panel's scale and what fits on it.
+struct MemScale {
+    /// `(t, bytes)` of the nearest ceiling, where it changed.
+    ceilings: Vec<(f64, f64)>,
+    ceiling_max: f64,
+    rss_max: f64,
+    has_swap: bool,
+    rss_on_scale: bool,
+    ceiling_on_scale: bool,
+    warn: Option<Threshold>,
+    crit: Option<Threshold>,
+    unit: f64,
+    unit_name: &'static str,
+    step: f64,
+    ymax: f64,
+}
+
+fn mem_scale(
+    log: &RunLog,
+    samples_all: &[&SamplePoint],
+    samples: &[&SamplePoint],
+    t0: f64,
+) -> MemScale {
     let pss_max = samples_all.iter().map(|s| s.pss_bytes).max().unwrap_or(0) as f64;
     let rss_max = samples_all.iter().map(|s| s.rss_bytes).max().unwrap_or(0) as f64;
     let swap_max = samples_all
@@ -503,7 +590,6 @@ pub fn timeline(log: &RunLog) -> String {
         .filter_map(|s| s.swap_used_bytes)
         .max()
         .unwrap_or(0) as f64;
-    let has_swap = swap_max > 0.0;
     let ceilings: Vec<(f64, f64)> = samples
         .iter()
         .filter_map(|s| s.ceiling.as_ref().map(|c| (s.t, c.bytes as f64)))
@@ -540,8 +626,40 @@ pub fn timeline(log: &RunLog) -> String {
     };
     let (unit, unit_name, step) = byte_axis(top_value * 1.06);
     let ymax = ((top_value * 1.06) / step).ceil() * step;
+    MemScale {
+        ceilings,
+        ceiling_max,
+        rss_max,
+        has_swap: swap_max > 0.0,
+        rss_on_scale,
+        ceiling_on_scale,
+        warn,
+        crit,
+        unit,
+        unit_name,
+        step,
+        ymax,
+    }
+}
 
-    // --- Legend (laid out first: the panels go below it).
+fn line_item(label: String, colour: &'static str, width: f64, dash: &'static str) -> LegendItem {
+    LegendItem {
+        label,
+        swatch: Swatch::Line {
+            colour,
+            width,
+            dash,
+        },
+    }
+}
+
+/// The legend, laid out first: the panels go below it.
+fn legend_items(
+    log: &RunLog,
+    markers: &[&Event],
+    gpu_ids: &[(u32, String, u64)],
+    sc: &MemScale,
+) -> Vec<LegendItem> {
     let mut legend: Vec<LegendItem> = Vec::new();
     for r in STACK {
         let used = log
@@ -559,76 +677,42 @@ pub fn timeline(log: &RunLog) -> String {
             });
         }
     }
-    legend.push(LegendItem {
-        label: "PSS sum (footprint)".into(),
-        swatch: Swatch::Line {
-            colour: INK,
-            width: 2.0,
-            dash: "",
-        },
-    });
-    if rss_on_scale {
-        legend.push(LegendItem {
-            label: "RSS sum".into(),
-            swatch: Swatch::Line {
-                colour: MUTED,
-                width: 1.5,
-                dash: "5 3",
-            },
-        });
+    legend.push(line_item("PSS sum (footprint)".into(), INK, 2.0, ""));
+    if sc.rss_on_scale {
+        legend.push(line_item("RSS sum".into(), MUTED, 1.5, "5 3"));
     }
-    if has_swap {
-        legend.push(LegendItem {
-            label: "swap used (machine)".into(),
-            swatch: Swatch::Line {
-                colour: SWAP,
-                width: 2.0,
-                dash: "1.5 2.5",
-            },
-        });
+    if sc.has_swap {
+        legend.push(line_item(
+            "swap used (machine)".into(),
+            SWAP,
+            2.0,
+            "1.5 2.5",
+        ));
     }
-    if ceiling_on_scale {
-        legend.push(LegendItem {
-            label: "ceiling".into(),
-            swatch: Swatch::Line {
-                colour: CEILING,
-                width: 2.2,
-                dash: "",
-            },
-        });
+    if sc.ceiling_on_scale {
+        legend.push(line_item("ceiling".into(), CEILING, 2.2, ""));
     }
-    if let Some(c) = crit.filter(|_| ceiling_on_scale) {
-        legend.push(LegendItem {
-            label: format!("critical ({})", c.label()),
-            swatch: Swatch::Line {
-                colour: CEILING,
-                width: 1.5,
-                dash: "7 4",
-            },
-        });
+    if let Some(c) = sc.crit.filter(|_| sc.ceiling_on_scale) {
+        legend.push(line_item(
+            format!("critical ({})", c.label()),
+            CEILING,
+            1.5,
+            "7 4",
+        ));
     }
-    if let Some(w) = warn.filter(|_| ceiling_on_scale) {
-        legend.push(LegendItem {
-            label: format!("warn ({})", w.label()),
-            swatch: Swatch::Line {
-                colour: WARN,
-                width: 1.5,
-                dash: "2 3",
-            },
-        });
+    if let Some(w) = sc.warn.filter(|_| sc.ceiling_on_scale) {
+        legend.push(line_item(format!("warn ({})", w.label()), WARN, 1.5, "2 3"));
     }
     for (i, (idx, name, _)) in gpu_ids.iter().enumerate() {
-        legend.push(LegendItem {
-            label: format!("GPU {idx} used ({})", short_gpu_name(name)),
-            swatch: Swatch::Line {
-                colour: GPU_COLOURS[i % GPU_COLOURS.len()],
-                width: 2.0,
-                dash: "",
-            },
-        });
+        legend.push(line_item(
+            format!("GPU {idx} used ({})", short_gpu_name(name)),
+            GPU_COLOURS[i % GPU_COLOURS.len()],
+            2.0,
+            "",
+        ));
     }
     let mut seen_kinds: Vec<&'static str> = Vec::new();
-    for e in &markers {
+    for e in markers {
         let key = match &e.kind {
             EventKind::Rule { state, .. } if state == "cleared" => "rule cleared",
             EventKind::Rule { .. } => "rule firing",
@@ -642,163 +726,240 @@ pub fn timeline(log: &RunLog) -> String {
             });
         }
     }
+    legend
+}
 
-    let mut svg = String::new();
-    let mut body = String::new();
-    let legend_h = draw_legend(&mut body, &legend);
+/// Everything the panels share once the layout is known.
+struct Plot<'a> {
+    log: &'a RunLog,
+    frame: Frame,
+    /// The decimated samples that are drawn.
+    samples: Vec<&'a SamplePoint>,
+    markers: Vec<&'a Event>,
+    gpu_ids: Vec<(u32, String, u64)>,
+    sc: MemScale,
+    mem: YScale,
+    /// The marker lane of each marker.
+    lanes: Vec<usize>,
+    lanes_top: f64,
+    gpu_top: f64,
+    /// The bottom of the last panel.
+    bottom: f64,
+}
 
-    let lanes = lane_assignment(&frame, &markers);
-    let lane_count = lanes.iter().copied().max().map_or(0, |m| m + 1).max(1);
-    let lanes_top = legend_h + 10.0;
-    let mem_top = lanes_top + lane_count as f64 * LANE_H + 8.0;
-    let mem = YScale {
-        top: mem_top,
-        h: MEM_H,
-        max: ymax,
-    };
-    let gpu_top = mem_top + MEM_H + PANEL_GAP;
-    let bottom = if gpu_ids.is_empty() {
-        mem_top + MEM_H
-    } else {
-        gpu_top + GPU_H
-    };
-    let height = bottom + 46.0;
-
-    let _ = write!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" id="timeline" class="timeline" viewBox="0 0 {W} {height:.0}" width="100%" role="img" aria-labelledby="timeline-title timeline-desc" font-family="{FONT}" font-size="12" fill="{INK}"><title id="timeline-title">Memory timeline</title><desc id="timeline-desc">PSS stacked by role with the PSS and RSS sums, swap, ceiling and thresholds over time, GPU memory per device, and one numbered marker per event.</desc>"#
-    );
-    let _ = write!(
-        svg,
-        r#"<defs><clipPath id="clip-mem"><rect x="{ML}" y="{:.1}" width="{PW}" height="{:.1}"/></clipPath></defs>"#,
-        mem_top - 1.0,
-        MEM_H + 2.0
-    );
-    svg.push_str(&body);
-
-    // --- Attempt bands and time grid across every panel.
-    let grid_top = mem_top;
-    let _ = write!(
-        svg,
-        r##"<g class="attempts"><rect class="plot-bg" x="{ML}" y="{mem_top:.1}" width="{PW}" height="{MEM_H}" fill="#fbfbfc" stroke="{GRID}"/>"##
-    );
-    if !gpu_ids.is_empty() {
+impl Plot<'_> {
+    /// Attempt bands (every other attempt shaded) and the plot backgrounds.
+    fn attempt_bands(&self, svg: &mut String) {
+        let (mem_top, gpu_top, bottom) = (self.mem.top, self.gpu_top, self.bottom);
+        let log = self.log;
         let _ = write!(
             svg,
-            r##"<rect class="plot-bg" x="{ML}" y="{gpu_top:.1}" width="{PW}" height="{GPU_H}" fill="#fbfbfc" stroke="{GRID}"/>"##
+            r##"<g class="attempts"><rect class="plot-bg" x="{ML}" y="{mem_top:.1}" width="{PW}" height="{MEM_H}" fill="#fbfbfc" stroke="{GRID}"/>"##
         );
-    }
-    if log.attempts.len() > 1 {
-        for (i, a) in log.attempts.iter().enumerate() {
-            let x0 = frame.x(a.start_t);
-            let x1 = log
-                .attempts
-                .get(i + 1)
-                .map_or(frame.x(t1), |n| frame.x(n.start_t));
-            if i % 2 == 1 {
-                for (top, h) in panels(mem_top, gpu_top, !gpu_ids.is_empty()) {
-                    let _ = write!(
-                        svg,
-                        r##"<rect class="attempt-band" x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{h}" fill="#eef1f6"/>"##,
-                        (x1 - x0).max(0.0)
-                    );
-                }
-            }
-            if i > 0 {
-                let _ = write!(
-                    svg,
-                    r#"<line class="attempt-start" x1="{x0:.1}" x2="{x0:.1}" y1="{mem_top:.1}" y2="{bottom:.1}" stroke="{MUTED}" stroke-width="1"/>"#
-                );
-            }
+        if !self.gpu_ids.is_empty() {
             let _ = write!(
                 svg,
-                r#"<text class="attempt-label" x="{:.1}" y="{:.1}" font-size="11" font-weight="600" fill="{MUTED}">attempt {}</text>"#,
-                x0 + 6.0,
-                mem_top + 15.0,
-                a.number
+                r##"<rect class="plot-bg" x="{ML}" y="{gpu_top:.1}" width="{PW}" height="{GPU_H}" fill="#fbfbfc" stroke="{GRID}"/>"##
             );
         }
-    }
-    svg.push_str("</g>");
-
-    let tstep = time_step(t1 - t0);
-    let _ = write!(svg, r#"<g class="x-axis" font-size="11.5" fill="{MUTED}">"#);
-    let mut tick = (t0 / tstep).ceil() * tstep;
-    // Capped: at absurd magnitudes adding the step may not move the tick.
-    for _ in 0..100 {
-        if tick > t1 + 1e-9 {
-            break;
-        }
-        let x = frame.x(tick);
-        let _ = write!(
-            svg,
-            r#"<line x1="{x:.1}" x2="{x:.1}" y1="{grid_top:.1}" y2="{bottom:.1}" stroke="{GRID}" stroke-width="1"/><line x1="{x:.1}" x2="{x:.1}" y1="{bottom:.1}" y2="{:.1}" stroke="{MUTED}"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            bottom + 4.0,
-            bottom + 18.0,
-            esc(&time_label(tick))
-        );
-        tick += tstep;
-    }
-    let _ = write!(
-        svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="{INK}">time since start</text></g>"#,
-        ML + PW / 2.0,
-        bottom + 38.0
-    );
-
-    // --- Memory panel.
-    let _ = write!(svg, r#"<g class="panel panel-memory">"#);
-    y_axis(&mut svg, &mem, unit, unit_name, step, "memory");
-    let _ = write!(svg, r#"<g clip-path="url(#clip-mem)">"#);
-    // Stacked role areas, one path per attempt and role.
-    let mut stacks: Vec<(Vec<&SamplePoint>, Vec<[f64; 4]>)> = Vec::new();
-    for a in &log.attempts {
-        let pts: Vec<&SamplePoint> = samples
-            .iter()
-            .copied()
-            .filter(|s| s.attempt == a.number)
-            .collect();
-        if pts.is_empty() {
-            continue;
-        }
-        if let Some(st) = role_stack(&pts, log, a.number) {
-            stacks.push((pts, st));
-        }
-    }
-    for (k, role) in STACK.iter().enumerate() {
-        let colour = role_colour(*role);
-        let _ = write!(
-            svg,
-            r#"<g id="series-pss-{}" class="series area role-{}" fill="{colour}" fill-opacity="0.42" stroke="{colour}" stroke-width="1" stroke-linejoin="round">"#,
-            role.as_str(),
-            role.as_str()
-        );
-        for (pts, st) in &stacks {
-            if st.iter().all(|v| v[k] <= 0.0) {
-                continue;
-            }
-            let cum = |i: usize, upto: usize| st[i][..upto].iter().sum::<f64>();
-            let mut d = String::new();
-            for (i, s) in pts.iter().enumerate() {
+        if log.attempts.len() > 1 {
+            for (i, a) in log.attempts.iter().enumerate() {
+                let x0 = self.frame.x(a.start_t);
+                let x1 = log
+                    .attempts
+                    .get(i + 1)
+                    .map_or(self.frame.x(self.frame.t1), |n| self.frame.x(n.start_t));
+                if i % 2 == 1 {
+                    for (top, h) in panels(mem_top, gpu_top, !self.gpu_ids.is_empty()) {
+                        let _ = write!(
+                            svg,
+                            r##"<rect class="attempt-band" x="{x0:.1}" y="{top:.1}" width="{:.1}" height="{h}" fill="#eef1f6"/>"##,
+                            (x1 - x0).max(0.0)
+                        );
+                    }
+                }
+                if i > 0 {
+                    let _ = write!(
+                        svg,
+                        r#"<line class="attempt-start" x1="{x0:.1}" x2="{x0:.1}" y1="{mem_top:.1}" y2="{bottom:.1}" stroke="{MUTED}" stroke-width="1"/>"#
+                    );
+                }
                 let _ = write!(
-                    d,
-                    "{}{:.1},{:.1}",
-                    if i == 0 { "M" } else { "L" },
-                    frame.x(s.t),
-                    mem.y(cum(i, k + 1))
+                    svg,
+                    r#"<text class="attempt-label" x="{:.1}" y="{:.1}" font-size="11" font-weight="600" fill="{MUTED}">attempt {}</text>"#,
+                    x0 + 6.0,
+                    mem_top + 15.0,
+                    a.number
                 );
             }
-            for (i, s) in pts.iter().enumerate().rev() {
-                let _ = write!(d, "L{:.1},{:.1}", frame.x(s.t), mem.y(cum(i, k)));
-            }
-            d.push('Z');
-            let _ = write!(svg, r#"<path d="{d}"/>"#);
         }
         svg.push_str("</g>");
     }
-    let broken = |f: &dyn Fn(&SamplePoint) -> Option<f64>| -> Vec<(f64, f64, bool)> {
+
+    /// The time of each tick of the time axis.
+    fn ticks(&self) -> Vec<f64> {
+        let (t0, t1) = (self.frame.t0, self.frame.t1);
+        let tstep = time_step(t1 - t0);
+        let mut out = Vec::new();
+        let mut tick = (t0 / tstep).ceil() * tstep;
+        // Capped: at absurd magnitudes adding the step may not move the tick.
+        for _ in 0..100 {
+            if tick > t1 + 1e-9 {
+                break;
+            }
+            out.push(tick);
+            tick += tstep;
+        }
+        out
+    }
+
+    /// The time grid across every panel and the time axis under them.
+    fn time_axis(&self, svg: &mut String) {
+        let (grid_top, bottom) = (self.mem.top, self.bottom);
+        let _ = write!(svg, r#"<g class="x-axis" font-size="11.5" fill="{MUTED}">"#);
+        for tick in self.ticks() {
+            let x = self.frame.x(tick);
+            let _ = write!(
+                svg,
+                r#"<line x1="{x:.1}" x2="{x:.1}" y1="{grid_top:.1}" y2="{bottom:.1}" stroke="{GRID}" stroke-width="1"/><line x1="{x:.1}" x2="{x:.1}" y1="{bottom:.1}" y2="{:.1}" stroke="{MUTED}"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                bottom + 4.0,
+                bottom + 18.0,
+                esc(&time_label(tick))
+            );
+        }
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="12" fill="{INK}">time since start</text></g>"#,
+            ML + PW / 2.0,
+            bottom + 38.0
+        );
+    }
+
+    /// Under the time axis: the training step the job had printed by each
+    /// time tick, and where each epoch began.
+    fn step_axis(&self, svg: &mut String, steps: &[StepPoint]) {
+        if steps.is_empty() {
+            return;
+        }
+        let y = self.bottom + 46.0 + STEP_AXIS_H / 2.0;
+        let _ = write!(
+            svg,
+            r#"<g class="step-axis" font-size="11" fill="{MUTED}"><text x="{:.1}" y="{:.1}" text-anchor="end" fill="{INK}">step</text>"#,
+            ML - 8.0,
+            y + 4.0
+        );
+        let mut last_x = f64::NEG_INFINITY;
+        for tick in self.ticks() {
+            let Some(p) = steps.iter().rev().find(|p| p.t <= tick + 1e-9) else {
+                continue;
+            };
+            let x = self.frame.x(tick);
+            let _ = write!(
+                svg,
+                r#"<text class="step-tick" x="{x:.1}" y="{:.1}" text-anchor="middle" data-t="{tick:.3}" data-step="{}">{}</text>"#,
+                y + 4.0,
+                p.step,
+                p.step
+            );
+            last_x = last_x.max(x);
+        }
+        let mut epoch: Option<(u32, &str)> = None;
+        for p in steps {
+            let Some(e) = p.epoch.as_deref() else {
+                continue;
+            };
+            if epoch == Some((p.attempt, e)) {
+                continue;
+            }
+            let first = epoch.is_none();
+            epoch = Some((p.attempt, e));
+            if first && p.t <= self.frame.t0 + 1e-9 {
+                continue;
+            }
+            let x = self.frame.x(p.t);
+            let _ = write!(
+                svg,
+                r#"<g class="epoch-start" data-t="{:.3}"><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{:.1}" stroke="{INK}" stroke-width="1.2"/><text x="{:.1}" y="{:.1}" font-size="10" fill="{INK}">epoch {}</text></g>"#,
+                p.t,
+                y - 10.0,
+                y + 8.0,
+                x + 3.0,
+                y - 2.0,
+                esc(e)
+            );
+        }
+        svg.push_str("</g>");
+    }
+
+    /// The memory panel: role areas, the sums, swap, ceiling and thresholds.
+    fn memory_panel(&self, svg: &mut String) {
+        let sc = &self.sc;
+        let _ = write!(svg, r#"<g class="panel panel-memory">"#);
+        y_axis(svg, &self.mem, sc.unit, sc.unit_name, sc.step, "memory");
+        let _ = write!(svg, r#"<g clip-path="url(#clip-mem)">"#);
+        self.role_areas(svg);
+        self.sum_lines(svg);
+        svg.push_str("</g>");
+        self.ceiling_lines(svg);
+        svg.push_str("</g>");
+    }
+
+    /// Stacked role areas, one path per attempt and role.
+    fn role_areas(&self, svg: &mut String) {
+        let (frame, mem) = (&self.frame, &self.mem);
+        let mut stacks: Vec<(Vec<&SamplePoint>, Vec<[f64; 4]>)> = Vec::new();
+        for a in &self.log.attempts {
+            let pts: Vec<&SamplePoint> = self
+                .samples
+                .iter()
+                .copied()
+                .filter(|s| s.attempt == a.number)
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            if let Some(st) = role_stack(&pts, self.log, a.number) {
+                stacks.push((pts, st));
+            }
+        }
+        for (k, role) in STACK.iter().enumerate() {
+            let colour = role_colour(*role);
+            let _ = write!(
+                svg,
+                r#"<g id="series-pss-{}" class="series area role-{}" fill="{colour}" fill-opacity="0.42" stroke="{colour}" stroke-width="1" stroke-linejoin="round">"#,
+                role.as_str(),
+                role.as_str()
+            );
+            for (pts, st) in &stacks {
+                if st.iter().all(|v| v[k] <= 0.0) {
+                    continue;
+                }
+                let cum = |i: usize, upto: usize| st[i][..upto].iter().sum::<f64>();
+                let mut d = String::new();
+                for (i, s) in pts.iter().enumerate() {
+                    let _ = write!(
+                        d,
+                        "{}{:.1},{:.1}",
+                        if i == 0 { "M" } else { "L" },
+                        frame.x(s.t),
+                        mem.y(cum(i, k + 1))
+                    );
+                }
+                for (i, s) in pts.iter().enumerate().rev() {
+                    let _ = write!(d, "L{:.1},{:.1}", frame.x(s.t), mem.y(cum(i, k)));
+                }
+                d.push('Z');
+                let _ = write!(svg, r#"<path d="{d}"/>"#);
+            }
+            svg.push_str("</g>");
+        }
+    }
+
+    /// `(t, value, starts a new segment)` of one series, broken between
+    /// attempts.
+    fn broken(&self, f: &dyn Fn(&SamplePoint) -> Option<f64>) -> Vec<(f64, f64, bool)> {
         let mut prev_attempt = None;
-        samples
+        self.samples
             .iter()
             .filter_map(|s| {
                 let v = f(s)?;
@@ -807,113 +968,131 @@ pub fn timeline(log: &RunLog) -> String {
                 Some((s.t, v, brk))
             })
             .collect()
-    };
-    if has_swap {
-        let pts = broken(&|s| s.swap_used_bytes.map(|v| v as f64));
-        let _ = write!(
-            svg,
-            r#"<g id="series-swap" class="series line" fill="none" stroke="{SWAP}" stroke-width="2.2" stroke-dasharray="1.5 2.5" stroke-linecap="round"><path d="{}"/></g>"#,
-            line_path(&frame, &mem, &pts)
-        );
     }
-    if rss_on_scale {
-        let pts = broken(&|s| Some(s.rss_bytes as f64));
-        let _ = write!(
-            svg,
-            r#"<g id="series-rss" class="series line" fill="none" stroke="{MUTED}" stroke-width="1.5" stroke-dasharray="5 3"><path d="{}"/></g>"#,
-            line_path(&frame, &mem, &pts)
-        );
-    } else {
-        let _ = write!(
-            svg,
-            r#"<g id="series-rss" class="series line off-scale"></g>"#
-        );
-    }
-    let pts = broken(&|s| Some(s.pss_bytes as f64));
-    let _ = write!(
-        svg,
-        r#"<g id="series-pss-total" class="series line" fill="none" stroke="{INK}" stroke-width="2" stroke-linejoin="round"><path d="{}"/></g>"#,
-        line_path(&frame, &mem, &pts)
-    );
-    svg.push_str("</g>");
 
-    // Ceiling and thresholds, labelled at their right end.
-    let mut notes: Vec<String> = Vec::new();
-    let mut labels: Vec<(f64, String, &str)> = Vec::new();
-    if !ceilings.is_empty() {
-        let source = samples
-            .iter()
-            .rev()
-            .find_map(|s| s.ceiling.as_ref().map(|c| c.source.clone()))
-            .or_else(|| {
-                log.start
-                    .as_ref()
-                    .and_then(|s| s.ceilings.iter().min_by_key(|c| c.bytes))
-                    .map(|c| c.source.clone())
-            })
-            .unwrap_or_default();
-        let last = ceilings.last().map_or(0.0, |c| c.1);
-        if ceiling_on_scale {
+    /// Swap, the RSS sum and the PSS sum.
+    fn sum_lines(&self, svg: &mut String) {
+        let (frame, mem) = (&self.frame, &self.mem);
+        if self.sc.has_swap {
+            let pts = self.broken(&|s| s.swap_used_bytes.map(|v| v as f64));
             let _ = write!(
                 svg,
-                r#"<g id="series-ceiling" class="series line" fill="none" stroke="{CEILING}" stroke-width="2.2"><path d="{}"/></g>"#,
-                step_path(&frame, &mem, &ceilings, t1)
+                r#"<g id="series-swap" class="series line" fill="none" stroke="{SWAP}" stroke-width="2.2" stroke-dasharray="1.5 2.5" stroke-linecap="round"><path d="{}"/></g>"#,
+                line_path(frame, mem, &pts)
             );
-            labels.push((
-                mem.y(last),
-                format!("ceiling {}", HumanBytes(last as u64)),
-                CEILING,
-            ));
-            for (id, th, colour, dash, name) in [
-                ("series-critical", crit, CEILING, "7 4", "critical"),
-                ("series-warn", warn, WARN, "2 3", "warn"),
-            ] {
-                let Some(th) = th else { continue };
-                let pts: Vec<(f64, f64)> =
-                    ceilings.iter().map(|(t, c)| (*t, th.level(*c))).collect();
-                let _ = write!(
-                    svg,
-                    r#"<g id="{id}" class="series line threshold" fill="none" stroke="{colour}" stroke-width="1.5" stroke-dasharray="{dash}"><path d="{}"/></g>"#,
-                    step_path(&frame, &mem, &pts, t1)
-                );
-                labels.push((
-                    mem.y(th.level(last)),
-                    format!("{name} {}", HumanBytes(th.level(last) as u64)),
-                    colour,
-                ));
-            }
+        }
+        if self.sc.rss_on_scale {
+            let pts = self.broken(&|s| Some(s.rss_bytes as f64));
+            let _ = write!(
+                svg,
+                r#"<g id="series-rss" class="series line" fill="none" stroke="{MUTED}" stroke-width="1.5" stroke-dasharray="5 3"><path d="{}"/></g>"#,
+                line_path(frame, mem, &pts)
+            );
         } else {
             let _ = write!(
                 svg,
-                r#"<g id="series-ceiling" class="series line off-scale"></g>"#
+                r#"<g id="series-rss" class="series line off-scale"></g>"#
             );
-            notes.push(format!(
-                "{source} ceiling {} is off the scale",
-                HumanBytes(ceiling_max as u64)
-            ));
         }
-    }
-    if !rss_on_scale {
-        notes.push(format!(
-            "RSS sum (peak {}) is off the scale",
-            HumanBytes(rss_max as u64)
-        ));
-    }
-    gutter_labels(&mut svg, &mut labels, mem_top, mem_top + MEM_H);
-    for (i, n) in notes.iter().enumerate() {
+        let pts = self.broken(&|s| Some(s.pss_bytes as f64));
         let _ = write!(
             svg,
-            r#"<text class="scale-note" x="{:.1}" y="{:.1}" text-anchor="end" font-size="11.5" fill="{MUTED}" font-style="italic">↑ {}</text>"#,
-            ML + PW - 6.0,
-            mem_top + 16.0 + 15.0 * i as f64,
-            esc(n)
+            r#"<g id="series-pss-total" class="series line" fill="none" stroke="{INK}" stroke-width="2" stroke-linejoin="round"><path d="{}"/></g>"#,
+            line_path(frame, mem, &pts)
         );
     }
-    svg.push_str("</g>");
 
-    // --- GPU panel.
-    if !gpu_ids.is_empty() {
-        let gmax_used = log
+    /// Ceiling and thresholds, labelled at their right end, and notes for
+    /// what is off the scale.
+    fn ceiling_lines(&self, svg: &mut String) {
+        let (sc, frame, mem, log) = (&self.sc, &self.frame, &self.mem, self.log);
+        let t1 = frame.t1;
+        let mut notes: Vec<String> = Vec::new();
+        let mut labels: Vec<(f64, String, &str)> = Vec::new();
+        if !sc.ceilings.is_empty() {
+            let source = self
+                .samples
+                .iter()
+                .rev()
+                .find_map(|s| s.ceiling.as_ref().map(|c| c.source.clone()))
+                .or_else(|| {
+                    log.start
+                        .as_ref()
+                        .and_then(|s| s.ceilings.iter().min_by_key(|c| c.bytes))
+                        .map(|c| c.source.clone())
+                })
+                .unwrap_or_default();
+            let last = sc.ceilings.last().map_or(0.0, |c| c.1);
+            if sc.ceiling_on_scale {
+                let _ = write!(
+                    svg,
+                    r#"<g id="series-ceiling" class="series line" fill="none" stroke="{CEILING}" stroke-width="2.2"><path d="{}"/></g>"#,
+                    step_path(frame, mem, &sc.ceilings, t1)
+                );
+                labels.push((
+                    mem.y(last),
+                    format!("ceiling {}", HumanBytes(last as u64)),
+                    CEILING,
+                ));
+                for (id, th, colour, dash, name) in [
+                    ("series-critical", sc.crit, CEILING, "7 4", "critical"),
+                    ("series-warn", sc.warn, WARN, "2 3", "warn"),
+                ] {
+                    let Some(th) = th else { continue };
+                    let pts: Vec<(f64, f64)> = sc
+                        .ceilings
+                        .iter()
+                        .map(|(t, c)| (*t, th.level(*c)))
+                        .collect();
+                    let _ = write!(
+                        svg,
+                        r#"<g id="{id}" class="series line threshold" fill="none" stroke="{colour}" stroke-width="1.5" stroke-dasharray="{dash}"><path d="{}"/></g>"#,
+                        step_path(frame, mem, &pts, t1)
+                    );
+                    labels.push((
+                        mem.y(th.level(last)),
+                        format!("{name} {}", HumanBytes(th.level(last) as u64)),
+                        colour,
+                    ));
+                }
+            } else {
+                let _ = write!(
+                    svg,
+                    r#"<g id="series-ceiling" class="series line off-scale"></g>"#
+                );
+                notes.push(format!(
+                    "{source} ceiling {} is off the scale",
+                    HumanBytes(sc.ceiling_max as u64)
+                ));
+            }
+        }
+        if !sc.rss_on_scale {
+            notes.push(format!(
+                "RSS sum (peak {}) is off the scale",
+                HumanBytes(sc.rss_max as u64)
+            ));
+        }
+        gutter_labels(svg, &mut labels, mem.top, mem.top + MEM_H);
+        for (i, n) in notes.iter().enumerate() {
+            let _ = write!(
+                svg,
+                r#"<text class="scale-note" x="{:.1}" y="{:.1}" text-anchor="end" font-size="11.5" fill="{MUTED}" font-style="italic">↑ {}</text>"#,
+                ML + PW - 6.0,
+                mem.top + 16.0 + 15.0 * i as f64,
+                esc(n)
+            );
+        }
+    }
+
+    /// GPU memory per device, with each device's capacity.
+    fn gpu_panel(&self, svg: &mut String) {
+        let gpu_ids = &self.gpu_ids;
+        if gpu_ids.is_empty() {
+            return;
+        }
+        let gpu_top = self.gpu_top;
+        let gmax_used = self
+            .log
             .samples
             .iter()
             .flat_map(|s| s.gpus.iter().map(|g| g.used_bytes))
@@ -928,25 +1107,19 @@ pub fn timeline(log: &RunLog) -> String {
             max: (gtop / gstep).ceil() * gstep,
         };
         let _ = write!(svg, r#"<g class="panel panel-gpu">"#);
-        y_axis(&mut svg, &gy, gunit, gname, gstep, "GPU memory");
+        y_axis(svg, &gy, gunit, gname, gstep, "GPU memory");
         for (i, (idx, _, total)) in gpu_ids.iter().enumerate() {
             let colour = GPU_COLOURS[i % GPU_COLOURS.len()];
-            let pts: Vec<(f64, f64, bool)> = {
-                let mut prev = None;
-                samples
+            let pts = self.broken(&|s| {
+                s.gpus
                     .iter()
-                    .filter_map(|s| {
-                        let g = s.gpus.iter().find(|g| g.index == *idx)?;
-                        let brk = prev.is_some_and(|a| a != s.attempt);
-                        prev = Some(s.attempt);
-                        Some((s.t, g.used_bytes as f64, brk))
-                    })
-                    .collect()
-            };
+                    .find(|g| g.index == *idx)
+                    .map(|g| g.used_bytes as f64)
+            });
             let _ = write!(
                 svg,
                 r#"<g id="series-gpu-{idx}" class="series line gpu" fill="none" stroke="{colour}" stroke-width="2" stroke-linejoin="round"><path d="{}"/>"#,
-                line_path(&frame, &gy, &pts)
+                line_path(&self.frame, &gy, &pts)
             );
             if *total > 0 {
                 let y = gy.y(*total as f64);
@@ -980,63 +1153,93 @@ pub fn timeline(log: &RunLog) -> String {
                 },
             ));
         }
-        gutter_labels(&mut svg, &mut caps, gpu_top, gpu_top + GPU_H);
+        gutter_labels(svg, &mut caps, gpu_top, gpu_top + GPU_H);
         svg.push_str("</g>");
     }
 
-    // --- Markers, last so they sit on top.
-    let _ = write!(svg, r#"<g class="markers">"#);
-    if !markers.is_empty() {
-        let _ = write!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="11.5" fill="{MUTED}">events</text>"#,
-            ML - 8.0,
-            lanes_top + LANE_H / 2.0 + 4.0
-        );
-    }
-    for (e, lane) in markers.iter().zip(&lanes) {
-        let x = frame.x(e.t);
-        let cy = lanes_top + *lane as f64 * LANE_H + LANE_H / 2.0;
-        let (fill, text_colour, shape) = marker_style(&e.kind);
-        let name = e.kind.name();
-        let severe = matches!(
-            e.kind,
-            EventKind::OomKill { .. } | EventKind::CudaOom { .. }
-        );
-        let stroke = match &e.kind {
-            EventKind::Rule { state, .. } if state == "cleared" => "#E69F00",
-            _ => "#ffffff",
-        };
-        let line_colour = if fill == "#ffffff" { "#E69F00" } else { fill };
-        let font = if e.seq >= 100 { 7.5 } else { 9.5 };
-        let _ = write!(
-            svg,
-            r#"<g class="marker marker-{name}" id="marker-{}" data-event="{name}" data-t="{:.3}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{line_colour}" stroke-width="{}" stroke-dasharray="{}" opacity="0.85"/><path d="{}" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" font-size="{font}" font-weight="700" fill="{text_colour}">{}</text></g>"#,
-            e.seq,
-            e.t,
-            esc(&format!(
-                "#{} at {}: {}",
+    /// One numbered marker per event, last so they sit on top.
+    fn markers(&self, svg: &mut String) {
+        let (lanes_top, bottom) = (self.lanes_top, self.bottom);
+        let _ = write!(svg, r#"<g class="markers">"#);
+        if !self.markers.is_empty() {
+            let _ = write!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="11.5" fill="{MUTED}">events</text>"#,
+                ML - 8.0,
+                lanes_top + LANE_H / 2.0 + 4.0
+            );
+        }
+        for (e, lane) in self.markers.iter().zip(&self.lanes) {
+            let x = self.frame.x(e.t);
+            let cy = lanes_top + *lane as f64 * LANE_H + LANE_H / 2.0;
+            let (fill, text_colour, shape) = marker_style(&e.kind);
+            let name = e.kind.name();
+            let severe = matches!(
+                e.kind,
+                EventKind::OomKill { .. } | EventKind::CudaOom { .. } | EventKind::RankFailed(_)
+            );
+            let stroke = match &e.kind {
+                EventKind::Rule { state, .. } if state == "cleared" => "#E69F00",
+                _ => "#ffffff",
+            };
+            let line_colour = if fill == "#ffffff" { "#E69F00" } else { fill };
+            let font = if e.seq >= 100 { 7.5 } else { 9.5 };
+            let _ = write!(
+                svg,
+                r#"<g class="marker marker-{name}" id="marker-{}" data-event="{name}" data-t="{:.3}"><title>{}</title><line x1="{x:.1}" x2="{x:.1}" y1="{:.1}" y2="{bottom:.1}" stroke="{line_colour}" stroke-width="{}" stroke-dasharray="{}" opacity="0.85"/><path d="{}" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/><text x="{x:.1}" y="{:.1}" text-anchor="middle" font-size="{font}" font-weight="700" fill="{text_colour}">{}</text></g>"#,
                 e.seq,
-                time_label(e.t),
-                event_summary(e)
-            )),
-            cy + MARKER_R,
-            if severe { 1.6 } else { 1.0 },
-            if severe { "none" } else { "3 3" },
-            shape_path(shape, x, cy, MARKER_R),
-            cy + font * 0.36
-                + if matches!(shape, Shape::Up) {
-                    1.5
-                } else if matches!(shape, Shape::Down) {
-                    -1.5
-                } else {
-                    0.0
-                },
-            e.seq
-        );
+                e.t,
+                esc(&format!(
+                    "#{} at {}: {}",
+                    e.seq,
+                    time_label(e.t),
+                    event_summary(e)
+                )),
+                cy + MARKER_R,
+                if severe { 1.6 } else { 1.0 },
+                if severe { "none" } else { "3 3" },
+                shape_path(shape, x, cy, MARKER_R),
+                cy + font * 0.36
+                    + if matches!(shape, Shape::Up) {
+                        1.5
+                    } else if matches!(shape, Shape::Down) {
+                        -1.5
+                    } else {
+                        0.0
+                    },
+                e.seq
+            );
+        }
+        svg.push_str("</g>");
     }
-    svg.push_str("</g></svg>");
-    svg
+}
+
+/// A training step the job had printed, on the report's time axis.
+struct StepPoint {
+    t: f64,
+    attempt: u32,
+    step: u64,
+    epoch: Option<String>,
+}
+
+/// The training steps in the log's `progress` (validation and test bars
+/// count their own steps: those are left out), in time order.
+fn step_points(log: &RunLog) -> Vec<StepPoint> {
+    let mut out: Vec<StepPoint> = log
+        .progress
+        .iter()
+        .filter(|p| matches!(p.phase.as_deref(), None | Some("train")))
+        .filter_map(|p| {
+            Some(StepPoint {
+                t: p.t,
+                attempt: p.attempt,
+                step: p.step?,
+                epoch: p.epoch.clone(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.t.total_cmp(&b.t));
+    out
 }
 
 /// Labels in the right gutter at the height of their line, moved apart so
@@ -1180,6 +1383,60 @@ fn lane_assignment(frame: &Frame, markers: &[&Event]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Samples every second for 40 s; `progress` gives each sample's
+    /// `(step, epoch, phase)` or none.
+    fn progress_log(progress: impl Fn(u32) -> Option<(u64, u32, &'static str)>) -> RunLog {
+        let lines: Vec<String> = (0..=40u32)
+            .map(|t| {
+                let p = progress(t).map_or(String::new(), |(step, epoch, phase)| {
+                    format!(
+                        r#","progress":{{"step":{step},"total":1000,"epoch":"{epoch}","phase":"{phase}"}}"#
+                    )
+                });
+                format!(
+                    r#"{{"schema":"oomguard/1","event":"sample","t":{t},"attempt":1,"tree":{{"pss_bytes":{}}}{p}}}"#,
+                    (100 + t) << 20
+                )
+            })
+            .collect();
+        crate::report::load::load(&lines.join("\n")).unwrap()
+    }
+
+    #[test]
+    fn a_step_axis_with_epoch_starts_when_the_log_has_progress() {
+        // 10 steps a second; epoch 2 begins at 20 s; a validation bar
+        // (its own counter) runs from 15 s to 19 s and is left out.
+        let log = progress_log(|t| {
+            let (step, epoch) = if t < 20 {
+                (u64::from(t) * 10, 1)
+            } else {
+                (u64::from(t - 20) * 10, 2)
+            };
+            Some(match t {
+                15..=19 => (u64::from(t - 15), 1, "validation"),
+                _ => (step, epoch, "train"),
+            })
+        });
+        let svg = timeline(&log);
+        assert!(svg.contains(r#"class="step-axis""#), "no step axis");
+        // The ticks fall every 5 s: at 10 s the job had printed step 100;
+        // at 15 s and at 20 s the last training step was 140, then 0 of
+        // epoch 2.
+        assert!(svg.contains(r#"data-t="10.000" data-step="100""#), "{svg}");
+        assert!(svg.contains(r#"data-t="15.000" data-step="140""#), "{svg}");
+        assert!(svg.contains(r#"data-t="20.000" data-step="0""#), "{svg}");
+        assert!(svg.contains(r#"data-t="40.000" data-step="200""#), "{svg}");
+        assert_eq!(svg.matches(r#"class="epoch-start""#).count(), 1, "{svg}");
+        assert!(svg.contains(">epoch 2</text>"));
+        let height = |svg: &str| -> f64 {
+            let v = svg.split("viewBox=\"0 0 ").nth(1).unwrap();
+            v.split(['"', ' ']).nth(1).unwrap().parse().unwrap()
+        };
+        let plain = timeline(&progress_log(|_| None));
+        assert!(!plain.contains("step-axis"));
+        assert_eq!(height(&svg), height(&plain) + STEP_AXIS_H);
+    }
 
     #[test]
     fn axis_steps_are_round() {

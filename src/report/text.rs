@@ -18,47 +18,20 @@ pub(super) fn event_summary(e: &Event) -> String {
             value,
             threshold,
             state,
-        } => {
-            let m = metric.as_deref().unwrap_or("");
-            let mut s = format!("rule {rule} {state}");
-            if let Some(v) = value {
-                let _ = write!(s, ": {} {}", m, metric_value(m, *v));
-                if let Some(th) = threshold {
-                    let _ = write!(s, " (threshold {})", metric_value(m, *th));
-                }
-            }
-            s
-        }
+        } => rule_summary(rule, metric.as_deref(), *value, *threshold, state),
         EventKind::Action {
             action,
             reason,
             pids,
             signal,
             result,
-        } => {
-            let mut s = action.clone();
-            if let Some(r) = reason {
-                let _ = write!(s, " (rule {r})");
-            }
-            if let Some(sig) = signal {
-                let _ = write!(s, ", {sig}");
-            }
-            if !pids.is_empty() {
-                let shown: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
-                let more = if pids.len() > 8 {
-                    format!(" +{}", pids.len() - 8)
-                } else {
-                    String::new()
-                };
-                let _ = write!(s, " to pid {}{more}", shown.join(", "));
-            }
-            if let Some(r) = result
-                && r != "ok"
-            {
-                let _ = write!(s, ": {r}");
-            }
-            s
-        }
+        } => action_summary(
+            action,
+            reason.as_deref(),
+            pids,
+            signal.as_deref(),
+            result.as_deref(),
+        ),
         EventKind::ChildExit { pid, code, signal } => {
             let who = pid.map_or_else(|| "the job".to_string(), |p| format!("the job (pid {p})"));
             match (code, signal) {
@@ -67,91 +40,9 @@ pub(super) fn event_summary(e: &Event) -> String {
                 _ => format!("{who} ended"),
             }
         }
-        EventKind::Restart {
-            next_attempt,
-            reason,
-            checkpoint,
-            degraded,
-            delay_seconds,
-        } => {
-            let mut s = match next_attempt {
-                Some(n) => format!("restart as attempt {n}"),
-                None => "restart".to_string(),
-            };
-            if let Some(r) = reason {
-                let _ = write!(s, " ({r})");
-            }
-            for (k, (old, new)) in degraded {
-                let _ = write!(s, "; {k} {} → {}", plain(old), plain(new));
-            }
-            match checkpoint {
-                Some(c) => {
-                    let _ = write!(s, "; from checkpoint {c}");
-                }
-                None => s.push_str("; no checkpoint confirmed"),
-            }
-            if let Some(d) = delay_seconds {
-                let _ = write!(s, "; after {}", time_text(*d));
-            }
-            s
-        }
-        EventKind::OomKill {
-            pid,
-            comm,
-            role,
-            anon_rss_bytes,
-            ..
-        } => {
-            let mut s = "kernel OOM killer killed".to_string();
-            if let Some(p) = pid {
-                let _ = write!(s, " pid {p}");
-            }
-            match (comm, role) {
-                (Some(c), Some(r)) => {
-                    let _ = write!(s, " ({c}, {r})");
-                }
-                (Some(c), None) => {
-                    let _ = write!(s, " ({c})");
-                }
-                (None, Some(r)) => {
-                    let _ = write!(s, " ({r})");
-                }
-                (None, None) => {}
-            }
-            if let Some(a) = anon_rss_bytes {
-                let _ = write!(s, ", anon RSS {}", HumanBytes(*a));
-            }
-            s
-        }
-        EventKind::CudaOom {
-            device,
-            tried_bytes,
-            free_bytes,
-            reserved_unallocated_bytes,
-            reserved_bytes,
-            allocated_bytes,
-            ..
-        } => {
-            let mut s = match device {
-                Some(d) => format!("CUDA out of memory on GPU {d}"),
-                None => "CUDA out of memory".to_string(),
-            };
-            let slack = reserved_unallocated_bytes.or_else(|| {
-                reserved_bytes
-                    .zip(*allocated_bytes)
-                    .map(|(r, a)| r.saturating_sub(a))
-            });
-            for (label, v) in [
-                ("tried", tried_bytes),
-                ("free", free_bytes),
-                ("reserved unallocated", &slack),
-            ] {
-                if let Some(v) = v {
-                    let _ = write!(s, ", {label} {}", HumanBytes(*v));
-                }
-            }
-            s
-        }
+        EventKind::Restart { .. } => restart_summary(&e.kind),
+        EventKind::OomKill { .. } => oom_kill_summary(&e.kind),
+        EventKind::CudaOom { .. } => cuda_oom_summary(&e.kind),
         EventKind::WorkerDied {
             pid,
             signal,
@@ -176,7 +67,174 @@ pub(super) fn event_summary(e: &Event) -> String {
             }
             s
         }
+        EventKind::RankFailed(r) => r.describe(),
+        EventKind::PhaseMemory(p) => phase_memory_summary(p),
     }
+}
+
+fn rule_summary(
+    rule: &str,
+    metric: Option<&str>,
+    value: Option<f64>,
+    threshold: Option<f64>,
+    state: &str,
+) -> String {
+    let m = metric.unwrap_or("");
+    let mut s = format!("rule {rule} {state}");
+    if let Some(v) = value {
+        let _ = write!(s, ": {} {}", m, metric_value(m, v));
+        if let Some(th) = threshold {
+            let _ = write!(s, " (threshold {})", metric_value(m, th));
+        }
+    }
+    s
+}
+
+fn action_summary(
+    action: &str,
+    reason: Option<&str>,
+    pids: &[u32],
+    signal: Option<&str>,
+    result: Option<&str>,
+) -> String {
+    let mut s = action.to_string();
+    if let Some(r) = reason {
+        let _ = write!(s, " (rule {r})");
+    }
+    if let Some(sig) = signal {
+        let _ = write!(s, ", {sig}");
+    }
+    if !pids.is_empty() {
+        let shown: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
+        let more = if pids.len() > 8 {
+            format!(" +{}", pids.len() - 8)
+        } else {
+            String::new()
+        };
+        let _ = write!(s, " to pid {}{more}", shown.join(", "));
+    }
+    if let Some(r) = result
+        && r != "ok"
+    {
+        let _ = write!(s, ": {r}");
+    }
+    s
+}
+
+fn restart_summary(kind: &EventKind) -> String {
+    let EventKind::Restart {
+        next_attempt,
+        reason,
+        checkpoint,
+        degraded,
+        delay_seconds,
+    } = kind
+    else {
+        return String::new();
+    };
+    let mut s = match next_attempt {
+        Some(n) => format!("restart as attempt {n}"),
+        None => "restart".to_string(),
+    };
+    if let Some(r) = reason {
+        let _ = write!(s, " ({r})");
+    }
+    for (k, (old, new)) in degraded {
+        let _ = write!(s, "; {k} {} → {}", plain(old), plain(new));
+    }
+    match checkpoint {
+        Some(c) => {
+            let _ = write!(s, "; from checkpoint {c}");
+        }
+        None => s.push_str("; no checkpoint confirmed"),
+    }
+    if let Some(d) = delay_seconds {
+        let _ = write!(s, "; after {}", time_text(*d));
+    }
+    s
+}
+
+fn oom_kill_summary(kind: &EventKind) -> String {
+    let EventKind::OomKill {
+        pid,
+        comm,
+        role,
+        anon_rss_bytes,
+        ..
+    } = kind
+    else {
+        return String::new();
+    };
+    let mut s = "kernel OOM killer killed".to_string();
+    if let Some(p) = pid {
+        let _ = write!(s, " pid {p}");
+    }
+    match (comm, role) {
+        (Some(c), Some(r)) => {
+            let _ = write!(s, " ({c}, {r})");
+        }
+        (Some(c), None) => {
+            let _ = write!(s, " ({c})");
+        }
+        (None, Some(r)) => {
+            let _ = write!(s, " ({r})");
+        }
+        (None, None) => {}
+    }
+    if let Some(a) = anon_rss_bytes {
+        let _ = write!(s, ", anon RSS {}", HumanBytes(*a));
+    }
+    s
+}
+
+fn cuda_oom_summary(kind: &EventKind) -> String {
+    let EventKind::CudaOom {
+        device,
+        tried_bytes,
+        free_bytes,
+        reserved_unallocated_bytes,
+        reserved_bytes,
+        allocated_bytes,
+        ..
+    } = kind
+    else {
+        return String::new();
+    };
+    let mut s = match device {
+        Some(d) => format!("CUDA out of memory on GPU {d}"),
+        None => "CUDA out of memory".to_string(),
+    };
+    let slack = reserved_unallocated_bytes.or_else(|| {
+        reserved_bytes
+            .zip(*allocated_bytes)
+            .map(|(r, a)| r.saturating_sub(a))
+    });
+    for (label, v) in [
+        ("tried", tried_bytes),
+        ("free", free_bytes),
+        ("reserved unallocated", &slack),
+    ] {
+        if let Some(v) = v {
+            let _ = write!(s, ", {label} {}", HumanBytes(*v));
+        }
+    }
+    s
+}
+
+/// "validation adds 800 MiB (epoch 2, from 3.1 GiB)".
+fn phase_memory_summary(p: &crate::log::PhaseMemoryEvent) -> String {
+    let mut s = format!("{} adds {}", p.phase, HumanBytes(p.added_bytes));
+    let mut at = Vec::new();
+    if let Some(e) = &p.epoch {
+        at.push(format!("epoch {e}"));
+    }
+    if p.before_bytes > 0 {
+        at.push(format!("from {}", HumanBytes(p.before_bytes)));
+    }
+    if !at.is_empty() {
+        let _ = write!(s, " ({})", at.join(", "));
+    }
+    s
 }
 
 fn metric_value(metric: &str, v: f64) -> String {

@@ -576,29 +576,32 @@ impl Supervisor {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
             }
-            if let Some((name, mut body)) = crate::probe::output::log_record(&event, critical) {
-                if name == "rank_failed" {
-                    self.note_rank_failed(&mut body);
+            if let Some(mut record) = crate::log::OutputEvent::from_torch(&event, critical) {
+                if let crate::log::OutputEvent::RankFailed(r) = &mut record {
+                    self.note_rank_failed(r);
                 }
-                self.sinks.log.write(name, &body);
+                self.sinks.log.write(record.name(), &record);
                 let t = self.started.elapsed().as_secs_f64();
-                let ui = match name {
-                    "cuda_oom" => Some(crate::tui::UiEvent::CudaOom {
+                let ui = match &record {
+                    crate::log::OutputEvent::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
                         t,
-                        pid: body["pid"].as_u64().map(|p| p as u32),
-                        device: body["device"].as_u64().map(|d| d as u32),
-                        tried_bytes: body["tried_bytes"].as_u64(),
+                        pid: e.pid,
+                        device: e.device,
+                        tried_bytes: e.tried_bytes,
                     }),
-                    "worker_died" => Some(crate::tui::UiEvent::WorkerDied {
-                        t,
-                        pid: body["pid"].as_u64().unwrap_or(0) as u32,
-                        comm: String::new(),
-                        how: body["signal"].as_str().map_or_else(
-                            || format!("exit code {}", body["exit_code"]),
-                            |s| format!("killed by {s}"),
-                        ),
-                    }),
-                    _ => None,
+                    crate::log::OutputEvent::WorkerDied(e) => {
+                        Some(crate::tui::UiEvent::WorkerDied {
+                            t,
+                            pid: e.pid.unwrap_or(0),
+                            comm: String::new(),
+                            how: match (&e.signal, e.exit_code) {
+                                (Some(s), _) => format!("killed by {s}"),
+                                (None, Some(code)) => format!("exit code {code}"),
+                                (None, None) => "exit code unknown".to_string(),
+                            },
+                        })
+                    }
+                    crate::log::OutputEvent::RankFailed(_) => None,
                 };
                 if let Some(ev) = ui {
                     self.ui_event(ev);
@@ -624,30 +627,12 @@ impl Supervisor {
 
     /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
     /// keeps a line for the summary.
-    fn note_rank_failed(&mut self, body: &mut serde_json::Value) {
-        let pid = body["pid"].as_u64().and_then(|p| u32::try_from(p).ok());
-        let who = match (body["rank"].as_u64(), body["local_rank"].as_u64()) {
-            (Some(r), _) => format!("rank {r}"),
-            (None, Some(l)) => format!("local rank {l}"),
-            _ => "a rank".to_string(),
-        };
-        let who = pid.map_or(who.clone(), |p| format!("{who} (pid {p})"));
-        let note = if pid.is_some_and(|p| self.oom.reported(p)) {
-            body["oom_killed"] = serde_json::Value::Bool(true);
-            let text = format!("{who} was killed by the kernel OOM killer");
-            if let Some(advice) = body["advice"].as_array_mut() {
-                advice.insert(0, serde_json::Value::String(text.clone()));
-            }
-            text
-        } else {
-            match (body["signal"].as_str(), body["exit_code"].as_i64()) {
-                (Some(sig), _) => format!("{who} failed: killed by {sig}"),
-                (None, Some(code)) => format!("{who} failed with exit code {code}"),
-                _ => format!("{who} failed"),
-            }
-        };
+    fn note_rank_failed(&mut self, r: &mut crate::log::RankFailedEvent) {
+        if r.pid.is_some_and(|p| self.oom.reported(p)) {
+            r.tie_to_oom_kill();
+        }
         if self.rank_notes.len() < 16 {
-            self.rank_notes.push(note);
+            self.rank_notes.push(r.describe());
         }
     }
 
@@ -1147,18 +1132,11 @@ impl Supervisor {
                 .progress
                 .observe_memory(n.used_bytes, Some(n.headroom_bytes))
             {
-                let advice = flag.advice();
-                self.sinks.log.write_at(
-                    "phase_memory",
-                    sample.t,
-                    &serde_json::json!({
-                        "phase": flag.phase,
-                        "epoch": flag.epoch,
-                        "before_bytes": flag.before_bytes,
-                        "added_bytes": flag.added_bytes,
-                        "advice": advice,
-                    }),
-                );
+                let event = crate::log::PhaseMemoryEvent::new(&flag);
+                self.sinks
+                    .log
+                    .write_at("phase_memory", sample.t, &event);
+                let advice = event.advice;
                 if !self.cfg.quiet {
                     self.say(advice);
                 }
@@ -1213,7 +1191,7 @@ impl Supervisor {
                         "checkpoint",
                         &crate::log::CheckpointEvent {
                             confirmed: path.is_some(),
-                            path: path.clone(),
+                            path: path.as_ref().map(|p| p.display().to_string()),
                             waited_seconds,
                         },
                     );
@@ -1483,40 +1461,41 @@ impl Supervisor {
         let e = match finding {
             oom::Finding::Kill(e) => e,
             oom::Finding::Unexplained(why) => {
-                self.sinks.log.write_at(
-                    "oom_kill",
-                    t,
-                    &serde_json::json!({ "pid": null, "role": null, "reason": why }),
-                );
+                let event = crate::log::OomKillEvent {
+                    reason: Some(why),
+                    ..crate::log::OomKillEvent::default()
+                };
+                self.sinks.log.write_at("oom_kill", t, &event);
                 return;
             }
         };
-        let memory: Vec<serde_json::Value> = e
-            .memory
-            .iter()
-            .map(|&(pt, rss, pss)| serde_json::json!({"t": (pt * 1000.0).round() / 1000.0, "rss_bytes": rss, "pss_bytes": pss}))
-            .collect();
         self.ui_event(crate::tui::UiEvent::OomKill {
             t,
             pid: e.kill.pid,
             comm: e.comm.clone(),
             role: Some(e.role),
         });
-        self.sinks.log.write_at(
-            "oom_kill",
-            t,
-            &serde_json::json!({
-                "pid": e.kill.pid,
-                "comm": e.comm,
-                "role": e.role,
-                "place": e.place,
-                "anon_rss_bytes": e.kill.anon_rss_bytes,
-                "constraint": e.kill.constraint,
-                "cgroup": e.kill.cgroup,
-                "kill": e.kill,
-                "memory": memory,
-            }),
-        );
+        let event = crate::log::OomKillEvent {
+            pid: Some(e.kill.pid),
+            comm: Some(e.comm.clone()),
+            role: Some(e.role.as_str().to_string()),
+            place: Some(e.place.clone()),
+            anon_rss_bytes: e.kill.anon_rss_bytes,
+            constraint: e.kill.constraint.clone(),
+            cgroup: e.kill.cgroup.clone(),
+            kill: Some(e.kill.clone()),
+            memory: e
+                .memory
+                .iter()
+                .map(|&(pt, rss_bytes, pss_bytes)| crate::log::MemoryPoint {
+                    t: (pt * 1000.0).round() / 1000.0,
+                    rss_bytes,
+                    pss_bytes,
+                })
+                .collect(),
+            reason: None,
+        };
+        self.sinks.log.write_at("oom_kill", t, &event);
         if !self.cfg.quiet {
             self.say(format!(
                 "the kernel OOM killer killed {} (pid {}, {}){}",
@@ -1665,18 +1644,17 @@ impl Supervisor {
                 .map(|(k, _, new)| (k.clone(), new.clone()))
                 .collect(),
         });
-        let degraded: serde_json::Map<String, serde_json::Value> = changes
-            .iter()
-            .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
-            .collect();
         self.sinks.log.write(
             "restart",
-            &serde_json::json!({
-                "reason": reason,
-                "checkpoint": self.checkpoint,
-                "degraded": degraded,
-                "delay_seconds": delay.as_secs_f64(),
-            }),
+            &crate::log::RestartEvent {
+                reason: Some(reason.to_string()),
+                checkpoint: self.checkpoint.as_ref().map(|c| c.display().to_string()),
+                degraded: changes
+                    .iter()
+                    .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
+                    .collect(),
+                delay_seconds: Some(delay.as_secs_f64()),
+            },
         );
         if self.cfg.quiet {
             return;

@@ -154,9 +154,9 @@ impl Core {
                 let value = if value.is_finite() { value } else { f64::MAX };
                 self.act.push(Acted::Rule(crate::log::RuleEvent {
                     rule,
-                    metric: metric.name().to_string(),
-                    value: (value * 1000.0).round() / 1000.0,
-                    threshold,
+                    metric: Some(metric.name().to_string()),
+                    value: Some((value * 1000.0).round() / 1000.0),
+                    threshold: Some(threshold),
                     state: if firing { "firing" } else { "cleared" }.to_string(),
                 }));
                 return;
