@@ -76,6 +76,9 @@ fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "job.py", WORKER_KILLED);
     let log = dir.path().join("run.ndjson");
+    // The premise, counted where the kernel counts it (oomguard's own
+    // `oomguard-<pid>` cgroup below the test's).
+    let watch = OomWatch::start(&cg);
     let out = cg
         .command(
             std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
@@ -94,6 +97,7 @@ fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
         .stderr(Stdio::piped())
         .output()
         .unwrap();
+    assert!(watch.kills() > 0, "the kernel killed nothing");
     let lines = read_log(&log);
     schema::check_envelope(&lines);
     // The trainer's own exit code is kept; the outcome says why.
