@@ -76,6 +76,9 @@ fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "job.py", WORKER_KILLED);
     let log = dir.path().join("run.ndjson");
+    // The premise, counted where the kernel counts it (oomguard's own
+    // `oomguard-<pid>` cgroup below the test's).
+    let watch = OomWatch::start(&cg);
     let out = cg
         .command(
             std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")),
@@ -94,6 +97,7 @@ fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
         .stderr(Stdio::piped())
         .output()
         .unwrap();
+    assert!(watch.kills() > 0, "the kernel killed nothing");
     let lines = read_log(&log);
     schema::check_envelope(&lines);
     // The trainer's own exit code is kept; the outcome says why.
@@ -226,4 +230,110 @@ fn serial_a_relaunch_that_cannot_start_ends_with_internal_error() {
         "run_end.error: {error:?}"
     );
     assert_eq!(out.status.code(), Some(70), "stderr:\n{err}");
+}
+
+/// The hard limit on open files of `pid`, from `/proc/PID/limits`.
+fn hard_nofile(pid: u32) -> Option<u64> {
+    let text = fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let hard = line.split_whitespace().nth(4)?;
+    Some(hard.parse().unwrap_or(u64::MAX))
+}
+
+/// oomguard's own failure after the job started, forced from outside: while
+/// it waits to restart the job (a CUDA OOM, `--restart-on cuda-oom`), its
+/// open-file limit is lowered so far that the next attempt gets no pipes. The run must end as the contract says: exit 70, `run_end` last
+/// with `outcome: internal_error` and the `error`.
+#[test]
+fn a_relaunch_that_gets_no_pipes_ends_with_internal_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/torch-errors/04-torch1.4-1.9-reserved-in-total.txt");
+    let text: String = fs::read_to_string(&fixture)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("# source"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let msg = dir.path().join("oom.txt");
+    fs::write(&msg, text).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let err_file = dir.path().join("stderr.txt");
+    let mut og = oomguard()
+        .args([
+            "run",
+            "--no-tui",
+            "--cgroup",
+            "off",
+            "--restart-on",
+            "cuda-oom",
+            "--restart-delay",
+            "3s",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "sh", "-c"])
+        .arg(format!("cat '{}' >&2; exit 1", msg.display()))
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err_file).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = og.id();
+    // The restart line is written once the first attempt's tree is gone,
+    // before the relaunch (3 s later).
+    let planned = wait_for(Duration::from_secs(20), || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(r#""event":"restart""#)
+    });
+    if !planned {
+        let _ = og.kill();
+        let _ = og.wait();
+        panic!(
+            "no restart was planned; stderr:\n{}",
+            fs::read_to_string(&err_file).unwrap_or_default()
+        );
+    }
+    let hard = hard_nofile(pid).unwrap();
+    // A new descriptor takes the lowest free number, and must be below the
+    // limit: with the limit at 3 (stdin, stdout and stderr are open), no
+    // new descriptor can be had, whatever oomguard closes meanwhile.
+    let lowered = rustix::process::prlimit(
+        rustix::process::Pid::from_raw(pid as i32),
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(3),
+            maximum: (hard != u64::MAX).then_some(hard),
+        },
+    );
+    if lowered.is_err() {
+        let _ = og.kill();
+        let _ = og.wait();
+    }
+    lowered.unwrap();
+    let ended = wait_for(Duration::from_secs(20), || og.try_wait().unwrap().is_some());
+    if !ended {
+        let _ = og.kill();
+    }
+    let status = og.wait().unwrap();
+    let err = fs::read_to_string(&err_file).unwrap_or_default();
+    assert!(ended, "oomguard did not end; stderr:\n{err}");
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    assert!(
+        matches!(lines[0].event, schema::Event::RunStart(_)),
+        "run_start is not first"
+    );
+    let end = schema::run_end(&lines);
+    assert_eq!(
+        (end.outcome.as_str(), end.exit_code),
+        ("internal_error", 70),
+        "stderr:\n{err}"
+    );
+    let error = end.error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("cannot restart") && error.contains("Too many open files"),
+        "run_end.error: {error:?}"
+    );
+    assert_eq!(status.code(), Some(70), "stderr:\n{err}");
 }
