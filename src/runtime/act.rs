@@ -524,7 +524,8 @@ impl Actuator {
         if grace_over && trainers_alive && !may_kill {
             // attach: as far as a non-parent can go. Give back what was
             // held and keep watching.
-            self.release(st, tree, sig);
+            let why = format!("{}: the stop is given up (attach)", st.reason);
+            self.release(st, &why, tree, sig);
             self.say(
                 "the trainer did not exit within the grace period; leaving it running \
                  (oomguard did not launch it; --allow-kill to let it stop the tree)"
@@ -537,7 +538,8 @@ impl Actuator {
         if !may_kill && !trainers_alive {
             // attach: the trainer checkpointed and left; the rest is not
             // ours to end (nor to leave stopped).
-            self.release(st, tree, sig);
+            let why = format!("{}: the trainer exited (attach)", st.reason);
+            self.release(st, &why, tree, sig);
             return false;
         }
         if trainers_alive && !grace_over && confirmed.is_none() {
@@ -584,12 +586,18 @@ impl Actuator {
 
     /// Lets go of everything a graceful stop holds (throttled or frozen
     /// processes): a job oomguard stops watching, or whose stop it gives
-    /// up, must not be left stopped.
-    pub fn release(&mut self, st: &Stop, tree: &[ProcSample], sig: &mut dyn Signaller) {
-        let held: Vec<Ident> = st.throttled.iter().copied().collect();
-        signal_all(sig, &held, SIG_CONT);
+    /// up, must not be left stopped. Logged as a `resume` when it reached
+    /// anyone.
+    pub fn release(&mut self, st: &Stop, why: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
+        let mut held: Vec<Ident> = st.throttled.iter().copied().collect();
         if st.frozen_all {
-            signal_all(sig, &idents(tree, |_| true), SIG_CONT);
+            held.extend(idents(tree, |_| true));
+        }
+        held.sort_unstable();
+        held.dedup();
+        let sent = signal_all(sig, &held, SIG_CONT);
+        if !sent.0.is_empty() {
+            self.record("resume", why, sent, SIG_CONT);
         }
     }
 
@@ -601,7 +609,7 @@ impl Actuator {
             self.record("resume", why, sent, SIG_CONT);
         }
         if let Some(st) = self.stop.take() {
-            self.release(&st, tree, sig);
+            self.release(&st, why, tree, sig);
         }
     }
 

@@ -64,21 +64,23 @@ pub use crate::settings::Settings as RunConfig;
 
 /// Runs the job under supervision and returns oomguard's exit code.
 pub fn run(cfg: RunConfig) -> i32 {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("oomguard: cannot start the runtime: {e}");
-            return EXIT_INTERNAL;
-        }
-    };
     let log = cfg.log.clone();
     let started = Instant::now();
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        rt.block_on(setup::supervise_job(cfg))
-    })) {
+    // The runtime is built inside the guard too: with almost no file
+    // descriptors left, building it can panic rather than fail.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        match rt {
+            Ok(rt) => rt.block_on(setup::supervise_job(cfg)),
+            Err(e) => {
+                eprintln!("oomguard: cannot start the runtime: {e}");
+                EXIT_INTERNAL
+            }
+        }
+    }));
+    match outcome {
         Ok(code) => code,
         Err(payload) => {
             let what = payload
@@ -86,6 +88,7 @@ pub fn run(cfg: RunConfig) -> i32 {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "panic".into());
+            eprintln!("oomguard: internal error: {what}");
             if let Some(path) = log {
                 crate::log::end_after_failure(
                     &path,
@@ -1133,9 +1136,7 @@ impl Supervisor {
                 .observe_memory(n.used_bytes, Some(n.headroom_bytes))
             {
                 let event = crate::log::PhaseMemoryEvent::new(&flag);
-                self.sinks
-                    .log
-                    .write_at("phase_memory", sample.t, &event);
+                self.sinks.log.write_at("phase_memory", sample.t, &event);
                 let advice = event.advice;
                 if !self.cfg.quiet {
                     self.say(advice);
@@ -1604,6 +1605,12 @@ impl Supervisor {
         }
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let how = match status {
+            _ if self.internal_error.is_some() => {
+                format!(
+                    "not started ({})",
+                    self.internal_error.as_deref().unwrap_or("")
+                )
+            }
             _ if end.policy_end.is_some() => format!(
                 "stopped by oomguard ({})",
                 end.policy_end.map_or("", |a| a.name())
@@ -1941,6 +1948,10 @@ impl Supervisor {
                 self.restarts, self.cfg.restart.max_restarts
             ),
             (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
+            (Outcome::InternalError, _) => format!(
+                "could not be supervised to the end: {}; exit {exit_code}",
+                self.internal_error.as_deref().unwrap_or("oomguard failed")
+            ),
             (Outcome::StoppedByPolicy, _) => format!(
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
                 // An attached trainer that checkpointed and left ends the
