@@ -337,3 +337,37 @@ fn a_relaunch_that_gets_no_pipes_ends_with_internal_error() {
     );
     assert_eq!(status.code(), Some(70), "stderr:\n{err}");
 }
+
+/// Out of file descriptors before the job starts is oomguard's own failure,
+/// whatever it was opening (the runtime, the relay's pipes, the job's
+/// descriptors): exit 70, never 2 (a usage error) or a panic's 101, and a
+/// log that was opened ends with `run_end` (`internal_error`).
+#[test]
+fn running_out_of_descriptors_at_start_is_an_internal_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for limit in [6, 8, 10, 12, 14, 16, 20] {
+        let log = dir.path().join(format!("fd{limit}.ndjson"));
+        let script = format!(
+            "ulimit -n {limit} && exec \"$0\" run --no-tui --cgroup off --log '{}' -- true",
+            log.display()
+        );
+        let out = std::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(&script)
+            .arg(env!("CARGO_BIN_EXE_oomguard"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(70), "limit {limit}: {err}");
+        if let Ok(text) = fs::read_to_string(&log) {
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let last = lines.last().expect("an opened log is never empty");
+            assert_eq!(last["event"], "run_end", "limit {limit}: {text}");
+            assert_eq!(last["outcome"], "internal_error", "limit {limit}");
+        }
+    }
+}

@@ -26,7 +26,7 @@ use crate::log::{GpuInfo, LogWriter};
 use crate::model::SystemSample;
 use crate::policy::Engine;
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
-use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, RelayOptions};
+use crate::probe::output::{JobStdio, OutputError, OutputRelay, OutputScanner, RelayOptions};
 use crate::probe::proc::{TreeRoot, TreeScanner};
 use crate::probe::pss::{PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
@@ -113,7 +113,13 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     let foreground = foreground && screen.slave.is_none();
     let mut output = match open_output(&cfg, screen.slave.is_some()) {
         Ok(o) => o,
-        Err(code) => return code,
+        Err(OutputSetupError::Usage(msg)) => {
+            eprintln!("oomguard: {msg}");
+            return 2;
+        }
+        // Pipes or threads for the relay: oomguard's own failure (e.g. out
+        // of file descriptors), not the user's.
+        Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, msg),
     };
     let mut first_env = attempt_env(1, None, &BTreeMap::new());
     if let Some((inj, _)) = &torch {
@@ -345,18 +351,25 @@ fn open_dashboard(cfg: &RunConfig) -> Screen {
     }
 }
 
+/// Why the job's output cannot be set up: a path the user gave (exit 2),
+/// or oomguard's own resources (exit 70).
+enum OutputSetupError {
+    Usage(String),
+    Internal(String),
+}
+
 /// The relay of the job's stdout and stderr (not with the dashboard, whose
 /// pty is read by the loop, nor under `attach`).
-fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, i32> {
+fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupError> {
     if cfg.attach.is_none() && !has_pty {
         let (relay, stdio) = OutputRelay::new(RelayOptions {
             output_log: cfg.output_log.clone(),
             drop_when_full: cfg.output_drop,
             ..Default::default()
         })
-        .map_err(|e| {
-            eprintln!("oomguard: {e}");
-            2
+        .map_err(|e| match e {
+            OutputError::OpenLog { .. } => OutputSetupError::Usage(e.to_string()),
+            e => OutputSetupError::Internal(e.to_string()),
         })?;
         return Ok(Output {
             relay: Some(relay),
@@ -371,10 +384,7 @@ fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, i32> {
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| {
-            eprintln!("oomguard: cannot write '{}': {e}", path.display());
-            2
-        })?;
+        .map_err(|e| OutputSetupError::Usage(format!("cannot write '{}': {e}", path.display())))?;
     Ok(Output {
         pty_log: Some(file),
         ..Output::default()
