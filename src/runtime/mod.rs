@@ -1074,23 +1074,23 @@ impl Supervisor {
             .core
             .tick(sample, inputs, &mut self.sig, &mut *self.sinks.notifier);
         self.acted(Some(&out.view));
-        let Some(sample) = self.core.last_sample.take() else {
-            return;
-        };
-        self.record(
-            &sample,
-            &out.view,
-            out.decided,
-            out.waits_changed,
-            Some(&out.readings),
-        );
+        // The core keeps the sample as the previous one; the sinks borrow it.
+        if let Some(sample) = self.core.last_sample.take() {
+            self.record(
+                &sample,
+                &out.view,
+                out.decided,
+                out.waits_changed,
+                Some(&out.readings),
+            );
+            self.core.last_sample = Some(sample);
+        }
         let every = self.core.cadence(&out.view, self.cfg.interval);
         self.next_tick = now + every;
         if every >= self.cfg.interval {
             self.next_full = self.next_tick;
         }
         self.core.last_view = Some(out.view);
-        self.core.last_sample = Some(sample);
     }
 
     /// The fullest GPU's ETA, from fresh readings only (a carried one
