@@ -203,6 +203,9 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
             error: Some(error.to_string()),
             fail_above: None,
             output_dropped_bytes: None,
+            exit_code_known: None,
+            detached_reason: None,
+            still_running_pids: None,
         },
     );
 }
@@ -499,6 +502,16 @@ pub struct RunEnd {
     /// `attach`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_dropped_bytes: Option<u64>,
+    /// `attach`: always false (a non-parent never sees the job's exit
+    /// code). Absent under `run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code_known: Option<bool>,
+    /// `attach`, outcome `detached`: why the watch ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detached_reason: Option<String>,
+    /// `attach`, outcome `detached`: the job's processes still alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub still_running_pids: Option<Vec<u32>>,
 }
 
 /// The CI memory gate's verdict.

@@ -12,8 +12,6 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Instant;
 
-use serde::Serialize;
-
 use super::Supervisor;
 use crate::log::Outcome;
 use crate::probe::cgroup::{CgroupReader, Location};
@@ -95,19 +93,6 @@ impl Attached {
     }
 }
 
-/// What `run_end` adds under `attach`.
-#[derive(Debug, Serialize)]
-struct AttachEnd {
-    /// Always false: a non-parent cannot reap the job, so its code is
-    /// never seen.
-    exit_code_known: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detached_reason: Option<String>,
-    /// The job's processes still alive when the watch ended.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    still_running_pids: Option<Vec<u32>>,
-}
-
 impl Supervisor {
     /// Whether the job's cgroup is its exact footprint (and member list).
     pub(super) fn attached_exclusive(&self) -> bool {
@@ -180,25 +165,16 @@ impl Supervisor {
     /// Writes `run_end`, with what `attach` adds: that the job's exit code
     /// is unknown, and the pids still running when the watch ended.
     pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::log::RunEnd) {
-        if self.cfg.attach.is_none() {
-            self.sinks.log.write("run_end", end);
-            return;
+        let mut end = end.clone();
+        if self.cfg.attach.is_some() {
+            // A non-parent cannot reap the job, so its code is never seen.
+            end.exit_code_known = Some(false);
+            if outcome == Outcome::Detached {
+                end.detached_reason = self.attached.as_ref().and_then(|a| a.detached.clone());
+                end.still_running_pids = Some(self.sampler.tree.iter().map(|p| p.pid).collect());
+            }
         }
-        let detached = outcome == Outcome::Detached;
-        let extra = AttachEnd {
-            exit_code_known: false,
-            detached_reason: detached
-                .then(|| self.attached.as_ref().and_then(|a| a.detached.clone()))
-                .flatten(),
-            still_running_pids: detached.then(|| self.sampler.tree.iter().map(|p| p.pid).collect()),
-        };
-        let mut v = serde_json::to_value(end).unwrap_or_default();
-        if let (Some(obj), Ok(serde_json::Value::Object(more))) =
-            (v.as_object_mut(), serde_json::to_value(&extra))
-        {
-            obj.extend(more);
-        }
-        self.sinks.log.write("run_end", &v);
+        self.sinks.log.write("run_end", &end);
     }
 
     /// The summary's first line under `attach` (`None`: the usual one).

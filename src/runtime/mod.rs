@@ -457,6 +457,9 @@ fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
             error: Some(error),
             fail_above: None,
             output_dropped_bytes: None,
+            exit_code_known: None,
+            detached_reason: None,
+            still_running_pids: None,
         },
     );
     EXIT_INTERNAL
@@ -477,6 +480,9 @@ fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
             error: Some(e.to_string()),
             fail_above: None,
             output_dropped_bytes: None,
+            exit_code_known: None,
+            detached_reason: None,
+            still_running_pids: None,
         },
     );
     code
@@ -1872,6 +1878,9 @@ impl Supervisor {
                     let st = r.stats();
                     st.stdout.dropped_bytes + st.stderr.dropped_bytes
                 }),
+                exit_code_known: None,
+                detached_reason: None,
+                still_running_pids: None,
             },
         );
         if let Some((limit, true)) = fail_above
