@@ -498,16 +498,7 @@ impl Supervisor {
         }
         if let Some(empty) = self.attached_cgroup_empty() {
             if empty {
-                self.main_status = Some(Status::Exited(0));
-                self.sinks.log.write(
-                    "child_exit",
-                    &ChildExit {
-                        pid: self.job.pid,
-                        code: None,
-                        signal: None,
-                    },
-                );
-                self.say("the job's cgroup has no processes left".to_string());
+                self.attached_job_ended("the job's cgroup has no processes left".to_string());
             }
             return;
         }
@@ -521,17 +512,20 @@ impl Supervisor {
             .and_then(|t| crate::probe::proc::parse_stat(&t))
             .is_some_and(|st| st.start_time == self.job.start_time && st.state != 'Z');
         if !same {
-            self.main_status = Some(Status::Exited(0));
-            self.sinks.log.write(
-                "child_exit",
-                &ChildExit {
-                    pid: self.job.pid,
-                    code: None,
-                    signal: None,
-                },
-            );
-            self.say(format!("pid {} has ended", self.job.pid));
+            self.attached_job_ended(format!("pid {} has ended", self.job.pid));
         }
+    }
+
+    /// The attached job is over; its exit code is unknown (not our child).
+    fn attached_job_ended(&mut self, why: String) {
+        self.main_status = Some(Status::Exited(0));
+        let exit = ChildExit {
+            pid: self.job.pid,
+            code: None,
+            signal: None,
+        };
+        self.sinks.log.write("child_exit", &exit);
+        self.say(why);
     }
 
     /// The job wrote to its terminal (the dashboard's pty).

@@ -229,15 +229,7 @@ impl Core {
     }
 
     fn warn(&mut self, reason: &str, sample: &Sample, view: &View, notifier: &mut dyn Notifier) {
-        let head = view.nearest.map_or_else(String::new, |n| {
-            format!(
-                "headroom {} ({:.1}%) under the {} ceiling of {}",
-                HumanBytes(n.headroom_bytes),
-                n.headroom_percent(),
-                n.ceiling.source.as_str(),
-                HumanBytes(n.ceiling.bytes)
-            )
-        });
+        let head = headroom_text(view).unwrap_or_default();
         let eta = view
             .eta_seconds
             .map_or_else(String::new, |e| format!("; full in ~{e:.0}s"));
@@ -295,17 +287,21 @@ impl Core {
     }
 }
 
+/// "headroom 1.2 GiB (7.5%) under the cgroup ceiling of 16 GiB".
+fn headroom_text(view: &View) -> Option<String> {
+    let n = view.nearest?;
+    Some(format!(
+        "headroom {} ({:.1}%) under the {} ceiling of {}",
+        HumanBytes(n.headroom_bytes),
+        n.headroom_percent(),
+        n.ceiling.source.as_str(),
+        HumanBytes(n.ceiling.bytes)
+    ))
+}
+
 /// The message for a critical action: what was crossed and what follows.
 fn describe(action: Action, reason: &str, view: &View, act: &Actuator) -> String {
-    let head = view.nearest.map_or_else(String::new, |n| {
-        format!(
-            ": headroom {} ({:.1}%) under the {} ceiling of {}",
-            HumanBytes(n.headroom_bytes),
-            n.headroom_percent(),
-            n.ceiling.source.as_str(),
-            HumanBytes(n.ceiling.bytes)
-        )
-    });
+    let head = headroom_text(view).map_or_else(String::new, |h| format!(": {h}"));
     let what = match action {
         Action::Pause => "pausing the job".to_string(),
         Action::Stop => format!(
