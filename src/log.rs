@@ -261,7 +261,23 @@ pub struct PolicyRuleInfo {
     pub for_seconds: Option<f64>,
     #[serde(deserialize_with = "lenient")]
     pub clear: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    pub cooldown_seconds: Option<f64>,
     pub action: String,
+    /// A second condition that must hold too.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub also: Option<PolicyGuardInfo>,
+}
+
+/// `also` of a rule in `run_start.policy.rules`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PolicyGuardInfo {
+    pub metric: String,
+    #[serde(deserialize_with = "lenient")]
+    pub op: Option<String>,
+    #[serde(deserialize_with = "lenient")]
+    pub threshold: Option<f64>,
 }
 
 /// The job's cgroup as `run_start` reports it.
@@ -543,6 +559,7 @@ pub enum Outcome {
 #[serde(default)]
 pub struct LineHead {
     pub schema: Option<serde_json::Value>,
+    #[serde(deserialize_with = "lenient")]
     pub event: Option<String>,
     #[serde(deserialize_with = "lenient")]
     pub ts: Option<String>,
@@ -604,8 +621,8 @@ fn firing() -> String {
 pub struct RestartEvent {
     #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default)]
-    pub checkpoint: Option<String>,
+    #[serde(default, deserialize_with = "lenient")]
+    pub checkpoint: Option<PathBuf>,
     /// `NAME -> [old, new]` for each setting changed for the next attempt.
     #[serde(default)]
     pub degraded: BTreeMap<String, serde_json::Value>,
@@ -616,7 +633,7 @@ pub struct RestartEvent {
 /// `checkpoint`: the checkpoint oomguard waited for before a restart.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointEvent {
-    pub path: Option<String>,
+    pub path: Option<PathBuf>,
     pub confirmed: bool,
     pub waited_seconds: f64,
 }

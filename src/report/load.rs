@@ -12,6 +12,7 @@
 //! file with no oomguard line at all, is an error, since reading it as
 //! `oomguard/1` would mislead.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -369,7 +370,7 @@ struct Reader {
 impl Reader {
     /// Takes line `n`; `last` when no other line follows it.
     fn line(&mut self, n: usize, raw: &str, last: bool) -> Result<(), ReportError> {
-        let Some((value, head)) = self.envelope(n, raw, last)? else {
+        let Some((raw, head)) = self.envelope(n, raw, last)? else {
             return Ok(());
         };
         self.parsed_any = true;
@@ -398,10 +399,12 @@ impl Reader {
         let procs = if event == "sample" {
             None
         } else {
-            LineProcs::deserialize(&value).unwrap_or_default().procs
+            serde_json::from_str::<LineProcs>(&raw)
+                .unwrap_or_default()
+                .procs
         };
         self.snapshot(procs.as_deref(), t, attempt);
-        match event_kind(&event, &value, head.attempt) {
+        match event_kind(&event, &raw, head.attempt) {
             Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
             Ok(Read::Sample(s)) => {
                 self.snapshot(s.procs.as_deref(), t, attempt);
@@ -459,14 +462,33 @@ impl Reader {
 
     /// The line as JSON and its envelope, or `None` (with a warning) when
     /// it is not an oomguard line; an error when it names another schema.
-    fn envelope(
+    fn envelope<'a>(
         &mut self,
         n: usize,
-        raw: &str,
+        raw: &'a str,
         last: bool,
-    ) -> Result<Option<(Value, LineHead)>, ReportError> {
-        let value = match serde_json::from_str::<Value>(raw) {
-            Ok(v @ Value::Object(_)) => v,
+    ) -> Result<Option<(Cow<'a, str>, LineHead)>, ReportError> {
+        // The envelope is read straight from the text (every field of it
+        // reads whatever its value), so a failure is the text's: not JSON,
+        // or JSON that is not an object.
+        let mut raw = Cow::Borrowed(raw);
+        let head = if raw.starts_with('{') {
+            serde_json::from_str::<LineHead>(&raw).or_else(|e| {
+                // A key given twice (valid JSON; the last one counts) is
+                // the one thing a typed reader refuses: read it once.
+                if e.classify() != serde_json::error::Category::Data {
+                    return Err(e);
+                }
+                let once = serde_json::from_str::<Value>(&raw)?.to_string();
+                let head = serde_json::from_str::<LineHead>(&once)?;
+                raw = Cow::Owned(once);
+                Ok(head)
+            })
+        } else {
+            serde_json::from_str::<serde::de::IgnoredAny>(&raw).map(|_| LineHead::default())
+        };
+        let head = match head {
+            Ok(h) if raw.starts_with('{') => h,
             Ok(_) => {
                 self.log
                     .warnings
@@ -482,9 +504,8 @@ impl Reader {
                 return Ok(None);
             }
         };
-        let head = LineHead::deserialize(&value).unwrap_or_default();
         match &head.schema {
-            Some(Value::String(s)) if s == SCHEMA => Ok(Some((value, head))),
+            Some(Value::String(s)) if s == SCHEMA => Ok(Some((raw, head))),
             Some(Value::String(s)) => Err(ReportError::Schema {
                 line: n,
                 found: s.clone(),
@@ -512,13 +533,21 @@ enum Read {
 
 /// Reads the body of a line whose event is `event`. `attempt` is the
 /// line's `attempt`, which on a `restart` names the attempt that starts.
-fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serde_json::Error> {
+fn event_kind(event: &str, raw: &str, attempt: Option<u64>) -> Result<Read, serde_json::Error> {
     Ok(Read::Event(match event {
-        "run_start" => return Ok(Read::Start(Box::new(RunStart::deserialize(v)?))),
-        "sample" => return Ok(Read::Sample(Box::new(SampleEvent::deserialize(v)?))),
-        "run_end" => return Ok(Read::End(Box::new(RunEnd::deserialize(v)?))),
+        "run_start" => {
+            return Ok(Read::Start(Box::new(serde_json::from_str::<RunStart>(
+                raw,
+            )?)));
+        }
+        "sample" => {
+            return Ok(Read::Sample(Box::new(serde_json::from_str::<SampleEvent>(
+                raw,
+            )?)));
+        }
+        "run_end" => return Ok(Read::End(Box::new(serde_json::from_str::<RunEnd>(raw)?))),
         "rule" => {
-            let r = RuleEvent::deserialize(v)?;
+            let r = serde_json::from_str::<RuleEvent>(raw)?;
             EventKind::Rule {
                 rule: nonempty(r.rule).unwrap_or_else(|| "?".into()),
                 metric: r.metric,
@@ -528,7 +557,7 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
             }
         }
         "action" => {
-            let a = ActionEvent::deserialize(v)?;
+            let a = serde_json::from_str::<ActionEvent>(raw)?;
             EventKind::Action {
                 action: nonempty(a.action).unwrap_or_else(|| "?".into()),
                 reason: nonempty(a.reason),
@@ -538,7 +567,7 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
             }
         }
         "child_exit" => {
-            let c = ChildExit::deserialize(v)?;
+            let c = serde_json::from_str::<ChildExit>(raw)?;
             EventKind::ChildExit {
                 pid: Some(c.pid).filter(|&p| p > 0),
                 code: c.code.map(i64::from),
@@ -546,17 +575,17 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
             }
         }
         "restart" => {
-            let r = RestartEvent::deserialize(v)?;
+            let r = serde_json::from_str::<RestartEvent>(raw)?;
             EventKind::Restart {
                 next_attempt: attempt.and_then(|a| u32::try_from(a).ok()),
                 reason: r.reason,
-                checkpoint: r.checkpoint,
+                checkpoint: r.checkpoint.map(|p| p.display().to_string()),
                 degraded: degraded(r.degraded),
                 delay_seconds: r.delay_seconds.filter(|x| x.is_finite()),
             }
         }
         "oom_kill" => {
-            let k = OomKillEvent::deserialize(v)?;
+            let k = serde_json::from_str::<OomKillEvent>(raw)?;
             EventKind::OomKill {
                 pid: k.pid,
                 comm: k.comm,
@@ -566,7 +595,7 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
             }
         }
         "cuda_oom" => {
-            let c = CudaOomEvent::deserialize(v)?;
+            let c = serde_json::from_str::<CudaOomEvent>(raw)?;
             EventKind::CudaOom {
                 device: c.device.map(|d| d.to_string()),
                 pid: c.pid,
@@ -580,7 +609,7 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
             }
         }
         "worker_died" => {
-            let w = WorkerDiedEvent::deserialize(v)?;
+            let w = serde_json::from_str::<WorkerDiedEvent>(raw)?;
             EventKind::WorkerDied {
                 pid: w.pid,
                 signal: w.signal,
@@ -588,8 +617,8 @@ fn event_kind(event: &str, v: &Value, attempt: Option<u64>) -> Result<Read, serd
                 shm_hint: w.shm_hint,
             }
         }
-        "rank_failed" => EventKind::RankFailed(RankFailedEvent::deserialize(v)?),
-        "phase_memory" => EventKind::PhaseMemory(PhaseMemoryEvent::deserialize(v)?),
+        "rank_failed" => EventKind::RankFailed(serde_json::from_str::<RankFailedEvent>(raw)?),
+        "phase_memory" => EventKind::PhaseMemory(serde_json::from_str::<PhaseMemoryEvent>(raw)?),
         _ => return Ok(Read::Unknown),
     }))
 }
