@@ -1133,7 +1133,9 @@ impl Supervisor {
         {
             if let Some(flag) = self
                 .progress
-                .observe_memory(n.used_bytes, Some(n.headroom_bytes))
+                // The job's own footprint: under the system ceiling the
+                // ceiling's usage is the whole machine's.
+                .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes))
             {
                 let event = crate::log::PhaseMemoryEvent::new(&flag);
                 self.sinks.log.write_at("phase_memory", sample.t, &event);
@@ -1192,7 +1194,7 @@ impl Supervisor {
                         "checkpoint",
                         &crate::log::CheckpointEvent {
                             confirmed: path.is_some(),
-                            path: path.as_ref().map(|p| p.display().to_string()),
+                            path: path.clone(),
                             waited_seconds,
                         },
                     );
@@ -1655,7 +1657,7 @@ impl Supervisor {
             "restart",
             &crate::log::RestartEvent {
                 reason: Some(reason.to_string()),
-                checkpoint: self.checkpoint.as_ref().map(|c| c.display().to_string()),
+                checkpoint: self.checkpoint.clone(),
                 degraded: changes
                     .iter()
                     .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))

@@ -151,14 +151,13 @@ impl Core {
                 threshold,
                 firing,
             } => {
-                let value = if value.is_finite() { value } else { f64::MAX };
-                self.act.push(Acted::Rule(crate::log::RuleEvent {
-                    rule,
-                    metric: Some(metric.name().to_string()),
-                    value: Some((value * 1000.0).round() / 1000.0),
-                    threshold: Some(threshold),
-                    state: if firing { "firing" } else { "cleared" }.to_string(),
-                }));
+                self.act.push(Acted::Rule(crate::log::RuleEvent::new(
+                    &rule,
+                    metric.name(),
+                    value,
+                    threshold,
+                    firing,
+                )));
                 return;
             }
             Decision::Resume { reason } => {
