@@ -263,3 +263,80 @@ fn plain_nanogpt() {
 fn lines_that_only_look_like_progress_never_become_progress() {
     replay("noise");
 }
+
+/// 100 MB of one tqdm bar redrawn with `\r`, never ending a line, then the
+/// final state on a line of its own; the number of the last state goes to
+/// the file named by the first argument.
+const REDRAWS: &str = r##"
+import sys
+out = sys.stdout.buffer
+n = written = 0
+while written < 100_000_000:
+    parts = []
+    for _ in range(10_000):
+        n += 1
+        parts.append(b"\rEpoch 1: %3d%%|#         | %d/3000000 [00:01<00:02, 50.00it/s]" % (n * 100 // 3000000, n))
+    block = b"".join(parts)
+    out.write(block)
+    written += len(block)
+out.write(b"\n")
+out.flush()
+open(sys.argv[1], "w").write(str(n))
+"##;
+
+/// oomguard's peak resident memory (VmHWM), in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn serial_a_100_mb_redrawn_bar_with_no_newline_keeps_memory_bounded() {
+    let _serial = common::serial();
+    if !common::require(has_python(), "python3 is not installed") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let job = common::script(dir.path(), "redraw.py", REDRAWS);
+    let last = dir.path().join("last");
+    let log = dir.path().join("run.ndjson");
+    let mut child = common::oomguard()
+        .args(["run", "--no-gpu", "--log"])
+        .arg(&log)
+        .args(["--", "python3"])
+        .arg(&job)
+        .arg(&last)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut peak = 0;
+    let status = loop {
+        if let Some(kib) = peak_rss_kib(pid) {
+            peak = peak.max(kib);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    // The queue to the destination (1 MiB), a read (1 MiB), a line cut at
+    // 16 KiB, and the binary itself: far below the 100 MB that went by.
+    assert!(peak > 0, "VmHWM was never read");
+    assert!(peak < 40 << 10, "oomguard's peak RSS {peak} KiB");
+    // Every byte was scanned: the log ends at the last state.
+    let n: u64 = std::fs::read_to_string(&last).unwrap().parse().unwrap();
+    let lines = read_log(&log);
+    let p = lines.last().unwrap().progress.as_ref().unwrap();
+    assert_eq!((p.step, p.total), (Some(n), Some(3_000_000)));
+    assert_eq!(p.epoch.as_deref(), Some("1"));
+}
