@@ -158,7 +158,15 @@ fn relay(oomguard: &str, name: &str, job: &str, rounds: usize) {
         c.args(["run", "-q", "--no-gpu", "--", "sh", "-c", job])
             .env_remove("GITHUB_ACTIONS");
         let v = measure(c, true);
-        assert_eq!(v.bytes, d.bytes, "bytes lost through oomguard");
+        // Reported, not asserted: an older build measured for comparison
+        // may lose bytes, and its figures are still wanted.
+        if v.bytes != d.bytes {
+            println!(
+                "  !! {} of {} bytes lost through oomguard",
+                d.bytes.abs_diff(v.bytes),
+                d.bytes
+            );
+        }
         bytes = v.bytes;
         via.push(v.wall.as_secs_f64());
         cpu.push(v.cpu.unwrap_or(0.0));
