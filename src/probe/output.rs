@@ -28,8 +28,9 @@
 //! bytes are dropped when the destination lags, a closed destination only
 //! stops the writing, and what was dropped is counted.
 //!
-//! Every byte read is scanned (see [`OutputScanner`]); the scan skips whole
-//! reads in which no line can matter, so it costs little next to the copy.
+//! Every byte read is scanned (see [`OutputScanner`]); the scan jumps from
+//! one line that can matter to the next and parses only the newest state of
+//! a redrawn bar, so it costs little next to the copy.
 
 use std::collections::VecDeque;
 use std::fmt;
