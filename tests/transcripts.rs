@@ -69,9 +69,9 @@ for raw in open(path, encoding="utf-8"):
             s = expand(tpl, n, int(total))
             write(verb[0], "\r" + s if verb[1:] == "bar" else s + "\n")
             time.sleep(pace)
-    elif verb == "expect":
+    elif verb in ("expect", "pause"):
         time.sleep(pause)
-    elif verb != "end":
+    elif verb not in ("end", "never"):
         sys.exit(f"unknown directive {verb!r}")
 "##;
 
@@ -185,6 +185,27 @@ fn replay(name: &str) {
                 );
             };
             from += i + 1;
+        } else if let Some(args) = directive.strip_prefix("never ") {
+            // Any line, any time: the given fields must never all match.
+            let (never, _) = parse_want(args);
+            let bad = |p: &schema::Progress| {
+                never.step.is_none_or(|s| p.step == Some(s))
+                    && never.total.is_none_or(|t| p.total == Some(t))
+                    && never
+                        .epoch
+                        .as_ref()
+                        .is_none_or(|e| p.epoch.as_ref() == Some(e))
+                    && never
+                        .phase
+                        .as_ref()
+                        .is_none_or(|ph| p.phase.as_ref() == Some(ph))
+            };
+            let found: Vec<_> = lines
+                .iter()
+                .filter_map(|l| l.progress.as_ref())
+                .filter(|p| bad(p))
+                .collect();
+            assert!(found.is_empty(), "{name}: the log carries {found:?}");
         } else if directive == "end none" {
             let with: Vec<_> = lines.iter().filter(|l| l.progress.is_some()).collect();
             assert!(

@@ -260,6 +260,7 @@ pub struct OutputScanner {
     /// Bytes of `line` already read for progress while unfinished.
     partial_scanned: usize,
     torch: TorchScanner,
+    progress: progress::ProgressParser,
     events: Vec<TorchEvent>,
     dropped_events: u64,
 }
@@ -352,7 +353,7 @@ impl OutputScanner {
         if for_torch {
             self.feed_torch(&text);
         }
-        if !superseded && let Some(update) = progress::parse(&text) {
+        if !superseded && let Some(update) = self.progress.line(&text) {
             keep_event(
                 &mut self.events,
                 TorchEvent::Progress(update),
@@ -391,7 +392,7 @@ impl OutputScanner {
         }
         self.partial_scanned = self.line.len();
         let text = String::from_utf8_lossy(&self.line);
-        if let Some(update) = progress::parse(&text) {
+        if let Some(update) = self.progress.partial(&text) {
             keep_event(
                 &mut self.events,
                 TorchEvent::Progress(update),
@@ -438,7 +439,7 @@ impl OutputScanner {
         let line = std::mem::take(&mut self.line);
         let text = String::from_utf8_lossy(&line);
         self.feed_torch(&text);
-        if let Some(update) = progress::parse(&text) {
+        if let Some(update) = self.progress.line(&text) {
             keep_event(
                 &mut self.events,
                 TorchEvent::Progress(update),
@@ -498,11 +499,11 @@ const TORCH_TRIGGERS: &str = r"emory|EMORY|ChildFailedError|worker|WORKER|exitco
 /// What every line the progress parser reads has: a counter (`580/1288`,
 /// `[ 10/100]`), a bar (`%|`), an epoch, step or iteration (HF's `'epoch':
 /// 1.2` dicts too) and Lightning's phase names (its bars of unknown total
-/// print `0/?`). Only literals, in the three cases people print, so that
+/// print `0/?`), and Keras' `Downloading data from`, which says the next
+/// bar counts bytes. Only literals, in the three cases people print, so that
 /// the search runs on a vectorised literal prefilter rather than byte by
 /// byte through an automaton (log lines are full of digits).
-const PROGRESS_TRIGGERS: &str =
-    r"/ ?[0-9]|%\||[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter|ITER|Sanity|Validat|Test|Predict";
+const PROGRESS_TRIGGERS: &str = r"/ ?[0-9]|%\||[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter|ITER|Sanity|Validat|Test|Predict|Downloading data from";
 
 fn triggers() -> &'static regex::bytes::Regex {
     static RE: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
