@@ -1,9 +1,14 @@
-//! Throughput of the output relay: `yes | head -c 500M` read through a pipe
-//! directly, and through `oomguard run` (job → oomguard → pipe), with
-//! oomguard's own CPU time (user + system, from /proc/<pid>/stat, sampled
-//! until it exits; its children's time is not counted).
+//! Throughput of the output relay: a stream read through a pipe directly,
+//! and through `oomguard run` (job → oomguard → pipe), with oomguard's own
+//! CPU time (user + system, from /proc/<pid>/stat, sampled until it exits;
+//! its children's time is not counted). Three streams: `yes | head -c
+//! 500M` (nothing to recognise), and `cat` of a 200 MB training log (~100
+//! byte lines, a plain-loop progress line every 50) and of a 200 MB tqdm
+//! bar redrawn with `\r` (every byte is progress), both in the page cache.
 //!
 //! `cargo bench --bench relay` (add `-- quick` for 100 MB, one round).
+//! `OOMGUARD_BIN=path` measures another build of oomguard (an older
+//! commit's, to compare), `-- only=yes|log|bar` one stream.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
@@ -80,23 +85,88 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The training log of `benches/scan.rs`, `bytes` long.
+fn training_log(bytes: usize) -> Vec<u8> {
+    let mut log = String::new();
+    let mut i = 0u64;
+    while log.len() < bytes {
+        i += 1;
+        log.push_str(&format!(
+            "2026-11-23 10:00:{:02} INFO train.py:88 loss=0.{i:04} lr=3e-4 grad_norm=1.{i:03} tokens/s=12345\n",
+            i % 60
+        ));
+        if i.is_multiple_of(50) {
+            log.push_str(&format!(
+                "Epoch [{}/10], Step [{i}/100000], Loss: 0.1234\n",
+                i / 10000 + 1
+            ));
+        }
+    }
+    log.into_bytes()
+}
+
+/// A Lightning tqdm bar redrawn with `\r` and never ended, `bytes` long.
+fn tqdm_bar(bytes: usize) -> Vec<u8> {
+    let mut bar = String::new();
+    let mut n = 0u64;
+    while bar.len() < bytes {
+        n += 1;
+        bar.push_str(&format!(
+            "\rEpoch 3:  {:3}%|████▌     | {n}/12880000 [01:02<01:15,  9.41it/s, v_num=0, loss=0.123]",
+            n * 100 / 12_880_000
+        ));
+    }
+    bar.into_bytes()
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
+    let only = std::env::args().find_map(|a| a.strip_prefix("only=").map(str::to_string));
     let (size, rounds) = if quick { ("100M", 1) } else { ("500M", 5) };
-    let job = format!("yes | head -c {size}");
+    let file_bytes = if quick { 100 << 20 } else { 200 << 20 };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("train.log");
+    let bar = dir.path().join("bar.txt");
+    std::fs::write(&log, training_log(file_bytes)).expect("write the log");
+    std::fs::write(&bar, tqdm_bar(file_bytes)).expect("write the bar");
+    let oomguard = std::env::var("OOMGUARD_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_oomguard").to_string());
+    println!("oomguard: {oomguard}");
+    let streams = [
+        ("yes", format!("yes | head -c {size}")),
+        ("log", format!("cat {}", log.display())),
+        ("bar", format!("cat {}", bar.display())),
+    ];
+    for (name, job) in &streams {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
+        relay(&oomguard, name, job, rounds);
+    }
+}
+
+fn relay(oomguard: &str, name: &str, job: &str, rounds: usize) {
     let (mut direct, mut via, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     let mut bytes = 0;
     for _ in 0..rounds {
         let mut c = Command::new("sh");
-        c.args(["-c", &job]);
+        c.args(["-c", job]);
         let d = measure(c, false);
         direct.push(d.wall.as_secs_f64());
 
-        let mut c = Command::new(env!("CARGO_BIN_EXE_oomguard"));
-        c.args(["run", "-q", "--no-gpu", "--", "sh", "-c", &job])
+        let mut c = Command::new(oomguard);
+        c.args(["run", "-q", "--no-gpu", "--", "sh", "-c", job])
             .env_remove("GITHUB_ACTIONS");
         let v = measure(c, true);
-        assert_eq!(v.bytes, d.bytes, "bytes lost through oomguard");
+        // Reported, not asserted: an older build measured for comparison
+        // may lose bytes, and its figures are still wanted.
+        if v.bytes != d.bytes {
+            println!(
+                "  !! {} of {} bytes lost through oomguard",
+                d.bytes.abs_diff(v.bytes),
+                d.bytes
+            );
+        }
         bytes = v.bytes;
         via.push(v.wall.as_secs_f64());
         cpu.push(v.cpu.unwrap_or(0.0));
@@ -104,7 +174,7 @@ fn main() {
     let (d, v, c) = (median(direct), median(via), median(cpu));
     let mb = bytes as f64 / 1e6;
     let rate = mb / v;
-    println!("relay: {mb:.0} MB of `yes`, median of {rounds}");
+    println!("relay, {name}: {mb:.0} MB (`{job}`), median of {rounds}");
     println!("  direct pipe      {d:.3} s  {:.0} MB/s", mb / d);
     println!(
         "  through oomguard {v:.3} s  {rate:.0} MB/s  ({:.2}x the direct time)",

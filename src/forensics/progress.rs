@@ -235,6 +235,58 @@ pub fn parse(line: &str) -> Option<ProgressUpdate> {
     parse_plain(line)
 }
 
+/// Reads progress line by line, remembering what one line cannot say: that
+/// a Keras bar counts the bytes of a download. Keras' `get_file` (the
+/// datasets' `load_data()`) prints `Downloading data from URL` and then a
+/// bar in the training bar's very format (`11490434/11490434 [====] - 0s
+/// 0us/step`).
+#[derive(Debug, Default)]
+pub struct ProgressParser {
+    /// A download's bar may follow.
+    download: bool,
+}
+
+impl ProgressParser {
+    /// A parser that has seen nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads a finished line (or a `\r` segment the next redraw ended).
+    pub fn line(&mut self, line: &str) -> Option<ProgressUpdate> {
+        if line.trim_start().starts_with("Downloading data from ") {
+            self.download = true;
+            return None;
+        }
+        if self.download {
+            match keras_counter(line) {
+                Some((n, total)) => {
+                    // The download is done when its bar is full.
+                    self.download = n < total;
+                    return None;
+                }
+                None => self.download = false,
+            }
+        }
+        parse(line)
+    }
+
+    /// Reads a bar's unfinished newest state: the same, but it can only
+    /// be a download's bar, never end the download (it may be cut short).
+    pub fn partial(&self, line: &str) -> Option<ProgressUpdate> {
+        if self.download && keras_counter(line).is_some() {
+            return None;
+        }
+        parse(line)
+    }
+}
+
+/// `n/total` of a Keras bar (either version), if the line is one.
+fn keras_counter(line: &str) -> Option<(u64, u64)> {
+    let caps = KERAS.captures(line.trim())?;
+    Some((number(caps.name("n"))?, number(caps.name("total"))?))
+}
+
 /// Whether the line names one of the plain loops' counters, in any case: a
 /// scan far cheaper than the case-insensitive pattern on every line.
 fn has_keyword(bytes: &[u8]) -> bool {
@@ -869,6 +921,31 @@ mod tests {
         a.merge(p("{'loss': 1.0, 'epoch': 3.5}"));
         assert_eq!(a.epoch.as_deref(), Some("3.5"));
         assert_eq!(a.step, Some(1));
+    }
+
+    #[test]
+    fn a_keras_download_bar_is_not_progress() {
+        let mut p = ProgressParser::new();
+        assert_eq!(
+            p.line("Downloading data from https://storage.googleapis.com/tensorflow/tf-keras-datasets/mnist.npz"),
+            None
+        );
+        let bar = " 4194304/11490434 [=========>....................] - ETA: 0s";
+        assert!(parse(bar).is_some(), "alone it looks like training");
+        assert_eq!(p.partial(bar), None);
+        assert_eq!(p.line(bar), None);
+        assert_eq!(
+            p.line("11490434/11490434 [==============================] - 0s 0us/step"),
+            None
+        );
+        // The download is over: the next bar is training again.
+        assert_eq!(p.line("Epoch 1/10").and_then(|u| u.epoch), Some("1".into()));
+        let u = p.line("580/1875 [=====>....] - ETA: 2s - loss: 0.2");
+        assert_eq!(u.map(|u| (u.step, u.total)), Some((Some(580), Some(1875))));
+        // A download cut short ends at the next line that is not its bar.
+        p.line("Downloading data from https://example.org/x.npz");
+        assert_eq!(p.line("100/999 [==>...] - ETA: 1s"), None);
+        assert!(p.line("step 5/10").is_some());
     }
 
     fn feed(t: &mut ProgressTracker, line: &str, at: f64) {

@@ -1566,6 +1566,92 @@ Root Cause (first observed failure):
         assert_eq!(r.failures[0].signal.as_deref(), Some("SIGKILL"));
     }
 
+    /// A worker's bus-error death as the job prints it: the worker's own
+    /// line, a traceback, the trainer's line and the `exited` line.
+    const BUS_ERROR_CASCADE: &str = "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm).\n\
+Traceback (most recent call last):\n  File \"/usr/lib/python3/dist-packages/torch/utils/data/dataloader.py\", line 1133, in _try_get_data\n    data = self._data_queue.get(timeout=timeout)\n\
+RuntimeError: DataLoader worker (pid 3855) is killed by signal: Bus error. It is possible that dataloader's workers are out of shared memory. Please try to raise your shared memory limit.\n\
+RuntimeError: DataLoader worker (pid(s) 3855) exited unexpectedly\n";
+
+    /// The three message kinds: the 1.x `cached` CUDA OOM, a worker death
+    /// cascade, torchrun's failure report.
+    fn kind_text(kind: usize) -> String {
+        match kind {
+            0 => fixture("02"),
+            1 => BUS_ERROR_CASCADE.to_string(),
+            _ => fixture("25"),
+        }
+    }
+
+    fn exercise(events: Vec<TorchEvent>) -> usize {
+        for event in &events {
+            match event {
+                TorchEvent::CudaOom(o) => {
+                    let _ = cuda_oom_advice(o);
+                }
+                TorchEvent::WorkerDied(w) => {
+                    let _ = worker_died_advice(w, true);
+                }
+                TorchEvent::RankFailed(r) => {
+                    let _ = rank_failed_advice(r, true);
+                }
+                TorchEvent::Progress(_) => {}
+            }
+        }
+        events.len()
+    }
+
+    #[test]
+    fn the_three_kinds_whole_are_one_event_each() {
+        let events = scan_text(&kind_text(0));
+        assert!(
+            matches!(events.as_slice(), [TorchEvent::CudaOom(o)] if o.reserved_bytes.is_some()),
+            "{events:?}"
+        );
+        let events = scan_text(&kind_text(1));
+        assert!(
+            matches!(events.as_slice(), [TorchEvent::WorkerDied(w)] if w.pid == Some(3855) && w.shm_hint),
+            "{events:?}"
+        );
+        let events = scan_text(&kind_text(2));
+        assert!(
+            matches!(events.as_slice(), [TorchEvent::RankFailed(_)]),
+            "{events:?}"
+        );
+    }
+
+    proptest! {
+        /// Each kind cut at any character, with any character replaced, or
+        /// with its lines shuffled in pieces, never panics (and its advice
+        /// is computed for whatever was found).
+        #[test]
+        fn the_three_kinds_cut_or_corrupted_never_panic(
+            kind in 0usize..3,
+            cut in any::<proptest::sample::Index>(),
+            at in any::<proptest::sample::Index>(),
+            ch in any::<char>(),
+            dropped in any::<proptest::sample::Index>(),
+        ) {
+            let text = kind_text(kind);
+            let chars: Vec<char> = text.chars().collect();
+            let cut_text: String = chars[..cut.index(chars.len() + 1)].iter().collect();
+            exercise(scan_text(&cut_text));
+            let mut corrupted = chars.clone();
+            let i = at.index(corrupted.len());
+            corrupted[i] = ch;
+            exercise(scan_text(&corrupted.into_iter().collect::<String>()));
+            let lines: Vec<&str> = text.lines().collect();
+            let skip = dropped.index(lines.len());
+            let without: Vec<&str> = lines
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != skip)
+                .map(|(_, l)| *l)
+                .collect();
+            prop_assert!(exercise(scan_text(&without.join("\n"))) <= lines.len());
+        }
+    }
+
     proptest! {
         #[test]
         fn random_cascades_never_panic(lines in proptest::collection::vec(

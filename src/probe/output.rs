@@ -28,8 +28,9 @@
 //! bytes are dropped when the destination lags, a closed destination only
 //! stops the writing, and what was dropped is counted.
 //!
-//! Every byte read is scanned (see [`OutputScanner`]); the scan skips whole
-//! reads in which no line can matter, so it costs little next to the copy.
+//! Every byte read is scanned (see [`OutputScanner`]); the scan jumps from
+//! one line that can matter to the next and parses only the newest state of
+//! a redrawn bar, so it costs little next to the copy.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -259,6 +260,7 @@ pub struct OutputScanner {
     /// Bytes of `line` already read for progress while unfinished.
     partial_scanned: usize,
     torch: TorchScanner,
+    progress: progress::ProgressParser,
     events: Vec<TorchEvent>,
     dropped_events: u64,
 }
@@ -270,25 +272,94 @@ impl OutputScanner {
     }
 
     /// Scans raw bytes; an unfinished last line is kept for the next call.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
-        // The whole lines in `bytes` after the first can be skipped at once
-        // when none of them can start or continue anything: this keeps the
-        // scan far cheaper than the copy for output such as `yes`.
-        if let Some(last) = bytes.iter().rposition(|&b| b == b'\n' || b == b'\r') {
-            let first = bytes.iter().position(|&b| b == b'\n' || b == b'\r');
-            if let Some(first) = first.filter(|&f| f < last) {
-                self.feed_lines(&bytes[..=first]);
-                let middle = &bytes[first + 1..=last];
-                if self.torch.is_idle() && !may_matter(middle) {
-                    self.line.clear();
-                    self.after_cr = bytes[last] == b'\r';
-                } else {
-                    self.feed_lines(middle);
-                }
-                bytes = &bytes[last + 1..];
+    pub fn feed(&mut self, bytes: &[u8]) {
+        // The first line completes the one held from the previous read; the
+        // whole lines after it are read in place (see `scan_block`); the
+        // unfinished rest is held.
+        let Some(first) = bytes.iter().position(|&b| is_terminator(b)) else {
+            self.feed_lines(bytes);
+            return;
+        };
+        self.feed_lines(&bytes[..=first]);
+        let rest = &bytes[first + 1..];
+        match rest.iter().rposition(|&b| is_terminator(b)) {
+            Some(last) => {
+                let (block, tail) = rest.split_at(last + 1);
+                self.scan_block(block, tail);
+                self.feed_lines(tail);
             }
+            None => self.feed_lines(rest),
         }
-        self.feed_lines(bytes);
+    }
+
+    /// Reads whole lines (`block` ends with a terminator) without copying
+    /// them. Lines in which no trigger occurs are skipped unread while the
+    /// torch scanner holds nothing: a single pass of one automaton finds
+    /// the next line that can matter, so a read of ordinary log lines costs
+    /// little more than the copy. `tail` is what this read has after the
+    /// block (an unfinished line).
+    fn scan_block(&mut self, block: &[u8], tail: &[u8]) {
+        let mut pos = 0;
+        while pos < block.len() {
+            let start = if self.torch.is_idle() {
+                let Some(hit) = triggers().find_at(block, pos) else {
+                    break;
+                };
+                block[pos..hit.start()]
+                    .iter()
+                    .rposition(|&b| is_terminator(b))
+                    .map_or(pos, |i| pos + i + 1)
+            } else {
+                pos
+            };
+            // `block` ends with a terminator, so every line has one.
+            let Some(len) = block[start..].iter().position(|&b| is_terminator(b)) else {
+                break;
+            };
+            let end = start + len;
+            if start > pos {
+                self.after_cr = block[start - 1] == b'\r';
+            }
+            let next = if end + 1 < block.len() {
+                &block[end + 1..]
+            } else {
+                tail
+            };
+            self.segment(&block[start..end], block[end] == b'\r', next);
+            pos = end + 1;
+        }
+        self.after_cr = block.last() == Some(&b'\r');
+    }
+
+    /// One whole line or `\r` segment read in place; `cr` says it ended with
+    /// `\r`, `next` is what this read has after its terminator.
+    fn segment(&mut self, seg: &[u8], cr: bool, next: &[u8]) {
+        // `\r\n`, `\r\r` and a bare `\r` at a line's start end nothing.
+        if seg.is_empty() && (cr || self.after_cr) {
+            self.after_cr = cr;
+            return;
+        }
+        self.after_cr = cr;
+        let seg = &seg[..seg.len().min(MAX_LINE_BYTES)];
+        let for_torch = !self.torch.is_idle() || torch_triggers().is_match(seg);
+        // A bar state redrawn by the same bar in the same read is already
+        // stale (the later one is what the job shows, at the same instant):
+        // only the newest state of a redrawn bar is read for progress.
+        let superseded = cr && redraws(seg, next);
+        if !for_torch && superseded {
+            return;
+        }
+        let text = String::from_utf8_lossy(seg);
+        if for_torch {
+            self.feed_torch(&text);
+        }
+        if !superseded && let Some(update) = self.progress.line(&text) {
+            keep_event(
+                &mut self.events,
+                TorchEvent::Progress(update),
+                &mut self.dropped_events,
+            );
+        }
     }
 
     /// Splits bytes into lines, one by one.
@@ -321,7 +392,7 @@ impl OutputScanner {
         }
         self.partial_scanned = self.line.len();
         let text = String::from_utf8_lossy(&self.line);
-        if let Some(update) = progress::parse(&text) {
+        if let Some(update) = self.progress.partial(&text) {
             keep_event(
                 &mut self.events,
                 TorchEvent::Progress(update),
@@ -365,17 +436,28 @@ impl OutputScanner {
     }
 
     fn emit(&mut self) {
-        let text = String::from_utf8_lossy(&self.line);
-        let first = self.torch.feed(&text);
+        let line = std::mem::take(&mut self.line);
+        let text = String::from_utf8_lossy(&line);
+        self.feed_torch(&text);
+        if let Some(update) = self.progress.line(&text) {
+            keep_event(
+                &mut self.events,
+                TorchEvent::Progress(update),
+                &mut self.dropped_events,
+            );
+        }
+        drop(text);
+        self.line = line;
+    }
+
+    fn feed_torch(&mut self, text: &str) {
+        let first = self.torch.feed(text);
         let (events, dropped) = (&mut self.events, &mut self.dropped_events);
         if let Some(event) = first {
             keep_event(events, event, dropped);
         }
         while let Some(event) = self.torch.poll() {
             keep_event(events, event, dropped);
-        }
-        if let Some(update) = progress::parse(&text) {
-            keep_event(events, TorchEvent::Progress(update), dropped);
         }
     }
 
@@ -384,25 +466,59 @@ impl OutputScanner {
     }
 }
 
-/// Whether any line in `bytes` may be one a parser fed by
-/// [`OutputScanner`] reacts to, when none is in the middle of a message.
-/// Every parser's trigger must be covered here, or its lines are skipped:
-/// the torch scanner starts on `out of memory` / `OutOfMemoryError` (any
-/// case, hence `emory`/`EMORY`), `ChildFailedError`, `worker`, torchrun's
-/// agent (`exitcode`, `closing signal`); the progress parser on a counter
-/// (`580/1288`, `[580/1288]`), a bar (`%|`), an epoch, step or iteration, a
-/// loss dict and Lightning's phase names.
-fn may_matter(bytes: &[u8]) -> bool {
-    static TRIGGERS: std::sync::LazyLock<Option<regex::bytes::Regex>> = std::sync::LazyLock::new(
-        || {
-            regex::bytes::Regex::new(
-                r"emory|EMORY|ChildFailedError|worker|WORKER|exitcode|closing signal|[0-9] ?/ ?[0-9]|%\||[Ee]poch|[Ss]tep|[Ii]ter|loss|Sanity|Validat|Test|Predict",
-            )
-            .ok()
-        },
-    );
-    // No pattern (it cannot fail to compile, but never panic): scan all.
-    TRIGGERS.as_ref().is_none_or(|re| re.is_match(bytes))
+/// Whether `next` (the bytes after a `\r`) redraws the bar `seg` showed:
+/// their first bytes are the same but for digits. Only a prefix is
+/// compared, so this costs the same however long the lines are.
+fn redraws(seg: &[u8], next: &[u8]) -> bool {
+    const PREFIX: usize = 12;
+    let next = &next[..next.len().min(PREFIX)];
+    let next = next
+        .iter()
+        .position(|&b| is_terminator(b))
+        .map_or(next, |i| &next[..i]);
+    let seg = &seg[..seg.len().min(PREFIX)];
+    !next.is_empty()
+        && seg.len() == next.len()
+        && seg
+            .iter()
+            .zip(next)
+            .all(|(a, b)| a == b || (a.is_ascii_digit() && b.is_ascii_digit()))
+}
+
+fn is_terminator(b: u8) -> bool {
+    b == b'\n' || b == b'\r'
+}
+
+/// What the torch scanner starts on, when it holds nothing: `out of memory`
+/// / `OutOfMemoryError` (any case, hence `emory`/`EMORY`),
+/// `ChildFailedError`, `worker`, torchrun's agent (`exitcode`, `closing
+/// signal`). A line without one of these changes nothing in an idle torch
+/// scanner.
+const TORCH_TRIGGERS: &str = r"emory|EMORY|ChildFailedError|worker|WORKER|exitcode|closing signal";
+
+/// What every line the progress parser reads has: a counter (`580/1288`,
+/// `[ 10/100]`), a bar (`%|`), an epoch, step or iteration (HF's `'epoch':
+/// 1.2` dicts too) and Lightning's phase names (its bars of unknown total
+/// print `0/?`), and Keras' `Downloading data from`, which says the next
+/// bar counts bytes. Only literals, in the three cases people print, so that
+/// the search runs on a vectorised literal prefilter rather than byte by
+/// byte through an automaton (log lines are full of digits).
+const PROGRESS_TRIGGERS: &str = r"/ ?[0-9]|%\||[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter|ITER|Sanity|Validat|Test|Predict|Downloading data from";
+
+fn triggers() -> &'static regex::bytes::Regex {
+    static RE: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
+        regex::bytes::Regex::new(&format!("(?-u:{TORCH_TRIGGERS}|{PROGRESS_TRIGGERS})"))
+            .expect("static pattern compiles")
+    });
+    &RE
+}
+
+fn torch_triggers() -> &'static regex::bytes::Regex {
+    static RE: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
+        regex::bytes::Regex::new(&format!("(?-u:{TORCH_TRIGGERS})"))
+            .expect("static pattern compiles")
+    });
+    &RE
 }
 
 // ---------------------------------------------------------------------------
@@ -1378,6 +1494,135 @@ mod tests {
         s.feed(format!("{}\r{filler}", died(22)).as_bytes());
         s.finish();
         assert_eq!(s.take_events().len(), 2);
+    }
+
+    /// The merged progress of everything fed, and the other events.
+    fn scanned(chunks: &[&[u8]]) -> (Option<progress::ProgressUpdate>, Vec<TorchEvent>) {
+        let mut s = OutputScanner::new();
+        let mut events = Vec::new();
+        for c in chunks {
+            s.feed(c);
+            events.extend(s.take_events());
+        }
+        s.finish();
+        events.extend(s.take_events());
+        let mut merged: Option<progress::ProgressUpdate> = None;
+        let mut other = Vec::new();
+        for e in events {
+            match e {
+                TorchEvent::Progress(u) => match &mut merged {
+                    Some(m) => m.merge(u),
+                    None => merged = Some(u),
+                },
+                e => other.push(e),
+            }
+        }
+        (merged, other)
+    }
+
+    /// Lines of every format the progress parser reads, as they appear amid
+    /// other output: the prefilter that skips whole lines must let each
+    /// through.
+    const PROGRESS_LINES: &[&str] = &[
+        " 45%|████▌     | 580/1288 [01:02<01:15,  9.41it/s]",
+        "train:  45%|####5     | 580/1288 [01:02<01:15,  1.25s/it, loss=0.31]",
+        "Epoch 3:  45%|████▌     | 580/1288 [01:02<01:15,  9.41it/s, v_num=0]",
+        "Validation DataLoader 0:  30%|███       | 120/400 [00:03<00:07, 38.1it/s]",
+        "Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 20.1it/s]",
+        "Testing DataLoader 0:  10%|█         | 4/40 [00:00<00:03, 11.0it/s]",
+        "Predicting DataLoader 0:  50%|█████     | 5/10 [00:00<00:00, 11.0it/s]",
+        "Validation: |          | 0/? [00:00<?, ?it/s]",
+        "Testing: |          | 0/? [00:00<?, ?it/s]",
+        "Epoch 2/9  ━━━━━━━━━━━━━━━━━━ 580/1288 0:01:02 • 0:01:15 9.41it/s v_num: 0",
+        "{'loss': 2.31, 'learning_rate': 4.9e-05, 'epoch': 1.2}",
+        "580/1288 [=============>................] - ETA: 1:15 - loss: 0.1234",
+        " 580/1288 ━━━━━━━━━━━━━━━━━━━━ 1:15 58ms/step - loss: 0.1234",
+        "Epoch 3/10",
+        "step 580/10000 loss=2.31",
+        "STEP 580 OF 10000",
+        "Epoch [3/10], Step [580/1288], Loss: 0.1234",
+        "iter 580",
+        "ITERATION 580",
+        "Epoch: [3][ 580/1288]\tTime  0.251 ( 0.262)",
+        "Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.301",
+        "Test: [ 10/100]\tTime  0.1",
+        "val step 5/10 val_loss=1.0",
+    ];
+
+    #[test]
+    fn every_progress_format_is_read_amid_skipped_lines() {
+        let filler = "2026-11-23 INFO loss=0.1 lr=3e-4 tokens/s=12345\n".repeat(200);
+        for line in PROGRESS_LINES {
+            let want = progress::parse(line);
+            assert!(want.is_some(), "not progress: {line:?}");
+            for end in ["\n", "\r\n", "\r"] {
+                let text = format!("{filler}{line}{end}{filler}");
+                let (got, other) = scanned(&[b"x\n", text.as_bytes()]);
+                assert_eq!(got, want, "{line:?} ended by {end:?}");
+                assert!(other.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_newest_state_of_a_redrawn_bar_counts() {
+        let mut text = String::from("start\n");
+        for n in 1..=500 {
+            text.push_str(&format!("\rEpoch 1: |#| {n}/1000 [00:01<00:01, 9.9it/s]"));
+        }
+        // A bar left on screen is read at its last state; the next bar's
+        // newest state is the unfinished segment at the end.
+        text.push_str("\nValidation DataLoader 0: |#| 3/40 [00:00<00:01, 40it/s]");
+        text.push_str("\rValidation DataLoader 0: |#| 4/40 [00:00<00:01, 40it/s]");
+        let mut s = OutputScanner::new();
+        s.feed(text.as_bytes());
+        let steps: Vec<_> = s
+            .take_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                TorchEvent::Progress(u) => Some((u.step, u.phase)),
+                _ => None,
+            })
+            .collect();
+        // One merged update: the validation bar's newest state.
+        assert_eq!(
+            steps,
+            vec![(Some(4), Some(progress::Phase::Validation))],
+            "{steps:?}"
+        );
+    }
+
+    proptest::proptest! {
+        /// However the pipe splits the output into reads, the same messages
+        /// are found and progress ends at the same place.
+        #[test]
+        fn reads_split_anywhere_find_the_same(cuts in proptest::collection::vec(0usize..4000, 0..12)) {
+            let mut text = String::new();
+            for (i, line) in PROGRESS_LINES.iter().enumerate() {
+                text.push_str(line);
+                text.push_str(["\n", "\r", "\r\n"][i % 3]);
+                if i % 5 == 0 {
+                    text.push_str(&format!("{}\n", died(i as u32 + 1)));
+                    text.push_str("RuntimeError: CUDA out of memory.\r\nTried to allocate 2.00 MiB (GPU 0; 3.79 GiB total capacity; 654.97 MiB already allocated; 6.00 MiB free; 666.00 MiB reserved in total by PyTorch)\n");
+                }
+                text.push_str("INFO nothing to see\n");
+            }
+            text.push_str(PROGRESS_LINES[0]);
+            let bytes = text.as_bytes();
+            let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut start = 0;
+            for p in points.into_iter().chain([bytes.len()]) {
+                chunks.push(&bytes[start..p]);
+                start = p;
+            }
+            let (whole_progress, whole) = scanned(&[bytes]);
+            let (split_progress, split) = scanned(&chunks);
+            proptest::prop_assert_eq!(format!("{whole:?}"), format!("{split:?}"));
+            let at = |u: &Option<progress::ProgressUpdate>| u.as_ref().map(|u| (u.step, u.total, u.phase));
+            proptest::prop_assert_eq!(at(&whole_progress), at(&split_progress));
+        }
     }
 
     #[test]

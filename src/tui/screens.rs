@@ -204,6 +204,63 @@ fn narrow_80x24() {
     }
 }
 
+/// A Lightning job in validation, its memory growing per training step.
+fn with_progress(phase: crate::forensics::progress::Phase) -> App {
+    let run = Run {
+        leak: 15 * MIB,
+        gpus: 1,
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    app.set_policy_state(PolicyState::Warning);
+    started(&mut app);
+    app.on_event(firing(262.0, 19.6));
+    fixtures::output(&mut app);
+    app.set_progress(Some(crate::forensics::progress::Progress {
+        step: Some(128),
+        total: Some(400),
+        epoch: Some("3".into()),
+        phase: Some(phase),
+        steps_per_second: Some(9.41),
+        bytes_per_step: Some(3 << 19),
+        ceiling_step: Some(1240),
+    }));
+    app
+}
+
+#[test]
+fn progress_in_the_header_wide() {
+    use crate::forensics::progress::Phase;
+    let text = screen(&with_progress(Phase::Validation), 160, 40);
+    insta::assert_snapshot!("progress_wide", text);
+    let header = text.lines().next().unwrap_or_default();
+    for part in [
+        "epoch 3",
+        "val 128/400",
+        "9.4 steps/s",
+        "ceiling ≈ step 1240",
+    ] {
+        assert!(header.contains(part), "{part:?} missing: {header}");
+    }
+}
+
+#[test]
+fn progress_in_the_header_narrow() {
+    use crate::forensics::progress::Phase;
+    let text = screen(&with_progress(Phase::Validation), 80, 24);
+    insta::assert_snapshot!("progress_narrow_80x24", text);
+    let header = text.lines().next().unwrap_or_default();
+    assert!(header.contains("val 128/400"), "{header}");
+    for line in text.lines() {
+        assert!(crate::tui::theme::width(line) <= 80, "{line}");
+    }
+    // Training is the default phase: the step alone says it.
+    let text = screen(&with_progress(Phase::Train), 80, 24);
+    insta::assert_snapshot!("progress_training_narrow_80x24", text);
+    let header = text.lines().next().unwrap_or_default();
+    assert!(header.contains("step 128/400"), "{header}");
+}
+
 #[test]
 fn help_overlay_80x24() {
     let mut app = fixtures::app(&Run::default());

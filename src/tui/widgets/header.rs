@@ -76,6 +76,19 @@ impl Widget for &HeaderView<'_> {
                 ],
                 &progress_long,
             ));
+            // The whole progress line (rate, ceiling step) is worth more
+            // than the words "elapsed" and "nearest".
+            candidates.push(with_progress(
+                vec![
+                    (format!("attempt {}", self.attempt), false),
+                    (clock.clone(), false),
+                    (
+                        nearest_short.clone().unwrap_or_else(|| "no sample".into()),
+                        true,
+                    ),
+                ],
+                &progress_long,
+            ));
             candidates.push(with_progress(
                 vec![
                     (format!("attempt {}", self.attempt), false),
@@ -123,7 +136,7 @@ impl Widget for &HeaderView<'_> {
         let cmd_w = theme::width(self.command);
         let mut cmd_min = vec![cmd_w.min(40), cmd_w.min(40), cmd_w.min(12), 0];
         if self.progress.is_some() {
-            cmd_min.splice(0..0, [cmd_w.min(30), cmd_w.min(12)]);
+            cmd_min.splice(0..0, [cmd_w.min(30), cmd_w.min(12), cmd_w.min(12)]);
         }
         let right = candidates
             .iter()
