@@ -128,7 +128,10 @@ pub struct SystemSample {
 pub struct CgroupSample {
     /// 1 or 2.
     pub version: u8,
-    /// The job's cgroup, relative to the hierarchy root (`/a/b`).
+    /// The job's cgroup, relative to the hierarchy root (`/a/b`). The log
+    /// writes it (and `limit_path`) only on lines with a process list: it
+    /// is fixed for the run and, long, cost ~11 MB a day on every line.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
     /// Raw usage of the job's cgroup (includes page cache).
     pub usage_bytes: u64,
@@ -143,8 +146,8 @@ pub struct CgroupSample {
     /// the kernel cannot simply drop before it starts killing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_working_set_bytes: Option<u64>,
-    /// Whether oomguard created this cgroup for the job.
-    #[serde(default)]
+    /// Whether oomguard created this cgroup for the job (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub owned: bool,
 }
 
