@@ -146,8 +146,8 @@ pub struct CgroupSample {
     /// the kernel cannot simply drop before it starts killing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_working_set_bytes: Option<u64>,
-    /// Whether oomguard created this cgroup for the job (absent: false).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// Whether oomguard created this cgroup for the job.
+    #[serde(default)]
     pub owned: bool,
 }
 

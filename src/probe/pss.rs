@@ -170,8 +170,9 @@ const MAX_AGE_INTERVALS: u32 = 12;
 /// A newcomer whose RSS keeps moving is read after this long anyway.
 const SETTLE_MAX: Duration = Duration::from_secs(3);
 /// During a burst, the family's children lists are re-checked once the
-/// readings since the last check cost this much CPU: a fork mid-burst
-/// throws the burst away, so finding it early saves the rest.
+/// readings since the last check cost this much CPU (and at least 8 times
+/// what a check costs): a fork mid-burst throws the burst away, so finding
+/// it early saves the rest.
 const RECHECK_AFTER: f64 = 0.005;
 /// With an owned cgroup (exact footprint) refreshes wait this many intervals.
 const EXACT_SLOWDOWN: u32 = 2;
@@ -678,7 +679,11 @@ fn read_family(
     buf: &mut String,
 ) -> (HashMap<Key, Reading>, bool) {
     let mut readings = HashMap::with_capacity(burst.members.len());
+    let cpu0 = thread_cpu();
     let before = children(proc_root, burst, buf);
+    // Re-checking costs a pass over every member's children lists: spaced
+    // so that it stays a small part of the burst however large the family.
+    let recheck_after = RECHECK_AFTER.max(8.0 * (thread_cpu() - cpu0));
     // A child the tick has not listed yet was forked before the burst: its
     // parent's reading would already share with it.
     if unknown_child(proc_root, burst, &before, buf) {
@@ -709,7 +714,7 @@ fn read_family(
             },
         );
         since_check += thread_cpu() - cpu0;
-        if since_check >= RECHECK_AFTER && n + 1 < burst.members.len() {
+        if since_check >= recheck_after && n + 1 < burst.members.len() {
             since_check = 0.0;
             if children(proc_root, burst, buf) != before {
                 return (readings, false);
