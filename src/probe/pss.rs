@@ -131,6 +131,8 @@ struct State {
     /// CPU seconds the sweeper may still spend (negative after a burst
     /// larger than the savings).
     tokens: f64,
+    /// What the family next in line is expected to cost.
+    saving_for: f64,
     refilled: Instant,
     /// CPU seconds per byte of RSS read, learnt from bursts.
     cost_per_byte: f64,
@@ -218,9 +220,10 @@ impl PssSweeper {
             exact: false,
             version: 0,
             failed: HashMap::new(),
-            // A membership change spends as soon as the budget is not in
-            // debt, so the first burst needs no savings.
+            // Empty: the first burst costs nothing known yet (no cost per
+            // byte learnt), every later one waits until it is paid for.
             tokens: 0.0,
+            saving_for: 0.0,
             refilled: now,
             cost_per_byte: 0.0,
             stats: SweepStats::default(),
@@ -555,7 +558,11 @@ fn choose(st: &mut State, now: Instant) -> Result<Burst, Duration> {
     let budget = st.cfg.budget.max(1e-6);
     let elapsed = now.saturating_duration_since(st.refilled).as_secs_f64();
     st.refilled = now;
-    st.tokens = (st.tokens + elapsed * budget).min(budget * SAVINGS);
+    // Savings are capped, but never below what the family waiting for them
+    // needs: a burst is only taken once it is paid for, so the budget holds
+    // over any stretch of time, not just on average.
+    let cap = (budget * SAVINGS).max(st.saving_for);
+    st.tokens = (st.tokens + elapsed * budget).min(cap);
     let mut best: Option<(Need, Key)> = None;
     for &root in st.groups.keys() {
         if st.failed.get(&root) == Some(&st.version) {
@@ -567,23 +574,21 @@ fn choose(st: &mut State, now: Instant) -> Result<Burst, Duration> {
             best = Some((n, root));
         }
     }
-    let Some((need, root)) = best else {
+    let Some((_, root)) = best else {
         return Err(Duration::from_secs(1));
     };
     let members: &[Member] = st.groups.get(&root).map_or(&[], Vec::as_slice);
-    // A fork spends as soon as the budget is not in debt (until it is read
-    // the newcomers' shares are guesses); anything else waits until the
-    // budget can pay for it.
+    // Forks come first, but like everything else wait until the budget can
+    // pay for the burst: the cost is that of the family's last burst, or
+    // its RSS at the learnt cost per byte (the page-table walk follows
+    // mapped memory). Until then the estimates carry the family.
     let expected = match st.snaps.get(&root) {
         Some(s) if s.cost > 0.0 => s.cost,
         _ => members.iter().map(|m| m.rss as f64).sum::<f64>() * st.cost_per_byte,
     };
-    let wanted = match need {
-        Need::Forked => 0.0,
-        Need::Exited | Need::Refresh(..) => expected.min(budget * SAVINGS),
-    };
-    if st.tokens < wanted || st.tokens < 0.0 {
-        let short = wanted.max(0.0) - st.tokens;
+    st.saving_for = expected;
+    if st.tokens < expected || st.tokens < 0.0 {
+        let short = expected.max(0.0) - st.tokens;
         return Err(Duration::from_secs_f64((short / budget).clamp(0.01, 1.0)));
     }
     let keys: HashMap<u32, Key> = members.iter().map(|m| (m.pid, m.key())).collect();
@@ -849,6 +854,7 @@ mod tests {
             version: 0,
             failed: HashMap::new(),
             tokens: 0.3,
+            saving_for: 0.0,
             refilled: now,
             cost_per_byte: 0.0,
             stats: SweepStats::default(),
