@@ -146,8 +146,10 @@ pub struct CgroupSample {
     /// 1 or 2.
     #[serde(default)]
     pub version: u8,
-    /// The job's cgroup, relative to the hierarchy root (`/a/b`).
-    #[serde(default)]
+    /// The job's cgroup, relative to the hierarchy root (`/a/b`). The log
+    /// writes it (and `limit_path`) only on lines with a process list: it
+    /// is fixed for the run and, long, cost ~11 MB a day on every line.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub path: String,
     /// Raw usage of the job's cgroup (includes page cache).
     #[serde(default)]

@@ -115,9 +115,11 @@ struct State {
     /// Family root of each member.
     family: HashMap<Key, Key>,
     snaps: HashMap<Key, Snapshot>,
-    /// RSS when a process was first seen: its private growth since is all
-    /// an unmeasured newcomer is charged for.
-    first_rss: HashMap<Key, u64>,
+    /// Members grouped by family root, in `members` order.
+    groups: HashMap<Key, Vec<Member>>,
+    /// What the ticks have seen of each member's RSS: a newcomer is read
+    /// once its RSS has settled, and until then charged for its growth.
+    seen: HashMap<Key, Seen>,
     /// The usage of the cgroup the tree is in, when it has one.
     footprint: Option<u64>,
     /// The owned cgroup gives the exact footprint: PSS only splits it.
@@ -129,6 +131,8 @@ struct State {
     /// CPU seconds the sweeper may still spend (negative after a burst
     /// larger than the savings).
     tokens: f64,
+    /// What the family next in line is expected to cost.
+    saving_for: f64,
     refilled: Instant,
     /// CPU seconds per byte of RSS read, learnt from bursts.
     cost_per_byte: f64,
@@ -136,12 +140,42 @@ struct State {
     stop: bool,
 }
 
+/// One member's RSS as the ticks saw it.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// RSS when first seen.
+    first: u64,
+    /// RSS at the last tick and the one before (None until seen twice).
+    last: u64,
+    prev: Option<u64>,
+    first_at: Instant,
+}
+
+impl Seen {
+    /// A newcomer is worth reading once its RSS stopped moving (a forked
+    /// worker imports and allocates right after the fork: a reading taken
+    /// then is stale a second later) or after [`SETTLE_MAX`] anyway.
+    fn settled(&self, now: Instant) -> bool {
+        self.prev
+            .is_some_and(|prev| self.last.abs_diff(prev) <= RSS_SLACK)
+            || now.saturating_duration_since(self.first_at) >= SETTLE_MAX
+    }
+}
+
 /// RSS changes below this do not make a reading stale.
 const RSS_SLACK: u64 = 1 << 20;
 /// The budget saved while idle is capped at this much wall time's worth.
 const SAVINGS: f64 = 15.0;
-/// Without any change a snapshot is still renewed after this many intervals.
-const MAX_AGE_INTERVALS: u32 = 6;
+/// Without any change a snapshot is still renewed after this many intervals
+/// (sharing can drift without any RSS change, e.g. copy-on-write breaks).
+const MAX_AGE_INTERVALS: u32 = 12;
+/// A newcomer whose RSS keeps moving is read after this long anyway.
+const SETTLE_MAX: Duration = Duration::from_secs(3);
+/// During a burst, the family's children lists are re-checked once the
+/// readings since the last check cost this much CPU (and at least 8 times
+/// what a check costs): a fork mid-burst throws the burst away, so finding
+/// it early saves the rest.
+const RECHECK_AFTER: f64 = 0.005;
 /// With an owned cgroup (exact footprint) refreshes wait this many intervals.
 const EXACT_SLOWDOWN: u32 = 2;
 
@@ -150,8 +184,9 @@ const EXACT_SLOWDOWN: u32 = 2;
 enum Need {
     /// Its memory moved or its snapshot is old: bytes moved, then age.
     Refresh(f64, f64),
-    /// A member exited: the estimate is good, but the survivors' shares
-    /// are still the old ones.
+    /// A member exited: the estimate's total is good (its shared pages
+    /// went back to the survivors), only their split is not; read when the
+    /// budget can pay for it.
     Exited,
     /// A member is new: it is counted only by its RSS growth until read.
     Forked,
@@ -178,14 +213,17 @@ impl PssSweeper {
             cfg,
             members: Vec::new(),
             family: HashMap::new(),
+            groups: HashMap::new(),
             snaps: HashMap::new(),
-            first_rss: HashMap::new(),
+            seen: HashMap::new(),
             footprint: None,
             exact: false,
             version: 0,
             failed: HashMap::new(),
-            // Enough for the first burst of a small tree right away.
-            tokens: cfg.budget * SAVINGS,
+            // Empty: the first burst costs nothing known yet (no cost per
+            // byte learnt), every later one waits until it is paid for.
+            tokens: 0.0,
+            saving_for: 0.0,
             refilled: now,
             cost_per_byte: 0.0,
             stats: SweepStats::default(),
@@ -217,10 +255,29 @@ impl PssSweeper {
         st.exact = exact;
         st.family = family_roots(&members);
         let live: HashSet<Key> = members.iter().map(Member::key).collect();
+        let now = Instant::now();
         for m in &members {
-            st.first_rss.entry(m.key()).or_insert(m.rss);
+            st.seen
+                .entry(m.key())
+                .and_modify(|s| {
+                    s.prev = Some(s.last);
+                    s.last = m.rss;
+                })
+                .or_insert(Seen {
+                    first: m.rss,
+                    last: m.rss,
+                    prev: None,
+                    first_at: now,
+                });
         }
-        st.first_rss.retain(|k, _| live.contains(k));
+        st.seen.retain(|k, _| live.contains(k));
+        let mut groups: HashMap<Key, Vec<Member>> = HashMap::new();
+        for m in &members {
+            if let Some(root) = st.family.get(&m.key()) {
+                groups.entry(*root).or_default().push(*m);
+            }
+        }
+        st.groups = groups;
         st.members = members;
         // A snapshot whose root is gone (the trainer exited, its workers
         // were orphaned) moves to a family that holds its survivors, so
@@ -249,7 +306,7 @@ impl PssSweeper {
         st.failed.retain(|k, _| roots.contains(k));
         let changed = roots
             .iter()
-            .any(|r| matches!(need(&st, *r), Some(Need::Forked)));
+            .any(|r| matches!(need(&st, *r, now), Some(Need::Forked)));
         drop(st);
         if changed {
             self.shared.1.notify_one();
@@ -283,27 +340,41 @@ fn estimate(st: &State, procs: &mut [ProcSample], now: Instant) -> f64 {
         .enumerate()
         .map(|(i, p)| ((p.pid, p.start_time), i))
         .collect();
+    let rss_of: HashMap<u32, u64> = procs.iter().map(|p| (p.pid, p.rss_bytes)).collect();
     let mut oldest = 0.0f64;
-    for p in procs.iter_mut() {
+    // Shared pages a process gave up (it exited, or unmapped them on its
+    // way out), for the survivors that still map them.
+    let mut handed: Vec<(usize, u64)> = Vec::new();
+    for (i, p) in procs.iter_mut().enumerate() {
         let key = (p.pid, p.start_time);
-        let reading = st
-            .family
-            .get(&key)
-            .and_then(|root| st.snaps.get(root))
-            .and_then(|s| s.readings.get(&key));
-        match reading {
-            Some(r) => {
-                let grown = p.rss_bytes as i64 - r.rss_at as i64;
-                p.pss_bytes = (r.rollup.pss as i64 + grown).max(0) as u64;
-                p.uss_bytes = (r.rollup.uss as i64 + grown).max(0) as u64;
+        let root = st.family.get(&key);
+        let snap = root.and_then(|root| st.snaps.get(root));
+        let reading = snap.and_then(|s| s.readings.get(&key));
+        match (reading, snap, root) {
+            (Some(r), Some(snap), Some(root)) => {
+                let carried = carry(r, p.rss_bytes);
+                p.pss_bytes = carried.pss;
+                p.uss_bytes = carried.uss;
                 p.swap_bytes = r.rollup.swap;
                 oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
+                if carried.handed > 0
+                    && let Some(h) = heir(snap, key, *root, &index).filter(|&h| h != i)
+                {
+                    handed.push((h, carried.handed));
+                }
             }
-            None => {
-                let grown = st
-                    .first_rss
-                    .get(&key)
-                    .map_or(0, |&first| p.rss_bytes.saturating_sub(first));
+            _ => {
+                // Not read yet: what it wrote since it was first seen, or
+                // what it holds beyond its parent (a forked worker that
+                // allocated before the tick first saw it); what it shares
+                // with its parent is still in the parent's reading.
+                let grown = st.seen.get(&key).map_or(0, |s| {
+                    let since_seen = p.rss_bytes.saturating_sub(s.first);
+                    let beyond_parent = rss_of
+                        .get(&p.ppid)
+                        .map_or(0, |&parent| p.rss_bytes.saturating_sub(parent));
+                    since_seen.max(beyond_parent)
+                });
                 p.pss_bytes = grown;
                 p.uss_bytes = grown;
                 p.swap_bytes = 0;
@@ -320,31 +391,82 @@ fn estimate(st: &State, procs: &mut [ProcSample], now: Instant) -> f64 {
             if shared == 0 {
                 continue;
             }
-            let mut heir = r.parent;
-            let mut steps = 0;
-            while let Some(h) = heir {
-                if index.contains_key(&h) || steps > 64 {
-                    break;
-                }
-                heir = snap.readings.get(&h).and_then(|x| x.parent);
-                steps += 1;
-            }
-            let heir = heir
-                .filter(|h| index.contains_key(h))
-                .or_else(|| index.contains_key(root).then_some(*root))
-                .or_else(|| {
-                    snap.readings
-                        .keys()
-                        .find(|k| index.contains_key(k))
-                        .copied()
-                });
-            if let Some(i) = heir.and_then(|h| index.get(&h)) {
-                procs[*i].pss_bytes += shared;
+            if let Some(h) = heir(snap, *key, *root, &index) {
+                handed.push((h, shared));
                 oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
             }
         }
     }
+    for (i, bytes) in handed {
+        procs[i].pss_bytes += bytes;
+    }
     oldest
+}
+
+/// A reading carried forward to the RSS a tick found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Carried {
+    pss: u64,
+    uss: u64,
+    /// PSS of shared pages the process no longer maps: it goes to the
+    /// processes that still share them.
+    handed: u64,
+}
+
+/// Growth is new private memory, so it counts fully. A drop is taken from
+/// the private pages first; only what goes beyond them left shared pages,
+/// whose share goes back to the other sharers. A process on its way out
+/// (the kernel tears its memory down before it becomes a zombie, and its
+/// RSS reads 0 from then on) thus hands all of its share back rather than
+/// taking it with it.
+fn carry(r: &Reading, rss: u64) -> Carried {
+    let (pss, uss) = (r.rollup.pss, r.rollup.uss.min(r.rollup.pss));
+    if rss >= r.rss_at {
+        let grown = rss - r.rss_at;
+        return Carried {
+            pss: pss + grown,
+            uss: uss + grown,
+            handed: 0,
+        };
+    }
+    let drop = r.rss_at - rss;
+    let private_drop = drop.min(uss);
+    let shared_rss = r.rss_at.saturating_sub(uss);
+    let shared_drop = drop - private_drop;
+    let gone = if rss == 0 {
+        1.0
+    } else if shared_rss == 0 {
+        0.0
+    } else {
+        (shared_drop as f64 / shared_rss as f64).min(1.0)
+    };
+    let shared_pss = pss - uss;
+    let handed = (shared_pss as f64 * gone) as u64;
+    Carried {
+        pss: uss - private_drop + shared_pss - handed,
+        uss: uss - private_drop,
+        handed,
+    }
+}
+
+/// The live process that takes over `key`'s share of pages it no longer
+/// maps: its nearest ancestor in the snapshot that is still in the tree,
+/// else the family root, else any live member of the snapshot.
+fn heir(snap: &Snapshot, key: Key, root: Key, index: &HashMap<Key, usize>) -> Option<usize> {
+    let live = |k: &Key| *k != key && index.contains_key(k);
+    let mut up = snap.readings.get(&key).and_then(|r| r.parent);
+    for _ in 0..64 {
+        match up {
+            Some(h) if live(&h) => break,
+            Some(h) => up = snap.readings.get(&h).and_then(|x| x.parent),
+            None => break,
+        }
+    }
+    let h = up
+        .filter(live)
+        .or_else(|| live(&root).then_some(root))
+        .or_else(|| snap.readings.keys().filter(|k| live(k)).min().copied())?;
+    index.get(&h).copied()
 }
 
 impl Drop for PssSweeper {
@@ -386,25 +508,27 @@ fn family_roots(members: &[Member]) -> HashMap<Key, Key> {
 }
 
 /// Why (if at all) the family rooted at `root` should be read now.
-fn need(st: &State, root: Key) -> Option<Need> {
-    let members: Vec<&Member> = st
-        .members
-        .iter()
-        .filter(|m| st.family.get(&m.key()) == Some(&root))
-        .collect();
-    let Some(snap) = st.snaps.get(&root) else {
-        return Some(Need::Forked);
+fn need(st: &State, root: Key, now: Instant) -> Option<Need> {
+    let members: &[Member] = st.groups.get(&root).map_or(&[], Vec::as_slice);
+    let unread = |m: &&Member| {
+        st.snaps
+            .get(&root)
+            .is_none_or(|s| !s.readings.contains_key(&m.key()))
     };
-    if members
-        .iter()
-        .any(|m| !snap.readings.contains_key(&m.key()))
-    {
-        return Some(Need::Forked);
+    if members.iter().any(|m| unread(&m)) {
+        // Read a fork once its newcomers have settled; until then they are
+        // charged for what they hold beyond their parent.
+        let settled = members
+            .iter()
+            .filter(unread)
+            .all(|m| st.seen.get(&m.key()).is_none_or(|s| s.settled(now)));
+        return settled.then_some(Need::Forked);
     }
+    let snap = st.snaps.get(&root)?;
     if snap.readings.len() > members.len() {
         return Some(Need::Exited);
     }
-    let age = snap.at.elapsed();
+    let age = now.saturating_duration_since(snap.at);
     let slow = if st.exact { EXACT_SLOWDOWN } else { 1 };
     if age < st.cfg.interval * slow {
         return None;
@@ -434,40 +558,37 @@ fn choose(st: &mut State, now: Instant) -> Result<Burst, Duration> {
     let budget = st.cfg.budget.max(1e-6);
     let elapsed = now.saturating_duration_since(st.refilled).as_secs_f64();
     st.refilled = now;
-    st.tokens = (st.tokens + elapsed * budget).min(budget * SAVINGS);
-    let roots: HashSet<Key> = st.family.values().copied().collect();
+    // Savings are capped, but never below what the family waiting for them
+    // needs: a burst is only taken once it is paid for, so the budget holds
+    // over any stretch of time, not just on average.
+    let cap = (budget * SAVINGS).max(st.saving_for);
+    st.tokens = (st.tokens + elapsed * budget).min(cap);
     let mut best: Option<(Need, Key)> = None;
-    for root in roots {
+    for &root in st.groups.keys() {
         if st.failed.get(&root) == Some(&st.version) {
             continue;
         }
-        if let Some(n) = need(st, root)
+        if let Some(n) = need(st, root, now)
             && best.as_ref().is_none_or(|(b, _)| n > *b)
         {
             best = Some((n, root));
         }
     }
-    let Some((need, root)) = best else {
+    let Some((_, root)) = best else {
         return Err(Duration::from_secs(1));
     };
-    let members: Vec<Member> = st
-        .members
-        .iter()
-        .filter(|m| st.family.get(&m.key()) == Some(&root))
-        .copied()
-        .collect();
-    // A membership change spends as soon as the budget is not in debt; a
-    // refresh waits until it can pay for itself.
+    let members: &[Member] = st.groups.get(&root).map_or(&[], Vec::as_slice);
+    // Forks come first, but like everything else wait until the budget can
+    // pay for the burst: the cost is that of the family's last burst, or
+    // its RSS at the learnt cost per byte (the page-table walk follows
+    // mapped memory). Until then the estimates carry the family.
     let expected = match st.snaps.get(&root) {
         Some(s) if s.cost > 0.0 => s.cost,
         _ => members.iter().map(|m| m.rss as f64).sum::<f64>() * st.cost_per_byte,
     };
-    let wanted = match need {
-        Need::Forked | Need::Exited => 0.0,
-        Need::Refresh(..) => expected.min(budget * SAVINGS),
-    };
-    if st.tokens < wanted || st.tokens < 0.0 {
-        let short = wanted.max(0.0) - st.tokens;
+    st.saving_for = expected;
+    if st.tokens < expected || st.tokens < 0.0 {
+        let short = expected.max(0.0) - st.tokens;
         return Err(Duration::from_secs_f64((short / budget).clamp(0.01, 1.0)));
     }
     let keys: HashMap<u32, Key> = members.iter().map(|m| (m.pid, m.key())).collect();
@@ -486,6 +607,16 @@ fn sweep_loop(proc_root: &Path, shared: &(Mutex<State>, Condvar)) {
     let (lock, cvar) = shared;
     let mut buf = String::with_capacity(2048);
     let page = page_size();
+    // Everything this thread spends is charged to the budget, not only the
+    // readings: waking up, choosing, the children lists.
+    let mut charged = thread_cpu();
+    let charge = |st: &mut State, charged: &mut f64| {
+        let cpu = thread_cpu();
+        let spent = (cpu - *charged).max(0.0);
+        *charged = cpu;
+        st.tokens -= spent;
+        st.stats.cpu_seconds += spent;
+    };
     loop {
         let burst = {
             let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -493,6 +624,7 @@ fn sweep_loop(proc_root: &Path, shared: &(Mutex<State>, Condvar)) {
                 if st.stop {
                     return;
                 }
+                charge(&mut st, &mut charged);
                 match choose(&mut st, Instant::now()) {
                     Ok(b) => break b,
                     Err(wait) => {
@@ -509,11 +641,10 @@ fn sweep_loop(proc_root: &Path, shared: &(Mutex<State>, Condvar)) {
         let (readings, consistent) = read_family(proc_root, &burst, page, &mut buf);
         let cost = (thread_cpu() - cpu0).max(0.0);
         let mut st = lock.lock().unwrap_or_else(|e| e.into_inner());
-        st.tokens -= cost;
-        st.stats.cpu_seconds += cost;
+        charge(&mut st, &mut charged);
         st.stats.readings += readings.len() as u64;
         let rss: u64 = readings.values().map(|r| r.rollup.rss).sum();
-        if rss > 0 {
+        if rss > 0 && consistent {
             let per_byte = cost / rss as f64;
             st.cost_per_byte = if st.cost_per_byte == 0.0 {
                 per_byte
@@ -543,17 +674,29 @@ fn sweep_loop(proc_root: &Path, shared: &(Mutex<State>, Condvar)) {
 
 /// Reads a family back to back. Consistent when every member was read and
 /// no member forked or lost a child while it was being read (children
-/// lists before and after, and no child the tick has not listed yet).
+/// lists before and after, and no child the tick has not listed yet). The
+/// cheap checks come first and are repeated between expensive readings,
+/// so a burst that cannot be consistent stops early.
 fn read_family(
     proc_root: &Path,
     burst: &Burst,
     page: u64,
     buf: &mut String,
 ) -> (HashMap<Key, Reading>, bool) {
-    let before = children(proc_root, burst, buf);
     let mut readings = HashMap::with_capacity(burst.members.len());
-    let mut consistent = true;
-    for &((pid, start), parent) in &burst.members {
+    let cpu0 = thread_cpu();
+    let before = children(proc_root, burst, buf);
+    // Re-checking costs a pass over every member's children lists: spaced
+    // so that it stays a small part of the burst however large the family.
+    let recheck_after = RECHECK_AFTER.max(8.0 * (thread_cpu() - cpu0));
+    // A child the tick has not listed yet was forked before the burst: its
+    // parent's reading would already share with it.
+    if unknown_child(proc_root, burst, &before, buf) {
+        return (readings, false);
+    }
+    let mut since_check = 0.0;
+    for (n, &((pid, start), parent)) in burst.members.iter().enumerate() {
+        let cpu0 = thread_cpu();
         let dir = proc_root.join(pid.to_string());
         let at = Instant::now();
         let rollup =
@@ -563,39 +706,38 @@ fn read_family(
         let stat = read_into(&dir.join("stat"), buf)
             .and_then(|()| parse_stat(buf))
             .filter(|s| s.start_time == start);
-        match (rollup, stat) {
-            (Some(rollup), Some(stat)) => {
-                readings.insert(
-                    (pid, start),
-                    Reading {
-                        rollup,
-                        rss_at: stat.rss_pages * page,
-                        at,
-                        parent,
-                    },
-                );
+        let (Some(rollup), Some(stat)) = (rollup, stat) else {
+            return (readings, false);
+        };
+        readings.insert(
+            (pid, start),
+            Reading {
+                rollup,
+                rss_at: stat.rss_pages * page,
+                at,
+                parent,
+            },
+        );
+        since_check += thread_cpu() - cpu0;
+        if since_check >= recheck_after && n + 1 < burst.members.len() {
+            since_check = 0.0;
+            if children(proc_root, burst, buf) != before {
+                return (readings, false);
             }
-            _ => consistent = false,
         }
     }
     let after = children(proc_root, burst, buf);
-    if before != after {
-        consistent = false;
-    }
-    // A child the tick has not listed yet was forked before the burst: its
-    // parent's reading already shares with it.
-    for &kid in &after {
-        if burst.known.contains(&kid) {
-            continue;
-        }
-        let live = read_into(&proc_root.join(kid.to_string()).join("stat"), buf)
-            .and_then(|()| parse_stat(buf))
-            .is_some_and(|s| s.state != 'Z' && s.state != 'X');
-        if live {
-            consistent = false;
-        }
-    }
+    let consistent = before == after && !unknown_child(proc_root, burst, &after, buf);
     (readings, consistent)
+}
+
+/// Whether a live child of the family is not in the tick's listing.
+fn unknown_child(proc_root: &Path, burst: &Burst, kids: &[u32], buf: &mut String) -> bool {
+    kids.iter().filter(|k| !burst.known.contains(k)).any(|kid| {
+        read_into(&proc_root.join(kid.to_string()).join("stat"), buf)
+            .and_then(|()| parse_stat(buf))
+            .is_some_and(|s| s.state != 'Z' && s.state != 'X')
+    })
 }
 
 /// Children of the burst's members, from every thread's `children` file
@@ -680,13 +822,31 @@ mod tests {
     }
 
     fn state(members: Vec<Member>, snap: Vec<(Key, Reading)>, root: Key) -> State {
+        let now = Instant::now();
+        let family = family_roots(&members);
+        let mut groups: HashMap<Key, Vec<Member>> = HashMap::new();
+        for m in &members {
+            groups.entry(family[&m.key()]).or_default().push(*m);
+        }
         let mut st = State {
             cfg: SweepConfig {
                 interval: Duration::from_secs(5),
                 budget: 0.01,
             },
-            family: family_roots(&members),
-            first_rss: members.iter().map(|m| (m.key(), m.rss)).collect(),
+            family,
+            groups,
+            seen: members
+                .iter()
+                .map(|m| {
+                    let seen = Seen {
+                        first: m.rss,
+                        last: m.rss,
+                        prev: None,
+                        first_at: now,
+                    };
+                    (m.key(), seen)
+                })
+                .collect(),
             members,
             snaps: HashMap::new(),
             footprint: None,
@@ -694,7 +854,8 @@ mod tests {
             version: 0,
             failed: HashMap::new(),
             tokens: 0.3,
-            refilled: Instant::now(),
+            saving_for: 0.0,
+            refilled: now,
             cost_per_byte: 0.0,
             stats: SweepStats::default(),
             stop: false,
@@ -703,12 +864,29 @@ mod tests {
             root,
             Snapshot {
                 readings: snap.into_iter().collect(),
-                at: Instant::now(),
+                at: now,
                 footprint_at: None,
                 cost: 0.01,
             },
         );
         st
+    }
+
+    /// The tick saw every member again with the RSS it has now.
+    fn tick(st: &mut State) {
+        for m in &st.members {
+            if let Some(s) = st.seen.get_mut(&m.key()) {
+                s.prev = Some(s.last);
+                s.last = m.rss;
+            }
+        }
+        for g in st.groups.values_mut() {
+            for m in g.iter_mut() {
+                if let Some(now) = st.members.iter().find(|x| x.key() == m.key()) {
+                    m.rss = now.rss;
+                }
+            }
+        }
     }
 
     fn total(st: &State) -> u64 {
@@ -749,7 +927,101 @@ mod tests {
             m.rss += 40 * MIB;
         }
         assert_eq!(total(&st), 1040 * MIB);
-        assert!(matches!(need(&st, parent.key()), Some(Need::Forked)));
+        // Still growing: not worth a burst yet.
+        tick(&mut st);
+        assert_eq!(need(&st, parent.key(), Instant::now()), None);
+        tick(&mut st);
+        assert!(matches!(
+            need(&st, parent.key(), Instant::now()),
+            Some(Need::Forked)
+        ));
+    }
+
+    #[test]
+    fn a_newcomer_first_seen_after_it_allocated_counts_beyond_its_parent() {
+        // The workers wrote their 40 MiB before the first tick saw them:
+        // no growth since seen, but 40 MiB more than the parent they share with.
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let snap = vec![(parent.key(), reading(800 * MIB, 800 * MIB, 800 * MIB, None))];
+        let mut ms = vec![parent];
+        for i in 0..6 {
+            ms.push(member(101 + i, 100, Role::Worker, 840 * MIB));
+        }
+        let st = state(ms, snap, parent.key());
+        assert_eq!(total(&st), 1040 * MIB);
+    }
+
+    /// A burst of the parent and 6 workers sharing 800 MiB, each worker
+    /// with 40 MiB of its own.
+    fn shared_family() -> (Member, Vec<(Key, Reading)>, Vec<Member>) {
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let share = 800 * MIB / 7;
+        let mut snap = vec![(parent.key(), reading(share, 0, 800 * MIB, None))];
+        let mut workers = Vec::new();
+        for i in 0..6 {
+            let w = member(101 + i, 100, Role::Worker, 840 * MIB);
+            snap.push((
+                w.key(),
+                reading(share + 40 * MIB, 40 * MIB, 840 * MIB, Some(parent.key())),
+            ));
+            workers.push(w);
+        }
+        (parent, snap, workers)
+    }
+
+    #[test]
+    fn workers_on_their_way_out_hand_their_share_back() {
+        // The kernel has torn the workers' memory down (RSS 0) but they are
+        // not zombies yet, so the tick still lists them. Counting them as 0
+        // while the parent keeps its 1/7 showed 800 MiB as ~114 MiB.
+        let (parent, snap, workers) = shared_family();
+        let mut ms = vec![parent];
+        ms.extend(workers.iter().map(|w| Member { rss: 0, ..*w }));
+        let st = state(ms, snap, parent.key());
+        let t = total(&st);
+        assert!(t.abs_diff(800 * MIB) < MIB, "{} MiB", t / MIB);
+    }
+
+    #[test]
+    fn freeing_private_memory_keeps_the_shares() {
+        let (parent, snap, workers) = shared_family();
+        let mut ms = vec![parent];
+        ms.extend(workers.iter().map(|w| Member {
+            rss: w.rss - 40 * MIB,
+            ..*w
+        }));
+        let st = state(ms, snap, parent.key());
+        let t = total(&st);
+        assert!(t.abs_diff(800 * MIB) < MIB, "{} MiB", t / MIB);
+    }
+
+    #[test]
+    fn a_shrinking_reading_splits_private_then_shared() {
+        let r = reading(150 * MIB, 50 * MIB, 450 * MIB, None);
+        // Growth counts fully.
+        assert_eq!(
+            carry(&r, 460 * MIB),
+            Carried {
+                pss: 160 * MIB,
+                uss: 60 * MIB,
+                handed: 0
+            }
+        );
+        // 30 MiB freed: private.
+        assert_eq!(carry(&r, 420 * MIB).pss, 120 * MIB);
+        // 250 MiB dropped: all 50 private, then half of the 400 shared.
+        let c = carry(&r, 200 * MIB);
+        assert_eq!((c.uss, c.handed), (0, 50 * MIB));
+        assert_eq!(c.pss, 50 * MIB);
+        // Gone: everything shared goes back.
+        assert_eq!(
+            carry(&r, 0),
+            Carried {
+                pss: 0,
+                uss: 0,
+                handed: 100 * MIB
+            }
+        );
     }
 
     #[test]
@@ -757,20 +1029,14 @@ mod tests {
         // A consistent burst of the parent and 6 workers sharing 800 MiB,
         // then the workers exit: the parent's old reading (1/7 of it) plus
         // the workers' shared parts is the 800 MiB still there.
-        let parent = member(100, 1, Role::Trainer, 800 * MIB);
-        let share = 800 * MIB / 7;
-        let mut snap = vec![(parent.key(), reading(share, 0, 800 * MIB, None))];
-        for i in 0..6 {
-            let w = member(101 + i, 100, Role::Worker, 840 * MIB);
-            snap.push((
-                w.key(),
-                reading(share + 40 * MIB, 40 * MIB, 840 * MIB, Some(parent.key())),
-            ));
-        }
+        let (parent, snap, _) = shared_family();
         let st = state(vec![parent], snap, parent.key());
         let t = total(&st);
         assert!(t.abs_diff(800 * MIB) < MIB, "{t}");
-        assert!(matches!(need(&st, parent.key()), Some(Need::Exited)));
+        assert!(matches!(
+            need(&st, parent.key(), Instant::now()),
+            Some(Need::Exited)
+        ));
     }
 
     #[test]
@@ -778,6 +1044,14 @@ mod tests {
         let parent = member(100, 1, Role::Trainer, 800 * MIB);
         let snap = vec![(parent.key(), reading(800 * MIB, 800 * MIB, 800 * MIB, None))];
         let st = state(vec![parent], snap, parent.key());
-        assert_eq!(need(&st, parent.key()), None);
+        assert_eq!(need(&st, parent.key(), Instant::now()), None);
+        // Untouched, it is renewed only after the long maximum age.
+        let later = Instant::now() + Duration::from_secs(5 * 11);
+        assert_eq!(need(&st, parent.key(), later), None);
+        let much_later = Instant::now() + Duration::from_secs(5 * 12 + 1);
+        assert!(matches!(
+            need(&st, parent.key(), much_later),
+            Some(Need::Refresh(..))
+        ));
     }
 }

@@ -208,6 +208,8 @@ pub struct System {
 #[serde(deny_unknown_fields)]
 pub struct Cgroup {
     pub version: u8,
+    /// On lines with `procs` (and in `run_start`): fixed for the run.
+    #[serde(default)]
     pub path: String,
     pub usage_bytes: u64,
     pub limit_bytes: Option<u64>,
