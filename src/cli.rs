@@ -87,7 +87,8 @@ pub struct AttachArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub interval: Option<Duration>,
 
-    /// Maximum age of a PSS reading.
+    /// How soon a process family whose memory moved is re-read from
+    /// smaps_rollup (one whose memory did not move: every 12 intervals).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub pss_interval: Option<Duration>,
 
@@ -227,9 +228,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub interval: Option<Duration>,
 
-    /// How often a process tree whose memory moved is re-read from
-    /// smaps_rollup (in the background, within --pss-budget; between
-    /// readings PSS follows RSS changes).
+    /// How soon a process family whose memory moved is re-read from
+    /// smaps_rollup (in the background, within --pss-budget; one whose
+    /// memory did not move: every 12 intervals; between readings PSS
+    /// follows RSS changes).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub pss_interval: Option<Duration>,
 
