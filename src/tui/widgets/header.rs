@@ -27,15 +27,15 @@ pub struct HeaderView<'a> {
     pub critical_percent: Option<f64>,
 }
 
-impl Widget for &HeaderView<'_> {
-    fn render(self, area: Rect, buf: &mut Buffer) {
-        if area.height == 0 || area.width == 0 {
-            return;
-        }
-        let w = area.width as usize;
-        let dim = Style::new().fg(theme::DIM);
-        let badge = format!(" {} ", self.policy.label());
+/// One form of the header's right side: its parts, each with whether it
+/// is the nearest ceiling (coloured by its headroom).
+type Form = Vec<(String, bool)>;
 
+impl HeaderView<'_> {
+    /// The right side's forms, longest first, each with the width the
+    /// command must keep for it to be chosen (the first that leaves the
+    /// command at least that much wins).
+    fn right_side(&self) -> (Vec<Form>, Vec<usize>) {
         // Right side, longest form first; the first that leaves the command
         // at least a few cells wins.
         let nearest_long = self.nearest.map(|n| {
@@ -61,7 +61,7 @@ impl Widget for &HeaderView<'_> {
             }
             parts
         };
-        let mut candidates: Vec<Vec<(String, bool)>> = Vec::new();
+        let mut candidates: Vec<Form> = Vec::new();
         if self.progress.is_some() {
             candidates.push(with_progress(
                 vec![
@@ -124,13 +124,6 @@ impl Widget for &HeaderView<'_> {
             ],
             vec![(clock, false)],
         ]);
-        let brand = " oomguard ";
-        let show_brand = w >= 100;
-        let fixed_left = theme::width(&badge) + 1 + if show_brand { brand.len() + 1 } else { 0 };
-        // Two leading spaces, then the parts separated by " │ ".
-        let joined = |parts: &[(String, bool)]| -> usize {
-            parts.iter().map(|(s, _)| theme::width(s)).sum::<usize>() + 3 * parts.len() - 1
-        };
         // The longer forms only while the command keeps a useful width;
         // the short ones as long as some of it shows.
         let cmd_w = theme::width(self.command);
@@ -138,6 +131,27 @@ impl Widget for &HeaderView<'_> {
         if self.progress.is_some() {
             cmd_min.splice(0..0, [cmd_w.min(30), cmd_w.min(12), cmd_w.min(12)]);
         }
+        (candidates, cmd_min)
+    }
+}
+
+impl Widget for &HeaderView<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        if area.height == 0 || area.width == 0 {
+            return;
+        }
+        let w = area.width as usize;
+        let dim = Style::new().fg(theme::DIM);
+        let badge = format!(" {} ", self.policy.label());
+
+        let (candidates, cmd_min) = self.right_side();
+        let brand = " oomguard ";
+        let show_brand = w >= 100;
+        let fixed_left = theme::width(&badge) + 1 + if show_brand { brand.len() + 1 } else { 0 };
+        // Two leading spaces, then the parts separated by " │ ".
+        let joined = |parts: &[(String, bool)]| -> usize {
+            parts.iter().map(|(s, _)| theme::width(s)).sum::<usize>() + 3 * parts.len() - 1
+        };
         let right = candidates
             .iter()
             .zip(cmd_min)
