@@ -225,8 +225,9 @@ pub struct RunStart {
     pub ceilings: Vec<Ceiling>,
     #[serde(deserialize_with = "lenient")]
     pub cgroup: Option<CgroupInfo>,
-    /// [`Policy::to_json`]; readers take it as [`PolicyInfo`].
-    pub policy: serde_json::Value,
+    /// The effective policy (absent only in logs older than it).
+    #[serde(deserialize_with = "lenient")]
+    pub policy: Option<PolicyInfo>,
     pub gpu: GpuInfo,
     pub version: String,
     pub interval_seconds: f64,
@@ -243,6 +244,86 @@ pub struct PolicyInfo {
     pub max_pause_seconds: Option<f64>,
     #[serde(deserialize_with = "lenient")]
     pub after_pause: Option<String>,
+}
+
+impl PolicyInfo {
+    /// The policy as `run_start` records it.
+    pub fn of(p: &crate::policy::Policy) -> Self {
+        let op = |o: crate::policy::Op| {
+            match o {
+                crate::policy::Op::Below => "below",
+                crate::policy::Op::Above => "above",
+            }
+            .to_string()
+        };
+        Self {
+            rules: p
+                .rules
+                .iter()
+                .map(|r| PolicyRuleInfo {
+                    name: r.name.clone(),
+                    metric: r.metric.name().to_string(),
+                    op: Some(op(r.op)),
+                    threshold: Some(r.threshold),
+                    unit: Some(crate::policy::unit(r.metric).to_string()),
+                    for_seconds: Some(r.for_seconds),
+                    clear: Some(r.clear),
+                    cooldown_seconds: Some(r.cooldown_seconds),
+                    action: r.action.name().to_string(),
+                    also: r.also.map(|g| PolicyGuardInfo {
+                        metric: g.metric.name().to_string(),
+                        op: Some(op(g.op)),
+                        threshold: Some(g.threshold),
+                    }),
+                })
+                .collect(),
+            max_pause_seconds: Some(p.max_pause_seconds),
+            after_pause: Some(p.after_pause.name().to_string()),
+        }
+    }
+
+    /// The policy a run recorded, to run again (`oomguard replay`); `None`
+    /// when a rule names a metric, comparison or action this build does
+    /// not know, or lacks a figure.
+    pub fn to_policy(&self) -> Option<crate::policy::Policy> {
+        use crate::policy::{Action, Guard, Metric, Op, Policy, Rule};
+        let op = |o: &Option<String>| match o.as_deref()? {
+            "below" => Some(Op::Below),
+            "above" => Some(Op::Above),
+            _ => None,
+        };
+        let rules = self
+            .rules
+            .iter()
+            .map(|r| {
+                let also = match &r.also {
+                    Some(g) => Some(Guard {
+                        metric: Metric::from_name(&g.metric)?,
+                        op: op(&g.op)?,
+                        threshold: g.threshold?,
+                    }),
+                    None => None,
+                };
+                Some(Rule {
+                    name: r.name.clone(),
+                    metric: Metric::from_name(&r.metric)?,
+                    op: op(&r.op)?,
+                    threshold: r.threshold?,
+                    for_seconds: r.for_seconds.unwrap_or(0.0),
+                    clear: r.clear?,
+                    cooldown_seconds: r.cooldown_seconds.unwrap_or(0.0),
+                    action: Action::from_name(&r.action)?,
+                    also,
+                    hook: None,
+                })
+            })
+            .collect::<Option<Vec<Rule>>>()?;
+        Some(Policy {
+            rules,
+            max_pause_seconds: self.max_pause_seconds?,
+            after_pause: Action::from_name(self.after_pause.as_deref()?)?,
+        })
+    }
 }
 
 /// One rule of `run_start.policy.rules`.

@@ -317,38 +317,6 @@ impl Policy {
         };
         (pick(false), pick(true))
     }
-
-    /// The JSON for `run_start.policy`.
-    pub fn to_json(&self) -> serde_json::Value {
-        let rules: Vec<serde_json::Value> = self
-            .rules
-            .iter()
-            .map(|r| {
-                let mut v = serde_json::json!({
-                    "name": r.name,
-                    "metric": r.metric.name(),
-                    "op": r.op,
-                    "threshold": r.threshold,
-                    "unit": unit(r.metric),
-                    "for_seconds": r.for_seconds,
-                    "clear": r.clear,
-                    "cooldown_seconds": r.cooldown_seconds,
-                    "action": r.action.name(),
-                });
-                if let Some(g) = r.also {
-                    v["also"] = serde_json::json!({
-                        "metric": g.metric.name(), "op": g.op, "threshold": g.threshold
-                    });
-                }
-                v
-            })
-            .collect();
-        serde_json::json!({
-            "rules": rules,
-            "max_pause_seconds": self.max_pause_seconds,
-            "after_pause": self.after_pause.name(),
-        })
-    }
 }
 
 /// The unit a metric's values are in.
@@ -887,17 +855,9 @@ mod tests {
     }
 
     #[test]
-    fn thresholds_and_json() {
+    fn thresholds_of_the_default_policy() {
         let p = Policy::default_with(80.0, 92.0, Action::Stop);
         assert_eq!(p.thresholds(), (Some(20.0), Some(8.0)));
-        let j = p.to_json();
-        assert_eq!(j["rules"][0]["metric"], "headroom_percent");
-        assert_eq!(j["rules"][1]["action"], "stop");
-        assert_eq!(j["rules"][2]["also"]["metric"], "headroom_percent");
-        assert_eq!(
-            Policy::none().to_json()["rules"].as_array().unwrap().len(),
-            0
-        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
+use crate::log::PolicyInfo;
 use crate::log::{ActionEvent, RunStart, SCHEMA, SampleEvent};
 use crate::model::GpuSample;
 use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
@@ -151,7 +152,7 @@ pub fn replay(
             "run_start" => {
                 let start: RunStart =
                     serde_json::from_str(text).map_err(|e| body("run_start", e))?;
-                recorded_policy = serde_json::from_value(start.policy).ok();
+                recorded_policy = start.policy.as_ref().and_then(PolicyInfo::to_policy);
             }
             "sample" => {
                 let s: SampleEvent = serde_json::from_str(text).map_err(|e| body("sample", e))?;
@@ -410,7 +411,12 @@ mod tests {
     }
 
     fn log(levels: &[(f64, f64)], actions: &[(f64, &str, &str)]) -> String {
-        let policy = Policy::default_with(80.0, 92.0, crate::policy::Action::Stop).to_json();
+        let policy = serde_json::to_string(&PolicyInfo::of(&Policy::default_with(
+            80.0,
+            92.0,
+            crate::policy::Action::Stop,
+        )))
+        .unwrap();
         let mut lines = vec![line(
             0.0,
             "run_start",
@@ -548,7 +554,19 @@ mod tests {
     #[test]
     fn the_recorded_policy_reads_back() {
         let p = Policy::default_with(70.0, 90.0, crate::policy::Action::Restart);
-        let back: Policy = serde_json::from_value(p.to_json()).unwrap();
-        assert_eq!(back, p);
+        let mut p = p;
+        p.max_pause_seconds = 42.0;
+        let text = serde_json::to_string(&PolicyInfo::of(&p)).unwrap();
+        let info: PolicyInfo = serde_json::from_str(&text).unwrap();
+        assert_eq!(info.to_policy(), Some(p));
+        assert!(text.contains(r#""metric":"headroom_percent""#), "{text}");
+        assert!(text.contains(r#""unit":"percent""#), "{text}");
+        let mut unknown = info.clone();
+        unknown.rules[0].metric = "moon_phase".into();
+        assert_eq!(
+            unknown.to_policy(),
+            None,
+            "an unknown metric is not guessed"
+        );
     }
 }

@@ -15,14 +15,14 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 use super::ReportError;
 use crate::forensics::progress::Progress;
 use crate::log::{
     ActionEvent, ChildExit, CudaOomEvent, LineHead, LineProcs, OomKillEvent, PhaseMemoryEvent,
-    PolicyInfo, RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
+    RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
     WorkerDiedEvent,
 };
 use crate::model::{Ceiling, ProcSample, Role, SystemSample};
@@ -772,7 +772,7 @@ fn attempts(log: &RunLog) -> Vec<Attempt> {
 }
 
 fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
-    let policy = PolicyInfo::deserialize(&s.policy).unwrap_or_default();
+    let policy = s.policy.clone().unwrap_or_default();
     StartInfo {
         argv: s.argv,
         pid: Some(u64::from(s.pid)).filter(|&p| p > 0),

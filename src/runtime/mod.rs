@@ -868,7 +868,7 @@ impl Supervisor {
             pid: self.job.pid,
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
-            policy: self.core.engine.policy().to_json(),
+            policy: Some(crate::log::PolicyInfo::of(self.core.engine.policy())),
             gpu: self.gpu_info.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
