@@ -522,14 +522,7 @@ fn cuda_ooms(log: &RunLog, out: &mut Vec<Finding>) {
 }
 
 fn worker_deaths(log: &RunLog, out: &mut Vec<Finding>) {
-    let killed_pids: Vec<u32> = log
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::OomKill { pid, .. } => pid,
-            _ => None,
-        })
-        .collect();
+    let killed_pids = log.oom_killed_pids();
     for e in &log.events {
         let EventKind::WorkerDied {
             pid,

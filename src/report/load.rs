@@ -48,6 +48,20 @@ pub struct RunLog {
     pub progress: Vec<ProgressPoint>,
 }
 
+impl RunLog {
+    /// The pids the kernel OOM killer took, as the `oom_kill` events name
+    /// them.
+    pub fn oom_killed_pids(&self) -> Vec<u32> {
+        self.events
+            .iter()
+            .filter_map(|e| match e.kind {
+                EventKind::OomKill { pid, .. } => pid,
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// The job's training progress as one log line carried it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ProgressPoint {
@@ -339,14 +353,7 @@ pub fn load(text: &str) -> Result<RunLog, ReportError> {
 /// rank's event, wherever the two lines are in the log (torchrun may
 /// report the failure before oomguard reads the kernel's report).
 fn tie_ranks_to_oom_kills(log: &mut RunLog) {
-    let killed: Vec<u32> = log
-        .events
-        .iter()
-        .filter_map(|e| match e.kind {
-            EventKind::OomKill { pid, .. } => pid,
-            _ => None,
-        })
-        .collect();
+    let killed = log.oom_killed_pids();
     for e in &mut log.events {
         if let EventKind::RankFailed(r) = &mut e.kind
             && r.pid.is_some_and(|p| killed.contains(&p))

@@ -285,6 +285,9 @@ impl Actuator {
     /// their pid taken by another. Only a live identity is ever signalled
     /// again.
     pub fn prune(&mut self, tree: &[ProcSample], sig: &dyn Signaller) {
+        if !self.busy() {
+            return;
+        }
         let in_tree: HashSet<Ident> = idents(tree, |_| true).into_iter().collect();
         let alive = |id: &Ident| in_tree.contains(id) || sig.is_alive(*id);
         self.paused.retain(|id| alive(id));

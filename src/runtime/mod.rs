@@ -607,7 +607,7 @@ impl Supervisor {
                     crate::log::OutputEvent::RankFailed(_) => None,
                 };
                 if let Some(ev) = ui {
-                    self.ui_event(ev);
+                    self.sinks.ui(ev);
                 }
             }
         }
@@ -821,7 +821,7 @@ impl Supervisor {
             return;
         }
         self.forward(libc::SIGHUP);
-        self.log_action(
+        self.sinks.action(
             "stop",
             "terminal hangup",
             vec![self.job.pid],
@@ -833,10 +833,6 @@ impl Supervisor {
         if self.core.act.kill_at.is_none() {
             self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
-    }
-
-    fn ui_event(&mut self, ev: crate::tui::UiEvent) {
-        self.sinks.ui(ev);
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
@@ -1152,17 +1148,6 @@ impl Supervisor {
             .sample(sample, view, force || waits_changed, force, inputs, paused);
     }
 
-    fn log_action(
-        &mut self,
-        action: &str,
-        reason: &str,
-        pids: Vec<u32>,
-        signal: Option<i32>,
-        result: String,
-    ) {
-        self.sinks.action(action, reason, pids, signal, result);
-    }
-
     /// Signals processes by identity; returns the pids reached and the
     /// first error, if any.
     fn signal_all(&mut self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
@@ -1184,7 +1169,7 @@ impl Supervisor {
                     pids,
                     signal,
                     result,
-                } => self.log_action(action, &reason, pids, signal, result),
+                } => self.sinks.action(action, &reason, pids, signal, result),
                 Acted::Say(text) => self.say(text),
                 Acted::Checkpoint {
                     path,
@@ -1313,7 +1298,7 @@ impl Supervisor {
                     (_, Some(s)) => format!("killed by {s}"),
                     _ => String::new(),
                 };
-                self.ui_event(crate::tui::UiEvent::ChildExit {
+                self.sinks.ui(crate::tui::UiEvent::ChildExit {
                     t: self.started.elapsed().as_secs_f64(),
                     pid: r.pid,
                     how,
@@ -1351,7 +1336,7 @@ impl Supervisor {
         let rest = self.idents(|_| true);
         let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
-        self.log_action(
+        self.sinks.action(
             "stop",
             "left behind by the job's main process",
             pids,
@@ -1410,7 +1395,8 @@ impl Supervisor {
         self.forward(sig);
         if ends {
             let why = format!("{} received", supervise::signal_name(sig));
-            self.log_action("stop", &why, vec![self.job.pid], Some(sig), "ok".into());
+            self.sinks
+                .action("stop", &why, vec![self.job.pid], Some(sig), "ok".into());
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
@@ -1472,7 +1458,7 @@ impl Supervisor {
                 return;
             }
         };
-        self.ui_event(crate::tui::UiEvent::OomKill {
+        self.sinks.ui(crate::tui::UiEvent::OomKill {
             t,
             pid: e.kill.pid,
             comm: e.comm.clone(),
@@ -1513,10 +1499,6 @@ impl Supervisor {
         }
     }
 
-    fn kernel_killed(&self, sample: &Sample) -> bool {
-        self.oom.kernel_killed(sample)
-    }
-
     /// Whether a kernel OOM kill leads to a restart: with
     /// `--on-critical restart` (the policy meant to restart anyway) or
     /// `--restart-on oom-kill`.
@@ -1543,7 +1525,7 @@ impl Supervisor {
         let end = crate::restart::AttemptEnd {
             policy_end: self.core.act.policy_end,
             stop_reason: self.core.act.stop.as_ref().map(|st| st.reason.clone()),
-            kernel_killed: self.kernel_killed(&sample),
+            kernel_killed: self.oom.kernel_killed(&sample),
             memory_death: self.memory_death,
             cuda_oom: self.cuda_oom,
             succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
@@ -1645,7 +1627,7 @@ impl Supervisor {
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
         self.sinks.log.set_attempt(self.attempt + 1);
-        self.ui_event(crate::tui::UiEvent::Restart {
+        self.sinks.ui(crate::tui::UiEvent::Restart {
             t: self.started.elapsed().as_secs_f64(),
             attempt: self.attempt + 1,
             degraded: changes

@@ -54,76 +54,50 @@ impl HeaderView<'_> {
             )
         });
         let clock = theme::clock(self.elapsed);
-        let (progress_long, progress_short) = self.progress.map_or((None, None), progress_text);
-        let with_progress = |mut parts: Vec<(String, bool)>, text: &Option<String>| {
-            if let Some(t) = text {
-                parts.insert(1, (t.clone(), false));
-            }
+        let attempt = (format!("attempt {}", self.attempt), false);
+        // The three forms without progress: labelled, long, short.
+        let labelled = vec![
+            attempt.clone(),
+            (format!("elapsed {clock}"), false),
+            (
+                nearest_long
+                    .clone()
+                    .map_or("no sample yet".into(), |s| format!("nearest {s}")),
+                true,
+            ),
+        ];
+        let long = vec![
+            attempt.clone(),
+            (clock.clone(), false),
+            (nearest_long.unwrap_or_else(|| "no sample yet".into()), true),
+        ];
+        let short = vec![
+            attempt,
+            (clock.clone(), false),
+            (nearest_short.unwrap_or_else(|| "no sample".into()), true),
+        ];
+        let with_progress = |form: &Form, text: String| {
+            let mut parts = form.clone();
+            parts.insert(1, (text, false));
             parts
         };
         let mut candidates: Vec<Form> = Vec::new();
-        if self.progress.is_some() {
-            candidates.push(with_progress(
-                vec![
-                    (format!("attempt {}", self.attempt), false),
-                    (format!("elapsed {clock}"), false),
-                    (
-                        nearest_long
-                            .clone()
-                            .map_or("no sample yet".into(), |s| format!("nearest {s}")),
-                        true,
-                    ),
-                ],
-                &progress_long,
-            ));
+        if let Some((progress_long, progress_short)) = self.progress.map(progress_text) {
             // The whole progress line (rate, ceiling step) is worth more
             // than the words "elapsed" and "nearest".
-            candidates.push(with_progress(
-                vec![
-                    (format!("attempt {}", self.attempt), false),
-                    (clock.clone(), false),
-                    (
-                        nearest_short.clone().unwrap_or_else(|| "no sample".into()),
-                        true,
-                    ),
-                ],
-                &progress_long,
-            ));
-            candidates.push(with_progress(
-                vec![
-                    (format!("attempt {}", self.attempt), false),
-                    (clock.clone(), false),
-                    (
-                        nearest_short.clone().unwrap_or_else(|| "no sample".into()),
-                        true,
-                    ),
-                ],
-                &progress_short,
-            ));
+            for (form, text) in [
+                (&labelled, &progress_long),
+                (&short, &progress_long),
+                (&short, &progress_short),
+            ] {
+                if let Some(t) = text {
+                    candidates.push(with_progress(form, t.clone()));
+                } else {
+                    candidates.push(form.clone());
+                }
+            }
         }
-        candidates.extend([
-            vec![
-                (format!("attempt {}", self.attempt), false),
-                (format!("elapsed {clock}"), false),
-                (
-                    nearest_long
-                        .clone()
-                        .map_or("no sample yet".into(), |s| format!("nearest {s}")),
-                    true,
-                ),
-            ],
-            vec![
-                (format!("attempt {}", self.attempt), false),
-                (clock.clone(), false),
-                (nearest_long.unwrap_or_else(|| "no sample yet".into()), true),
-            ],
-            vec![
-                (format!("attempt {}", self.attempt), false),
-                (clock.clone(), false),
-                (nearest_short.unwrap_or_else(|| "no sample".into()), true),
-            ],
-            vec![(clock, false)],
-        ]);
+        candidates.extend([labelled, long, short, vec![(clock, false)]]);
         // The longer forms only while the command keeps a useful width;
         // the short ones as long as some of it shows.
         let cmd_w = theme::width(self.command);
