@@ -47,18 +47,43 @@ pub enum SpawnError {
     NotExecutable { cmd: String },
     #[error("cannot run '{cmd}': {source}")]
     Other { cmd: String, source: io::Error },
+    /// oomguard itself ran short (descriptors, memory, processes): nothing
+    /// is wrong with the command, so this is an internal error, not 126.
+    #[error("cannot start '{cmd}': {source}")]
+    OutOfResources { cmd: String, source: io::Error },
     #[error("no command given (usage: oomguard run [OPTIONS] -- COMMAND [ARGS...])")]
     Empty,
 }
 
 impl SpawnError {
-    /// 127 for a missing command, 126 for one that cannot be executed.
-    pub fn exit_code(&self) -> i32 {
+    /// 127 for a missing command, 126 for one that cannot be executed;
+    /// `None` when oomguard, not the command, is at fault.
+    pub fn exit_code(&self) -> Option<i32> {
         match self {
-            SpawnError::NotFound { .. } | SpawnError::Empty => 127,
-            SpawnError::NotExecutable { .. } | SpawnError::Other { .. } => 126,
+            SpawnError::NotFound { .. } | SpawnError::Empty => Some(127),
+            SpawnError::NotExecutable { .. } | SpawnError::Other { .. } => Some(126),
+            SpawnError::OutOfResources { .. } => None,
         }
     }
+
+    fn of(cmd: &str, e: io::Error) -> SpawnError {
+        let cmd = cmd.to_owned();
+        match e.kind() {
+            io::ErrorKind::NotFound => SpawnError::NotFound { cmd },
+            io::ErrorKind::PermissionDenied => SpawnError::NotExecutable { cmd },
+            _ if out_of_resources(&e) => SpawnError::OutOfResources { cmd, source: e },
+            _ => SpawnError::Other { cmd, source: e },
+        }
+    }
+}
+
+/// oomguard (not the user's command or path) ran short: descriptors,
+/// memory or processes. Such failures are internal errors (exit 70).
+pub fn out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN)
+    )
 }
 
 /// What to start and how.
@@ -124,18 +149,7 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
     let ctty = spec.controlling_tty.map(|fd| fd.as_raw_fd());
     child_setup(&mut cmd, cgroup, tty, ctty);
-    let child = cmd.spawn().map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => SpawnError::NotFound {
-            cmd: cmd_name.clone(),
-        },
-        io::ErrorKind::PermissionDenied => SpawnError::NotExecutable {
-            cmd: cmd_name.clone(),
-        },
-        _ => SpawnError::Other {
-            cmd: cmd_name.clone(),
-            source: e,
-        },
-    })?;
+    let child = cmd.spawn().map_err(|e| SpawnError::of(&cmd_name, e))?;
     let pid = child.id();
     // `child` is dropped without waiting: the reaper owns the status. Its
     // pid cannot be reused before we reap it, so this pidfd is the child.
@@ -416,11 +430,12 @@ mod tests {
     fn status_codes() {
         assert_eq!(Status::Exited(3).code(), 3);
         assert_eq!(Status::Signaled(9).code(), 137);
-        assert_eq!(SpawnError::NotFound { cmd: "x".into() }.exit_code(), 127);
-        assert_eq!(
-            SpawnError::NotExecutable { cmd: "x".into() }.exit_code(),
-            126
-        );
+        let of = |e| SpawnError::of("x", e).exit_code();
+        assert_eq!(of(io::Error::from_raw_os_error(libc::ENOENT)), Some(127));
+        assert_eq!(of(io::Error::from_raw_os_error(libc::EACCES)), Some(126));
+        assert_eq!(of(io::Error::from_raw_os_error(libc::ENOEXEC)), Some(126));
+        assert_eq!(of(io::Error::from_raw_os_error(libc::EMFILE)), None);
+        assert_eq!(of(io::Error::from_raw_os_error(libc::EAGAIN)), None);
     }
 
     #[test]

@@ -349,7 +349,9 @@ fn running_out_of_descriptors_at_start_is_an_internal_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut logged_failures = 0;
     let mut failures = 0;
-    for limit in [6, 8, 10, 12, 14, 16, 20, 24, 32, 64] {
+    // Every limit, so the one where only the job's own spawn runs short
+    // (a few descriptors below enough) is among them whatever is inherited.
+    for limit in (6..=40).chain([64]) {
         let log = dir.path().join(format!("fd{limit}.ndjson"));
         let script = format!(
             "ulimit -n {limit} && exec \"$0\" run --no-tui --cgroup off --log '{}' -- true",

@@ -466,8 +466,10 @@ fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
 }
 
 fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
+    let Some(code) = e.exit_code() else {
+        return internal_failure(log, e.to_string());
+    };
     eprintln!("oomguard: {e}");
-    let code = e.exit_code();
     log.write(
         "run_end",
         &RunEnd {

@@ -17,9 +17,9 @@ use super::sampler::Sampler;
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    FORWARDED, RunConfig, Supervisor, act_config, attach, attach_to, attempt_env, drain_output,
-    internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any, relay_pump,
-    report_stale, spawn_failed, term_event, threshold_crossed,
+    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, act_config, attach, attach_to, attempt_env,
+    drain_output, internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any,
+    relay_pump, report_stale, spawn_failed, term_event, threshold_crossed,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -218,12 +218,23 @@ async fn run_loop(
 }
 
 async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32> {
-    let log = match &cfg.log {
+    let mut log = match &cfg.log {
         Some(path) => LogWriter::create(path, started).map_err(|e| {
             eprintln!("oomguard: {e}");
-            2
+            usage_or_internal(&e.source)
         })?,
         None => LogWriter::disabled(started),
+    };
+    // A destination the user named that cannot be used is a usage error
+    // (exit 2); oomguard running short of descriptors or memory while
+    // opening it is its own (70, and the log, if open, ends with run_end).
+    let mut refused = |e: &dyn std::fmt::Display, source: &std::io::Error| {
+        if supervise::out_of_resources(source) {
+            internal_failure(&mut log, e.to_string())
+        } else {
+            eprintln!("oomguard: {e}");
+            2
+        }
     };
     let metrics =
         crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
@@ -238,8 +249,8 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
         })
         .await
         {
-            eprintln!("oomguard: {e}");
-            return Err(2);
+            let crate::metrics::MetricsError::Bind { source, .. } = &e;
+            return Err(refused(&e, source));
         }
         metrics_stop = Some(tx);
     }
@@ -250,8 +261,7 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
     if let Some(t) = &textfile
         && let Err(e) = t.write(&metrics.render())
     {
-        eprintln!("oomguard: {e}");
-        return Err(2);
+        return Err(refused(&e, &e.source));
     }
     Ok(Outputs {
         log,
@@ -259,6 +269,14 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
         metrics_stop,
         textfile,
     })
+}
+
+fn usage_or_internal(e: &std::io::Error) -> i32 {
+    if supervise::out_of_resources(e) {
+        EXIT_INTERNAL
+    } else {
+        2
+    }
 }
 
 fn signal_streams() -> Vec<(i32, Signal)> {
@@ -367,9 +385,11 @@ fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupErro
             drop_when_full: cfg.output_drop,
             ..Default::default()
         })
-        .map_err(|e| match e {
-            OutputError::OpenLog { .. } => OutputSetupError::Usage(e.to_string()),
-            e => OutputSetupError::Internal(e.to_string()),
+        .map_err(|e| match &e {
+            OutputError::OpenLog { source, .. } if !supervise::out_of_resources(source) => {
+                OutputSetupError::Usage(e.to_string())
+            }
+            _ => OutputSetupError::Internal(e.to_string()),
         })?;
         return Ok(Output {
             relay: Some(relay),
@@ -384,7 +404,13 @@ fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupErro
         .create(true)
         .append(true)
         .open(path)
-        .map_err(|e| OutputSetupError::Usage(format!("cannot write '{}': {e}", path.display())))?;
+        .map_err(|e| {
+            let msg = format!("cannot write '{}': {e}", path.display());
+            match supervise::out_of_resources(&e) {
+                true => OutputSetupError::Internal(msg),
+                false => OutputSetupError::Usage(msg),
+            }
+        })?;
     Ok(Output {
         pty_log: Some(file),
         ..Output::default()
