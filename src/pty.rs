@@ -94,12 +94,17 @@ fn openpty(ws: &Winsize) -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Registers `fd` with tokio's reactor for readability.
-#[allow(unsafe_code)]
 pub(crate) fn watch(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    watch_for(fd, Interest::READABLE)
+}
+
+/// Registers `fd` with tokio's reactor for `interest`.
+#[allow(unsafe_code)]
+pub(crate) fn watch_for(fd: OwnedFd, interest: Interest) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: an `OwnedFd` is an open descriptor that stays open, and is the
     // same descriptor, until it is dropped; the `AsyncFd` owns it for its
     // whole life, which is what registration requires.
-    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.map_err(io::Error::from)
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(io::Error::from)
 }
 
 /// Sets the window size of a pty (master or slave end); the job's

@@ -437,8 +437,8 @@ fn a_slow_reader_gets_every_byte_in_order() {
         },
     );
     assert!(r.status.success());
-    // About 6.6 MiB cannot fit in the relay's bound, its read and write
-    // chunks and two pipes: the job had to wait for the reader.
+    // About 6.6 MiB cannot fit in the pipes (and, on the copying path, the
+    // relay's bound): the job had to wait for the reader.
     assert!(started.elapsed() >= Duration::from_millis(1400));
     assert!(r.relay.flush(Duration::from_secs(10)));
     drop(r.relay);
@@ -447,6 +447,50 @@ fn a_slow_reader_gets_every_byte_in_order() {
     assert_eq!(got.len(), want.stdout.len());
     assert!(got == want.stdout, "the bytes differ");
     assert_eq!(r.stats.stdout.dropped_bytes, 0, "{:?}", r.stats);
+}
+
+/// Both ways bytes travel, a pipe spliced (never copied through oomguard)
+/// and a file written by the writer thread: every byte in order, and the
+/// scanner still sees every line of both.
+#[test]
+fn spliced_and_copied_destinations_get_every_byte_and_the_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("err.txt");
+    let file = fs::File::create(&path).unwrap();
+    let (out_r, out_w) = pipe();
+    let out = collect(out_r);
+    let part = |a: u32, b: u32| (a..=b).map(|i| format!("{i}\n")).collect::<String>();
+    let want = format!("{}{WORKER_LINE}\n{}", part(1, 300_000), part(5, 200_000));
+    let script = format!(
+        "for s in 1 2; do seq 1 300000; echo '{WORKER_LINE}'; seq 5 200000; \
+         exec 1>&2; done"
+    );
+    let r = relay_job(
+        RelayOptions {
+            stdout: Some(out_w),
+            stderr: Some(OwnedFd::from(file)),
+            ..Default::default()
+        },
+        sh(&script),
+    );
+    assert!(r.status.success());
+    assert!(r.relay.splices(Stream::Stdout));
+    assert!(!r.relay.splices(Stream::Stderr));
+    assert!(r.relay.flush(Duration::from_secs(10)));
+    drop(r.relay);
+    for (name, got) in [
+        ("pipe", out.join().unwrap()),
+        ("file", fs::read(&path).unwrap()),
+    ] {
+        assert_eq!(got.len(), want.len(), "{name}");
+        assert!(got == want.as_bytes(), "{name}: the bytes differ");
+    }
+    assert_eq!(worker_deaths(&r.events).len(), 2, "{:?}", r.events);
+    for s in [r.stats.stdout, r.stats.stderr] {
+        assert_eq!(s.read_bytes, want.len() as u64, "{:?}", r.stats);
+        assert_eq!(s.written_bytes, want.len() as u64, "{:?}", r.stats);
+        assert_eq!(s.dropped_bytes, 0, "{:?}", r.stats);
+    }
 }
 
 #[test]

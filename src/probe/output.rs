@@ -14,14 +14,22 @@
 //! job's own.
 //!
 //! Output is relayed as a pipe would carry it: nothing is lost, and a
-//! reader that does not keep up slows the job down. The bytes go through a
-//! bounded queue to one writer thread per destination; while that queue is
-//! full the channel is simply not read, so the job's own pipe (or pty)
-//! fills and its writes block, exactly as they would with a slow reader on
-//! a direct pipe. The supervision loop never waits on the user's terminal
-//! or pipe: it only stops reading, and still ticks, handles signals and
-//! stops the job. A destination that is gone (EPIPE) closes the job's
-//! channel, so the job gets EPIPE (or SIGPIPE) as it would have.
+//! reader that does not keep up slows the job down. When oomguard's own
+//! stream is a pipe (`| tee`, CI runners, the shell's `|`), the bytes are
+//! not copied through oomguard at all: `tee(2)` duplicates what the job
+//! wrote into a private pipe, that duplicate is scanned, and `splice(2)`
+//! moves the job's bytes into the destination; while the destination is
+//! full they simply wait in the job's pipe (see [`Tee`]). Otherwise (a
+//! file, a terminal, `--output-drop`) the bytes go through a bounded queue
+//! to one writer thread per destination; while that queue is full the
+//! channel is not read, so the job's own pipe (or pty) fills and its
+//! writes block, exactly as they would with a slow reader on a direct
+//! pipe. The supervision loop never waits on the user's terminal or pipe:
+//! it only stops reading, and still ticks, handles signals and stops the
+//! job; and bytes alone never wake it (the pump relays them and returns
+//! only for what the loop must act on). A destination that is gone (EPIPE)
+//! closes the job's channel, so the job gets EPIPE (or SIGPIPE) as it
+//! would have.
 //!
 //! `--output-drop` asks for the opposite trade, for a run watched on the
 //! dashboard or in the log only: the job is never slowed, the oldest queued
@@ -74,6 +82,9 @@ const WRITE_CHUNK: usize = 1 << 20;
 /// The size asked for the job's pipes (the default 64 KiB means a system
 /// call per 64 KiB); the kernel may give less, which only costs speed.
 const PIPE_SIZE: usize = 1 << 20;
+
+/// How often [`OutputRelay::pump`] returns for progress alone.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
 /// Events kept until [`OutputRelay::take_events`]; more are counted and
 /// dropped (a caller that never takes them must not grow without bound).
@@ -206,11 +217,15 @@ pub struct JobStdio {
     pub stderr: Stdio,
 }
 
-/// What one [`OutputRelay::pump`] did.
+/// Why [`OutputRelay::pump`] returned. Bytes alone are no reason: they
+/// are relayed inside the pump, and a wake-up of the whole loop per read
+/// would cost more than the relaying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pumped {
-    /// This many bytes were relayed and scanned; events may be waiting.
-    Output(usize),
+    /// The output said something that cannot wait for the next tick (a
+    /// CUDA OOM, a dead worker, torchrun's failures); progress updates wait
+    /// in [`OutputRelay::take_events`] for whoever takes them next.
+    Events,
     /// The terminal was resized and the job's pty now has its size. The
     /// caller forwards SIGWINCH to the job: resizing a pty that is not the
     /// job's controlling terminal signals nobody.
@@ -567,6 +582,9 @@ struct Sink {
     tty: bool,
     max_buffered: usize,
     drop_when_full: bool,
+    /// The destination, watched for room, when it is a pipe the job's bytes
+    /// can be spliced into (see [`Tee`]).
+    splice_to: Option<AsyncFd<OwnedFd>>,
 }
 
 impl Sink {
@@ -578,6 +596,16 @@ impl Sink {
     ) -> Result<Self, OutputError> {
         let probe = dup(&dest).map_err(|source| OutputError::Dup { stream, source })?;
         let tty = rustix::termios::isatty(&dest);
+        let is_pipe = rustix::fs::fstat(&dest)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_fifo());
+        // Without a copy to watch (out of descriptors) the bytes still go
+        // through the writer thread.
+        // Watching needs the runtime's reactor (a relay is made inside one).
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        let splice_to = (is_pipe && !drop_when_full && in_runtime)
+            .then(|| dup(&dest).ok())
+            .flatten()
+            .and_then(|fd| pty::watch_for(fd, tokio::io::Interest::WRITABLE).ok());
         let shared = Arc::new(Shared::default());
         let for_thread = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -591,6 +619,7 @@ impl Sink {
             tty,
             max_buffered: max_buffered.max(1),
             drop_when_full,
+            splice_to,
         })
     }
 
@@ -620,8 +649,14 @@ impl Sink {
     /// and the queue outgrows its bound by at most one read (or by what
     /// `finish` reads once the job is gone).
     fn push(&self, bytes: &[u8]) {
+        self.shared.lock().read_bytes += bytes.len() as u64;
+        self.enqueue(bytes);
+    }
+
+    /// Queues bytes already counted as read (scanned on the splice path,
+    /// then left in the job's pipe).
+    fn enqueue(&self, bytes: &[u8]) {
         let mut st = self.shared.lock();
-        st.read_bytes += bytes.len() as u64;
         if st.failed {
             st.dropped_bytes += bytes.len() as u64;
             return;
@@ -643,6 +678,67 @@ impl Sink {
         st.queue.extend(keep);
         drop(st);
         self.shared.cond.notify_all();
+    }
+
+    /// Whether the next bytes may bypass the queue: the destination is a
+    /// pipe and nothing queued or being written would be overtaken.
+    fn can_splice(&self) -> bool {
+        self.splice_to.is_some() && {
+            let st = self.shared.lock();
+            !st.failed && st.queue.is_empty() && !st.writing
+        }
+    }
+
+    /// Moves up to `len` bytes from the head of the job's pipe into the
+    /// destination, without waiting: `Pending` (and `cx` woken) while the
+    /// destination is full.
+    fn poll_splice(
+        &self,
+        cx: &mut Context<'_>,
+        from: &OwnedFd,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        let Some(dest) = &self.splice_to else {
+            return Poll::Ready(Err(io::ErrorKind::Unsupported.into()));
+        };
+        loop {
+            let mut guard = match dest.poll_write_ready(cx) {
+                Poll::Ready(Ok(guard)) => guard,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let flags = rustix::pipe::SpliceFlags::NONBLOCK | rustix::pipe::SpliceFlags::MOVE;
+            let moved = guard.try_io(|d| {
+                loop {
+                    match rustix::pipe::splice(from, None, d.get_ref(), None, len, flags) {
+                        Err(rustix::io::Errno::INTR) => {}
+                        r => break r.map_err(io::Error::from),
+                    }
+                }
+            });
+            if let Ok(r) = moved {
+                if let Ok(n) = r {
+                    self.shared.lock().written_bytes += n as u64;
+                }
+                return Poll::Ready(r);
+            }
+            // Full after all; readiness was cleared, so the next poll
+            // registers the waker.
+        }
+    }
+
+    /// Counts bytes read on the splice path.
+    fn count_read(&self, n: usize) {
+        self.shared.lock().read_bytes += n as u64;
+    }
+
+    /// The destination failed on the splice path: `lost` bytes read will
+    /// never reach it.
+    fn fail(&self, error: io::Error, lost: usize) {
+        let mut st = self.shared.lock();
+        st.failed = true;
+        st.dropped_bytes += lost as u64;
+        st.error = Some(error);
     }
 
     /// Waits until everything queued was written (or the destination
@@ -826,10 +922,68 @@ struct Channel {
     /// The window size last given to the pty.
     size: (u16, u16),
     fd: AsyncFd<OwnedFd>,
+    /// The zero-copy path, when the destination is a pipe.
+    tee: Option<Tee>,
     scanner: OutputScanner,
     open: bool,
     /// The destination failed: close this end so the job sees EPIPE.
     closed: bool,
+}
+
+/// The zero-copy path from the job's pipe to a destination pipe: `tee`
+/// duplicates what the job wrote into this private pipe (no copy: the two
+/// pipes share the pages), that duplicate is read and scanned, and
+/// `splice` then moves the job's own bytes on (no copy either). Nothing is
+/// queued in oomguard: while the destination is full the bytes wait in the
+/// job's pipe, and the job's writes block as with a direct pipe.
+#[derive(Debug)]
+struct Tee {
+    read: OwnedFd,
+    write: OwnedFd,
+    /// Bytes at the head of the job's pipe, scanned and not moved yet.
+    pending: usize,
+}
+
+impl Tee {
+    fn new() -> io::Result<Self> {
+        let flags = rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK;
+        let (read, write) = rustix::pipe::pipe_with(flags)?;
+        let _ = rustix::pipe::fcntl_setpipe_size(&read, PIPE_SIZE);
+        Ok(Self {
+            read,
+            write,
+            pending: 0,
+        })
+    }
+
+    /// Copies what the job's pipe holds (up to this pipe's size) into
+    /// `buf` without taking it from the job's pipe: `Some(n)`, or `None` at
+    /// the end.
+    fn copy(&self, from: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let n = loop {
+            match rustix::pipe::tee(
+                from,
+                &self.write,
+                buf.len(),
+                rustix::pipe::SpliceFlags::NONBLOCK,
+            ) {
+                Ok(0) => return Ok(None),
+                Ok(n) => break n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut got = 0;
+        while got < n {
+            match rustix::io::read(&self.read, &mut buf[got..n]) {
+                Ok(0) => break,
+                Ok(k) => got += k,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Some(got))
+    }
 }
 
 /// The raw copy of the output.
@@ -870,6 +1024,8 @@ pub struct OutputRelay {
     size_timer: Option<tokio::time::Interval>,
     events: Vec<TorchEvent>,
     dropped_events: u64,
+    /// When events were last handed over with progress among them.
+    progress_handed: Option<Instant>,
     errors: Vec<OutputError>,
     buf: Vec<u8>,
 }
@@ -922,6 +1078,7 @@ impl OutputRelay {
             size_timer: None,
             events: Vec::new(),
             dropped_events: 0,
+            progress_handed: None,
             errors: Vec::new(),
             buf: vec![0; READ_CHUNK],
         };
@@ -973,7 +1130,13 @@ impl OutputRelay {
     /// loses nothing. Once every channel has ended it waits forever, so it
     /// can stay in a `select!`.
     pub async fn pump(&mut self) -> Pumped {
-        poll_fn(|cx| self.poll_pump(cx)).await
+        loop {
+            match poll_fn(|cx| self.poll_pump(cx)).await {
+                Some(p) => return p,
+                // A job printing without pause: let timers and signals in.
+                None => tokio::task::yield_now().await,
+            }
+        }
     }
 
     /// Events recognised since the last call, oldest first.
@@ -1014,12 +1177,20 @@ impl OutputRelay {
             ..
         } = self;
         for ch in channels.iter_mut().filter(|c| c.open) {
+            let sink = &sinks[ch.sink];
+            // What the splice path scanned and left in the job's pipe comes
+            // first; it is queued, not scanned again.
+            let mut scanned = ch.tee.as_ref().map_or(0, |t| t.pending);
             let mut budget = FINISH_BUDGET;
             while budget > 0 {
                 match read_some(ch.fd.get_ref(), buf, ch.pty) {
                     Ok(Some(n)) => {
                         budget = budget.saturating_sub(n);
-                        deliver(&buf[..n], &sinks[ch.sink], log, &mut ch.scanner, errors);
+                        let (old, new) = buf[..n].split_at(scanned.min(n));
+                        scanned -= old.len();
+                        sink.enqueue(old);
+                        sink.push(new);
+                        observe(new, log, &mut ch.scanner, errors);
                     }
                     Ok(None) => break,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -1081,6 +1252,12 @@ impl OutputRelay {
             }
         }
         stats
+    }
+
+    /// Whether the job's `stream` reaches its destination by `splice`, not
+    /// copied through oomguard (the destination is a pipe).
+    pub fn splices(&self, stream: Stream) -> bool {
+        self.sinks[self.routes[stream as usize]].splice_to.is_some()
     }
 
     /// Whether the job's `stream` is a pty (oomguard's was a terminal).
@@ -1153,12 +1330,17 @@ impl OutputRelay {
                 source: e.into(),
             })?;
             let fd = pty::watch(read).map_err(|source| OutputError::Watch { stream, source })?;
+            // Out of descriptors for the private pipe: the bytes are copied.
+            let tee = (!is_pty && sink.splice_to.is_some())
+                .then(|| Tee::new().ok())
+                .flatten();
             self.channels.push(Channel {
                 sink: idx,
                 stream,
                 pty: is_pty,
                 size,
                 fd,
+                tee,
                 scanner: OutputScanner::new(),
                 open: true,
                 closed: false,
@@ -1178,7 +1360,8 @@ impl OutputRelay {
         self.job_stdio()
     }
 
-    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<Pumped> {
+    /// `Ready(None)` when a channel used up its budget and more is waiting.
+    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<Option<Pumped>> {
         if self.is_closed() {
             return Poll::Pending;
         }
@@ -1209,7 +1392,8 @@ impl OutputRelay {
             buf,
             ..
         } = self;
-        let mut relayed = 0;
+        let mut got = Collected::default();
+        let mut exhausted = false;
         let mut ended = false;
         for ch in channels.iter_mut().filter(|c| c.open) {
             let mut budget = PUMP_BUDGET;
@@ -1227,6 +1411,25 @@ impl OutputRelay {
                     ended = true;
                     break;
                 }
+                let sink = &sinks[ch.sink];
+                // Scanned bytes still in the job's pipe go first.
+                if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
+                    match sink.poll_splice(cx, ch.fd.get_ref(), tee.pending) {
+                        // Nothing moved means nothing is there to move.
+                        Poll::Ready(Ok(0)) => tee.pending = 0,
+                        Poll::Ready(Ok(n)) => {
+                            tee.pending -= n.min(tee.pending);
+                            budget = budget.saturating_sub(n);
+                        }
+                        // Full: the job's pipe stays unread, so its writes
+                        // block until the reader takes more.
+                        Poll::Pending => break,
+                        // The next turn closes the channel, as for a
+                        // writer thread's failure.
+                        Poll::Ready(Err(e)) => sink.fail(e, std::mem::take(&mut tee.pending)),
+                    }
+                    continue;
+                }
                 let mut guard = match ch.fd.poll_read_ready(cx) {
                     Poll::Ready(Ok(guard)) => guard,
                     Poll::Ready(Err(source)) => {
@@ -1241,13 +1444,27 @@ impl OutputRelay {
                     Poll::Pending => break,
                 };
                 let pty = ch.pty;
-                let res = guard.try_io(|fd| read_some(fd.get_ref(), buf, pty));
+                let tee = ch.tee.as_mut().filter(|_| sink.can_splice());
+                let res = guard.try_io(|fd| match &tee {
+                    Some(t) => t.copy(fd.get_ref(), buf),
+                    None => read_some(fd.get_ref(), buf, pty),
+                });
                 drop(guard);
                 match res {
                     Ok(Ok(Some(n))) => {
-                        budget = budget.saturating_sub(n);
-                        relayed += n;
-                        deliver(&buf[..n], &sinks[ch.sink], log, &mut ch.scanner, errors);
+                        if let Some(t) = tee {
+                            t.pending = n;
+                            sink.count_read(n);
+                            observe(&buf[..n], log, &mut ch.scanner, errors);
+                        } else {
+                            budget = budget.saturating_sub(n);
+                            sink.push(&buf[..n]);
+                            observe(&buf[..n], log, &mut ch.scanner, errors);
+                        }
+                    }
+                    // A kernel without tee for this pipe: copy from now on.
+                    Ok(Err(e)) if tee.is_some() && e.raw_os_error() == Some(libc::EINVAL) => {
+                        ch.tee = None;
                     }
                     Ok(Ok(None)) => {
                         ch.open = false;
@@ -1268,23 +1485,37 @@ impl OutputRelay {
                     Err(_would_block) => {}
                 }
             }
+            exhausted |= budget == 0;
             if !ch.open {
                 // Nothing more can come: an unfinished last line and a held
                 // message are complete now, not only at `finish`.
                 ch.scanner.finish();
             }
-            collect(&mut ch.scanner, events, dropped_events);
+            let c = collect(&mut ch.scanner, events, dropped_events);
+            got.urgent |= c.urgent;
+            got.progress |= c.progress;
         }
         // Dropping a channel closes oomguard's end of it.
         channels.retain(|c| !c.closed);
         if ended && channels.iter().all(|c| !c.open) {
-            return Poll::Ready(Pumped::Closed);
-        }
-        if relayed > 0 {
-            return Poll::Ready(Pumped::Output(relayed));
+            return Poll::Ready(Some(Pumped::Closed));
         }
         if resized {
-            return Poll::Ready(Pumped::Resized);
+            return Poll::Ready(Some(Pumped::Resized));
+        }
+        // Progress is handed over at most every PROGRESS_EVERY (and taken
+        // at every tick): often enough that its times are right, rarely
+        // enough that a bar redrawn per read costs no loop turn per read.
+        let progress_due = got.progress
+            && self
+                .progress_handed
+                .is_none_or(|t| t.elapsed() >= PROGRESS_EVERY);
+        if got.urgent || progress_due {
+            self.progress_handed = Some(Instant::now());
+            return Poll::Ready(Some(Pumped::Events));
+        }
+        if exhausted {
+            return Poll::Ready(None);
         }
         Poll::Pending
     }
@@ -1344,15 +1575,13 @@ fn read_some(fd: &OwnedFd, buf: &mut [u8], pty: bool) -> io::Result<Option<usize
     }
 }
 
-/// Passes bytes on: to the destination's queue, the output log, the scanner.
-fn deliver(
+/// Passes bytes read to the output log and the scanner.
+fn observe(
     bytes: &[u8],
-    sink: &Sink,
     log: &mut Option<OutputLog>,
     scanner: &mut OutputScanner,
     errors: &mut Vec<OutputError>,
 ) {
-    sink.push(bytes);
     if let Some(log) = log
         && let Some(file) = &mut log.file
         && let Err(source) = file.write_all(bytes)
@@ -1368,12 +1597,30 @@ fn deliver(
     scanner.feed(bytes);
 }
 
-fn collect(scanner: &mut OutputScanner, events: &mut Vec<TorchEvent>, dropped: &mut u64) {
+/// What [`collect`] moved.
+#[derive(Debug, Default, Clone, Copy)]
+struct Collected {
+    /// More than a progress update.
+    urgent: bool,
+    progress: bool,
+}
+
+/// Moves the scanner's events to the relay's queue.
+fn collect(
+    scanner: &mut OutputScanner,
+    events: &mut Vec<TorchEvent>,
+    dropped: &mut u64,
+) -> Collected {
     *dropped += scanner.dropped_events;
     scanner.dropped_events = 0;
+    let mut got = Collected::default();
     for event in scanner.take_events() {
+        let progress = matches!(event, TorchEvent::Progress(_));
+        got.progress |= progress;
+        got.urgent |= !progress;
         keep_event(events, event, dropped);
     }
+    got
 }
 
 /// Queues an event, bounded. A progress update right after another is
