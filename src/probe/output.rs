@@ -602,6 +602,9 @@ impl Sink {
         // through the writer thread.
         // Watching needs the runtime's reactor (a relay is made inside one).
         let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        if is_pipe && !drop_when_full {
+            grow_pipe(&dest);
+        }
         let splice_to = (is_pipe && !drop_when_full && in_runtime)
             .then(|| dup(&dest).ok())
             .flatten()
@@ -858,6 +861,17 @@ fn write_loop(dest: &OwnedFd, shared: &Shared) {
     }
 }
 
+/// Gives a destination pipe the capacity of the job's (a shell's pipe has
+/// 64 KiB): the reader then takes up to 1 MiB per wake-up instead of
+/// waiting for oomguard to refill 64 KiB. Only ever grows it, and only as
+/// far as an unprivileged process may (the reader sees more buffering,
+/// nothing else); where the kernel refuses, the pipe stays as it was.
+fn grow_pipe(dest: &OwnedFd) {
+    if rustix::pipe::fcntl_getpipe_size(dest).is_ok_and(|size| size < PIPE_SIZE) {
+        let _ = rustix::pipe::fcntl_setpipe_size(dest, PIPE_SIZE);
+    }
+}
+
 /// Writes all of `bytes`; on failure returns how much was written.
 fn write_all(fd: &OwnedFd, mut bytes: &[u8]) -> Result<(), (usize, io::Error)> {
     let total = bytes.len();
@@ -956,33 +970,34 @@ impl Tee {
         })
     }
 
-    /// Copies what the job's pipe holds (up to this pipe's size) into
-    /// `buf` without taking it from the job's pipe: `Some(n)`, or `None` at
+    /// Duplicates what the job's pipe holds (up to `max` bytes) into this
+    /// pipe without taking it from the job's pipe: `Some(n)`, or `None` at
     /// the end.
-    fn copy(&self, from: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        let n = loop {
-            match rustix::pipe::tee(
-                from,
-                &self.write,
-                buf.len(),
-                rustix::pipe::SpliceFlags::NONBLOCK,
-            ) {
+    fn duplicate(&self, from: &OwnedFd, max: usize) -> io::Result<Option<usize>> {
+        let flags = rustix::pipe::SpliceFlags::NONBLOCK;
+        loop {
+            match rustix::pipe::tee(from, &self.write, max, flags) {
                 Ok(0) => return Ok(None),
-                Ok(n) => break n,
+                Ok(n) => return Ok(Some(n)),
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
-        };
+        }
+    }
+
+    /// Reads the duplicate (all of it: `buf` is as long as what
+    /// [`Tee::duplicate`] gave) so it can be scanned.
+    fn read_duplicate(&self, buf: &mut [u8]) -> io::Result<usize> {
         let mut got = 0;
-        while got < n {
-            match rustix::io::read(&self.read, &mut buf[got..n]) {
+        while got < buf.len() {
+            match rustix::io::read(&self.read, &mut buf[got..]) {
                 Ok(0) => break,
                 Ok(k) => got += k,
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Some(got))
+        Ok(got)
     }
 }
 
@@ -1446,7 +1461,7 @@ impl OutputRelay {
                 let pty = ch.pty;
                 let tee = ch.tee.as_mut().filter(|_| sink.can_splice());
                 let res = guard.try_io(|fd| match &tee {
-                    Some(t) => t.copy(fd.get_ref(), buf),
+                    Some(t) => t.duplicate(fd.get_ref(), buf.len()),
                     None => read_some(fd.get_ref(), buf, pty),
                 });
                 drop(guard);
@@ -1455,7 +1470,28 @@ impl OutputRelay {
                         if let Some(t) = tee {
                             t.pending = n;
                             sink.count_read(n);
-                            observe(&buf[..n], log, &mut ch.scanner, errors);
+                            // Passed on before the scan, so the reader and
+                            // the job get on while the duplicate is scanned.
+                            match sink.poll_splice(cx, ch.fd.get_ref(), n) {
+                                Poll::Ready(Ok(moved)) => {
+                                    t.pending -= moved.min(n);
+                                    budget = budget.saturating_sub(moved);
+                                }
+                                Poll::Ready(Err(e)) => sink.fail(e, std::mem::take(&mut t.pending)),
+                                Poll::Pending => {}
+                            }
+                            match t.read_duplicate(&mut buf[..n]) {
+                                Ok(got) => observe(&buf[..got], log, &mut ch.scanner, errors),
+                                Err(source) => {
+                                    errors.push(OutputError::Read {
+                                        stream: ch.stream,
+                                        source,
+                                    });
+                                    ch.open = false;
+                                    ended = true;
+                                    break;
+                                }
+                            }
                         } else {
                             budget = budget.saturating_sub(n);
                             sink.push(&buf[..n]);
@@ -1973,6 +2009,18 @@ mod tests {
         assert_eq!(st.dropped_bytes, 11, "{st:?}");
         let e = sink.take_error().unwrap();
         assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_destination_pipe_only_ever_grows() {
+        let (_r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        grow_pipe(&w);
+        assert_eq!(rustix::pipe::fcntl_getpipe_size(&w).unwrap(), PIPE_SIZE);
+        // Larger than ours already (as root may set): left alone.
+        if rustix::pipe::fcntl_setpipe_size(&w, 4 * PIPE_SIZE).is_ok() {
+            grow_pipe(&w);
+            assert_eq!(rustix::pipe::fcntl_getpipe_size(&w).unwrap(), 4 * PIPE_SIZE);
+        }
     }
 
     #[test]
