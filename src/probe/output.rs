@@ -944,6 +944,17 @@ struct Channel {
     closed: bool,
 }
 
+impl Channel {
+    /// The channel cannot be read: report why, and read it no more.
+    fn unreadable(&mut self, errors: &mut Vec<OutputError>, source: io::Error) {
+        errors.push(OutputError::Read {
+            stream: self.stream,
+            source,
+        });
+        self.open = false;
+    }
+}
+
 /// The zero-copy path from the job's pipe to a destination pipe: `tee`
 /// duplicates what the job wrote into this private pipe (no copy: the two
 /// pipes share the pages), that duplicate is read and scanned, and
@@ -982,6 +993,29 @@ impl Tee {
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Moves the scanned bytes on as far as the destination takes them:
+    /// how many moved, or `Pending` (and `cx` woken) while it is full. A
+    /// destination that failed is marked so on the sink (the pump then
+    /// closes the channel, as for a writer thread's failure).
+    fn pass_on(&mut self, sink: &Sink, cx: &mut Context<'_>, from: &OwnedFd) -> Poll<usize> {
+        match sink.poll_splice(cx, from, self.pending) {
+            // Nothing moved means nothing is there to move.
+            Poll::Ready(Ok(0)) => {
+                self.pending = 0;
+                Poll::Ready(0)
+            }
+            Poll::Ready(Ok(n)) => {
+                self.pending -= n.min(self.pending);
+                Poll::Ready(n)
+            }
+            Poll::Ready(Err(e)) => {
+                sink.fail(e, std::mem::take(&mut self.pending));
+                Poll::Ready(0)
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -1429,30 +1463,18 @@ impl OutputRelay {
                 let sink = &sinks[ch.sink];
                 // Scanned bytes still in the job's pipe go first.
                 if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
-                    match sink.poll_splice(cx, ch.fd.get_ref(), tee.pending) {
-                        // Nothing moved means nothing is there to move.
-                        Poll::Ready(Ok(0)) => tee.pending = 0,
-                        Poll::Ready(Ok(n)) => {
-                            tee.pending -= n.min(tee.pending);
-                            budget = budget.saturating_sub(n);
-                        }
+                    match tee.pass_on(sink, cx, ch.fd.get_ref()) {
+                        Poll::Ready(n) => budget = budget.saturating_sub(n),
                         // Full: the job's pipe stays unread, so its writes
                         // block until the reader takes more.
                         Poll::Pending => break,
-                        // The next turn closes the channel, as for a
-                        // writer thread's failure.
-                        Poll::Ready(Err(e)) => sink.fail(e, std::mem::take(&mut tee.pending)),
                     }
                     continue;
                 }
                 let mut guard = match ch.fd.poll_read_ready(cx) {
                     Poll::Ready(Ok(guard)) => guard,
                     Poll::Ready(Err(source)) => {
-                        errors.push(OutputError::Read {
-                            stream: ch.stream,
-                            source,
-                        });
-                        ch.open = false;
+                        ch.unreadable(errors, source);
                         ended = true;
                         break;
                     }
@@ -1472,22 +1494,13 @@ impl OutputRelay {
                             sink.count_read(n);
                             // Passed on before the scan, so the reader and
                             // the job get on while the duplicate is scanned.
-                            match sink.poll_splice(cx, ch.fd.get_ref(), n) {
-                                Poll::Ready(Ok(moved)) => {
-                                    t.pending -= moved.min(n);
-                                    budget = budget.saturating_sub(moved);
-                                }
-                                Poll::Ready(Err(e)) => sink.fail(e, std::mem::take(&mut t.pending)),
-                                Poll::Pending => {}
+                            if let Poll::Ready(moved) = t.pass_on(sink, cx, ch.fd.get_ref()) {
+                                budget = budget.saturating_sub(moved);
                             }
                             match t.read_duplicate(&mut buf[..n]) {
                                 Ok(got) => observe(&buf[..got], log, &mut ch.scanner, errors),
                                 Err(source) => {
-                                    errors.push(OutputError::Read {
-                                        stream: ch.stream,
-                                        source,
-                                    });
-                                    ch.open = false;
+                                    ch.unreadable(errors, source);
                                     ended = true;
                                     break;
                                 }
@@ -1508,11 +1521,7 @@ impl OutputRelay {
                         break;
                     }
                     Ok(Err(source)) => {
-                        errors.push(OutputError::Read {
-                            stream: ch.stream,
-                            source,
-                        });
-                        ch.open = false;
+                        ch.unreadable(errors, source);
                         ended = true;
                         break;
                     }
