@@ -1,4 +1,5 @@
 //! Throughput of the output relay: a stream read through a pipe directly,
+//! through `cat` (the least any relay costs: one more process and pipe),
 //! and through `oomguard run` (job → oomguard → pipe), with oomguard's own
 //! CPU time (user + system, from /proc/<pid>/stat, sampled until it exits;
 //! its children's time is not counted). Three streams: `yes | head -c
@@ -147,12 +148,27 @@ fn main() {
 
 fn relay(oomguard: &str, name: &str, job: &str, rounds: usize) {
     let (mut direct, mut via, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut by_cat, mut cat_cpu) = (Vec::new(), Vec::new());
     let mut bytes = 0;
     for _ in 0..rounds {
         let mut c = Command::new("sh");
         c.args(["-c", job]);
         let d = measure(c, false);
         direct.push(d.wall.as_secs_f64());
+
+        // The least any relay costs: `cat` in the same place, one more
+        // process and pipe between the job and its reader.
+        let mut producer = Command::new("sh")
+            .args(["-c", job])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn the job");
+        let mut c = Command::new("cat");
+        c.stdin(producer.stdout.take().expect("job stdout"));
+        let k = measure(c, true);
+        producer.wait().expect("wait for the job");
+        by_cat.push(k.wall.as_secs_f64());
+        cat_cpu.push(k.cpu.unwrap_or(0.0));
 
         let mut c = Command::new(oomguard);
         c.args(["run", "-q", "--no-gpu", "--", "sh", "-c", job])
@@ -172,17 +188,30 @@ fn relay(oomguard: &str, name: &str, job: &str, rounds: usize) {
         cpu.push(v.cpu.unwrap_or(0.0));
     }
     let (d, v, c) = (median(direct), median(via), median(cpu));
+    let (k, kc) = (median(by_cat), median(cat_cpu));
     let mb = bytes as f64 / 1e6;
     let rate = mb / v;
+    // CPU share of a core, per 100 MB/s relayed: CPU seconds per 100 MB.
+    let per = |cpu: f64, wall: f64| 100.0 * (cpu / wall) / (mb / wall / 100.0);
     println!("relay, {name}: {mb:.0} MB (`{job}`), median of {rounds}");
     println!("  direct pipe      {d:.3} s  {:.0} MB/s", mb / d);
+    println!(
+        "  through cat      {k:.3} s  {:.0} MB/s  ({:.2}x the direct time)",
+        mb / k,
+        k / d
+    );
     println!(
         "  through oomguard {v:.3} s  {rate:.0} MB/s  ({:.2}x the direct time)",
         v / d
     );
     println!(
+        "  cat CPU          {kc:.3} s = {:.0} % of a core; {:.1} % of a core per 100 MB/s",
+        100.0 * kc / k,
+        per(kc, k)
+    );
+    println!(
         "  oomguard CPU     {c:.3} s = {:.0} % of a core; {:.1} % of a core per 100 MB/s",
         100.0 * c / v,
-        100.0 * (c / v) / (rate / 100.0)
+        per(c, v)
     );
 }
