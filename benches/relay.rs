@@ -19,6 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod inputs;
+use inputs::{median, tqdm_bar, training_log};
+
 struct Measured {
     wall: Duration,
     bytes: u64,
@@ -81,45 +84,6 @@ fn measure(mut cmd: Command, sample_cpu: bool) -> Measured {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// The training log of `benches/scan.rs`, `bytes` long.
-fn training_log(bytes: usize) -> Vec<u8> {
-    let mut log = String::new();
-    let mut i = 0u64;
-    while log.len() < bytes {
-        i += 1;
-        log.push_str(&format!(
-            "2026-11-23 10:00:{:02} INFO train.py:88 loss=0.{i:04} lr=3e-4 grad_norm=1.{i:03} tokens/s=12345\n",
-            i % 60
-        ));
-        if i.is_multiple_of(50) {
-            log.push_str(&format!(
-                "Epoch [{}/10], Step [{i}/100000], Loss: 0.1234\n",
-                i / 10000 + 1
-            ));
-        }
-    }
-    log.into_bytes()
-}
-
-/// A Lightning tqdm bar redrawn with `\r` and never ended, `bytes` long.
-fn tqdm_bar(bytes: usize) -> Vec<u8> {
-    let mut bar = String::new();
-    let mut n = 0u64;
-    while bar.len() < bytes {
-        n += 1;
-        bar.push_str(&format!(
-            "\rEpoch 3:  {:3}%|████▌     | {n}/12880000 [01:02<01:15,  9.41it/s, v_num=0, loss=0.123]",
-            n * 100 / 12_880_000
-        ));
-    }
-    bar.into_bytes()
-}
-
 fn main() {
     let quick = std::env::args().any(|a| a == "quick");
     let only = std::env::args().find_map(|a| a.strip_prefix("only=").map(str::to_string));
@@ -129,7 +93,7 @@ fn main() {
     let log = dir.path().join("train.log");
     let bar = dir.path().join("bar.txt");
     std::fs::write(&log, training_log(file_bytes)).expect("write the log");
-    std::fs::write(&bar, tqdm_bar(file_bytes)).expect("write the bar");
+    std::fs::write(&bar, tqdm_bar(file_bytes, 12_880_000)).expect("write the bar");
     let oomguard = std::env::var("OOMGUARD_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_oomguard").to_string());
     println!("oomguard: {oomguard}");

@@ -12,10 +12,8 @@ use std::time::Instant;
 
 use oomguard::probe::output::OutputScanner;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+mod inputs;
+use inputs::{median, tqdm_bar, training_log};
 
 /// MB/s over `runs` passes of `input`, fed in 64 KiB reads as the relay does.
 fn throughput(input: &[u8], runs: usize) -> f64 {
@@ -52,30 +50,8 @@ fn parse_only(input: &str, sep: char) -> f64 {
 }
 
 fn main() {
-    let mut log = String::new();
-    let mut i = 0u64;
-    while log.len() < 20 << 20 {
-        i += 1;
-        log.push_str(&format!(
-            "2026-11-23 10:00:{:02} INFO train.py:88 loss=0.{i:04} lr=3e-4 grad_norm=1.{i:03} tokens/s=12345\n",
-            i % 60
-        ));
-        if i.is_multiple_of(50) {
-            log.push_str(&format!(
-                "Epoch [{}/10], Step [{i}/100000], Loss: 0.1234\n",
-                i / 10000 + 1
-            ));
-        }
-    }
-    let mut bar = String::new();
-    let mut n = 0u64;
-    while bar.len() < 20 << 20 {
-        n += 1;
-        bar.push_str(&format!(
-            "\rEpoch 3:  {:3}%|████▌     | {n}/1288000 [01:02<01:15,  9.41it/s, v_num=0, loss=0.123]",
-            n * 100 / 1_288_000
-        ));
-    }
+    let log = training_log(20 << 20);
+    let bar = tqdm_bar(20 << 20, 1_288_000);
     let no_newline = vec![b'x'; 100 << 20];
     println!(
         "scanner, training log (20 MB):      {:8.1} MB/s",
