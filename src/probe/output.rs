@@ -596,16 +596,17 @@ impl Sink {
     ) -> Result<Self, OutputError> {
         let probe = dup(&dest).map_err(|source| OutputError::Dup { stream, source })?;
         let tty = rustix::termios::isatty(&dest);
-        let is_pipe = rustix::fs::fstat(&dest)
-            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_fifo());
-        // Without a copy to watch (out of descriptors) the bytes still go
-        // through the writer thread.
-        // Watching needs the runtime's reactor (a relay is made inside one).
-        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
-        if is_pipe && !drop_when_full {
+        let spliceable = !drop_when_full
+            && rustix::fs::fstat(&dest)
+                .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_fifo());
+        if spliceable {
             grow_pipe(&dest);
         }
-        let splice_to = (is_pipe && !drop_when_full && in_runtime)
+        // Watching needs the runtime's reactor (a relay is made inside
+        // one); without a copy to watch (out of descriptors) the bytes
+        // still go through the writer thread.
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        let splice_to = (spliceable && in_runtime)
             .then(|| dup(&dest).ok())
             .flatten()
             .and_then(|fd| pty::watch_for(fd, tokio::io::Interest::WRITABLE).ok());

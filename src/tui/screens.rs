@@ -183,8 +183,8 @@ fn tree_of_64_workers() {
     assert!(text.contains("4230"), "{text}");
 }
 
-#[test]
-fn narrow_80x24() {
+/// A leaking job with one GPU, past its warning, with some output.
+fn warned() -> App {
     let run = Run {
         leak: 15 * MIB,
         gpus: 1,
@@ -192,11 +192,17 @@ fn narrow_80x24() {
     };
     let mut app = fixtures::app(&run);
     app.set_policy_state(PolicyState::Warning);
-    app.set_attempt(2);
-    app.set_restart_available(true);
     started(&mut app);
     app.on_event(firing(262.0, 19.6));
     fixtures::output(&mut app);
+    app
+}
+
+#[test]
+fn narrow_80x24() {
+    let mut app = warned();
+    app.set_attempt(2);
+    app.set_restart_available(true);
     let text = screen(&app, 80, 24);
     insta::assert_snapshot!("narrow_80x24", text);
     for line in text.lines() {
@@ -206,16 +212,7 @@ fn narrow_80x24() {
 
 /// A Lightning job in validation, its memory growing per training step.
 fn with_progress(phase: crate::forensics::progress::Phase) -> App {
-    let run = Run {
-        leak: 15 * MIB,
-        gpus: 1,
-        ..Run::default()
-    };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Warning);
-    started(&mut app);
-    app.on_event(firing(262.0, 19.6));
-    fixtures::output(&mut app);
+    let mut app = warned();
     app.set_progress(Some(crate::forensics::progress::Progress {
         step: Some(128),
         total: Some(400),
