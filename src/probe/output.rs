@@ -83,6 +83,18 @@ const WRITE_CHUNK: usize = 1 << 20;
 /// call per 64 KiB); the kernel may give less, which only costs speed.
 const PIPE_SIZE: usize = 1 << 20;
 
+/// How long a busy pipe is left alone after a small read, so the job's
+/// next writes are read in one piece: a job writing 8 KiB at a time would
+/// otherwise wake oomguard (and be woken back) once per write. The job
+/// does not wait for it unless it fills its pipe in that time, and then
+/// the read is large and no nap follows.
+const NAP: Duration = Duration::from_micros(100);
+
+/// A read counts as part of a busy stream when the channel's previous read
+/// came less than this before it; a job printing a line now and then is
+/// never napped on.
+const BUSY_WITHIN: Duration = Duration::from_millis(1);
+
 /// How often [`OutputRelay::pump`] returns for progress alone.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
@@ -943,6 +955,7 @@ struct Channel {
     open: bool,
     /// The destination failed: close this end so the job sees EPIPE.
     closed: bool,
+    pace: Pace,
 }
 
 impl Channel {
@@ -953,6 +966,37 @@ impl Channel {
             source,
         });
         self.open = false;
+    }
+}
+
+/// When a channel naps before its next read (see [`NAP`]).
+#[derive(Debug)]
+struct Pace {
+    /// Reads shorter than this on a busy stream are followed by a nap: a
+    /// quarter of the job's pipe, so a nap never fills it at the rates
+    /// that nap (0, never, for a pty: its small buffer would make the job
+    /// wait).
+    nap_below: usize,
+    /// When the channel was last read.
+    last_read: Option<Instant>,
+}
+
+impl Pace {
+    fn new(nap_below: usize) -> Self {
+        Self {
+            nap_below,
+            last_read: None,
+        }
+    }
+
+    /// Whether to nap after reading `n` bytes at `now`: the read was small
+    /// and came close after the previous one.
+    fn nap_after(&mut self, n: usize, now: Instant) -> bool {
+        let busy = self
+            .last_read
+            .is_some_and(|t| now.saturating_duration_since(t) < BUSY_WITHIN);
+        self.last_read = Some(now);
+        busy && n < self.nap_below
     }
 }
 
@@ -1379,6 +1423,12 @@ impl OutputRelay {
                 stream,
                 source: e.into(),
             })?;
+            // What the kernel gave, not what was asked for.
+            let nap_below = if is_pty {
+                0
+            } else {
+                rustix::pipe::fcntl_getpipe_size(&read).map_or(0, |size| size / 4)
+            };
             let fd = pty::watch(read).map_err(|source| OutputError::Watch { stream, source })?;
             // Out of descriptors for the private pipe: the bytes are copied.
             let tee = (!is_pty && sink.splice_to.is_some())
@@ -1394,6 +1444,7 @@ impl OutputRelay {
                 scanner: OutputScanner::new(),
                 open: true,
                 closed: false,
+                pace: Pace::new(nap_below),
             });
             ends.push(write);
         }
@@ -1490,7 +1541,7 @@ impl OutputRelay {
                 drop(guard);
                 match res {
                     Ok(Ok(Some(n))) => {
-                        if let Some(t) = tee {
+                        let passed_on = if let Some(t) = tee {
                             t.pending = n;
                             sink.count_read(n);
                             // Passed on before the scan, so the reader and
@@ -1506,10 +1557,20 @@ impl OutputRelay {
                                     break;
                                 }
                             }
+                            t.pending == 0
                         } else {
                             budget = budget.saturating_sub(n);
                             sink.push(&buf[..n]);
                             observe(&buf[..n], log, &mut ch.scanner, errors);
+                            true
+                        };
+                        // A sleep, not a timer: the job's pipe would stay in
+                        // the reactor, and each of its writes would wake the
+                        // loop all the same. The rest of the loop waits at
+                        // most one NAP per read, less than a large read's
+                        // scan takes, and only while output streams.
+                        if ch.pace.nap_after(n, Instant::now()) && passed_on {
+                            std::thread::sleep(NAP);
                         }
                     }
                     // A kernel without tee for this pipe: copy from now on.
@@ -2031,6 +2092,25 @@ mod tests {
             grow_pipe(&w);
             assert_eq!(rustix::pipe::fcntl_getpipe_size(&w).unwrap(), 4 * PIPE_SIZE);
         }
+    }
+
+    #[test]
+    fn only_small_reads_of_a_busy_stream_nap() {
+        let t0 = Instant::now();
+        let mut pace = Pace::new(256 * 1024);
+        // A first read, or one after a quiet spell: a line now and then.
+        assert!(!pace.nap_after(100, t0));
+        assert!(!pace.nap_after(100, t0 + Duration::from_millis(50)));
+        // Small reads in quick succession: a job writing piece by piece.
+        let busy = t0 + Duration::from_millis(50) + BUSY_WITHIN / 2;
+        assert!(pace.nap_after(8192, busy));
+        // A large read means the pipe fills between reads: no nap.
+        assert!(!pace.nap_after(256 * 1024, busy + BUSY_WITHIN / 2));
+        assert!(pace.nap_after(256 * 1024 - 1, busy + BUSY_WITHIN));
+        // A pty never naps: its buffer is too small to wait on.
+        let mut pty = Pace::new(0);
+        assert!(!pty.nap_after(1, t0));
+        assert!(!pty.nap_after(1, t0 + Duration::from_micros(10)));
     }
 
     #[test]
