@@ -370,6 +370,8 @@ fn running_out_of_descriptors_at_start_is_an_internal_error() {
             code == Some(70) || code == Some(0),
             "limit {limit}: exit {code:?}: {err}"
         );
+        // A shortage is reported as one, not as a crash.
+        assert!(!err.contains("panicked"), "limit {limit}: {err}");
         let Ok(text) = fs::read_to_string(&log) else {
             assert_eq!(code, Some(70), "limit {limit}: a run without its log");
             failures += 1;

@@ -66,28 +66,18 @@ pub use crate::settings::Settings as RunConfig;
 pub fn run(cfg: RunConfig) -> i32 {
     let log = cfg.log.clone();
     let started = Instant::now();
-    // The runtime is built inside the guard too: with almost no file
-    // descriptors left, building it can panic rather than fail.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build();
-        match rt {
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match build_runtime() {
             Ok(rt) => rt.block_on(setup::supervise_job(cfg)),
             Err(e) => {
                 eprintln!("oomguard: cannot start the runtime: {e}");
                 EXIT_INTERNAL
             }
-        }
-    }));
+        }));
     match outcome {
         Ok(code) => code,
         Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "panic".into());
+            let what = panic_text(payload.as_ref());
             eprintln!("oomguard: internal error: {what}");
             if let Some(path) = log {
                 crate::log::end_after_failure(
@@ -99,6 +89,32 @@ pub fn run(cfg: RunConfig) -> i32 {
             EXIT_INTERNAL
         }
     }
+}
+
+/// The loop's runtime. With almost no file descriptors left, tokio's
+/// signal driver panics instead of failing: that panic becomes the error
+/// it stands for, and the report meant for bugs (location, backtrace) is
+/// not printed. oomguard has no other thread yet, so swapping the panic
+/// hook for this moment silences nothing else.
+fn build_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    });
+    std::panic::set_hook(hook);
+    built.unwrap_or_else(|payload| Err(std::io::Error::other(panic_text(payload.as_ref()))))
+}
+
+/// What a panic said.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
