@@ -9,8 +9,8 @@
 //!
 //! Wall times are given as the median and the best of the rounds, and
 //! compared like with like: on two cores the direct pipe's time is
-//! bimodal (its three processes either get one core each for the busiest
-//! stage or do not), so its median alone swings with the machine.
+//! bimodal (its busiest stage, `head`, either gets a core to itself or
+//! shares one), so its median alone swings with the machine.
 //!
 //! `cargo bench --bench relay` (add `-- quick` for 100 MB, one round).
 //! `OOMGUARD_BIN=path` measures another build of oomguard (an older

@@ -1406,29 +1406,27 @@ impl OutputRelay {
                 None
             };
             let is_pty = tty_pair.is_some();
-            let (read, write) =
+            // A pty never naps (see `Pace`); a pipe naps on reads under a
+            // quarter of what the kernel gave it, not of what was asked.
+            let (read, write, nap_below) =
                 if let Some((master, slave)) = tty_pair {
                     raw_output(&slave)?;
-                    (master, slave)
+                    (master, slave, 0)
                 } else {
                     let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
                         .map_err(|e| OutputError::Pipe {
                             stream,
                             source: e.into(),
                         })?;
-                    let _ = rustix::pipe::fcntl_setpipe_size(&r, PIPE_SIZE);
-                    (r, w)
+                    let size = rustix::pipe::fcntl_setpipe_size(&r, PIPE_SIZE)
+                        .or_else(|_| rustix::pipe::fcntl_getpipe_size(&r))
+                        .unwrap_or(0);
+                    (r, w, size / 4)
                 };
             rustix::io::ioctl_fionbio(&read, true).map_err(|e| OutputError::Watch {
                 stream,
                 source: e.into(),
             })?;
-            // What the kernel gave, not what was asked for.
-            let nap_below = if is_pty {
-                0
-            } else {
-                rustix::pipe::fcntl_getpipe_size(&read).map_or(0, |size| size / 4)
-            };
             let fd = pty::watch(read).map_err(|source| OutputError::Watch { stream, source })?;
             // Out of descriptors for the private pipe: the bytes are copied.
             let tee = (!is_pty && sink.splice_to.is_some())
@@ -1564,12 +1562,14 @@ impl OutputRelay {
                             observe(&buf[..n], log, &mut ch.scanner, errors);
                             true
                         };
+                        // Every read counts for the pace, passed on or not.
+                        let nap = ch.pace.nap_after(n, Instant::now());
                         // A sleep, not a timer: the job's pipe would stay in
                         // the reactor, and each of its writes would wake the
                         // loop all the same. The rest of the loop waits at
                         // most one NAP per read, less than a large read's
                         // scan takes, and only while output streams.
-                        if ch.pace.nap_after(n, Instant::now()) && passed_on {
+                        if nap && passed_on {
                             std::thread::sleep(NAP);
                         }
                     }
