@@ -247,7 +247,7 @@ fn serial_vm_attach_v2() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let Some(leak) = vm::static_leaker(dir.path()) else {
+    let Some(leak) = vm::static_job(dir.path(), "leak") else {
         return;
     };
     let mut img = vm::Initramfs::new(&m);

@@ -10,12 +10,13 @@ mod vm;
 
 use std::path::Path;
 
-/// An image with oomguard and the leaker in /bin.
+/// An image with oomguard and the static jobs (`leak`, `cow`) in /bin.
 fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
-    let leak = vm::static_leaker(dir)?;
     let mut img = vm::Initramfs::new(m);
     img.add_binary("bin/oomguard", Path::new(env!("CARGO_BIN_EXE_oomguard")));
-    img.add_file("bin/leak", &leak, 0o755);
+    for job in ["leak", "cow"] {
+        img.add_file(&format!("bin/{job}"), &vm::static_job(dir, job)?, 0o755);
+    }
     Some(img)
 }
 
@@ -339,6 +340,11 @@ global g2 {og} --cgroup off --log /tmp/g2.ndjson -- leak 300 4096
 # G3: observe only: the kernel kills, oomguard explains.
 global g3 {og} --policy none --log /tmp/g3.ndjson -- leak 300 4096
 echo "@@begin forensics"; oomguard forensics 2>&1; echo "@@end forensics"
+# C: no cgroup to read (the root's has no memory files): 2 workers copy the
+# 120 MiB they share with their parent 8 s in, and no RSS moves. (Readings
+# are slow under emulation: the budget is raised so that it is not what
+# decides when the copies are seen.)
+global c {og} --cgroup off --pss-budget 10% --log /tmp/c.ndjson -- cow 120 2 8000 24000
 # S: swap on a disk; a job holding 200 MiB in a 120 MiB cgroup and writing
 # to all of it swaps for real; a swap_in_rate rule stops it.
 mkswap /dev/vda >/dev/null && swapon /dev/vda
@@ -393,6 +399,78 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
     let forensics = out.section("forensics").join("\n");
     assert!(forensics.contains("leak"), "forensics: {forensics}");
     clean(&g3);
+
+    // Copy-on-write growth seen without a cgroup: the machine's used memory
+    // moved, so the family is read again long before the 60 s renewal.
+    let c = get("c");
+    assert_eq!(c.exit(), 0, "C: {}", c.err);
+    assert!(!c.owned());
+    let copied_at = c
+        .out
+        .lines()
+        .filter_map(|l| {
+            l.rsplit_once(" at ")?
+                .1
+                .strip_suffix(" ms")?
+                .parse::<f64>()
+                .ok()
+        })
+        .fold(0.0, f64::max)
+        / 1000.0;
+    assert!(copied_at > 7.0, "C: the workers did not copy: {}", c.out);
+    let pss = |l: &common::schema::Line| match &l.event {
+        common::schema::Event::Sample(x) => Some((l.t, x.tree.pss_bytes)),
+        _ => None,
+    };
+    let before = c
+        .log
+        .iter()
+        .filter_map(pss)
+        .filter(|&(t, _)| t < copied_at - 1.0);
+    let shared = before.map(|(_, p)| p).max().unwrap_or(0);
+    assert!(
+        shared < 200 << 20,
+        "C: {} MiB before the copy",
+        shared >> 20
+    );
+    // The family was read while it shared its pages (little is private):
+    // what follows is a reading renewed, not a first one.
+    let read_shared = c.log.iter().any(|l| match &l.event {
+        common::schema::Event::Sample(x) => l.t < copied_at && x.tree.uss_bytes < 60 << 20,
+        _ => false,
+    });
+    assert!(read_shared, "C: the workers were first read after the copy");
+    let seen = c.log.iter().filter_map(pss).find(|&(_, p)| p > 300 << 20);
+    let (t, p) = seen.unwrap_or_else(|| {
+        let series: Vec<String> = c
+            .log
+            .iter()
+            .filter_map(|l| match &l.event {
+                common::schema::Event::Sample(x) => Some(format!(
+                    "{:.1}s pss {} uss {} rss {} avail {} cg {}",
+                    l.t,
+                    x.tree.pss_bytes >> 20,
+                    x.tree.uss_bytes >> 20,
+                    x.tree.rss_bytes >> 20,
+                    x.system.mem_available_bytes >> 20,
+                    x.cgroup.is_some()
+                )),
+                _ => None,
+            })
+            .collect();
+        panic!("C: the copies were never counted: {series:#?}")
+    });
+    eprintln!(
+        "C: {} MiB counted {:.1} s after the copy",
+        p >> 20,
+        t - copied_at
+    );
+    assert!(
+        t - copied_at < 12.0,
+        "C: counted {:.1} s late",
+        t - copied_at
+    );
+    clean(&c);
 
     assert!(
         out.value("swap_total").unwrap().parse::<u64>().unwrap() > 0,

@@ -120,7 +120,9 @@ struct State {
     /// What the ticks have seen of each member's RSS: a newcomer is read
     /// once its RSS has settled, and until then charged for its growth.
     seen: HashMap<Key, Seen>,
-    /// The usage of the cgroup the tree is in, when it has one.
+    /// A figure that holds the tree's memory: what the tree's cgroup is
+    /// charged for or, without one, the machine's used memory. Only compared
+    /// with itself, as a sign that sharing changed (see [`need`]).
     footprint: Option<u64>,
     /// The owned cgroup gives the exact footprint: PSS only splits it.
     exact: bool,
@@ -244,10 +246,11 @@ impl PssSweeper {
         self.shared.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Tells the sweeper which processes form the tree, and what the
-    /// cgroup the tree is in is charged for right now, when it is in one
-    /// (the machine's used memory would mostly measure other jobs);
-    /// `exact` when that figure is the job's own (owned cgroup).
+    /// Tells the sweeper which processes form the tree, and a figure that
+    /// holds their memory right now: what the tree's cgroup is charged for,
+    /// or the machine's used memory when the tree has no cgroup to read
+    /// (it moves with other jobs too, which only costs readings out of the
+    /// budget); `exact` when that figure is the job's own (owned cgroup).
     pub fn set_targets(&self, members: Vec<Member>, footprint: Option<u64>, exact: bool) {
         let mut st = self.lock();
         st.version += 1;
@@ -543,7 +546,8 @@ fn need(st: &State, root: Key, now: Instant) -> Option<Need> {
         .filter(|&d| d > RSS_SLACK)
         .sum();
     // Sharing can change without any RSS change (a worker writing to a
-    // page it inherited): a footprint that moved says so.
+    // page it inherited makes a private copy; both RSS stay the same): a
+    // footprint that moved says so.
     let footprint_moved = st
         .footprint
         .zip(snap.footprint_at)
@@ -1053,5 +1057,26 @@ mod tests {
             need(&st, parent.key(), much_later),
             Some(Need::Refresh(..))
         ));
+    }
+
+    #[test]
+    fn a_moved_footprint_renews_a_family_whose_rss_stood_still() {
+        // Workers copying the pages they share: no RSS moves, but what
+        // holds the tree (its cgroup, or the machine) grew by 300 MiB.
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let snap = vec![(parent.key(), reading(800 * MIB, 800 * MIB, 800 * MIB, None))];
+        let mut st = state(vec![parent], snap, parent.key());
+        let root = parent.key();
+        st.snaps.get_mut(&root).unwrap().footprint_at = Some(3 << 30);
+        let after_interval = Instant::now() + Duration::from_secs(6);
+        st.footprint = Some((3 << 30) + 2 * MIB);
+        assert_eq!(need(&st, root, after_interval), None, "noise");
+        st.footprint = Some((3 << 30) + 300 * MIB);
+        assert!(matches!(
+            need(&st, root, after_interval),
+            Some(Need::Refresh(..))
+        ));
+        // Not before the interval: the budget is for families that moved.
+        assert_eq!(need(&st, root, Instant::now()), None);
     }
 }

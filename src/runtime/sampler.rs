@@ -73,7 +73,13 @@ impl Sampler {
         };
         let system = self.system.read(now);
         if !quick {
-            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes));
+            // Without a cgroup to read, the machine's used memory still grows
+            // when a worker copies a page it shared, which no RSS shows.
+            let charged = owned_ws.or(cgroup.as_ref().map(|c| c.usage_bytes)).or(Some(
+                system
+                    .mem_total_bytes
+                    .saturating_sub(system.mem_available_bytes),
+            ));
             self.sweeper.set_targets(
                 procs.iter().map(Member::from).collect(),
                 charged,

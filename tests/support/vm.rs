@@ -501,12 +501,13 @@ pub fn machine_or_skip() -> Option<Machine> {
     }
 }
 
-/// The static leaker (tests/fixtures/jobs/leak.c), built with gcc -static:
-/// it prints "checkpoint" and exits 0 on SIGTERM, oomguard's default
-/// checkpoint signal.
-pub fn static_leaker(dir: &Path) -> Option<PathBuf> {
-    let out = dir.join("leak");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/leak.c");
+/// A static job from tests/fixtures/jobs/NAME.c, built with gcc -static
+/// (the initramfs has no libc): `leak` allocates at a rate and prints
+/// "checkpoint" and exits 0 on SIGTERM, oomguard's default checkpoint
+/// signal; `cow` grows by copy-on-write alone.
+pub fn static_job(dir: &Path, name: &str) -> Option<PathBuf> {
+    let out = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/jobs/{name}.c"));
     let ok = Command::new("gcc")
         .args(["-O2", "-static", "-o"])
         .arg(&out)
@@ -515,7 +516,7 @@ pub fn static_leaker(dir: &Path) -> Option<PathBuf> {
         .is_ok_and(|s| s.success());
     crate::common::require(
         ok,
-        "gcc -static cannot build the leaker (install gcc and libc6-dev)",
+        "gcc -static cannot build the VM's jobs (install gcc and libc6-dev)",
     )
     .then_some(out)
 }
