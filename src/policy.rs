@@ -229,7 +229,7 @@ impl Rule {
 
 /// The policy: rules plus the pause limit and what follows an over-long
 /// pause.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
     pub rules: Vec<Rule>,
     pub max_pause_seconds: f64,
