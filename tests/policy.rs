@@ -265,6 +265,60 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
 }
 
 #[test]
+fn a_trainer_that_saves_and_leaves_at_once_has_its_checkpoint_logged() {
+    // No workers: the tree is gone the moment the trainer has saved, before
+    // any tick sees it go, and the checkpoint event must still be written.
+    let Some(cg) = MemCgroup::or_skip("ckptquick", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let ckpt_arg = ckpt.to_str().unwrap();
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &[
+            "--budget",
+            "160MiB",
+            "--checkpoint-dir",
+            ckpt_arg,
+            "--checkpoint-glob",
+            "step-*.ckpt",
+            "--",
+            "python3",
+            train_py().to_str().unwrap(),
+            "--leak-in",
+            "trainer",
+            "--chunk-mib",
+            "2",
+            "--period",
+            "0.02",
+            "--ckpt-dir",
+            ckpt_arg,
+        ],
+        &[("NUM_WORKERS", "0")],
+    );
+    assert_eq!(code, Some(75), "stderr:\n{err}");
+    let saved = fs::read_dir(&ckpt)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "ckpt"))
+        .expect("the trainer saved no checkpoint");
+    let at = lines
+        .iter()
+        .position(|l| matches!(l.event, Event::Checkpoint(_)))
+        .unwrap_or_else(|| panic!("no checkpoint event; stderr:\n{err}"));
+    let Event::Checkpoint(v) = &lines[at].event else {
+        unreachable!()
+    };
+    assert_eq!(v["confirmed"], true, "{v}");
+    assert_eq!(v["path"], saved.to_str().unwrap(), "{v}");
+    assert!(at < lines.len() - 1, "the checkpoint event after run_end");
+    assert!(!err.contains("no new checkpoint"), "{err}");
+}
+
+#[test]
 fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
     let Some(cg) = MemCgroup::or_skip("stubborn", 1 << 30) else {
         return;
@@ -579,8 +633,17 @@ fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
         ],
         &[("NUM_WORKERS", "4")],
     );
-    // The trainer fails when its worker is killed.
+    // The trainer fails when its worker is killed, and the summary gives
+    // the exit code oomguard returns (the trainer's, not 137).
     assert_ne!(code, Some(0), "stderr:\n{err}");
+    let code = code.unwrap();
+    assert_eq!(schema::run_end(&lines).outcome, "oom_killed");
+    assert!(
+        err.contains(&format!(
+            "failed after the kernel OOM killer killed one of its processes; exit {code}"
+        )),
+        "{err}"
+    );
     let victim: u32 = fs::read_to_string(&pid_file)
         .unwrap()
         .trim()

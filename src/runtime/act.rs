@@ -252,6 +252,30 @@ impl Actuator {
         self.kill_at = None;
     }
 
+    /// The attempt ended while its stop still waited for a checkpoint (the
+    /// trainer saved and left between two ticks): the newest checkpoint
+    /// written since the signal is final now that its writer is gone.
+    pub fn conclude_checkpoint(&mut self, now: Instant) {
+        let Some(st) = self.stop.as_mut() else {
+            return;
+        };
+        if st.step != StopStep::Checkpoint {
+            return;
+        }
+        let Some(watch) = st.watch.take() else {
+            return;
+        };
+        let path = watch.written();
+        let waited_seconds = ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0;
+        if path.is_none() && !self.cfg.quiet {
+            self.say("no new checkpoint was confirmed in the checkpoint directory".to_string());
+        }
+        self.out.push(Acted::Checkpoint {
+            path,
+            waited_seconds,
+        });
+    }
+
     /// What was done since the last call.
     pub fn drain(&mut self) -> Vec<Acted> {
         std::mem::take(&mut self.out)
@@ -579,10 +603,18 @@ impl Actuator {
             };
         }
         if grace_over && trainers_alive && !self.cfg.quiet {
-            self.say(format!(
-                "the trainer did not exit within the {} grace; terminating the job",
-                human_duration(self.cfg.grace)
-            ));
+            self.say(if now >= st.grace_end {
+                format!(
+                    "the trainer did not exit within the {} grace; terminating the job",
+                    human_duration(self.cfg.grace)
+                )
+            } else {
+                format!(
+                    "no room appeared within {} of freezing the tree at the edge of memory; \
+                     killing it before the kernel does",
+                    human_duration(LAST_RESORT_HOLD)
+                )
+            });
         }
         true
     }

@@ -1542,6 +1542,8 @@ impl Supervisor {
         }
         self.pty_scanner.finish();
         self.log_output_events();
+        self.core.act.conclude_checkpoint(Instant::now());
+        self.acted(None);
         let sample = self.sample(true);
         let end = crate::restart::AttemptEnd {
             policy_end: self.core.act.policy_end,
@@ -1955,7 +1957,13 @@ impl Supervisor {
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
                 self.restarts, self.cfg.restart.max_restarts
             ),
-            (Outcome::OomKilled, _) => "was killed by the kernel OOM killer (exit 137)".to_string(),
+            (Outcome::OomKilled, Status::Signaled(_)) => {
+                format!("was killed by the kernel OOM killer; exit {exit_code}")
+            }
+            // A worker was the victim, and the trainer failed after it.
+            (Outcome::OomKilled, _) => format!(
+                "failed after the kernel OOM killer killed one of its processes; exit {exit_code}"
+            ),
             (Outcome::InternalError, _) => format!(
                 "could not be supervised to the end: {}; exit {exit_code}",
                 self.internal_error.as_deref().unwrap_or("oomguard failed")

@@ -476,6 +476,8 @@ mod tests {
         core: Core,
         sig: Recorder,
         notes: Notes,
+        /// What the actuator said to the user.
+        said: Vec<String>,
         t0: Instant,
     }
 
@@ -485,6 +487,7 @@ mod tests {
                 core,
                 sig: Recorder::default(),
                 notes: Notes::default(),
+                said: Vec::new(),
                 t0: Instant::now(),
             }
         }
@@ -508,6 +511,10 @@ mod tests {
                 .into_iter()
                 .filter_map(|a| match a {
                     Acted::Action { action, reason, .. } => Some((action, reason)),
+                    Acted::Say(text) => {
+                        self.said.push(text);
+                        None
+                    }
                     _ => None,
                 })
                 .collect()
@@ -613,6 +620,7 @@ mod tests {
     fn the_last_resort_freezes_the_tree_and_kills_it_when_it_stays_stuck() {
         let mut c = core(Action::Stop, true);
         c.act.cfg.grace = Duration::from_secs(30);
+        c.act.cfg.quiet = false;
         let mut run = Run::new(c);
         let script = Script::new();
         run.tick(&script, 0.0, 50.0);
@@ -636,6 +644,10 @@ mod tests {
             run.sig.take(),
             vec![(TRAINER, SIG_KILL), (W1, SIG_KILL), (W2, SIG_KILL)]
         );
+        // The user is told why: not the grace, which had 25 s left.
+        let said = run.said.join("\n");
+        assert!(said.contains("no room appeared within 5.0s"), "{said}");
+        assert!(!said.contains("grace"), "{said}");
     }
 
     #[test]
