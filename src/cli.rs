@@ -42,6 +42,13 @@ pub enum Command {
         /// Where the trainer writes its checkpoint.
         checkpoints: Option<PathBuf>,
     },
+    /// The output keeper (started by `oomguard run`, see `keeper`): holds
+    /// the job's output channels and passes them on if oomguard dies.
+    #[command(hide = true, name = "__keep")]
+    Keep {
+        /// READ_FD:WRITE_FD, one per channel.
+        pairs: Vec<std::ffi::OsString>,
+    },
     /// Print shell completions.
     Completions {
         /// bash, zsh, fish, elvish or powershell.

@@ -198,6 +198,7 @@ fn main() {
             ("trainer", Some(dir)) => oomguard::demo_job::trainer(&dir),
             _ => 2,
         },
+        Command::Keep { pairs } => oomguard::keeper::run(&pairs),
         Command::Completions { shell } => {
             let mut cmd = oomguard::settings::command();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());

@@ -136,6 +136,12 @@ pub struct PtyMaster {
     fd: AsyncFd<OwnedFd>,
 }
 
+impl std::os::fd::AsFd for PtyMaster {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.get_ref().as_fd()
+    }
+}
+
 impl PtyMaster {
     /// Takes the master end. Must be called inside a tokio runtime.
     pub fn new(master: OwnedFd) -> Result<Self, PtyError> {

@@ -6,7 +6,8 @@
 mod common;
 
 use std::fs;
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use common::schema;
@@ -20,20 +21,27 @@ with open(sys.argv[1], "w") as f:
 time.sleep(3600)
 "#;
 
+/// `oomguard run --no-tui --cgroup off -- python3 JOB PID_FILE`, started;
+/// returns once the job has written its pid file.
+fn start_quiet_run(job: &Path, pid_file: &Path, stdout: Stdio, stderr: Stdio) -> Child {
+    let og = oomguard()
+        .args(["run", "-q", "--no-tui", "--cgroup", "off", "--", "python3"])
+        .arg(job)
+        .arg(pid_file)
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    og
+}
+
 #[test]
 fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "quiet.py", QUIET);
     let pid_file = dir.path().join("job.pid");
-    let mut og = oomguard()
-        .args(["run", "--no-tui", "--cgroup", "off", "--", "python3"])
-        .arg(&job)
-        .arg(&pid_file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    let mut og = start_quiet_run(&job, &pid_file, Stdio::null(), Stdio::null());
     let job_pid: u32 = fs::read_to_string(&pid_file)
         .unwrap()
         .trim()
@@ -49,6 +57,73 @@ fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
         send(job_pid, "KILL");
     }
     assert!(ended, "the job kept running after oomguard was killed");
+}
+
+/// The output keeper: oomguard's child that is not the job.
+fn keeper_of(og: u32) -> Option<u32> {
+    children_of(og).into_iter().map(|c| c.0).find(|&pid| {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "oomguard-keep")
+    })
+}
+
+#[test]
+fn a_killed_oomguard_leaves_the_trainer_its_output_to_checkpoint() {
+    // stdout to a file, stderr to a pipe: the two kinds of channel. Without
+    // the keeper the trainer's first print after the death signal fails
+    // (EPIPE) inside its handler, and no checkpoint is written.
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "trainer.py", SAVES_ON_TERM);
+    let pid_file = dir.path().join("job.pid");
+    let out_path = dir.path().join("out.txt");
+    let out = Stdio::from(fs::File::create(&out_path).unwrap());
+    let mut og = start_quiet_run(&job, &pid_file, out, Stdio::piped());
+    let mut err_pipe = og.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err_pipe, &mut s);
+        s
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let keeper = keeper_of(og.id()).expect("no output keeper while oomguard runs");
+    og.kill().unwrap();
+    og.wait().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    assert!(
+        wait_for(Duration::from_secs(10), || ckpt.exists()),
+        "no checkpoint after oomguard was killed: {}",
+        fs::read_to_string(&out_path).unwrap_or_default()
+    );
+    // The keeper passes the rest on and leaves when the trainer has.
+    let err = reader.join().unwrap();
+    assert!(err.contains("saving the checkpoint (stderr)"), "{err}");
+    assert!(!err.contains("Error"), "{err}");
+    let out = fs::read_to_string(&out_path).unwrap();
+    assert!(out.contains("saving the checkpoint\nsaved\n"), "{out}");
+    assert!(
+        wait_for(Duration::from_secs(5), || proc_state(keeper)
+            .is_none_or(|s| s == 'Z')),
+        "the keeper outlived the job"
+    );
+}
+
+#[test]
+fn a_run_that_ends_leaves_no_keeper_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "quiet.py", QUIET);
+    let pid_file = dir.path().join("job.pid");
+    let mut og = start_quiet_run(&job, &pid_file, Stdio::piped(), Stdio::null());
+    let keeper = keeper_of(og.id()).expect("no output keeper while oomguard runs");
+    // Not part of the job: a SIGTERM to oomguard ends the job, then the
+    // keeper, and the job's pipe is closed for good.
+    send(og.id(), "TERM");
+    let status = og.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut og.stdout.take().unwrap(), &mut rest).unwrap();
+    assert!(
+        wait_for(Duration::from_secs(5), || proc_state(keeper).is_none()),
+        "the keeper outlived its oomguard"
+    );
 }
 
 /// A trainer whose worker leaks until the kernel kills it; the trainer then

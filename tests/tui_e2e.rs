@@ -38,11 +38,20 @@ impl Drop for Session {
     }
 }
 
+/// The job's processes under oomguard: its descendants but its output
+/// keeper, which is oomguard's own.
 fn descendants(pid: u32) -> Vec<u32> {
+    let keeper = |c: u32| {
+        std::fs::read_to_string(format!("/proc/{c}/comm"))
+            .is_ok_and(|n| n.trim() == "oomguard-keep")
+    };
     let mut out = Vec::new();
     let mut stack = vec![pid];
     while let Some(p) = stack.pop() {
         for (c, _) in children_of(p) {
+            if p == pid && keeper(c) {
+                continue;
+            }
             out.push(c);
             stack.push(c);
         }
@@ -186,14 +195,15 @@ fn have_tmux() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// Starts `oomguard run --tui EXTRA -- python3 IGNORES_HUP` under bash in a
-/// tmux session and returns (session, oomguard's pid, the job's pid, log).
+/// Starts `oomguard run --tui EXTRA -- python3 JOB PID_FILE` under bash in
+/// a tmux session and returns (session, oomguard's pid, the job's pid, log).
 fn dashboard_under_a_shell(
     dir: &std::path::Path,
     name: &str,
     extra: &str,
+    job: &str,
 ) -> (Session, u32, u32, std::path::PathBuf) {
-    let job = script(dir, "job.py", IGNORES_HUP);
+    let job = script(dir, "job.py", job);
     let pid_file = dir.join("job.pid");
     let log = dir.join("run.ndjson");
     let s = Session(format!("oomguard-{name}-{}", std::process::id()));
@@ -254,7 +264,7 @@ fn closing_the_terminal_ends_the_run_with_run_end() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (s, og, job, log) = dashboard_under_a_shell(dir.path(), "hangup", "");
+    let (s, og, job, log) = dashboard_under_a_shell(dir.path(), "hangup", "", IGNORES_HUP);
     // The terminal goes away with oomguard running under its shell.
     s.tmux(&["kill-session", "-t", &s.0]);
     // The job ignores SIGHUP: it is ended after --kill-after (2 s), and
@@ -289,7 +299,8 @@ fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (s, og, job, log) = dashboard_under_a_shell(dir.path(), "detach", "--on-hangup detach");
+    let (s, og, job, log) =
+        dashboard_under_a_shell(dir.path(), "detach", "--on-hangup detach", IGNORES_HUP);
     s.tmux(&["kill-session", "-t", &s.0]);
     std::thread::sleep(Duration::from_secs(3));
     let og_alive = proc_state(og).is_some();
@@ -320,4 +331,32 @@ fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
     );
     assert!(ended, "SIGTERM did not end oomguard after the hangup");
     assert_eq!(last_event(&log), "run_end");
+}
+
+#[test]
+fn a_killed_dashboard_leaves_the_trainer_its_terminal_to_checkpoint() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_s, og, job, _log) = dashboard_under_a_shell(dir.path(), "killed", "", SAVES_ON_TERM);
+    let keeper = children_of(og)
+        .into_iter()
+        .map(|c| c.0)
+        .find(|&p| p != job)
+        .expect("no output keeper beside the job");
+    // SIGKILL: the job gets its death signal, and its prints go on reaching
+    // the terminal through the keeper (without it: EIO, and no checkpoint).
+    let _ = Command::new("kill").args(["-9", &og.to_string()]).status();
+    let ckpt = dir.path().join("ckpt");
+    let saved = wait_for(Duration::from_secs(10), || ckpt.exists());
+    if proc_state(job).is_some() {
+        let _ = Command::new("kill").args(["-9", &job.to_string()]).status();
+    }
+    assert!(saved, "no checkpoint after the dashboard was killed");
+    assert!(
+        wait_for(Duration::from_secs(5), || proc_state(keeper)
+            .is_none_or(|s| s == 'Z')),
+        "the keeper outlived the job"
+    );
 }

@@ -58,6 +58,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::forensics::progress;
 use crate::forensics::torch::{MAX_LINE_BYTES, TorchEvent, TorchScanner};
+use crate::keeper::Keeper;
 use crate::pty::{self, PtyError};
 
 /// Bytes queued for one destination before its channel is no longer read
@@ -194,6 +195,10 @@ pub enum OutputError {
     AlreadySpawned,
     #[error("the previous attempt's output is still open; call finish before next_attempt")]
     StillOpen,
+    #[error(
+        "cannot start the output keeper ({0}): if oomguard dies, the job's next write to its output fails"
+    )]
+    Keeper(#[source] io::Error),
     #[error("cannot handle SIGWINCH to follow the terminal's size: {0}")]
     Winch(#[source] io::Error),
 }
@@ -1122,6 +1127,9 @@ pub struct OutputRelay {
     progress_handed: Option<Instant>,
     errors: Vec<OutputError>,
     buf: Vec<u8>,
+    /// Holds this attempt's channels in case oomguard dies (see
+    /// `crate::keeper`); killed when they close.
+    keeper: Option<Keeper>,
 }
 
 impl OutputRelay {
@@ -1175,6 +1183,7 @@ impl OutputRelay {
             progress_handed: None,
             errors: Vec::new(),
             buf: vec![0; READ_CHUNK],
+            keeper: None,
         };
         let stdio = relay.open_channels()?;
         Ok((relay, stdio))
@@ -1305,6 +1314,12 @@ impl OutputRelay {
         }
         channels.clear();
         self.child_ends.clear();
+        self.keeper = None;
+    }
+
+    /// The output keeper's pid: oomguard's child, not the job's.
+    pub fn keeper_pid(&self) -> Option<u32> {
+        self.keeper.as_ref().map(Keeper::pid)
     }
 
     /// True once every channel has ended (every writer is gone), or after
@@ -1450,6 +1465,18 @@ impl OutputRelay {
         // Sinks and channels are one to one, so a stream's channel end has
         // the index of its sink.
         self.job_ends = self.routes;
+        let pairs: Vec<_> = self
+            .channels
+            .iter()
+            .map(|c| (c.fd.get_ref().as_fd(), self.sinks[c.sink].probe.as_fd()))
+            .collect();
+        self.keeper = match Keeper::spawn(&pairs) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                self.errors.push(OutputError::Keeper(e));
+                None
+            }
+        };
         if self.winch.is_none() && self.channels.iter().any(|c| c.pty) {
             self.winch = Some(signal(SignalKind::window_change()).map_err(OutputError::Winch)?);
             let mut timer = tokio::time::interval(self.size_poll.max(Duration::from_millis(10)));
@@ -1489,6 +1516,7 @@ impl OutputRelay {
             dropped_events,
             errors,
             buf,
+            keeper,
             ..
         } = self;
         let mut got = Collected::default();
@@ -1508,6 +1536,9 @@ impl OutputRelay {
                     ch.open = false;
                     ch.closed = true;
                     ended = true;
+                    // Its copy of the channel would keep the job from
+                    // getting EPIPE.
+                    *keeper = None;
                     break;
                 }
                 let sink = &sinks[ch.sink];

@@ -184,6 +184,8 @@ struct Supervisor {
     /// the real terminal; the job gets a terminal of its own).
     tui: Option<crate::tui::Tui>,
     pty: Option<crate::tui::PtyMaster>,
+    /// Holds the dashboard's pty in case oomguard dies (see `keeper`).
+    pty_keeper: Option<crate::keeper::Keeper>,
     /// A warning rule is firing (for the dashboard's state).
     warning: bool,
     /// The dashboard's terminal hung up (handled once).
@@ -561,7 +563,10 @@ impl Supervisor {
                 self.log_output_events();
             }
             // EOF or EIO: nobody has the job's side open any more.
-            _ => self.pty = None,
+            _ => {
+                self.pty = None;
+                self.pty_keeper = None;
+            }
         }
     }
 
@@ -1303,9 +1308,11 @@ impl Supervisor {
 
     fn reap(&mut self) {
         for r in supervise::reap_all() {
+            // A reaped pid is free for anyone: no longer left out of the
+            // tree (a hook's, an old output keeper's).
+            self.sampler.scanner.include(r.pid);
             if self.helpers.finished(r.pid).is_some() {
                 self.hook_deadlines.remove(&r.pid);
-                self.sampler.scanner.include(r.pid);
                 continue;
             }
             if r.pid == self.job.pid && self.main_status.is_none() {
@@ -1366,6 +1373,26 @@ impl Supervisor {
         );
         if self.core.act.kill_at.is_none() {
             self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        }
+    }
+
+    /// Starts an output keeper for the dashboard's pty: if oomguard dies,
+    /// the job's output goes to the terminal rather than failing.
+    pub(super) fn keep_pty(&mut self) {
+        let Some(pty) = &self.pty else {
+            return;
+        };
+        let stdout = std::io::stdout();
+        match crate::keeper::Keeper::spawn(&[(pty.as_fd(), stdout.as_fd())]) {
+            Ok(k) => {
+                self.sampler.scanner.exclude(k.pid());
+                self.pty_keeper = Some(k);
+            }
+            Err(e) => {
+                self.pty_keeper = None;
+                let e = crate::probe::output::OutputError::Keeper(e);
+                self.say(e.to_string());
+            }
         }
     }
 
@@ -1719,6 +1746,7 @@ impl Supervisor {
             (Some(t), Some(a)) => match open_job_pty(t, a) {
                 Ok((m, s)) => {
                     self.pty = Some(m);
+                    self.keep_pty();
                     Some(s)
                 }
                 Err(e) => {
@@ -1750,6 +1778,9 @@ impl Supervisor {
         drop(slave);
         if let Some(r) = self.relay.as_mut() {
             r.after_spawn();
+        }
+        if let Some(pid) = self.relay.as_ref().and_then(|r| r.keeper_pid()) {
+            self.sampler.scanner.exclude(pid);
         }
         if let Some(app) = self.sinks.app.as_mut() {
             app.set_attempt(self.attempt);
@@ -1809,6 +1840,7 @@ impl Supervisor {
     fn finish(mut self) -> i32 {
         // Give the terminal back before anything is printed to it.
         self.close_dashboard();
+        self.pty_keeper = None;
         // The job's last bytes come before oomguard's own lines.
         if let Some(r) = self.relay.as_mut() {
             r.finish();

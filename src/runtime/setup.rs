@@ -144,7 +144,11 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some(r) = output.relay.as_mut() {
         r.after_spawn();
     }
-    let readers = open_readers(&cfg, owned.as_ref(), &job, started);
+    let mut readers = open_readers(&cfg, owned.as_ref(), &job, started);
+    // The output keeper is oomguard's child, not the job's.
+    if let Some(pid) = output.relay.as_ref().and_then(|r| r.keeper_pid()) {
+        readers.scanner.exclude(pid);
+    }
     let cg_first = readers.cgroup.as_ref().and_then(|c| c.read());
     let parts = Parts {
         outputs: Outputs {
@@ -164,6 +168,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         started,
     };
     let mut sup = Supervisor::assemble(cfg, parts);
+    sup.keep_pty();
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
@@ -678,6 +683,7 @@ impl Supervisor {
             attached: readers.attached,
             tui: screen.tui,
             pty: screen.pty,
+            pty_keeper: None,
             warning: false,
             hung_up: false,
             internal_error: None,

@@ -56,6 +56,31 @@ pub fn serial() -> Serial {
     Serial(f)
 }
 
+/// A trainer that prints a step every 50 ms and, on SIGTERM, prints that
+/// it saves (to stdout and stderr), writes `ckpt` beside its pid file
+/// (`argv[1]`), prints "saved" and exits 0: what a killed oomguard's death
+/// signal asks of a trainer.
+pub const SAVES_ON_TERM: &str = r#"
+import os, signal, sys, time
+d = os.path.dirname(sys.argv[1])
+def on_term(*_):
+    print("saving the checkpoint", flush=True)
+    print("saving the checkpoint (stderr)", file=sys.stderr, flush=True)
+    time.sleep(0.2)
+    with open(os.path.join(d, "ckpt"), "w") as f:
+        f.write("ok")
+    print("saved", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+i = 0
+while True:
+    print(f"step {i}", flush=True)
+    i += 1
+    time.sleep(0.05)
+"#;
+
 /// A python3 script written to a temp dir.
 pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
