@@ -690,6 +690,55 @@ fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
     assert!(found, "forensics did not find pid {victim}: {json}");
 }
 
+/// A trainer whose worker takes 512 MiB at once in a 384 MiB cgroup: the
+/// kernel kills it before any tick sees memory near the ceiling, and the
+/// trainer reports the death as PyTorch does.
+const SUDDEN_WORKER_KILL: &str = r#"
+import os, sys, time
+time.sleep(1.5)
+pid = os.fork()
+if pid == 0:
+    b = b"\x01" * (512 << 20)
+    time.sleep(60)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(f"RuntimeError: DataLoader worker (pid {pid}) is killed by signal: Killed.", file=sys.stderr, flush=True)
+sys.exit(1)
+"#;
+
+#[test]
+fn serial_a_sudden_kernel_kill_is_advised_as_one_and_logged_before_the_death() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("suddenkill", 384 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "sudden.py", SUDDEN_WORKER_KILL);
+    let (code, lines, err) = run_in(
+        &cg,
+        &dir.path().join("run.ndjson"),
+        &["--policy", "none", "--", "python3", job.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, Some(1), "stderr:\n{err}");
+    let kill = lines
+        .iter()
+        .position(|l| matches!(l.event, Event::OomKill(_)))
+        .unwrap_or_else(|| panic!("no oom_kill event; stderr:\n{err}"));
+    let (died, event) = lines
+        .iter()
+        .enumerate()
+        .find_map(|(i, l)| match &l.event {
+            Event::WorkerDied(v) => Some((i, v)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no worker_died event; stderr:\n{err}"));
+    assert!(kill < died, "the kill is logged after the death it caused");
+    let advice = event["advice"].to_string();
+    assert!(advice.contains("OOM killer most likely took"), "{advice}");
+    assert!(!advice.contains("something outside"), "{advice}");
+}
+
 /// Prevention without a cgroup of oomguard's own: the tree is followed
 /// through /proc and the ceiling is the cgroup oomguard runs in.
 #[test]

@@ -1217,8 +1217,9 @@ fn foreign_advice(e: &CudaOom, gpu: &str) -> Option<String> {
 }
 
 /// What to do about a dead DataLoader worker. `host_memory_critical` says
-/// whether oomguard saw host (or cgroup) memory near its ceiling at the time,
-/// which is what tells the kernel OOM killer apart from an external kill.
+/// whether oomguard saw host (or cgroup) memory near its ceiling at the time
+/// or the kernel's OOM-kill count rise, which is what tells the kernel OOM
+/// killer apart from an external kill.
 pub fn worker_died_advice(e: &WorkerDied, host_memory_critical: bool) -> Vec<String> {
     let mut advice = Vec::new();
     let who = match (e.pid, e.pids.as_slice()) {
@@ -1253,7 +1254,8 @@ pub fn worker_died_advice(e: &WorkerDied, host_memory_critical: bool) -> Vec<Str
 
     match signal {
         Some("SIGKILL") if host_memory_critical => advice.push(format!(
-            "the kernel OOM killer most likely took {who}: host memory was critical; use fewer \
+            "the kernel OOM killer most likely took {who}: memory was at its ceiling, or the \
+             kernel counted an OOM kill; use fewer \
              num_workers, a smaller prefetch_factor, and bounded caches in the Dataset (Python \
              lists and dicts read by workers are copied into each of them)"
         )),
@@ -1313,7 +1315,8 @@ pub fn rank_failed_advice(e: &RankFailed, host_memory_critical: bool) -> Vec<Str
     }
     let advice = match (failure.signal.as_deref(), failure.exitcode) {
         (Some("SIGKILL"), _) if host_memory_critical => format!(
-            "the kernel OOM killer most likely took {who}: host memory was critical; reduce \
+            "the kernel OOM killer most likely took {who}: memory was at its ceiling, or the \
+             kernel counted an OOM kill; reduce \
              per-rank host memory (num_workers, prefetch_factor, dataset caches) or run fewer \
              ranks per node"
         ),

@@ -583,11 +583,25 @@ impl Supervisor {
 
     /// Logs what the job's output said (CUDA OOM, dead workers).
     fn log_output_events(&mut self) {
-        let critical = self.host_memory_critical();
         let mut events = self.pty_scanner.take_events();
         if let Some(r) = self.relay.as_mut() {
             events.extend(r.take_events());
         }
+        // A process reported dead: the kernel's OOM-kill counters now, not
+        // at the last tick (the trainer can report a worker's death first),
+        // so its kill is logged before the death and the advice knows.
+        let death = events.iter().any(|e| {
+            matches!(
+                e,
+                crate::forensics::torch::TorchEvent::WorkerDied(_)
+                    | crate::forensics::torch::TorchEvent::RankFailed(_)
+            )
+        });
+        if death {
+            let sample = self.sample(true);
+            self.check_oom_kills(&sample);
+        }
+        let critical = self.host_memory_critical();
         for event in events {
             if let crate::forensics::torch::TorchEvent::Progress(u) = event {
                 let t = self.started.elapsed().as_secs_f64();
@@ -700,15 +714,17 @@ impl Supervisor {
     }
 
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
-    /// critical level.
+    /// critical level, or the kernel's OOM-kill count rose this attempt.
     fn host_memory_critical(&self) -> bool {
         let (_, crit) = self.core.engine.policy().thresholds();
         let crit = crit.unwrap_or(8.0);
-        self.core
-            .last_view
-            .as_ref()
-            .and_then(|v| v.headroom_percent())
-            .is_some_and(|h| h <= crit)
+        self.oom.struck_this_attempt()
+            || self
+                .core
+                .last_view
+                .as_ref()
+                .and_then(|v| v.headroom_percent())
+                .is_some_and(|h| h <= crit)
     }
 
     /// A key or a resize on the dashboard.
@@ -1572,6 +1588,9 @@ impl Supervisor {
         self.core.act.conclude_checkpoint(Instant::now());
         self.acted(None);
         let sample = self.sample(true);
+        // A kill the kernel made in this attempt is logged in it, not
+        // found by the next attempt's first tick.
+        self.check_oom_kills(&sample);
         let end = crate::restart::AttemptEnd {
             policy_end: self.core.act.policy_end,
             stop_reason: self.core.act.stop.as_ref().map(|st| st.reason.clone()),

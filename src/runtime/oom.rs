@@ -62,6 +62,17 @@ impl OomWatch {
         self.at_start = (cgroup, machine);
     }
 
+    /// Whether the OOM killer struck during this attempt, by the counters
+    /// last seen (the tree's cgroup's, or without one the machine's): a
+    /// worker's SIGKILL then came from the kernel, even where its log
+    /// cannot be read to name the victim.
+    pub fn struck_this_attempt(&self) -> bool {
+        match (self.seen.0, self.at_start.0) {
+            (Some(now), Some(before)) => now > before,
+            _ => self.seen.1.zip(self.at_start.1).is_some_and(|(n, b)| n > b),
+        }
+    }
+
     /// Whether the kernel killed this pid (and it was reported).
     pub fn reported(&self, pid: u32) -> bool {
         self.reported.contains(&pid)
