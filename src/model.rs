@@ -5,7 +5,7 @@
 //! `Sample::t` (seconds since the run started), so everything here can be
 //! tested with hand-built sequences.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -359,6 +359,8 @@ struct Point {
 
 /// Fewer points than this and the slope is noise.
 const MIN_POINTS: usize = 3;
+/// A process is rated for growth once seen over this many seconds.
+const MIN_GROWTH_SPAN: f64 = 1.0;
 /// Seconds over which memory must still be growing for an ETA to exist.
 const RECENT: f64 = 2.0;
 
@@ -443,19 +445,29 @@ impl History {
     }
 
     fn fastest(&self) -> Option<(u32, f64)> {
-        let (first, last) = (self.points.front()?, self.points.back()?);
-        let dt = last.t - first.t;
-        if dt <= 0.0 {
-            return None;
+        let last = self.points.back()?;
+        // Each process's oldest reading in the window: a worker born since
+        // the window began is rated over its own life in it (compared with
+        // the window's first point only, it would be left out until the
+        // window had moved past its birth).
+        let mut first: HashMap<(u32, u64), (f64, u64)> = last
+            .procs
+            .iter()
+            .map(|&(pid, start, pss)| ((pid, start), (last.t, pss)))
+            .collect();
+        for p in self.points.iter().rev().skip(1) {
+            for &(pid, start, pss) in &p.procs {
+                if let Some(seen) = first.get_mut(&(pid, start)) {
+                    *seen = (p.t, pss);
+                }
+            }
         }
         last.procs
             .iter()
             .filter_map(|&(pid, start, pss)| {
-                let before = first
-                    .procs
-                    .iter()
-                    .find(|&&(p, s, _)| p == pid && s == start)?;
-                Some((pid, (pss as f64 - before.2 as f64) / dt))
+                let &(t0, before) = first.get(&(pid, start))?;
+                let dt = last.t - t0;
+                (dt >= MIN_GROWTH_SPAN).then(|| (pid, (pss as f64 - before as f64) / dt))
             })
             .filter(|&(_, rate)| rate > 0.0)
             .max_by(|a, b| a.1.total_cmp(&b.1))
@@ -699,6 +711,20 @@ mod tests {
         h.push(&mk(0.0, 100, 100));
         let v = h.push(&mk(2.0, 110, 300));
         assert_eq!(v.fastest, Some((11, 100.0)));
+        // A worker born after the window began is rated over its own life:
+        // it grows 50/s, faster than the others, and is the fastest.
+        let mut s = mk(3.0, 110, 300);
+        let mut born = s.procs[1].clone();
+        born.pid = 12;
+        born.start_time = 7;
+        born.pss_bytes = 1000;
+        s.procs.push(born.clone());
+        let fastest = h.push(&s).fastest.map(|f| f.0);
+        assert_eq!(fastest, Some(11), "a newborn is not rated yet");
+        let mut s = mk(5.0, 110, 300);
+        born.pss_bytes = 1100;
+        s.procs.push(born);
+        assert_eq!(h.push(&s).fastest, Some((12, 50.0)));
     }
 
     #[test]
