@@ -188,6 +188,16 @@ while True:
     time.sleep(0.1)
 "#;
 
+/// A job that SIGHUP would end (the default disposition): a detached run
+/// must not pass the hangup on.
+const DIES_ON_HUP: &str = r#"
+import os, sys, time
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+"#;
+
 fn have_tmux() -> bool {
     Command::new("tmux")
         .arg("-V")
@@ -300,7 +310,7 @@ fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (s, og, job, log) =
-        dashboard_under_a_shell(dir.path(), "detach", "--on-hangup detach", IGNORES_HUP);
+        dashboard_under_a_shell(dir.path(), "detach", "--on-hangup detach", DIES_ON_HUP);
     s.tmux(&["kill-session", "-t", &s.0]);
     std::thread::sleep(Duration::from_secs(3));
     let og_alive = proc_state(og).is_some();

@@ -1421,10 +1421,23 @@ impl Supervisor {
     }
 
     fn on_signal(&mut self, sig: i32) {
-        if sig == libc::SIGHUP && self.tui.as_ref().is_some_and(|t| t.hung_up()) {
-            // The dashboard's terminal went away (not a HUP sent by hand).
-            self.on_hangup();
-            return;
+        if sig == libc::SIGHUP {
+            // A hangup brings more than one SIGHUP (the kernel's, then the
+            // shell's to its jobs): once it is handled, the rest are its
+            // echo, not something for the job.
+            if self.hung_up {
+                return;
+            }
+            // The dashboard's terminal went away (not a HUP sent by hand);
+            // with --on-hangup detach a dashboard's SIGHUP is that hangup
+            // even before the terminal reports it.
+            let detach = self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach;
+            if let Some(t) = &self.tui
+                && (t.hung_up() || detach)
+            {
+                self.on_hangup();
+                return;
+            }
         }
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
         if self.cfg.attach.is_some() {
