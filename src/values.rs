@@ -82,9 +82,24 @@ pub fn positive_size(text: &str) -> Result<u64, String> {
 
 /// A memory budget: bytes or a share of RAM, never zero.
 pub fn budget(text: &str) -> Result<SizeOrPercent, String> {
-    match units::parse_size_or_percent(text).map_err(|e| e.to_string())? {
+    let parsed = units::parse_size_or_percent(text).map_err(|e| e.to_string())?;
+    // A bare number is bytes, so `0.75` would be a 1-byte budget that
+    // stops every job at once: far more likely a fraction meant as 75 %.
+    if let Ok(v) = text.trim().parse::<f64>()
+        && v > 0.0
+        && v < 1.0
+    {
+        return Err(format!(
+            "'{text}' looks like a fraction: write a share of RAM with a % sign (e.g. {}%) or a size with its unit (e.g. 40GiB)",
+            v * 100.0
+        ));
+    }
+    match parsed {
         SizeOrPercent::Bytes(0) => Err(format!(
             "'{text}' must be greater than zero (expected e.g. 40GiB or 75%)"
+        )),
+        SizeOrPercent::Bytes(n) if n < MIN_BUDGET => Err(format!(
+            "'{text}' is {n} bytes, too little for any job (a bare number is bytes; expected e.g. 40GiB or 75%)"
         )),
         SizeOrPercent::Percent(p) if p <= 0.0 => Err(format!(
             "'{text}' must be greater than zero (expected e.g. 40GiB or 75%)"
@@ -92,6 +107,10 @@ pub fn budget(text: &str) -> Result<SizeOrPercent, String> {
         b => Ok(b),
     }
 }
+
+/// The least `--budget` taken: below it no process starts, so a smaller
+/// one is a mistake in units.
+const MIN_BUDGET: u64 = 1 << 20;
 
 /// `HOST:PORT`, where HOST may be a name (`localhost:9465`) or an address
 /// (`127.0.0.1:9465`, `[::1]:9465`).
@@ -141,6 +160,18 @@ mod tests {
         assert!(budget("0").is_err());
         assert!(budget("0%").is_err());
         assert!(budget("0GiB").is_err());
+        let fraction = budget("0.75").unwrap_err();
+        assert!(
+            fraction.contains("looks like a fraction") && fraction.contains("75%"),
+            "{fraction}"
+        );
+        assert!(
+            budget("4096")
+                .unwrap_err()
+                .contains("4096 bytes, too little")
+        );
+        assert_eq!(budget("1MiB"), Ok(SizeOrPercent::Bytes(1 << 20)));
+        assert_eq!(budget("0.5GiB"), Ok(SizeOrPercent::Bytes(1 << 29)));
         assert_eq!(budget("75%"), Ok(SizeOrPercent::Percent(75.0)));
         assert!(positive_size("0").is_err());
         assert!(positive_duration("0s").is_err());

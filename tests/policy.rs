@@ -554,6 +554,7 @@ fn bad_flags_exit_2() {
         // A misspelt flag before `--` is not the command to run.
         (vec!["--budjet", "4G"], "--budjet"),
         (vec!["--budget", "0"], "'0' must be greater than zero"),
+        (vec!["--budget", "0.75"], "'0.75' looks like a fraction"),
         (vec!["--warn-at", "0.8"], "'0.8' looks like a fraction"),
         (
             vec!["--checkpoint-signal", "KILL"],
