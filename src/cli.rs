@@ -23,7 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Launch a command and supervise its whole process tree.
     Run(Box<RunArgs>),
-    /// Watch a leaking demo job get stopped before the OOM killer (needs python3).
+    /// Watch a leaking demo job get stopped before the OOM killer (a Python
+    /// job where python3 is installed, a built-in one otherwise).
     Demo(DemoArgs),
     /// Explain kernel OOM kills from a saved log or the live kernel log.
     Forensics(ForensicsArgs),
@@ -112,7 +113,7 @@ pub struct AttachArgs {
     #[arg(long)]
     pub allow_kill: bool,
 
-    /// Do not print the summary at exit.
+    /// Print no summary and no messages, but warnings about the set-up.
     #[arg(long, short)]
     pub quiet: bool,
 
@@ -264,7 +265,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub kill_after: Option<Duration>,
 
-    /// Do not print the summary at exit.
+    /// Print no summary and no messages, but warnings about the set-up.
     #[arg(long, short)]
     pub quiet: bool,
 

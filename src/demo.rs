@@ -67,7 +67,7 @@ pub fn demo(args: DemoArgs) -> i32 {
     };
     eprintln!(
         "oomguard demo: a trainer with 4 leaking DataLoader workers under a {} budget.\n\
-         oomguard warns at 80% of the budget and stops the job gracefully at 92%, before any OOM kill.\n",
+         oomguard warns at 80% of the budget and stops the job gracefully before it runs out (at 92% at the latest), before any OOM kill.\n",
         crate::units::HumanBytes(args.budget)
     );
     let cfg = match Settings::for_demo(&args, argv) {

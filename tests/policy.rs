@@ -361,6 +361,17 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
         end_t - stop_t >= 1.0,
         "stopped before the grace ran out ({stop_t} -> {end_t})"
     );
+    // Each step of the stop (the signal, the TERM to the rest, the kill) is
+    // on a tick whose sample line carries the process list.
+    for (i, l) in lines.iter().enumerate() {
+        if !matches!(&l.event, Event::Action(_)) {
+            continue;
+        }
+        let listed = lines[i..].iter().take(6).any(|m| {
+            matches!(&m.event, Event::Sample(x) if x.procs.is_some() && (m.t - l.t).abs() < 0.1)
+        });
+        assert!(listed, "no process list with the action at {}: {l:?}", l.t);
+    }
     assert!(took < Duration::from_secs(40));
 }
 

@@ -1111,13 +1111,15 @@ impl Supervisor {
         let out = self
             .core
             .tick(sample, inputs, &mut self.sig, &mut *self.sinks.notifier);
-        self.acted(Some(&out.view));
+        // A step of a stop in progress (a throttle, the last-resort freeze,
+        // a kill) is an action too, though no rule decided it this tick.
+        let acted = self.acted(Some(&out.view));
         // The core keeps the sample as the previous one; the sinks borrow it.
         if let Some(sample) = self.core.last_sample.take() {
             self.record(
                 &sample,
                 &out.view,
-                out.decided,
+                out.decided || acted,
                 out.waits_changed,
                 Some(&out.readings),
             );
@@ -1201,9 +1203,12 @@ impl Supervisor {
     }
 
     /// Hands what the actuator did to the sinks (`view`: this tick's, for
-    /// the hooks' environment).
-    fn acted(&mut self, view: Option<&View>) {
+    /// the hooks' environment). True when a signal was sent or a rule
+    /// moved: the tick's sample line then carries the process list.
+    fn acted(&mut self, view: Option<&View>) -> bool {
+        let mut any = false;
         for a in self.core.act.drain() {
+            any |= matches!(a, Acted::Action { .. } | Acted::Rule(_));
             match a {
                 Acted::Action {
                     action,
@@ -1238,6 +1243,7 @@ impl Supervisor {
                 } => self.run_hook(&cmd, action, &reason, view),
             }
         }
+        any
     }
 
     fn pause(&mut self, reason: &str) {
