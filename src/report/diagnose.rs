@@ -159,11 +159,15 @@ pub struct ProcSummary {
 
 impl ProcSummary {
     /// Whether its private memory grew like a leak: steadily up, by a
-    /// margin that is not allocator noise.
+    /// margin that is not allocator noise — a quarter of what it started
+    /// with, or at least 1 MiB/s (a run stopped seconds after its leak
+    /// showed has per-process lists only a few seconds apart).
     pub fn leaks(&self) -> bool {
         let growth = self.last_uss_bytes.saturating_sub(self.first_uss_bytes);
-        let enough = (8 * MIB).max(self.first_uss_bytes / 4);
-        self.uss_slope.is_some_and(|s| s > 0.0) && growth >= enough
+        let slope = self.uss_slope.unwrap_or(0.0);
+        slope > 0.0
+            && growth >= 8 * MIB
+            && (growth >= self.first_uss_bytes / 4 || slope >= MIB as f64)
     }
 }
 
@@ -199,6 +203,16 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
             // A process that has not been swept yet reports zeros.
             if p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0 {
                 continue;
+            }
+            // Another program now (a launcher's shell that exec'd python):
+            // its memory so far was the old program's, not growth.
+            if s.snapshots > 0 && s.comm != p.comm {
+                s.snapshots = 0;
+                s.peak_pss_bytes = 0;
+                s.peak_uss_bytes = 0;
+                s.peak_rss_bytes = 0;
+                s.peak_swap_bytes = 0;
+                pts.clear();
             }
             if s.snapshots == 0 {
                 s.first_uss_bytes = p.uss_bytes;
@@ -1435,6 +1449,36 @@ mod tests {
         let f = diagnose(&log);
         let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
         assert!(fit.title.contains("num_workers=5"), "{}", fit.title);
+    }
+
+    #[test]
+    fn a_fast_leak_stopped_within_seconds_is_a_leak() {
+        // Per-process lists 1 s apart (a stop's rule and action ticks):
+        // +20 MiB/s is a leak though it is under a quarter of 195 MiB.
+        let log = load(&workers_log(2, 175, 20, 2, &[])).unwrap();
+        let f = diagnose(&log);
+        assert!(kinds(&f).contains(&"worker_leak"), "{:?}", kinds(&f));
+        assert!(!kinds(&f).contains(&"worker_flat"));
+    }
+
+    #[test]
+    fn a_process_that_execs_is_measured_from_its_new_program() {
+        // pid 100 is first seen as the launcher's bash (3 MiB), then as
+        // python at a flat 200 MiB: no growth to report.
+        let mut log = workers_log(1, 50, 0, 10, &[]);
+        log = log.replacen(
+            r#""pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":314572800,"pss_bytes":262144000,"uss_bytes":209715200"#,
+            r#""pid":100,"ppid":1,"role":"trainer","comm":"bash","rss_bytes":4194304,"pss_bytes":3145728,"uss_bytes":3145728"#,
+            1,
+        );
+        assert!(log.contains(r#""comm":"bash""#));
+        let procs = processes(&load(&log).unwrap());
+        let trainer = procs.iter().find(|p| p.pid == 100).unwrap();
+        assert_eq!(trainer.comm, "python");
+        assert_eq!(trainer.first_uss_bytes, 200 * MIB);
+        assert!(!trainer.leaks());
+        let f = diagnose(&load(&log).unwrap());
+        assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
     }
 
     #[test]
