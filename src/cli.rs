@@ -45,7 +45,7 @@ pub enum Command {
     },
     /// The output keeper (started by `oomguard run`, see `keeper`): holds
     /// the job's output channels and passes them on if oomguard dies.
-    #[command(hide = true, name = "__keep")]
+    #[command(hide = true, name = crate::keeper::ARG)]
     Keep {
         /// READ_FD:WRITE_FD, one per channel.
         pairs: Vec<std::ffi::OsString>,

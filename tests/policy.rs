@@ -59,6 +59,31 @@ fn run_watched(
     (code, lines, err, watch.kills())
 }
 
+/// `run_in` of a trainer leaking 100 MiB/s under `--budget 160MiB`:
+/// `flags` go to oomguard, `job` to train.py after its leak options.
+fn run_leaking_trainer(
+    cg: &MemCgroup,
+    log: &Path,
+    flags: &[&str],
+    job: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, Vec<schema::Line>, String) {
+    let train = train_py();
+    let mut args = vec!["--budget", "160MiB"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "python3", train.to_str().unwrap()]);
+    args.extend_from_slice(&[
+        "--leak-in",
+        "trainer",
+        "--chunk-mib",
+        "2",
+        "--period",
+        "0.02",
+    ]);
+    args.extend_from_slice(job);
+    run_in(cg, log, &args, env)
+}
+
 fn max_oom_kill_count(lines: &[schema::Line]) -> u64 {
     lines
         .iter()
@@ -214,23 +239,11 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
     let dir = tempfile::tempdir().unwrap();
     let sigs = dir.path().join("sigs");
     fs::create_dir(&sigs).unwrap();
-    let (code, lines, err) = run_in(
+    let (code, lines, err) = run_leaking_trainer(
         &cg,
         &dir.path().join("run.ndjson"),
+        &["--checkpoint-signal", "USR1"],
         &[
-            "--budget",
-            "160MiB",
-            "--checkpoint-signal",
-            "USR1",
-            "--",
-            "python3",
-            train_py().to_str().unwrap(),
-            "--leak-in",
-            "trainer",
-            "--chunk-mib",
-            "2",
-            "--period",
-            "0.02",
             "--ckpt-signal",
             "USR1",
             "--signals-dir",
@@ -274,28 +287,16 @@ fn a_trainer_that_saves_and_leaves_at_once_has_its_checkpoint_logged() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let ckpt_arg = ckpt.to_str().unwrap();
-    let (code, lines, err) = run_in(
+    let (code, lines, err) = run_leaking_trainer(
         &cg,
         &dir.path().join("run.ndjson"),
         &[
-            "--budget",
-            "160MiB",
             "--checkpoint-dir",
             ckpt_arg,
             "--checkpoint-glob",
             "step-*.ckpt",
-            "--",
-            "python3",
-            train_py().to_str().unwrap(),
-            "--leak-in",
-            "trainer",
-            "--chunk-mib",
-            "2",
-            "--period",
-            "0.02",
-            "--ckpt-dir",
-            ckpt_arg,
         ],
+        &["--ckpt-dir", ckpt_arg],
         &[("NUM_WORKERS", "0")],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
@@ -325,27 +326,11 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
     };
     let dir = tempfile::tempdir().unwrap();
     let t0 = Instant::now();
-    let (code, lines, err) = run_in(
+    let (code, lines, err) = run_leaking_trainer(
         &cg,
         &dir.path().join("run.ndjson"),
-        &[
-            "--budget",
-            "160MiB",
-            "--grace",
-            "1s",
-            "--kill-after",
-            "1s",
-            "--",
-            "python3",
-            train_py().to_str().unwrap(),
-            "--leak-in",
-            "trainer",
-            "--chunk-mib",
-            "2",
-            "--period",
-            "0.02",
-            "--ignore-signal",
-        ],
+        &["--grace", "1s", "--kill-after", "1s"],
+        &["--ignore-signal"],
         &[("NUM_WORKERS", "2")],
     );
     let took = t0.elapsed();

@@ -265,14 +265,18 @@ impl Actuator {
         let Some(watch) = st.watch.take() else {
             return;
         };
-        let path = watch.written();
-        let waited_seconds = ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0;
+        let began = st.began;
+        self.report_checkpoint(watch.written(), now - began);
+    }
+
+    /// The `checkpoint` event: the confirmed checkpoint, or none (said).
+    fn report_checkpoint(&mut self, path: Option<std::path::PathBuf>, waited: Duration) {
         if path.is_none() && !self.cfg.quiet {
             self.say("no new checkpoint was confirmed in the checkpoint directory".to_string());
         }
         self.out.push(Acted::Checkpoint {
             path,
-            waited_seconds,
+            waited_seconds: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
         });
     }
 
@@ -574,13 +578,7 @@ impl Actuator {
         }
         if let Some(w) = &st.watch {
             let path = confirmed.or_else(|| (!trainers_alive).then(|| w.written()).flatten());
-            if path.is_none() && !self.cfg.quiet {
-                self.say("no new checkpoint was confirmed in the checkpoint directory".to_string());
-            }
-            self.out.push(Acted::Checkpoint {
-                path,
-                waited_seconds: ((now - st.began).as_secs_f64() * 1000.0).round() / 1000.0,
-            });
+            self.report_checkpoint(path, now - st.began);
         }
         let rest = idents(tree, |_| true);
         if st.frozen_all && grace_over {

@@ -67,10 +67,7 @@ impl OomWatch {
     /// worker's SIGKILL then came from the kernel, even where its log
     /// cannot be read to name the victim.
     pub fn struck_this_attempt(&self) -> bool {
-        match (self.seen.0, self.at_start.0) {
-            (Some(now), Some(before)) => now > before,
-            _ => self.seen.1.zip(self.at_start.1).is_some_and(|(n, b)| n > b),
-        }
+        rose_since(self.seen, self.at_start)
     }
 
     /// Whether the kernel killed this pid (and it was reported).
@@ -139,8 +136,7 @@ impl OomWatch {
     /// Whether an OOM-kill counter rose since the last sample: the job
     /// cgroup's, or without a cgroup the machine's ("someone").
     pub fn counter_rose(&mut self, sample: &Sample) -> bool {
-        let cg = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        let vm = sample.system.oom_kill_total;
+        let (cg, vm) = counters(sample);
         let (seen_cg, seen_vm) = self.seen;
         self.seen = (cg, vm);
         match (cg, seen_cg) {
@@ -195,14 +191,23 @@ impl OomWatch {
     /// attempt (the job cgroup's counter; with no cgroup to ask, the
     /// machine-wide counter is the best hint).
     pub fn kernel_killed(&self, sample: &Sample) -> bool {
-        let cg_kills = sample.cgroup.as_ref().and_then(|c| c.oom_kill_count);
-        match (cg_kills, self.at_start.0) {
-            (Some(now), Some(before)) => now > before,
-            _ => sample
-                .system
-                .oom_kill_total
-                .zip(self.at_start.1)
-                .is_some_and(|(n, b)| n > b),
-        }
+        rose_since(counters(sample), self.at_start)
+    }
+}
+
+/// A sample's OOM-kill counters: (job cgroup, machine).
+fn counters(sample: &Sample) -> (Option<u64>, Option<u64>) {
+    (
+        sample.cgroup.as_ref().and_then(|c| c.oom_kill_count),
+        sample.system.oom_kill_total,
+    )
+}
+
+/// Whether the counters rose since `before`: the job cgroup's when both
+/// readings have it, otherwise the machine's.
+fn rose_since(now: (Option<u64>, Option<u64>), before: (Option<u64>, Option<u64>)) -> bool {
+    match (now.0, before.0) {
+        (Some(n), Some(b)) => n > b,
+        _ => now.1.zip(before.1).is_some_and(|(n, b)| n > b),
     }
 }
