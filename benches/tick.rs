@@ -84,7 +84,8 @@ fn self_cost() {
     let pid = og.id();
     let t0 = Instant::now();
     let (mut ticks, mut hwm) = (0u64, 0u64);
-    // The output keeper: oomguard's child, idle while oomguard lives.
+    // The output keeper: oomguard's child, idle while oomguard lives
+    // (`VmHWM` in KiB, the rollup in bytes).
     let (mut k_ticks, mut k_hwm, mut k_pss, mut k_private) = (0u64, 0u64, 0u64, 0u64);
     while og.try_wait().ok().flatten().is_none() {
         if let Some(t) = cpu_ticks(pid) {
@@ -96,15 +97,10 @@ fn self_cost() {
         if let Some(k) = keeper_of(pid) {
             k_ticks = cpu_ticks(k).unwrap_or(k_ticks);
             k_hwm = field(&format!("/proc/{k}/status"), "VmHWM:").unwrap_or(k_hwm);
-            let rollup = format!("/proc/{k}/smaps_rollup");
-            k_pss = field(&rollup, "Pss:").unwrap_or(k_pss);
-            k_private = match (
-                field(&rollup, "Private_Clean:"),
-                field(&rollup, "Private_Dirty:"),
-            ) {
-                (Some(c), Some(d)) => c + d,
-                _ => k_private,
-            };
+            let rollup = std::fs::read_to_string(format!("/proc/{k}/smaps_rollup"));
+            if let Some(r) = rollup.ok().and_then(|t| parse_smaps_rollup(&t)) {
+                (k_pss, k_private) = (r.pss, r.uss);
+            }
         }
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -123,8 +119,8 @@ fn self_cost() {
          the rest is the binary, shared with oomguard)",
         k_ticks as f64 / hz,
         mib(k_hwm),
-        mib(k_pss),
-        mib(k_private)
+        mib(k_pss >> 10),
+        mib(k_private >> 10)
     );
 }
 

@@ -59,13 +59,6 @@ fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
     assert!(ended, "the job kept running after oomguard was killed");
 }
 
-/// The output keeper: oomguard's child that is not the job.
-fn keeper_of(og: u32) -> Option<u32> {
-    children_of(og).into_iter().map(|c| c.0).find(|&pid| {
-        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "oomguard-keep")
-    })
-}
-
 #[test]
 fn a_killed_oomguard_leaves_the_trainer_its_output_to_checkpoint() {
     // stdout to a file, stderr to a pipe: the two kinds of channel. Without

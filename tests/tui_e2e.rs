@@ -41,15 +41,11 @@ impl Drop for Session {
 /// The job's processes under oomguard: its descendants but its output
 /// keeper, which is oomguard's own.
 fn descendants(pid: u32) -> Vec<u32> {
-    let keeper = |c: u32| {
-        std::fs::read_to_string(format!("/proc/{c}/comm"))
-            .is_ok_and(|n| n.trim() == "oomguard-keep")
-    };
     let mut out = Vec::new();
     let mut stack = vec![pid];
     while let Some(p) = stack.pop() {
         for (c, _) in children_of(p) {
-            if p == pid && keeper(c) {
+            if p == pid && is_keeper(c) {
                 continue;
             }
             out.push(c);
@@ -350,11 +346,7 @@ fn a_killed_dashboard_leaves_the_trainer_its_terminal_to_checkpoint() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (_s, og, job, _log) = dashboard_under_a_shell(dir.path(), "killed", "", SAVES_ON_TERM);
-    let keeper = children_of(og)
-        .into_iter()
-        .map(|c| c.0)
-        .find(|&p| p != job)
-        .expect("no output keeper beside the job");
+    let keeper = keeper_of(og).expect("no output keeper beside the job");
     // SIGKILL: the job gets its death signal, and its prints go on reaching
     // the terminal through the keeper (without it: EIO, and no checkpoint).
     let _ = Command::new("kill").args(["-9", &og.to_string()]).status();

@@ -330,6 +330,19 @@ pub fn children_of(ppid: u32) -> Vec<(u32, char)> {
     out
 }
 
+/// Whether `pid` is an oomguard output keeper (`src/keeper.rs`).
+pub fn is_keeper(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "oomguard-keep")
+}
+
+/// The output keeper among oomguard's children: not part of the job.
+pub fn keeper_of(og: u32) -> Option<u32> {
+    children_of(og)
+        .into_iter()
+        .map(|c| c.0)
+        .find(|&p| is_keeper(p))
+}
+
 /// Sends a signal with kill(1).
 pub fn send(pid: u32, sig: &str) {
     let ok = Command::new("kill")
