@@ -10,11 +10,12 @@ mod vm;
 
 use std::path::Path;
 
-/// An image with oomguard and the static jobs (`leak`, `cow`) in /bin.
+/// An image with oomguard and the static jobs (`leak`, `cow`, `asuser`) in
+/// /bin.
 fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
     let mut img = vm::Initramfs::new(m);
     img.add_binary("bin/oomguard", Path::new(env!("CARGO_BIN_EXE_oomguard")));
-    for job in ["leak", "cow"] {
+    for job in ["leak", "cow", "asuser"] {
         img.add_file(&format!("bin/{job}"), &vm::static_job(dir, job)?, 0o755);
     }
     Some(img)
@@ -516,4 +517,69 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
         text.contains("swap_growth"),
         "the report has no swap finding: {text}"
     );
+}
+
+/// Most users are not root: a user's job in a cgroup of root's (a login
+/// session's scope, a SLURM job's step), and in one delegated to the user.
+#[test]
+fn serial_vm_unprivileged_v2() {
+    let _serial = common::serial();
+    let Some(m) = vm::machine_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(img) = image(&m, dir.path()) else {
+        return;
+    };
+    let og = "asuser 1000 oomguard run --no-tui --quiet";
+    let scenario = format!(
+        r#"{PRELUDE}
+chmod 1777 /tmp
+# U1: the job's cgroup is root's, with memory.max 300M: nothing can be
+# created, the limit still holds.
+run u1 u1 {og} --log /tmp/u1.ndjson -- leak 200 4096
+# U2: SLURM's layout: the limit on the job's cgroup, the user's processes
+# in a step below it, all root's.
+mkdir -p /sys/fs/cgroup/u2/step; echo 300M > /sys/fs/cgroup/u2/memory.max
+echo +memory > /sys/fs/cgroup/u2/cgroup.subtree_control
+sh -c 'echo $$ > /sys/fs/cgroup/u2/step/cgroup.procs && exec {og} --log /tmp/u2.ndjson -- leak 200 4096' </dev/null >/tmp/u2.out 2>/tmp/u2.err
+echo "@@ u2.exit=$?"; report u2 u2
+# U3: delegated to the user, as systemd's Delegate=yes does it.
+mkdir -p /sys/fs/cgroup/u3
+chown 1000:1000 /sys/fs/cgroup/u3 /sys/fs/cgroup/u3/cgroup.procs /sys/fs/cgroup/u3/cgroup.subtree_control /sys/fs/cgroup/u3/cgroup.threads
+run u3 u3 {og} --log /tmp/u3.ndjson -- leak 200 4096
+"#
+    );
+    let out = vm::run_scenario(&m, img, &scenario, &vm::Boot::default());
+    let get = |n: &str| Run::get(&out, dir.path(), n);
+    for (name, owned) in [("u1", false), ("u2", false), ("u3", true)] {
+        let r = get(name);
+        assert_eq!(r.owned(), owned, "{name}: {}", r.not_owned_reason());
+        if !owned {
+            let why = r.not_owned_reason();
+            assert!(why.contains("ermission"), "{name}: not owned because {why}");
+        }
+        let ceiling = r
+            .run_start()
+            .ceilings
+            .iter()
+            .map(|c| c.bytes)
+            .min()
+            .unwrap_or(0);
+        assert_eq!(ceiling, 300 << 20, "{name}: the limit was not read");
+        assert_eq!(r.exit(), 75, "{name}: {}", r.err);
+        assert_eq!(r.num("oom_kill"), 0, "{name}: the kernel killed");
+        assert!(r.out.contains("checkpoint"), "{name}: no checkpoint");
+        let stop = r.first_action("stop").unwrap_or(0.0);
+        eprintln!(
+            "{name}: stopped at {stop:.2} s, peak {} MiB of 300",
+            r.num("peak") >> 20
+        );
+        if name == "u2" {
+            // The scenario itself enabled memory below u2.
+            assert_eq!(r.value("left"), "", "u2: cgroups left behind");
+        } else {
+            r.assert_clean();
+        }
+    }
 }
