@@ -25,22 +25,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod inputs;
-use inputs::{median, tqdm_bar, training_log};
+use inputs::{cpu_ticks, median, tqdm_bar, training_log};
 
 struct Measured {
     wall: Duration,
     bytes: u64,
     /// The direct child's own CPU seconds (None when not sampled).
     cpu: Option<f64>,
-}
-
-/// utime + stime of `pid` in clock ticks.
-fn own_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of stat; `rest` starts at field 3.
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 fn measure(mut cmd: Command, sample_cpu: bool) -> Measured {
@@ -53,7 +44,7 @@ fn measure(mut cmd: Command, sample_cpu: bool) -> Measured {
         let (ticks, done) = (Arc::clone(&ticks), Arc::clone(&done));
         std::thread::spawn(move || {
             while done.load(Ordering::Relaxed) == 0 {
-                if let Some(t) = own_ticks(pid) {
+                if let Some(t) = cpu_ticks(pid) {
                     ticks.store(t, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(5));
@@ -71,7 +62,7 @@ fn measure(mut cmd: Command, sample_cpu: bool) -> Measured {
         bytes += n as u64;
     }
     // The last sample before the exit: the relay's work is done by now.
-    if let Some(t) = own_ticks(pid) {
+    if let Some(t) = cpu_ticks(pid) {
         ticks.store(t, Ordering::Relaxed);
     }
     let status = child.wait().expect("wait");

@@ -13,10 +13,8 @@ use std::time::{Duration, Instant};
 
 use oomguard::probe::proc::{TreeRoot, TreeScanner, parse_smaps_rollup};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+mod inputs;
+use inputs::{cpu_ticks, median};
 
 fn forker(n: usize, mib: usize, secs: u64) -> std::process::Child {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/forker.py");
@@ -122,15 +120,6 @@ fn self_cost() {
         mib(k_pss >> 10),
         mib(k_private >> 10)
     );
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 (index 11, 12 after the state).
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// oomguard's output keeper, by its name among `pid`'s children (of any

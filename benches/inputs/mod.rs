@@ -1,5 +1,9 @@
-//! The synthetic job output the scan and relay benchmarks feed oomguard, so
-//! both measure the same streams, and their median.
+//! What the benchmarks share: the synthetic job output the scan and relay
+//! benchmarks feed oomguard (so both measure the same streams), the median
+//! they report, and a process's CPU time.
+
+// Each benchmark uses only part of this.
+#![allow(dead_code)]
 
 /// A plain training loop's log, `bytes` long: ~100-byte lines, a
 /// progress line every 50.
@@ -40,4 +44,13 @@ pub fn tqdm_bar(bytes: usize, total: u64) -> String {
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = procfs::process::Process::new(i32::try_from(pid).ok()?)
+        .ok()?
+        .stat()
+        .ok()?;
+    Some(stat.utime + stat.stime)
 }
