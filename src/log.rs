@@ -1456,7 +1456,8 @@ mod size_tests {
             body + r#","gpus":"#.len() as u64
         };
         let day = 86_400u64;
-        let lists = day / 60;
+        // One a minute, and the early one of the run's only attempt.
+        let lists = day / 60 + 1;
         let total = (day - lists) * short
             + lists * (long - gpus_bytes)
             + lists.div_ceil(u64::from(GPU_DETAIL_EVERY)) * gpus_bytes;

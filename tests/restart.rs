@@ -559,3 +559,87 @@ fn restart_on_cuda_oom_adds_expandable_segments_when_fragmented() {
         serde_json::json!([null, "expandable_segments:True"])
     );
 }
+
+/// An attempt that ends before the first `--procs-interval` (and where no
+/// rule fires) still has its workers in the log, read twice, and in the
+/// report: its early process list comes 10 s in, when a trainer has long
+/// started them. Without it the report said "workers 0" for such attempts.
+#[test]
+fn a_short_attempt_still_shows_its_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    // Attempt 1 leaks in the trainer (at most 400 MiB, so it is safe
+    // outside a cgroup) and is restarted; attempt 2 (MODE=calm) holds its
+    // two workers for 13 s and ends cleanly.
+    let job = dir.path().join("job.py");
+    fs::write(
+        &job,
+        r#"
+import os, time, multiprocessing as mp
+def work():
+    time.sleep(30)
+if __name__ == "__main__":
+    ws = [mp.Process(target=work) for _ in range(int(os.environ["NUM_WORKERS"]))]
+    for w in ws:
+        w.start()
+    if os.environ.get("MODE") != "calm":
+        held = []
+        while len(held) < 50:
+            held.append(b"x" * (8 << 20))
+            time.sleep(0.05)
+    time.sleep(13)
+    for w in ws:
+        w.terminate()
+"#,
+    )
+    .unwrap();
+    let log = dir.path().join("run.ndjson");
+    let st = oomguard()
+        .args(["run", "-q", "--cgroup", "off", "--budget", "200MiB"])
+        .args(["--on-critical", "restart", "--max-restarts", "1"])
+        .args(["--restart-delay", "100ms", "--grace", "2s"])
+        .args(["--degrade", "MODE=calm", "--log"])
+        .arg(&log)
+        .arg("--")
+        .arg("python3")
+        .arg(&job)
+        .env("NUM_WORKERS", "2")
+        .env_remove("MODE")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let second = lines
+        .iter()
+        .find(|l| l.attempt == 2)
+        .expect("no second attempt")
+        .t;
+    let workers_at: Vec<f64> = lines
+        .iter()
+        .filter(|l| l.attempt == 2)
+        .filter_map(|l| {
+            let procs = l.sample()?.procs.as_ref()?;
+            let n = procs.iter().filter(|p| p.role == "worker").count();
+            (n == 2).then_some(l.t - second)
+        })
+        .collect();
+    assert!(
+        workers_at.iter().any(|&t| (10.0..13.0).contains(&t)),
+        "attempt 2's workers were listed at {workers_at:?} s only"
+    );
+    let report = oomguard()
+        .arg("report")
+        .arg(&log)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let workers: Vec<u64> = v["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["max_workers"].as_u64().unwrap())
+        .collect();
+    assert_eq!(workers, [2, 2], "the report's workers per attempt");
+}

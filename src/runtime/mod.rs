@@ -1839,7 +1839,8 @@ impl Supervisor {
                 self.sinks.metrics.set_progress(None, None);
                 self.next_tick = now;
                 self.next_full = now;
-                self.sinks.last_logged = None;
+                self.sinks
+                    .start_attempt(self.started.elapsed().as_secs_f64());
                 self.attempt_started = now;
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
                 let machine = self.sampler.system.read(now).oom_kill_total;
@@ -2097,7 +2098,7 @@ impl Supervisor {
         );
         if let Some(l) = s.least_headroom {
             eprintln!(
-                "oomguard: nearest ceiling: {} {} (least headroom {}, {:.0}%); peak swap used {}",
+                "oomguard: nearest ceiling: {} {} (least headroom {}, {:.1}%); peak swap used {}",
                 l.ceiling.source.as_str(),
                 HumanBytes(l.ceiling.bytes),
                 HumanBytes(l.headroom_bytes),

@@ -609,6 +609,7 @@ impl Supervisor {
                 procs_interval: cfg.procs_interval,
                 last_logged: None,
                 last_procs_log: None,
+                early_procs_list: Some(super::sinks::EARLY_PROCS_LIST),
                 procs_lists: 0,
                 _metrics_stop: outputs.metrics_stop,
             },

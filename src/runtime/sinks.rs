@@ -39,13 +39,31 @@ pub struct Sinks {
     pub procs_interval: Duration,
     pub last_logged: Option<f64>,
     pub last_procs_log: Option<f64>,
+    /// When (run time) the attempt's early process list is due, until it is
+    /// written (see [`EARLY_PROCS_LIST`]).
+    pub early_procs_list: Option<f64>,
     /// Unforced lines with the process list written so far.
     pub procs_lists: u32,
     /// Stops the metrics endpoint when dropped (the runtime ending does too).
     pub _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// An attempt's first process list comes at its first sample, before a
+/// trainer has started its workers; the next would wait a whole
+/// `--procs-interval`. One more this far into each attempt gives the report
+/// every worker, and two readings of it to tell a leak from a fixed cost,
+/// in attempts that end sooner (one line per attempt: the log-size bound
+/// holds, see `log.rs`).
+pub const EARLY_PROCS_LIST: f64 = 10.0;
+
 impl Sinks {
+    /// The next attempt starts at `t`: a line at its first sample, and its
+    /// early process list.
+    pub fn start_attempt(&mut self, t: f64) {
+        self.last_logged = None;
+        self.early_procs_list = Some(t + EARLY_PROCS_LIST);
+    }
+
     /// One tick's sample to every sink: metrics and the dashboard always,
     /// the run's peaks, and the log at its cadence (one line per
     /// `--interval`; `logged`: this tick must be logged anyway, a rule or
@@ -104,12 +122,17 @@ impl Sinks {
             self.say(format!("{e}; no more metrics textfile"));
             self.textfile = None;
         }
+        let early = self.early_procs_list.is_some_and(|due| sample.t >= due);
         let with_procs = force
+            || early
             || self
                 .last_procs_log
                 .is_none_or(|last| sample.t - last >= self.procs_interval.as_secs_f64());
         if with_procs {
             self.last_procs_log = Some(sample.t);
+            if early {
+                self.early_procs_list = None;
+            }
         }
         let mut event = SampleEvent::new(sample, view, with_procs);
         if let Some((policy, r)) = inputs {
