@@ -1028,6 +1028,11 @@ pub fn worker_fit_numbers(log: &RunLog) -> Option<WorkerFit> {
     })
 }
 
+/// `1 worker`, `3 workers`.
+fn workers(n: u64, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
 fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
     let Some(fit) = worker_fit_numbers(log) else {
         return;
@@ -1075,14 +1080,14 @@ fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
                 Severity::Info
             },
             format!(
-                "At most {} DataLoader worker{} fit; the run used {used}: set num_workers={}",
-                fit.fits,
-                if fit.fits == 1 { "" } else { "s" },
+                "At most {} fit{}; the run used {used}: set num_workers={}",
+                workers(fit.fits, "DataLoader worker"),
+                if fit.fits == 1 { "s" } else { "" },
                 fit.fits
             ),
             format!(
-                "{room}: room for {} workers at {} private each at their peak (set num_workers={}).",
-                fit.fits,
+                "{room}: room for {} at {} private each at their peak (set num_workers={}).",
+                workers(fit.fits, "worker"),
                 HumanBytes(fit.per_worker_bytes),
                 fit.fits
             ),
@@ -1091,12 +1096,13 @@ fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
         (
             Severity::Info,
             format!(
-                "Up to {} DataLoader workers fit (the run used {used})",
-                fit.fits
+                "Up to {} fit{} (the run used {used})",
+                workers(fit.fits, "DataLoader worker"),
+                if fit.fits == 1 { "s" } else { "" },
             ),
             format!(
-                "{room}: room for {} workers at {} private each at their peak, so num_workers={} is within budget.",
-                fit.fits,
+                "{room}: room for {} at {} private each at their peak, so num_workers={} is within budget.",
+                workers(fit.fits, "worker"),
                 HumanBytes(fit.per_worker_bytes),
                 fit.fits
             ),
@@ -1449,6 +1455,24 @@ mod tests {
         let f = diagnose(&log);
         let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
         assert!(fit.title.contains("num_workers=5"), "{}", fit.title);
+    }
+
+    #[test]
+    fn one_worker_that_fits_is_named_in_the_singular() {
+        // 621.6 MiB of room over a 350 MiB peak: one.
+        let log = load(&workers_log(4, 300, 5, 10, &[])).unwrap();
+        let f = diagnose(&log);
+        let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
+        assert!(
+            fit.title.starts_with("At most 1 DataLoader worker fits;"),
+            "{}",
+            fit.title
+        );
+        assert!(
+            fit.advice.contains("room for 1 worker at"),
+            "{}",
+            fit.advice
+        );
     }
 
     #[test]
