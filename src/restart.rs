@@ -189,6 +189,12 @@ impl Budget {
         }
     }
 
+    /// Whether an attempt that has run for `ran` may still be followed by
+    /// another (what [`Budget::next`] would answer, without using it).
+    pub fn allows(&self, ran: Duration) -> bool {
+        ran >= self.reset_after || self.used < self.max
+    }
+
     /// Called when an attempt ended for a memory reason after running for
     /// `ran`. Returns the delay before the next attempt, or `None` when the
     /// restarts are exhausted.
@@ -361,6 +367,7 @@ mod tests {
         assert_eq!(b.next(s(10)), Some(s(2)));
         assert_eq!(b.next(s(10)), Some(s(4)));
         assert_eq!(b.next(s(10)), Some(s(5)));
+        assert!(!b.allows(s(10)) && b.allows(s(700)));
         assert_eq!(b.next(s(10)), None);
         // A long clean run resets the count.
         assert_eq!(b.next(s(700)), Some(s(2)));

@@ -1107,6 +1107,7 @@ impl Supervisor {
             job_pid: self.job.pid,
             gpu_eta: self.fresh_gpu_eta(&sample),
             torch_fragmentation: self.torch_fragmentation(&sample),
+            last_attempt: !self.budget.allows(self.attempt_started.elapsed()),
         };
         let out = self
             .core

@@ -33,6 +33,9 @@ pub struct TickInputs {
     /// Policy inputs a sample alone does not give.
     pub gpu_eta: Option<f64>,
     pub torch_fragmentation: Option<f64>,
+    /// No attempt can follow this one (`--max-restarts` reached): a
+    /// `restart` only stops the job, and says so.
+    pub last_attempt: bool,
 }
 
 /// What the tick decided, for the sinks.
@@ -173,7 +176,7 @@ impl Core {
         if action == Action::Warn {
             self.warn(&reason, sample, view, notifier);
         } else if !self.voice.quiet {
-            let text = describe(action, &reason, view, &self.act);
+            let text = describe(action, &reason, view, &self.act, inp.last_attempt);
             self.act.push(Acted::Say(text));
         }
         let tree = &sample.procs;
@@ -299,15 +302,21 @@ fn headroom_text(view: &View) -> Option<String> {
 }
 
 /// The message for a critical action: what was crossed and what follows.
-fn describe(action: Action, reason: &str, view: &View, act: &Actuator) -> String {
+fn describe(action: Action, reason: &str, view: &View, act: &Actuator, last: bool) -> String {
     let head = headroom_text(view).map_or_else(String::new, |h| format!(": {h}"));
-    let what = match action {
-        Action::Pause => "pausing the job".to_string(),
-        Action::Stop => format!(
+    let stop = || {
+        format!(
             "stopping the job gracefully ({} to the trainer, {} grace)",
             supervise::signal_name(act.cfg.checkpoint_signal),
             human_duration(act.cfg.grace)
-        ),
+        )
+    };
+    let what = match action {
+        Action::Pause => "pausing the job".to_string(),
+        Action::Stop => stop(),
+        Action::Restart if last => {
+            format!("{}; no restart follows (--max-restarts reached)", stop())
+        }
         Action::Restart => "stopping the job to restart it".to_string(),
         Action::Kill => "killing the job".to_string(),
         Action::Warn => "warning".to_string(),
@@ -479,6 +488,8 @@ mod tests {
         /// What the actuator said to the user.
         said: Vec<String>,
         t0: Instant,
+        /// `TickInputs::last_attempt`.
+        last_attempt: bool,
     }
 
     impl Run {
@@ -489,6 +500,7 @@ mod tests {
                 notes: Notes::default(),
                 said: Vec::new(),
                 t0: Instant::now(),
+                last_attempt: false,
             }
         }
 
@@ -502,6 +514,7 @@ mod tests {
                 job_pid: TRAINER,
                 gpu_eta: None,
                 torch_fragmentation: None,
+                last_attempt: self.last_attempt,
             };
             self.core
                 .tick(sample, inputs, &mut self.sig, &mut self.notes);
@@ -648,6 +661,28 @@ mod tests {
         let said = run.said.join("\n");
         assert!(said.contains("no room appeared within 5.0s"), "{said}");
         assert!(!said.contains("grace"), "{said}");
+    }
+
+    #[test]
+    fn a_restart_with_no_restarts_left_says_it_only_stops() {
+        for (last, says) in [
+            (false, "stopping the job to restart it"),
+            (
+                true,
+                "stopping the job gracefully (SIGUSR1 to the trainer, 2.0s grace); no restart follows (--max-restarts reached)",
+            ),
+        ] {
+            let mut c = core(Action::Restart, true);
+            c.voice.quiet = false;
+            let mut run = Run::new(c);
+            run.last_attempt = last;
+            let script = Script::new();
+            run.tick(&script, 0.0, 50.0);
+            let acts = run.tick(&script, 1.0, 5.0);
+            assert_eq!(acts[0].0, "restart", "{acts:?}");
+            let said = run.said.join("\n");
+            assert!(said.ends_with(says), "{said}");
+        }
     }
 
     #[test]
