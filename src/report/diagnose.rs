@@ -171,12 +171,55 @@ impl ProcSummary {
     }
 }
 
+/// When oomguard held each process, by pid: from a `SIGSTOP` to the
+/// `SIGCONT` that released it (to the end of the log without one). Held,
+/// a process's memory does not move, so readings taken then would dilute
+/// its growth (a worker leaking 50 MiB/s, frozen at the edge for 5 s
+/// before the kill, read as 3 MiB/s).
+fn held_spans(log: &RunLog) -> BTreeMap<u32, Vec<(f64, f64)>> {
+    let mut open: BTreeMap<u32, f64> = BTreeMap::new();
+    let mut spans: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    for e in &log.events {
+        let EventKind::Action {
+            pids,
+            signal: Some(sig),
+            ..
+        } = &e.kind
+        else {
+            continue;
+        };
+        for &pid in pids {
+            match sig.as_str() {
+                "SIGSTOP" => {
+                    open.entry(pid).or_insert(e.t);
+                }
+                "SIGCONT" => {
+                    if let Some(from) = open.remove(&pid) {
+                        spans.entry(pid).or_default().push((from, e.t));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    for (pid, from) in open {
+        spans.entry(pid).or_default().push((from, f64::INFINITY));
+    }
+    spans
+}
+
 /// Every process seen in a per-process list, keyed by attempt and pid,
 /// sorted by attempt then peak PSS (largest first).
 pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
     // (attempt, pid) -> summary so far and its (t, USS) readings.
     type Acc = (ProcSummary, Vec<(f64, f64)>);
     let mut by: BTreeMap<(u32, u32), Acc> = BTreeMap::new();
+    let held = held_spans(log);
+    // A reading on the tick that held it was taken before the signal.
+    let was_held = |pid: u32, t: f64| {
+        held.get(&pid)
+            .is_some_and(|s| s.iter().any(|&(from, to)| from < t && t <= to))
+    };
     for snap in &log.snapshots {
         for p in &snap.procs {
             let (s, pts) = by.entry((snap.attempt, p.pid)).or_insert_with(|| {
@@ -227,7 +270,9 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
             s.peak_uss_bytes = s.peak_uss_bytes.max(p.uss_bytes);
             s.peak_rss_bytes = s.peak_rss_bytes.max(p.rss_bytes);
             s.peak_swap_bytes = s.peak_swap_bytes.max(p.swap_bytes);
-            pts.push((snap.t, p.uss_bytes as f64));
+            if !was_held(p.pid, snap.t) {
+                pts.push((snap.t, p.uss_bytes as f64));
+            }
         }
     }
     let mut out: Vec<ProcSummary> = by
@@ -1455,6 +1500,53 @@ mod tests {
         let f = diagnose(&log);
         let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
         assert!(fit.title.contains("num_workers=5"), "{}", fit.title);
+    }
+
+    #[test]
+    fn time_held_by_oomguard_does_not_dilute_a_workers_growth() {
+        // 10 MiB/s for 5 s, then frozen at the edge (SIGSTOP) and read
+        // again, unchanged, 15 s later.
+        let frozen = |t: u32| {
+            let procs: Vec<String> = (101..104)
+                .map(|pid| {
+                    format!(
+                        r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{w},"pss_bytes":{w},"uss_bytes":{w}}}"#,
+                        w = 70 * MIB
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":1,"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":1,"rss_bytes":1}},"procs":[{}]}}"#,
+                1024 * MIB,
+                procs.join(",")
+            )
+        };
+        let log = load(&workers_log(
+            3,
+            20,
+            10,
+            5,
+            &[stop_at5(), frozen(12), frozen(20)],
+        ))
+        .unwrap();
+        let procs = processes(&log);
+        let w = procs.iter().find(|p| p.pid == 101).unwrap();
+        assert_eq!(w.snapshots, 7);
+        let slope = w.uss_slope.unwrap() / MIB as f64;
+        assert!((slope - 10.0).abs() < 0.01, "{slope} MiB/s");
+        // Released (SIGCONT), it is measured again.
+        let cont = format!(
+            r#"{{{ENV},"event":"action","t":15,"attempt":1,"action":"resume","reason":"cleared","pids":[101],"signal":"SIGCONT","result":"ok"}}"#
+        );
+        let log = load(&workers_log(3, 20, 10, 5, &[stop_at5(), cont, frozen(20)])).unwrap();
+        let w = processes(&log).into_iter().find(|p| p.pid == 101).unwrap();
+        assert!(w.uss_slope.unwrap() / (MIB as f64) < 9.0);
+    }
+
+    fn stop_at5() -> String {
+        format!(
+            r#"{{{ENV},"event":"action","t":5,"attempt":1,"action":"pause","reason":"last resort","pids":[101,102,103],"signal":"SIGSTOP","result":"ok"}}"#
+        )
     }
 
     #[test]
