@@ -476,6 +476,9 @@ fn stop_a_leak(name: &str, limit_mib: u64, pause: &str, to_step: &str) -> Vec<(S
         .expect("a stop action");
     assert_eq!(stop.pids, vec![trainer], "only the trainer is signalled");
     assert_eq!(stop.signal.as_deref(), Some("SIGTERM"));
+    // The summary names the rule, though the trainer ended the stop.
+    let by = format!("was stopped by oomguard ({}) before", stop.reason);
+    assert!(err.contains(&by), "no '{by}' in: {err}");
     assert!(
         !acts.iter().any(|a| a.action == "kill"),
         "nothing killed without --allow-kill: {acts:?}"

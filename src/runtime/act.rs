@@ -223,6 +223,8 @@ pub struct Actuator {
     pub stop: Option<Stop>,
     /// The critical action that ended the attempt, if the policy did.
     pub policy_end: Option<Action>,
+    /// Why (the rule), kept after the stop itself is over.
+    pub policy_reason: Option<String>,
     /// SIGKILL was sent to the tree.
     pub killed: bool,
     /// When SIGKILL follows if the tree has not exited by then.
@@ -237,6 +239,7 @@ impl Actuator {
             paused: HashSet::new(),
             stop: None,
             policy_end: None,
+            policy_reason: None,
             killed: false,
             kill_at: None,
             out: Vec::new(),
@@ -248,6 +251,7 @@ impl Actuator {
         self.paused.clear();
         self.stop = None;
         self.policy_end = None;
+        self.policy_reason = None;
         self.killed = false;
         self.kill_at = None;
     }
@@ -379,6 +383,7 @@ impl Actuator {
             now,
         } = at;
         self.policy_end = Some(action);
+        self.policy_reason = Some(reason.to_string());
         let mut trainers = idents(tree, |p| p.role == Role::Trainer);
         if trainers.is_empty() {
             trainers = idents(tree, |p| p.pid == job_pid);
@@ -563,6 +568,7 @@ impl Actuator {
                     .to_string(),
             );
             self.policy_end = None;
+            self.policy_reason = None;
             self.out.push(Acted::GaveUp);
             return false;
         }

@@ -2042,12 +2042,9 @@ impl Supervisor {
             ),
             (Outcome::StoppedByPolicy, _) => format!(
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
-                // An attached trainer that checkpointed and left ends the
-                // stop early: the action, not "kill", is what happened.
-                self.core.act.stop.as_ref().map_or_else(
-                    || self.core.act.policy_end.map_or("kill", |a| a.name()),
-                    |s| s.reason.as_str()
-                )
+                // The rule, also when the stop is over (an attached
+                // trainer that checkpointed and left ends it early).
+                self.core.act.policy_reason.as_deref().unwrap_or("kill")
             ),
             (_, Status::Exited(c)) => format!("exited with {c}"),
             (_, Status::Signaled(s)) => {

@@ -212,6 +212,7 @@ impl Core {
             }
             Action::Kill => {
                 self.act.policy_end = Some(Action::Kill);
+                self.act.policy_reason = Some(reason.clone());
                 self.act
                     .kill(&reason, tree, Some(inp.job_pid), inp.now, sig);
             }
