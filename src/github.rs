@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::log::{Outcome, Peak};
 use crate::model::Ceiling;
+use crate::runtime::EXIT_FAIL_ABOVE;
 use crate::units::{HumanBytes, human_duration};
 
 /// The severity of an annotation.
@@ -199,6 +200,10 @@ impl RunSummaryData {
 fn outcome_words(d: &RunSummaryData) -> String {
     let code = d.exit_code;
     match d.outcome {
+        // The gate turned the job's success into the step's failure.
+        Outcome::Exited if d.fail_above_exceeded() && code == EXIT_FAIL_ABOVE => {
+            "succeeded".to_string()
+        }
         Outcome::Exited if code == 0 => "succeeded".to_string(),
         Outcome::Exited => format!("exited with code {code}"),
         Outcome::Signaled => format!("was killed by a signal (exit code {code})"),
@@ -259,10 +264,12 @@ fn code_cell(s: &str) -> String {
 /// peaks, ceilings, actions, attempts and outcome.
 pub fn step_summary(d: &RunSummaryData) -> String {
     let mut out = String::new();
-    let gate = if d.fail_above_exceeded() {
-        " and exceeded its memory limit (`--fail-above`)"
-    } else {
-        ""
+    let gate = match d.fail_above_exceeded() {
+        true if d.outcome == Outcome::Exited && d.exit_code == EXIT_FAIL_ABOVE => format!(
+            " but exceeded its memory limit (`--fail-above`): the step fails with exit code {EXIT_FAIL_ABOVE}"
+        ),
+        true => " and exceeded its memory limit (`--fail-above`)".to_string(),
+        false => String::new(),
     };
     let _ = writeln!(out, "### oomguard: the job {}{gate}\n", outcome_words(d));
     out.push_str("| | |\n|:--|:--|\n");
@@ -542,6 +549,18 @@ mod tests {
         );
         assert!(text.contains("| Peak GPU memory | 1.0 GiB |"), "{text}");
         assert!(text.contains("| Actions | none |"), "{text}");
+        // The gate failed a job that succeeded: the heading says both.
+        d.fail_above_bytes = Some(1 << 30);
+        d.exit_code = 76;
+        assert!(
+            step_summary(&d).starts_with(
+                "### oomguard: the job succeeded but exceeded its memory limit (`--fail-above`): the step fails with exit code 76\n"
+            ),
+            "{}",
+            step_summary(&d)
+        );
+        d.fail_above_bytes = Some(4 << 30);
+        d.exit_code = 0;
         assert!(text.contains("| Ceilings | none known |"), "{text}");
         assert!(!text.contains("Least headroom"), "{text}");
         for (outcome, words) in [

@@ -246,6 +246,45 @@ fn github_actions_end_to_end() {
     assert!(text.contains("| Exit code | 3 |"), "{text}");
     assert!(text.contains("| Outcome | `exited` |"), "{text}");
 
+    // A job that succeeds above --fail-above: the step fails (76), the
+    // summary says the job succeeded, and an error annotation says why.
+    std::fs::remove_file(&summary).unwrap();
+    let out = common::oomguard()
+        .args([
+            "run",
+            "-q",
+            "--cgroup",
+            "off",
+            "--fail-above",
+            "20MiB",
+            "--",
+        ])
+        .args([
+            "python3",
+            "-c",
+            "b = b'x' * (60 << 20); import time; time.sleep(1.5)",
+        ])
+        .env("GITHUB_ACTIONS", "true")
+        .env("GITHUB_STEP_SUMMARY", &summary)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    let errors = commands(&out.stderr, "error");
+    assert_eq!(errors.len(), 1, "{err}");
+    assert!(
+        errors[0].data.contains("exceeded --fail-above 20.0 MiB"),
+        "{errors:?}"
+    );
+    let text = std::fs::read_to_string(&summary).unwrap();
+    assert!(
+        text.starts_with(
+            "### oomguard: the job succeeded but exceeded its memory limit (`--fail-above`): the step fails with exit code 76"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("| Exit code | 76 |"), "{text}");
+
     let oomguard = Path::new(env!("CARGO_BIN_EXE_oomguard"));
     let hog = common::script(dir.path(), "hog.py", HOG);
     let hog = hog.to_str().unwrap();

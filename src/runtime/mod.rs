@@ -1956,14 +1956,20 @@ impl Supervisor {
                 still_running_pids: None,
             },
         );
-        if let Some((limit, true)) = fail_above
-            && !self.cfg.quiet
-        {
-            eprintln!(
-                "oomguard: peak footprint {} exceeded --fail-above {}; exit {}",
+        if let Some((limit, true)) = fail_above {
+            let what = format!(
+                "peak footprint {} exceeded --fail-above {}",
                 HumanBytes(self.sinks.stats.peak.tree_pss_bytes),
                 HumanBytes(limit),
-                exit_code
+            );
+            if !self.cfg.quiet {
+                eprintln!("oomguard: {what}; exit {exit_code}");
+            }
+            self.sinks.annotate(
+                "fail_above",
+                crate::github::Level::Error,
+                "oomguard: memory regression",
+                &what,
             );
         }
         if outcome == Outcome::OomKilled {
