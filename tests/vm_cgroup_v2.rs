@@ -21,6 +21,21 @@ fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
     Some(img)
 }
 
+/// What every test here starts with: the serial lock, the VM's kernel, a
+/// directory and the image (`None`: skipped).
+fn boot() -> Option<(
+    common::Serial,
+    vm::Machine,
+    tempfile::TempDir,
+    vm::Initramfs,
+)> {
+    let serial = common::serial();
+    let m = vm::machine_or_skip()?;
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(&m, dir.path())?;
+    Some((serial, m, dir, img))
+}
+
 /// Shell helpers every scenario starts with. `run CG NAME CMD...` runs CMD
 /// as the only process of /sys/fs/cgroup/CG (created with `memory.max` from
 /// `$MAX`, default 300M) and reports its exit code, the subtree's OOM
@@ -154,12 +169,7 @@ impl Run {
 
 #[test]
 fn serial_vm_delegated_v2_owns_and_stops() {
-    let _serial = common::serial();
-    let Some(m) = vm::machine_or_skip() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let Some(img) = image(&m, dir.path()) else {
+    let Some((_serial, m, dir, img)) = boot() else {
         return;
     };
     let og = "oomguard run --no-tui --quiet";
@@ -298,12 +308,7 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
 /// 1 GiB VM), then real swapping on a virtio disk.
 #[test]
 fn serial_vm_global_oom_and_swap() {
-    let _serial = common::serial();
-    let Some(m) = vm::machine_or_skip() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut img) = image(&m, dir.path()) else {
+    let Some((_serial, m, dir, mut img)) = boot() else {
         return;
     };
     img.add_modules(&["virtio_pci", "virtio_blk"]);
@@ -523,12 +528,7 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
 /// session's scope, a SLURM job's step), and in one delegated to the user.
 #[test]
 fn serial_vm_unprivileged_v2() {
-    let _serial = common::serial();
-    let Some(m) = vm::machine_or_skip() else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let Some(img) = image(&m, dir.path()) else {
+    let Some((_serial, m, dir, img)) = boot() else {
         return;
     };
     let og = "asuser 1000 oomguard run --no-tui --quiet";
