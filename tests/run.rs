@@ -70,6 +70,102 @@ fn missing_and_non_executable_commands() {
     assert!(err.contains(&f.display().to_string()), "{err}");
 }
 
+/// A job that cannot be started still gets a whole log: `run_start` with
+/// the command (and pid 0: there was no job), then `run_end` with the code.
+#[test]
+fn a_command_that_cannot_start_still_opens_and_closes_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let st = oomguard()
+        .args(["run", "-q", "--log"])
+        .arg(&log)
+        .args(["--", "/no/such/cmd-xyz", "--flag"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(127));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let Event::RunStart(start) = &lines[0].event else {
+        unreachable!("check_envelope: run_start is first")
+    };
+    assert_eq!(start.argv, ["/no/such/cmd-xyz", "--flag"]);
+    assert_eq!(start.pid, 0);
+    let end = schema::run_end(&lines);
+    assert_eq!((end.outcome.as_str(), end.exit_code), ("exited", 127));
+    assert!(
+        end.error
+            .as_deref()
+            .is_some_and(|e| e.contains("not found"))
+    );
+}
+
+/// What the shell that became oomguard had forked before `exec` — a
+/// sidecar (`sleep 30 & exec oomguard run ...`) or the reader of bash's
+/// `> >(...)` — is oomguard's child but not the job's: it is never
+/// measured, never signalled when the job ends, and never waited for.
+#[test]
+fn processes_forked_before_exec_are_not_the_job() {
+    let og = env!("CARGO_BIN_EXE_oomguard");
+    for cgroup in ["auto", "off"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (log, pidfile, count) = (
+            dir.path().join("run.ndjson"),
+            dir.path().join("sidecar.pid"),
+            dir.path().join("count"),
+        );
+        let script = format!(
+            "sleep 30 & echo $! > {pidfile}; exec {og} run -q --interval 100ms --cgroup {cgroup} \
+             --log {log} -- sh -c 'seq 1 100000; sleep 0.5' > >(sleep 1; wc -l > {count})",
+            pidfile = pidfile.display(),
+            log = log.display(),
+            count = count.display(),
+        );
+        let started = Instant::now();
+        let st = std::process::Command::new("bash")
+            .args(["-c", &script])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(0), "--cgroup {cgroup}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "oomguard waited for the sidecar"
+        );
+        let sidecar: u32 = fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let alive = proc_state(sidecar).is_some_and(|s| s != 'Z');
+        assert!(alive, "--cgroup {cgroup}: the sidecar was signalled");
+        send(sidecar, "KILL");
+        // The reader of the process substitution got every line.
+        assert!(
+            wait_for(Duration::from_secs(10), || fs::read_to_string(&count)
+                .is_ok_and(|c| c.trim() == "100000")),
+            "--cgroup {cgroup}: the `> >(...)` reader was signalled: {:?}",
+            fs::read_to_string(&count)
+        );
+        let lines = read_log(&log);
+        schema::check_envelope(&lines);
+        for l in &lines {
+            match &l.event {
+                Event::Sample(s) => {
+                    let procs = s.procs.iter().flatten();
+                    assert!(
+                        procs.clone().all(|p| p.pid != sidecar && p.comm != "wc"),
+                        "--cgroup {cgroup}: a stranger measured: {:?}",
+                        s.procs
+                    );
+                }
+                Event::Action(a) => panic!("--cgroup {cgroup}: unexpected action {a:?}"),
+                _ => {}
+            }
+        }
+    }
+}
+
 #[test]
 fn usage_errors_exit_2() {
     let out = oomguard()

@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::model::{ProcSample, Role, TreeTotals};
 
@@ -243,6 +243,12 @@ pub struct TreeScanner {
     job_pid: Option<u32>,
     /// oomguard's own helpers (hooks): never part of the tree.
     excluded: HashSet<u32>,
+    /// Processes that were oomguard's children before it started the job
+    /// (a shell's `sidecar & exec oomguard ...`, the reader of `>
+    /// >(tee log)`), and what they forked, by identity: they share
+    /// oomguard's parentage, not the job's, and are never measured or
+    /// signalled.
+    strangers: HashSet<(u32, u64)>,
     known: HashMap<u32, Known>,
     buf: String,
     /// Top-level processes beyond the root's children for the next walk
@@ -258,6 +264,7 @@ impl TreeScanner {
             page_size: page_size(),
             job_pid: None,
             excluded: HashSet::new(),
+            strangers: HashSet::new(),
             known: HashMap::new(),
             buf: String::with_capacity(512),
             extra_roots: Vec::new(),
@@ -272,6 +279,12 @@ impl TreeScanner {
     /// Marks a process of oomguard's own (a hook) as not part of the tree.
     pub fn exclude(&mut self, pid: u32) {
         self.excluded.insert(pid);
+    }
+
+    /// Leaves these processes (pid, start time) and their descendants out
+    /// of the tree for good (see [`inherited_children`]).
+    pub fn set_strangers(&mut self, strangers: &[(u32, u64)]) {
+        self.strangers = strangers.iter().copied().collect();
     }
 
     /// Forgets an exclusion once the helper is reaped.
@@ -403,6 +416,7 @@ impl TreeScanner {
             }
         }
 
+        self.drop_strangers(&mut stats, &children);
         for k in self.known.values_mut() {
             k.seen = false;
         }
@@ -449,6 +463,53 @@ impl TreeScanner {
         self.known.retain(|_, k| k.seen);
         out.sort_by_key(|f| f.stat.pid);
         out
+    }
+
+    /// Takes the strangers still alive, and everything they forked, out of
+    /// `stats`; what they forked becomes a stranger too, so it stays out
+    /// when it is orphaned to oomguard (a subreaper) later. Strangers no
+    /// longer seen are forgotten: their pids are free for the job to reuse.
+    fn drop_strangers(
+        &mut self,
+        stats: &mut HashMap<u32, StatLine>,
+        children: &HashMap<u32, Vec<u32>>,
+    ) {
+        if self.strangers.is_empty() {
+            return;
+        }
+        let mut alive = HashSet::new();
+        let mut stack: Vec<u32> = stats
+            .values()
+            .filter(|st| self.strangers.contains(&(st.pid, st.start_time)))
+            .map(|st| st.pid)
+            .collect();
+        while let Some(pid) = stack.pop() {
+            let Some(st) = stats.remove(&pid) else {
+                continue;
+            };
+            alive.insert((pid, st.start_time));
+            stack.extend(children.get(&pid).map(Vec::as_slice).unwrap_or(&[]));
+        }
+        // A partial read (the fast rescan) sees only the tree: keep the
+        // strangers it could not see.
+        let unseen: Vec<(u32, u64)> = self
+            .strangers
+            .iter()
+            .filter(|id| !alive.contains(id))
+            .copied()
+            .collect();
+        for (pid, start_time) in unseen {
+            if self.seen_dead(pid, start_time) {
+                self.strangers.remove(&(pid, start_time));
+            }
+        }
+        self.strangers.extend(alive);
+    }
+
+    /// Whether the process (pid, start time) is gone.
+    fn seen_dead(&mut self, pid: u32, start_time: u64) -> bool {
+        self.read_stat(pid)
+            .is_none_or(|st| st.start_time != start_time)
     }
 
     /// Finds the tree through the kernel's per-thread `children` lists,
@@ -553,6 +614,19 @@ impl TreeScanner {
 }
 
 /// The system page size (for `stat`'s RSS in pages).
+/// oomguard's own children and their descendants, by (pid, start time),
+/// read before it starts anything: whatever is there was forked by the
+/// process that became oomguard (`sleep 30 & exec oomguard run ...`, or
+/// bash's process substitution), not by the job.
+pub fn inherited_children(proc_root: &Path) -> Vec<(u32, u64)> {
+    let mut scanner = TreeScanner::new(proc_root, TreeRoot::ChildrenOf(std::process::id()));
+    let mut stats = HashMap::new();
+    if !scanner.walk_children(&mut stats) {
+        return Vec::new();
+    }
+    stats.values().map(|st| (st.pid, st.start_time)).collect()
+}
+
 pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }

@@ -461,8 +461,9 @@ fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
 
 /// oomguard failed after the log was opened but before the job ran: the
 /// log still ends with `run_end` (`internal_error`), and the exit code is 70.
-fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
+fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 {
     eprintln!("oomguard: {error}");
+    start_without_a_job(log, cfg);
     log.write(
         "run_end",
         &RunEnd {
@@ -483,11 +484,38 @@ fn internal_failure(log: &mut LogWriter, error: String) -> i32 {
     EXIT_INTERNAL
 }
 
-fn spawn_failed(log: &mut LogWriter, e: &supervise::SpawnError) -> i32 {
+/// The `run_start` of a run whose job never started (it could not be
+/// executed, or oomguard failed before it): the log still opens with what
+/// was asked for, so `report` and `replay` can say which command failed.
+/// `pid` is 0: there was no job.
+fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
+    let start = RunStart {
+        argv: cfg
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pid: 0,
+        ceilings: Vec::new(),
+        cgroup: None,
+        policy: Some(crate::log::PolicyInfo::of(&cfg.policy.policy)),
+        gpu: GpuInfo {
+            available: false,
+            reason: Some("the job did not start".into()),
+        },
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        interval_seconds: cfg.interval.as_secs_f64(),
+        pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
+    };
+    log.write("run_start", &start);
+}
+
+fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError) -> i32 {
     let Some(code) = e.exit_code() else {
-        return internal_failure(log, e.to_string());
+        return internal_failure(log, cfg, e.to_string());
     };
     eprintln!("oomguard: {e}");
+    start_without_a_job(log, cfg);
     log.write(
         "run_end",
         &RunEnd {

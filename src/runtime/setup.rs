@@ -81,6 +81,12 @@ struct Readers {
 
 pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     let started = Instant::now();
+    // Read before oomguard forks anything: these are not the job's.
+    let strangers = if cfg.attach.is_none() {
+        crate::probe::proc::inherited_children(&cfg.proc_root)
+    } else {
+        Vec::new()
+    };
     let Outputs {
         mut log,
         metrics,
@@ -94,7 +100,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     // no SIGCHLD) can arrive unhandled.
     let streams = signal_streams();
     let Ok(sigchld) = signal(SignalKind::child()) else {
-        return internal_failure(&mut log, "cannot handle SIGCHLD".into());
+        return internal_failure(&mut log, &cfg, "cannot handle SIGCHLD".into());
     };
     if cfg.attach.is_none()
         && let Err(e) = supervise::become_subreaper()
@@ -119,7 +125,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         }
         // Pipes or threads for the relay: oomguard's own failure (e.g. out
         // of file descriptors), not the user's.
-        Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, msg),
+        Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, &cfg, msg),
     };
     let mut first_env = attempt_env(1, None, &BTreeMap::new());
     if let Some((inj, _)) = &torch {
@@ -135,8 +141,8 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     let (job, owned, not_owned_reason) = match start_job(&cfg, start, &mut output) {
         Ok(j) => j,
         Err(StartError::Usage) => return 2,
-        Err(StartError::Internal(e)) => return internal_failure(&mut log, e),
-        Err(StartError::Spawn(e)) => return spawn_failed(&mut log, &e),
+        Err(StartError::Internal(e)) => return internal_failure(&mut log, &cfg, e),
+        Err(StartError::Spawn(e)) => return spawn_failed(&mut log, &cfg, &e),
     };
     // Our copy of the pty's job side must go, or the master never sees EOF;
     // the same for the relay's copies of the job's ends.
@@ -145,6 +151,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         r.after_spawn();
     }
     let mut readers = open_readers(&cfg, owned.as_ref(), &job, started);
+    readers.scanner.set_strangers(&strangers);
     // The output keeper is oomguard's child, not the job's.
     if let Some(pid) = output.relay.as_ref().and_then(|r| r.keeper_pid()) {
         readers.scanner.exclude(pid);
@@ -235,7 +242,7 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
     // opening it is its own (70, and the log, if open, ends with run_end).
     let mut refused = |e: &dyn std::fmt::Display, source: &std::io::Error| {
         if supervise::out_of_resources(source) {
-            internal_failure(&mut log, e.to_string())
+            internal_failure(&mut log, cfg, e.to_string())
         } else {
             eprintln!("oomguard: {e}");
             2

@@ -338,6 +338,10 @@ pub fn check_envelope(lines: &[Line]) {
         assert!(l.attempt >= 1);
     }
     assert!(
+        matches!(lines[0].event, Event::RunStart(_)),
+        "run_start is not first"
+    );
+    assert!(
         matches!(lines.last().unwrap().event, Event::RunEnd(_)),
         "run_end is not last"
     );
