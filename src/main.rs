@@ -69,11 +69,15 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
     let mut line = Vec::new();
     let mut replaced = 0usize;
     let mut written = if json { writer.begin(&mut out) } else { Ok(()) };
+    let mut cut_lines = 0usize;
     loop {
-        line.clear();
-        match input.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {}
+        match oomguard::forensics::read_line_capped(
+            &mut input,
+            &mut line,
+            oomguard::forensics::MAX_LINE_BYTES,
+        ) {
+            Ok((0, _)) => break,
+            Ok((_, cut)) => cut_lines += usize::from(cut),
             Err(e) => {
                 eprintln!("oomguard: cannot read {name}: {e}");
                 return 2;
@@ -99,6 +103,14 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
     } else {
         kills.extend(rest);
         written = out.write_all(kernel::render_text(&kills).as_bytes());
+    }
+    if cut_lines > 0 {
+        eprintln!(
+            "oomguard: {cut_lines} line{} of {name} longer than {} MiB {} cut there (no kernel report has such lines)",
+            if cut_lines == 1 { "" } else { "s" },
+            oomguard::forensics::MAX_LINE_BYTES >> 20,
+            if cut_lines == 1 { "was" } else { "were" }
+        );
     }
     if replaced > 0 {
         eprintln!(

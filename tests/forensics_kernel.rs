@@ -3,6 +3,8 @@
 //! Expected values in the fixture tests were read off the fixture text by
 //! hand (sizes in the log are kB, so `kb(n)` is `n * 1024` bytes).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -1350,4 +1352,26 @@ fn json_output_streams_in_bounded_memory() {
         rss_kb * 1024 < input / 2,
         "peak RSS {rss_kb} KiB for {input} bytes of input"
     );
+}
+
+/// One enormous line (a binary file, `/dev/zero`, a log with no line
+/// end) costs a bounded amount of memory: 400 MB with no line end under a
+/// 256 MiB address-space limit.
+#[test]
+fn a_line_with_no_end_costs_bounded_memory() {
+    let chunk = vec![b'x'; 1 << 20];
+    let out = common::run_capped(&["forensics", "-"], move |w| {
+        for _ in 0..400 {
+            if w.write_all(&chunk).is_err() {
+                return;
+            }
+        }
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(
+        err.contains("1 line of stdin longer than 1 MiB was cut"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("No kernel OOM kill"));
 }

@@ -614,6 +614,36 @@ fn text_and_json_carry_the_same_findings() {
     }
 }
 
+/// A log followed by millions of lines that are not oomguard's (job
+/// output appended to it, a wrong file concatenated): each is counted, the
+/// first few listed, and memory stays flat (3 million junk lines under a
+/// 256 MiB address-space limit; listing every one took gigabytes).
+#[test]
+fn millions_of_junk_lines_cost_a_count_not_memory() {
+    let log = fixture("prevented");
+    let out = common::run_capped(&["report", "--format", "text", "-"], move |w| {
+        let junk = "x\n".repeat(1 << 16);
+        if w.write_all(log.as_bytes()).is_err() {
+            return;
+        }
+        for _ in 0..(3_000_000 >> 16) + 1 {
+            if w.write_all(junk.as_bytes()).is_err() {
+                return;
+            }
+        }
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let listed = err
+        .lines()
+        .filter(|l| l.contains("not valid JSON, skipped"))
+        .count();
+    assert_eq!(listed, oomguard::report::LISTED_WARNINGS, "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("more lines skipped"), "{text}");
+    assert!(err.contains("… and 3014636 more lines skipped"), "{err}");
+}
+
 #[test]
 fn damaged_and_extended_logs_still_render() {
     for name in FIXTURES {

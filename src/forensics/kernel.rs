@@ -275,6 +275,7 @@ impl StreamParser {
         {
             if !KMSG_DICT.is_match(cont)
                 && let Some(last) = self.pending.as_mut()
+                && last.len() < super::MAX_LINE_BYTES
             {
                 last.push_str(cont);
             }

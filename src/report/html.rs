@@ -499,17 +499,17 @@ fn processes_section(h: &mut String, log: &RunLog) {
 fn footer(h: &mut String, log: &RunLog) {
     h.push_str("<footer>");
     if !log.warnings.is_empty() {
+        let skipped = log.warnings.len() + log.unlisted_warnings;
         let _ = write!(
             h,
-            r#"<div id="log-warnings"><b>{} log line{} skipped:</b><ul>"#,
-            log.warnings.len(),
-            if log.warnings.len() == 1 { "" } else { "s" }
+            r#"<div id="log-warnings"><b>{skipped} log line{} skipped:</b><ul>"#,
+            if skipped == 1 { "" } else { "s" }
         );
-        for w in log.warnings.iter().take(20) {
+        for w in &log.warnings {
             let _ = write!(h, "<li>{}</li>", esc(w));
         }
-        if log.warnings.len() > 20 {
-            let _ = write!(h, "<li>… {} more</li>", log.warnings.len() - 20);
+        if log.unlisted_warnings > 0 {
+            let _ = write!(h, "<li>… {} more</li>", log.unlisted_warnings);
         }
         h.push_str("</ul></div>");
     }

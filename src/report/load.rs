@@ -42,8 +42,11 @@ pub struct RunLog {
     pub end: Option<EndInfo>,
     /// One entry per attempt seen in the log, in order.
     pub attempts: Vec<Attempt>,
-    /// Lines that were skipped, and why.
+    /// Lines that were skipped, and why (the first [`LISTED_WARNINGS`]).
     pub warnings: Vec<String>,
+    /// Lines skipped beyond those listed in `warnings`: a file of junk
+    /// costs a count, not a message per line.
+    pub unlisted_warnings: usize,
     /// Every line that carried the job's training `progress`, in log order.
     pub progress: Vec<ProgressPoint>,
 }
@@ -321,27 +324,80 @@ pub struct Attempt {
     pub checkpoint: Option<String>,
 }
 
-/// Parses a whole log. See the module comment for what is tolerated.
+/// How many skipped lines are listed one by one.
+pub const LISTED_WARNINGS: usize = 20;
+
+/// Parses a whole log held in memory; see [`load_from`].
+pub fn load(text: &str) -> Result<RunLog, ReportError> {
+    load_from(text.as_bytes()).map_err(|e| match e {
+        LoadError::Log(e) => e,
+        // A byte slice cannot fail to read.
+        LoadError::Read(source) => ReportError::Read {
+            path: "-".into(),
+            source,
+        },
+    })
+}
+
+/// Why [`load_from`] failed: the input could not be read, or what it
+/// holds is not a log.
+#[derive(Debug)]
+pub enum LoadError {
+    Read(std::io::Error),
+    Log(ReportError),
+}
+
+/// Parses a log a line at a time. See the module comment for what is
+/// tolerated. Memory follows what the report keeps (samples, events), not
+/// the text: a line longer than [`crate::forensics::MAX_LINE_BYTES`] is
+/// skipped without being held, and bytes that are not UTF-8 are replaced.
 ///
 /// Time: every line's `t` is kept as written, except when a new attempt
 /// starts with a smaller `t` than the previous one (a writer that restarts
 /// its clock per attempt); then the attempt is shifted to follow on, so the
 /// timeline never runs backwards.
-pub fn load(text: &str) -> Result<RunLog, ReportError> {
+pub fn load_from(mut input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
     let mut r = Reader::default();
-    let lines: Vec<&str> = text.lines().collect();
-    let last_nonblank = lines.iter().rposition(|l| !l.trim().is_empty());
-    for (i, raw) in lines.iter().enumerate() {
-        let raw = raw.trim();
-        if !raw.is_empty() {
-            r.line(i + 1, raw, Some(i) == last_nonblank)?;
+    let mut buf = Vec::new();
+    // The last non-blank line is held back one line: whether it is the
+    // log's last one decides how a parse failure is reported.
+    let mut held: Option<(usize, String)> = None;
+    let mut n = 0;
+    loop {
+        let (read, cut) = crate::forensics::read_line_capped(
+            &mut input,
+            &mut buf,
+            crate::forensics::MAX_LINE_BYTES,
+        )
+        .map_err(LoadError::Read)?;
+        if read == 0 {
+            break;
+        }
+        n += 1;
+        if cut {
+            r.warn(format!(
+                "line {n}: longer than {} MiB, skipped",
+                crate::forensics::MAX_LINE_BYTES >> 20
+            ));
+            continue;
+        }
+        let text = String::from_utf8_lossy(&buf);
+        let raw = text.trim();
+        if raw.is_empty() {
+            continue;
+        }
+        if let Some((i, prev)) = held.replace((n, raw.to_string())) {
+            r.line(i, &prev, false).map_err(LoadError::Log)?;
         }
     }
+    if let Some((i, last)) = held {
+        r.line(i, &last, true).map_err(LoadError::Log)?;
+    }
     if !r.parsed_any {
-        return Err(match r.first_foreign {
+        return Err(LoadError::Log(match r.first_foreign {
             Some(line) => ReportError::NotALog { line },
             None => ReportError::Empty,
-        });
+        }));
     }
     let mut log = r.log;
     tie_ranks_to_oom_kills(&mut log);
@@ -375,6 +431,15 @@ struct Reader {
 }
 
 impl Reader {
+    /// A skipped line: listed while few, counted after.
+    fn warn(&mut self, text: String) {
+        if self.log.warnings.len() < LISTED_WARNINGS {
+            self.log.warnings.push(text);
+        } else {
+            self.log.unlisted_warnings += 1;
+        }
+    }
+
     /// Takes line `n`; `last` when no other line follows it.
     fn line(&mut self, n: usize, raw: &str, last: bool) -> Result<(), ReportError> {
         let Some((raw, head)) = self.envelope(n, raw, last)? else {
@@ -382,9 +447,7 @@ impl Reader {
         };
         self.parsed_any = true;
         let Some(event) = head.event.clone() else {
-            self.log
-                .warnings
-                .push(format!("line {n}: no \"event\" field, skipped"));
+            self.warn(format!("line {n}: no \"event\" field, skipped"));
             return Ok(());
         };
         let attempt = head.attempt.map_or(self.clock.attempt.max(1), |a| {
@@ -443,9 +506,7 @@ impl Reader {
             }
             Ok(Read::Unknown) => {}
             Err(e) => {
-                self.log
-                    .warnings
-                    .push(format!("line {n}: {event} not readable, skipped ({e})"));
+                self.warn(format!("line {n}: {event} not readable, skipped ({e})"));
                 if event == "run_end" {
                     self.log.end = Some(EndInfo {
                         t,
@@ -497,13 +558,11 @@ impl Reader {
         let head = match head {
             Ok(h) if raw.starts_with('{') => h,
             Ok(_) => {
-                self.log
-                    .warnings
-                    .push(format!("line {n}: not a JSON object, skipped"));
+                self.warn(format!("line {n}: not a JSON object, skipped"));
                 return Ok(None);
             }
             Err(e) => {
-                self.log.warnings.push(if last {
+                self.warn(if last {
                     format!("line {n}: incomplete last line skipped (the log was cut short: {e})")
                 } else {
                     format!("line {n}: not valid JSON, skipped ({e})")
@@ -519,9 +578,7 @@ impl Reader {
             }),
             Some(_) | None => {
                 self.first_foreign.get_or_insert(n);
-                self.log
-                    .warnings
-                    .push(format!("line {n}: no \"schema\" string, skipped"));
+                self.warn(format!("line {n}: no \"schema\" string, skipped"));
                 Ok(None)
             }
         }

@@ -12,7 +12,6 @@ mod load;
 mod svg;
 mod text;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub use diagnose::{
@@ -21,8 +20,8 @@ pub use diagnose::{
 };
 pub use html::render_html;
 pub use load::{
-    Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, PeakInfo, PolicyRule, ProcPoint,
-    RunLog, SamplePoint, Snapshot, StartInfo, load,
+    Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, LISTED_WARNINGS, LoadError,
+    PeakInfo, PolicyRule, ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, load, load_from,
 };
 pub use text::{render_json, render_text};
 
@@ -106,10 +105,22 @@ pub fn run_report(
     output: Option<&Path>,
     format: Format,
 ) -> Result<ReportOutput, ReportError> {
-    let text = read_input(input)?;
-    let log = load(&text).map_err(|e| ReportError::InLog {
+    let err = |source| ReportError::Read {
         path: input.to_path_buf(),
-        source: Box::new(e),
+        source,
+    };
+    let loaded = if input == Path::new("-") {
+        load_from(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(input).map_err(err)?;
+        load_from(std::io::BufReader::with_capacity(1 << 16, file))
+    };
+    let log = loaded.map_err(|e| match e {
+        LoadError::Read(source) => err(source),
+        LoadError::Log(e) => ReportError::InLog {
+            path: input.to_path_buf(),
+            source: Box::new(e),
+        },
     })?;
     let findings = diagnose(&log);
     let body = match format {
@@ -138,9 +149,17 @@ pub fn run_report(
         }
         None => Destination::Stdout(body),
     };
+    let mut warnings = log.warnings;
+    if log.unlisted_warnings > 0 {
+        warnings.push(format!(
+            "… and {} more line{} skipped",
+            log.unlisted_warnings,
+            if log.unlisted_warnings == 1 { "" } else { "s" }
+        ));
+    }
     Ok(ReportOutput {
         destination,
-        warnings: log.warnings,
+        warnings,
     })
 }
 
@@ -158,22 +177,6 @@ pub fn default_html_path(input: &Path) -> PathBuf {
     } else {
         candidate
     }
-}
-
-fn read_input(input: &Path) -> Result<String, ReportError> {
-    let err = |source| ReportError::Read {
-        path: input.to_path_buf(),
-        source,
-    };
-    let bytes = if input == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(err)?;
-        buf
-    } else {
-        std::fs::read(input).map_err(err)?
-    };
-    // A log cut mid-character must still load: replace, do not reject.
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]

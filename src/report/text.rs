@@ -477,6 +477,9 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         for w in &log.warnings {
             let _ = writeln!(o, "  {w}");
         }
+        if log.unlisted_warnings > 0 {
+            let _ = writeln!(o, "  … {} more lines skipped", log.unlisted_warnings);
+        }
     }
     o
 }

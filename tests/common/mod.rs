@@ -351,3 +351,31 @@ pub fn send(pid: u32, sig: &str) {
         .unwrap();
     assert!(ok.success(), "kill -{sig} {pid}");
 }
+
+/// `oomguard forensics` (and `report`) under an address-space limit,
+/// `input` written to its stdin: memory must not follow the input.
+pub fn run_capped(
+    args: &[&str],
+    input: impl Fn(&mut dyn std::io::Write) + Send + 'static,
+) -> std::process::Output {
+    use std::io::Write as _;
+    // 256 MiB of address space: far above what either needs, far below
+    // the input they are fed.
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -v 262144 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_oomguard"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        input(&mut stdin);
+        let _ = stdin.flush();
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
