@@ -19,6 +19,13 @@
 //! pid is never hit) when an attempt's output is over and when a
 //! destination fails, since a read end held open would keep the job from
 //! getting EPIPE as it would from a closed pipe.
+//!
+//! The lifeline also carries the processes oomguard has stopped (pause,
+//! throttle, last-resort freeze), as `PID START_TIME` lines: a stopped
+//! trainer cannot act on its death signal, so when oomguard dies the keeper
+//! first sends SIGCONT to each of them that is still the same process
+//! (checked by start time through a pidfd, as oomguard does), and nothing
+//! oomguard held stays stopped for good.
 
 use std::ffi::OsString;
 use std::io;
@@ -44,8 +51,28 @@ const CHUNK: usize = 64 << 10;
 pub struct Keeper {
     pid: u32,
     pidfd: OwnedFd,
-    /// Never written; its closing (oomguard's exit) is the signal.
-    _lifeline: OwnedFd,
+}
+
+/// The write ends of the live keepers' lifelines, by keeper pid: closing
+/// one (oomguard's exit) is the signal; what is written on it is what
+/// oomguard stopped. Process-wide, since whatever sends SIGSTOP must tell
+/// every keeper, whichever part of oomguard started it.
+static LIFELINES: std::sync::Mutex<Vec<(u32, OwnedFd)>> = std::sync::Mutex::new(Vec::new());
+
+fn lifelines() -> std::sync::MutexGuard<'static, Vec<(u32, OwnedFd)>> {
+    LIFELINES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Tells the keepers that oomguard stopped this process: if oomguard dies
+/// before it lets it run again, a keeper will. Never blocks: a lifeline
+/// is non-blocking, and a keeper reads it as it is written.
+pub fn note_stopped(pid: u32, start_time: u64) {
+    let line = format!("{pid} {start_time}\n");
+    for (_, fd) in lifelines().iter() {
+        let _ = rustix::io::write(fd, line.as_bytes());
+    }
 }
 
 impl Keeper {
@@ -54,6 +81,7 @@ impl Keeper {
     /// one the keeper could not be killed safely once reaped.
     pub fn spawn(pairs: &[(BorrowedFd<'_>, BorrowedFd<'_>)]) -> io::Result<Keeper> {
         let (life_r, life_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        rustix::fs::fcntl_setfl(&life_w, rustix::fs::OFlags::NONBLOCK)?;
         // 0-2 are the keeper's own stdio (the lifeline, /dev/null): one of
         // oomguard's that low (its stdout, for the dashboard's pty) goes as
         // a copy above them, closed here once the keeper has its own.
@@ -102,11 +130,10 @@ impl Keeper {
                     .map_err(io::Error::from)
             });
         match pidfd {
-            Ok(pidfd) => Ok(Keeper {
-                pid,
-                pidfd,
-                _lifeline: life_w,
-            }),
+            Ok(pidfd) => {
+                lifelines().push((pid, life_w));
+                Ok(Keeper { pid, pidfd })
+            }
             Err(e) => {
                 // Not reaped yet (only oomguard's loop reaps): the pid is
                 // still the keeper's.
@@ -126,8 +153,10 @@ impl Keeper {
 
 impl Drop for Keeper {
     fn drop(&mut self) {
-        // Gone already (killed, or reaped) is fine.
+        // Gone already (killed, or reaped) is fine. Killed before its
+        // lifeline closes, so it never takes this for oomguard's death.
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, rustix::process::Signal::KILL);
+        lifelines().retain(|(pid, _)| *pid != self.pid);
     }
 }
 
@@ -174,21 +203,55 @@ pub fn run(args: &[OsString]) -> i32 {
         .into_iter()
         .map(|(r, w)| unsafe { (OwnedFd::from_raw_fd(r), OwnedFd::from_raw_fd(w)) })
         .collect();
-    wait_for_lifeline(io::stdin().as_fd());
+    let held = wait_for_lifeline(io::stdin().as_fd());
+    for (pid, start_time) in held {
+        let _ = crate::supervise::signal_process(
+            std::path::Path::new("/proc"),
+            pid,
+            start_time,
+            libc::SIGCONT,
+        );
+    }
     relay(channels);
     0
 }
 
-/// Blocks until the lifeline's write end is closed everywhere.
-fn wait_for_lifeline(fd: BorrowedFd<'_>) {
-    let mut byte = [0u8; 1];
+/// Blocks until the lifeline's write end is closed everywhere; returns
+/// the processes oomguard said it stopped (some may have run again since:
+/// a SIGCONT to a running process changes nothing).
+fn wait_for_lifeline(fd: BorrowedFd<'_>) -> std::collections::HashSet<(u32, u64)> {
+    let mut held = std::collections::HashSet::new();
+    let mut buf = [0u8; 4096];
+    let mut line: Vec<u8> = Vec::new();
     loop {
-        match rustix::io::read(fd, &mut byte) {
-            Ok(0) => return,
-            Ok(_) | Err(Errno::INTR) => {}
-            Err(_) => return,
+        match rustix::io::read(fd, &mut buf) {
+            Ok(0) => return held,
+            Ok(n) => {
+                for &b in &buf[..n] {
+                    if b != b'\n' {
+                        // A line is two numbers: anything longer is not one.
+                        if line.len() < 64 {
+                            line.push(b);
+                        }
+                        continue;
+                    }
+                    if let Some(id) = parse_held(&line) {
+                        held.insert(id);
+                    }
+                    line.clear();
+                }
+            }
+            Err(Errno::INTR) => {}
+            Err(_) => return held,
         }
     }
+}
+
+/// `PID START_TIME`.
+fn parse_held(line: &[u8]) -> Option<(u32, u64)> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (pid, start) = text.split_once(' ')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
 /// Copies every channel to its destination until each one ends (every
@@ -253,6 +316,14 @@ fn write_all(fd: BorrowedFd<'_>, mut bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_lines_are_pid_and_start_time() {
+        assert_eq!(parse_held(b"1234 5678"), Some((1234, 5678)));
+        for bad in [&b""[..], b"1234", b"x 1", b"1 -2", b"1 2 3"] {
+            assert_eq!(parse_held(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn pairs_are_parsed_and_bad_ones_named() {

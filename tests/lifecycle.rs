@@ -99,6 +99,65 @@ fn a_killed_oomguard_leaves_the_trainer_its_output_to_checkpoint() {
     );
 }
 
+/// oomguard killed while it holds the job stopped (a pause, a throttle,
+/// the last-resort freeze): the death signal would wait forever behind the
+/// stop, so the keeper lets the held processes run, and the trainer
+/// checkpoints as it would had nothing been held.
+#[test]
+fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(dir.path(), "trainer.py", SAVES_ON_TERM);
+    let pid_file = dir.path().join("job.pid");
+    // A rule that always holds: the job is paused 3 s in (by then its
+    // handler is set: it writes its pid file after).
+    let cfg = dir.path().join("pause.toml");
+    fs::write(
+        &cfg,
+        "[[rule]]\nname = \"always\"\nmetric = \"headroom_percent\"\nbelow = \"100%\"\nfor = \"3s\"\naction = \"pause\"\n",
+    )
+    .unwrap();
+    let mut og = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--no-tui",
+            "--cgroup",
+            "off",
+            "--interval",
+            "100ms",
+        ])
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--", "python3"])
+        .arg(&job)
+        .arg(&pid_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    let job_pid: u32 = fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || proc_state(job_pid) == Some('T')),
+        "the job was never paused"
+    );
+    og.kill().unwrap();
+    og.wait().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let saved = wait_for(Duration::from_secs(10), || ckpt.exists());
+    let state = proc_state(job_pid);
+    if state.is_some() {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &job_pid.to_string()])
+            .status();
+    }
+    assert!(saved, "no checkpoint: the trainer's state is {state:?}");
+}
+
 #[test]
 fn a_run_that_ends_leaves_no_keeper_behind() {
     let dir = tempfile::tempdir().unwrap();

@@ -78,6 +78,11 @@ impl ProcSignaller {
 
 impl Signaller for ProcSignaller {
     fn signal(&mut self, (pid, start): Ident, sig: i32) -> Result<(), SignalError> {
+        if sig == SIG_STOP {
+            // Told first: if oomguard dies right after the stop, the
+            // keeper already knows to let the process run again.
+            crate::keeper::note_stopped(pid, start);
+        }
         supervise::signal_process(&self.proc_root, pid, start, sig)
     }
 
