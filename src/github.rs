@@ -483,6 +483,7 @@ mod tests {
                 swap_used_bytes: 0,
                 gpu_used_bytes: 0,
                 t: 61.0,
+                largest_process_rss_bytes: 0,
             },
             ceilings: vec![
                 Ceiling {

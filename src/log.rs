@@ -590,6 +590,12 @@ pub struct Peak {
     pub gpu_used_bytes: u64,
     /// When the tree PSS peaked.
     pub t: f64,
+    /// The highest RSS one process of the job reached, as the kernel
+    /// recorded it when the process ended (0 under `attach`, and in logs
+    /// older than it): a spike between two samples, which no sampled
+    /// figure shows, is here.
+    #[serde(default)]
+    pub largest_process_rss_bytes: u64,
 }
 
 /// `run_end`: always the last line.

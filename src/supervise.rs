@@ -224,6 +224,27 @@ fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctt
     }
 }
 
+/// The highest RSS any one of oomguard's reaped descendants reached, as
+/// the kernel recorded it (`ru_maxrss` of RUSAGE_CHILDREN: the job's main
+/// process, the orphans oomguard reaped, and whatever each of them
+/// waited for). A spike shorter than a tick shows here and nowhere else.
+#[allow(unsafe_code)]
+pub fn largest_child_rss_bytes() -> u64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct it is
+    // given and reads nothing else.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) != 0 {
+            return 0;
+        }
+        usage
+    };
+    // Linux reports kilobytes.
+    u64::try_from(usage.ru_maxrss)
+        .unwrap_or(0)
+        .saturating_mul(1024)
+}
+
 /// Gives the terminal's foreground back to oomguard's own process group
 /// (so a second Ctrl-C during shutdown reaches oomguard).
 #[allow(unsafe_code)]

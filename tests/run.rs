@@ -716,6 +716,46 @@ fn fail_above_turns_a_memory_regression_into_exit_76() {
     assert_eq!(st.code(), Some(3));
 }
 
+/// A spike between two samples (a short job, a burst of a long one) is
+/// still a regression: the kernel's high-water mark of each process is
+/// read when the job has ended. A 0.3 s, 200 MiB job, and a 200 MiB burst
+/// of 0.2 s in the middle of a 3 s job sampled every 2 s.
+#[test]
+fn fail_above_catches_a_spike_between_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = "import time\nb = bytearray(200 << 20)\ntime.sleep(0.3)\n";
+    let burst = "import time\ntime.sleep(1.2)\nb = bytearray(200 << 20)\ntime.sleep(0.2)\ndel b\ntime.sleep(1.6)\n";
+    for (name, job) in [("short", short), ("burst", burst)] {
+        let log = dir.path().join(format!("{name}.ndjson"));
+        let out = oomguard()
+            .args([
+                "run",
+                "--cgroup",
+                "off",
+                "--interval",
+                "2s",
+                "--fail-above",
+                "100MiB",
+            ])
+            .arg("--log")
+            .arg(&log)
+            .args(["--", "python3", "-c", job])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(76), "{name}: {err}");
+        assert!(err.contains("kernel's high-water mark"), "{name}: {err}");
+        let lines = read_log(&log);
+        let end = schema::run_end(&lines);
+        assert!(end.fail_above.as_ref().unwrap().exceeded, "{name}");
+        assert!(
+            end.peak.largest_process_rss_bytes >= 200 << 20,
+            "{name}: {:?}",
+            end.peak
+        );
+    }
+}
+
 const FORKER: &str = "import os, sys, time\nb = bytearray(16 << 20)\nkids = []\nfor _ in range(2):\n    pid = os.fork()\n    if pid == 0:\n        time.sleep(float(sys.argv[1]))\n        os._exit(0)\n    kids.append(pid)\ntime.sleep(float(sys.argv[1]))\n";
 
 #[test]

@@ -1952,8 +1952,14 @@ impl Supervisor {
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = self.started.elapsed();
+        if self.cfg.attach.is_none() {
+            // Every process of the job is reaped by now (a non-parent's
+            // high-water mark is not the kernel's to give).
+            self.sinks.stats.peak.largest_process_rss_bytes = supervise::largest_child_rss_bytes();
+        }
         let fail_above = self.cfg.fail_above.map(|limit| {
-            let exceeded = self.sinks.stats.peak.tree_pss_bytes > limit;
+            let peak = &self.sinks.stats.peak;
+            let exceeded = peak.tree_pss_bytes > limit || peak.largest_process_rss_bytes > limit;
             (limit, exceeded)
         });
         // The gate only turns a success into a failure: a job that failed
@@ -1985,11 +1991,21 @@ impl Supervisor {
             },
         );
         if let Some((limit, true)) = fail_above {
-            let what = format!(
-                "peak footprint {} exceeded --fail-above {}",
-                HumanBytes(self.sinks.stats.peak.tree_pss_bytes),
-                HumanBytes(limit),
-            );
+            let peak = &self.sinks.stats.peak;
+            let what = if peak.tree_pss_bytes > limit {
+                format!(
+                    "peak footprint {} exceeded --fail-above {}",
+                    HumanBytes(peak.tree_pss_bytes),
+                    HumanBytes(limit),
+                )
+            } else {
+                format!(
+                    "one process reached {} RSS (the kernel's high-water mark; the samples saw at most {}) and exceeded --fail-above {}",
+                    HumanBytes(peak.largest_process_rss_bytes),
+                    HumanBytes(peak.tree_pss_bytes),
+                    HumanBytes(limit),
+                )
+            };
             if !self.cfg.quiet {
                 eprintln!("oomguard: {what}; exit {exit_code}");
             }
@@ -2122,8 +2138,18 @@ impl Supervisor {
                     HumanBytes(*pss)
                 )
             });
+        // A process that peaked between samples (a short job, a spike):
+        // what the kernel recorded says more than the samples.
+        let spike = if s.peak.largest_process_rss_bytes > s.peak.tree_rss_bytes {
+            format!(
+                "; one process reached {} RSS between samples (kernel high-water mark)",
+                HumanBytes(s.peak.largest_process_rss_bytes)
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}",
+            "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}{spike}",
             HumanBytes(s.peak.tree_pss_bytes),
             s.peak.t,
             HumanBytes(s.peak.tree_rss_bytes),

@@ -263,6 +263,7 @@ pub struct Peak {
     pub swap_used_bytes: u64,
     pub gpu_used_bytes: u64,
     pub t: f64,
+    pub largest_process_rss_bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
