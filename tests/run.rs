@@ -354,6 +354,46 @@ fn run_end_is_written_when_oomguard_gets_sigterm() {
     ));
 }
 
+/// One TERM ends the run even while a reader holds the job's last output
+/// up: oomguard passes bytes on as long as the reader takes them, gives up
+/// after 2 s without progress, and counts what never arrived. (The job is
+/// killed by the TERM, as it would be from a shell.)
+#[test]
+fn one_sigterm_ends_the_run_while_a_stalled_reader_holds_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    // stdout is a pipe this test never reads.
+    let mut child = oomguard()
+        .args(["run", "-q", "--interval", "100ms", "--log"])
+        .arg(&log)
+        .args(["--", "seq", "1", "100000000"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || fs::read_to_string(
+        &log
+    )
+    .is_ok_and(|t| t.contains("\"sample\""))));
+    send(child.id(), "TERM");
+    let ended = wait_for(Duration::from_secs(20), || {
+        child.try_wait().is_ok_and(|s| s.is_some())
+    });
+    if !ended {
+        let _ = child.kill();
+    }
+    let status = child.wait().unwrap();
+    assert!(ended, "oomguard waited for the reader after SIGTERM");
+    assert_eq!(status.code(), Some(143));
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let end = schema::run_end(&lines);
+    assert!(
+        end.output_dropped_bytes.is_some_and(|n| n > 0),
+        "what the reader never took is not counted: {end:?}"
+    );
+    drop(child.stdout.take());
+}
+
 const ORPHANS: &str = r#"
 import os, sys, time
 # 100 grandchildren orphaned at once: each child forks a grandchild and

@@ -264,6 +264,17 @@ pub struct StreamStats {
     pub dropped_bytes: u64,
 }
 
+impl StreamStats {
+    /// Bytes read from the job that never reached the destination: those
+    /// dropped, and those still queued when oomguard stopped waiting for
+    /// a reader that took nothing.
+    pub fn lost_bytes(&self) -> u64 {
+        self.read_bytes
+            .saturating_sub(self.written_bytes)
+            .max(self.dropped_bytes)
+    }
+}
+
 /// Counters of the whole relay, by destination.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RelayStats {
@@ -1336,6 +1347,15 @@ impl OutputRelay {
     /// True when nothing is left.
     pub fn flush(&self, stall: Duration) -> bool {
         self.sinks.iter().all(|s| s.flush(stall))
+    }
+
+    /// Bytes every destination has accepted so far: whether a slow
+    /// reader still makes progress.
+    pub fn written_bytes(&self) -> u64 {
+        self.sinks
+            .iter()
+            .map(|s| s.shared.lock().written_bytes)
+            .sum()
     }
 
     /// Everything read has been written, or could not be (a destination

@@ -150,6 +150,9 @@ struct Supervisor {
     main_status: Option<Status>,
     /// The INT or TERM that started the shutdown, if one did.
     shutdown_signal: Option<i32>,
+    /// oomguard stopped waiting for a reader to take the job's last
+    /// output (see `drain_output`).
+    output_abandoned: bool,
     helpers: supervise::Helpers,
     hook_deadlines: HashMap<u32, Instant>,
     next_tick: Instant,
@@ -213,25 +216,44 @@ struct Supervisor {
     torch: Option<crate::probe::torch_stats::TorchStatsInjector>,
 }
 
+/// How long a reader may take nothing before oomguard, told to stop,
+/// stops waiting for it.
+const SHUTDOWN_STALL: Duration = Duration::from_secs(2);
+
 /// The job is gone, but its last output may still wait for a slow reader:
 /// wait for it as a pipe would hold it, however long the reader takes,
-/// while a signal that ends the run (INT, TERM) still ends it.
+/// while a signal that ends the run (INT, TERM) still ends it. When such
+/// a signal is what ended the job (`shutting_down`), the one signal is
+/// enough: the wait goes on only while the reader keeps taking bytes, and
+/// ends after [`SHUTDOWN_STALL`] without progress. Returns false when it
+/// gave up (what is left is counted as lost in `run_end`).
 async fn drain_output(
     relay: Option<&mut OutputRelay>,
     streams: &mut [(i32, tokio::signal::unix::Signal)],
-) {
-    let Some(r) = relay else { return };
+    shutting_down: bool,
+) -> bool {
+    let Some(r) = relay else { return true };
     r.finish();
+    let mut progress = (r.written_bytes(), Instant::now());
     while !r.flushed() {
+        if shutting_down {
+            let written = r.written_bytes();
+            if written != progress.0 {
+                progress = (written, Instant::now());
+            } else if progress.1.elapsed() >= SHUTDOWN_STALL {
+                return false;
+            }
+        }
         tokio::select! {
             sig = recv_any(streams) => {
                 if FORWARDED.iter().any(|&(s, ends)| s == sig && ends) {
-                    return;
+                    return false;
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(20)) => {}
         }
     }
+    true
 }
 
 async fn recv_any(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
@@ -1909,10 +1931,13 @@ impl Supervisor {
         // Give the terminal back before anything is printed to it.
         self.close_dashboard();
         self.pty_keeper = None;
-        // The job's last bytes come before oomguard's own lines.
+        // The job's last bytes come before oomguard's own lines (unless
+        // oomguard was told to stop waiting for them).
         if let Some(r) = self.relay.as_mut() {
             r.finish();
-            r.flush(Duration::from_secs(2));
+            if !self.output_abandoned {
+                r.flush(Duration::from_secs(2));
+            }
         }
         self.pty_scanner.finish();
         self.log_output_events();
@@ -1921,10 +1946,10 @@ impl Supervisor {
         {
             let stats = r.stats();
             for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
-                if st.dropped_bytes > 0 {
+                if st.lost_bytes() > 0 {
                     eprintln!(
                         "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, or the reader closed its end)",
-                        HumanBytes(st.dropped_bytes)
+                        HumanBytes(st.lost_bytes())
                     );
                 }
             }
@@ -1983,7 +2008,7 @@ impl Supervisor {
                 }),
                 output_dropped_bytes: self.relay.as_ref().map(|r| {
                     let st = r.stats();
-                    st.stdout.dropped_bytes + st.stderr.dropped_bytes
+                    st.stdout.lost_bytes() + st.stderr.lost_bytes()
                 }),
                 exit_code_known: None,
                 detached_reason: None,

@@ -225,7 +225,8 @@ async fn run_loop(
             break;
         }
     }
-    drain_output(sup.relay.as_mut(), &mut streams).await;
+    let shutting_down = sup.shutdown_signal.is_some();
+    sup.output_abandoned = !drain_output(sup.relay.as_mut(), &mut streams, shutting_down).await;
     sup.finish()
 }
 
@@ -665,6 +666,7 @@ impl Supervisor {
             foreground,
             main_status: None,
             shutdown_signal: None,
+            output_abandoned: false,
             helpers: supervise::Helpers::default(),
             hook_deadlines: HashMap::new(),
             next_tick: now,
