@@ -394,6 +394,39 @@ fn one_sigterm_ends_the_run_while_a_stalled_reader_holds_output() {
     drop(child.stdout.take());
 }
 
+/// Output that could not be written (a full disk: /dev/full) fails a run
+/// whose job succeeded, with exit 74, as `cat` in the same place would,
+/// and every byte lost is counted, including those still in the job's
+/// pipe. A reader that goes away (`| head`) is not such a failure.
+#[test]
+fn output_that_cannot_be_written_fails_the_run_with_74() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let out = oomguard()
+        .args(["run", "--log"])
+        .arg(&log)
+        .args(["--", "seq", "1", "100000"])
+        .stdout(fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(74), "{err}");
+    assert!(err.contains("No space left on device"), "{err}");
+    let lines = read_log(&log);
+    let end = schema::run_end(&lines);
+    assert_eq!((end.outcome.as_str(), end.exit_code), ("exited", 74));
+    // `seq 1 100000` writes 588,895 bytes; none arrived.
+    assert_eq!(end.output_dropped_bytes, Some(588_895));
+    // A job that failed keeps its own code.
+    let st = oomguard()
+        .args(["run", "-q", "--", "sh", "-c", "seq 1 100000; exit 3"])
+        .stdout(fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(3));
+}
+
 const ORPHANS: &str = r#"
 import os, sys, time
 # 100 grandchildren orphaned at once: each child forks a grandchild and

@@ -262,6 +262,9 @@ pub struct StreamStats {
     /// Bytes never written: dropped from a full queue (`--output-drop`),
     /// or discarded after the destination failed.
     pub dropped_bytes: u64,
+    /// The destination failed with an error other than EPIPE (a full
+    /// disk, an I/O error), not a reader that went away.
+    pub broken: bool,
 }
 
 impl StreamStats {
@@ -576,6 +579,9 @@ struct QueueState {
     failed: bool,
     /// The error that made it fail, until the relay reports it.
     error: Option<io::Error>,
+    /// The destination failed with an error other than EPIPE (a full
+    /// disk, an I/O error): output was lost, not declined by a reader.
+    broken: bool,
     /// The relay is gone: write what is queued, then end.
     shutdown: bool,
     /// The relay's pump, waiting for room in the queue (or for the
@@ -759,6 +765,14 @@ impl Sink {
         }
     }
 
+    /// Bytes left unread in a channel closed after this destination
+    /// failed: never passed on.
+    fn count_unread_loss(&self, n: u64) {
+        let mut st = self.shared.lock();
+        st.read_bytes += n;
+        st.dropped_bytes += n;
+    }
+
     /// Counts bytes read on the splice path.
     fn count_read(&self, n: usize) {
         self.shared.lock().read_bytes += n as u64;
@@ -770,6 +784,7 @@ impl Sink {
         let mut st = self.shared.lock();
         st.failed = true;
         st.dropped_bytes += lost as u64;
+        st.broken |= error.kind() != io::ErrorKind::BrokenPipe;
         st.error = Some(error);
     }
 
@@ -804,6 +819,7 @@ impl Sink {
             read_bytes: st.read_bytes,
             written_bytes: st.written_bytes,
             dropped_bytes: st.dropped_bytes,
+            broken: st.broken,
         }
     }
 
@@ -874,6 +890,7 @@ fn write_loop(dest: &OwnedFd, shared: &Shared) {
                 st.dropped_bytes += rest;
                 st.queue.clear();
                 st.failed = true;
+                st.broken |= e.kind() != io::ErrorKind::BrokenPipe;
                 st.error = Some(e);
                 if let Some(w) = st.waker.take() {
                     w.wake();
@@ -1552,7 +1569,12 @@ impl OutputRelay {
                 }
                 if !sinks[ch.sink].drop_when_full && sinks[ch.sink].failed() {
                     // As a pipe would: the reader is gone, so the job's
-                    // next write fails with EPIPE (or SIGPIPE).
+                    // next write fails with EPIPE (or SIGPIPE). What the
+                    // job wrote that is still in its pipe is lost with it
+                    // (scanned bytes are counted as read already).
+                    let pending = rustix::io::ioctl_fionread(ch.fd.get_ref()).unwrap_or(0);
+                    let scanned = ch.tee.as_ref().map_or(0, |t| t.pending) as u64;
+                    sinks[ch.sink].count_unread_loss(pending.saturating_sub(scanned));
                     ch.open = false;
                     ch.closed = true;
                     ended = true;

@@ -57,6 +57,10 @@ pub const EXIT_POLICY: i32 = 75;
 pub const EXIT_FAIL_ABOVE: i32 = 76;
 /// Exit code for oomguard's own failure after the job started.
 pub const EXIT_INTERNAL: i32 = 70;
+/// Exit code when the job succeeded but its output could not all be
+/// written where oomguard's went (EX_IOERR: a full disk, an I/O error; a
+/// reader that went away is not one).
+pub const EXIT_OUTPUT_LOST: i32 = 74;
 
 /// The settings of one supervised job (`settings::Settings`), under the
 /// name the loop has always used.
@@ -1991,6 +1995,26 @@ impl Supervisor {
         // keeps its own code.
         if fail_above.is_some_and(|(_, exceeded)| exceeded) && exit_code == 0 {
             exit_code = EXIT_FAIL_ABOVE;
+        }
+        // As `cat` in the same place would: bytes the job wrote that never
+        // reached the file or device make the run fail, though the job
+        // itself (its writes went to oomguard's pipe) succeeded.
+        let lost_output = self.relay.as_ref().map_or(0, |r| {
+            let st = r.stats();
+            [st.stdout, st.stderr]
+                .iter()
+                .filter(|s| s.broken)
+                .map(|s| s.lost_bytes())
+                .sum::<u64>()
+        });
+        if lost_output > 0 && exit_code == 0 {
+            exit_code = EXIT_OUTPUT_LOST;
+            if !self.cfg.quiet {
+                eprintln!(
+                    "oomguard: the job succeeded but {} of its output could not be written; exit {exit_code}",
+                    HumanBytes(lost_output)
+                );
+            }
         }
         self.write_run_end(
             outcome,
