@@ -352,7 +352,8 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
         if !matches!(&l.event, Event::Action(_)) {
             continue;
         }
-        let listed = lines[i..].iter().take(6).any(|m| {
+        // The tick's sample line comes just before the lines it led to.
+        let listed = lines[i.saturating_sub(6)..=i].iter().any(|m| {
             matches!(&m.event, Event::Sample(x) if x.procs.is_some() && (m.t - l.t).abs() < 0.1)
         });
         assert!(listed, "no process list with the action at {}: {l:?}", l.t);

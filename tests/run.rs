@@ -406,7 +406,12 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
         .args(["run", "--log"])
         .arg(&log)
         .args(["--", "seq", "1", "100000"])
-        .stdout(fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+        .stdout(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -420,7 +425,12 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
     // A job that failed keeps its own code.
     let st = oomguard()
         .args(["run", "-q", "--", "sh", "-c", "seq 1 100000; exit 3"])
-        .stdout(fs::OpenOptions::new().write(true).open("/dev/full").unwrap())
+        .stdout(
+            fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
         .stderr(Stdio::null())
         .status()
         .unwrap();

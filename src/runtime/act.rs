@@ -289,6 +289,14 @@ impl Actuator {
         });
     }
 
+    /// Whether what [`Actuator::drain`] would give holds a rule change or
+    /// an action (the tick's sample line then carries the process list).
+    pub fn acting(&self) -> bool {
+        self.out
+            .iter()
+            .any(|a| matches!(a, Acted::Action { .. } | Acted::Rule(_)))
+    }
+
     /// What was done since the last call.
     pub fn drain(&mut self) -> Vec<Acted> {
         std::mem::take(&mut self.out)

@@ -1168,18 +1168,21 @@ impl Supervisor {
             .tick(sample, inputs, &mut self.sig, &mut *self.sinks.notifier);
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
-        let acted = self.acted(Some(&out.view));
-        // The core keeps the sample as the previous one; the sinks borrow it.
+        let acting = self.core.act.acting();
+        // The sample first: the rule and action lines it led to follow it,
+        // so the log's `t` never runs backwards. The core keeps the sample
+        // as the previous one; the sinks borrow it.
         if let Some(sample) = self.core.last_sample.take() {
             self.record(
                 &sample,
                 &out.view,
-                out.decided || acted,
+                out.decided || acting,
                 out.waits_changed,
                 Some(&out.readings),
             );
             self.core.last_sample = Some(sample);
         }
+        self.acted(Some(&out.view));
         let every = self.core.cadence(&out.view, self.cfg.interval);
         self.next_tick = now + every;
         if every >= self.cfg.interval {

@@ -342,6 +342,18 @@ pub fn check_envelope(lines: &[Line]) {
         matches!(lines[0].event, Event::RunStart(_)),
         "run_start is not first"
     );
+    // `t` never runs backwards (a millisecond of rounding aside): a line
+    // an event caused comes after the sample that showed it.
+    for w in lines.windows(2) {
+        assert!(
+            w[1].t + 0.001 >= w[0].t,
+            "t runs backwards: {:?} at {} after {:?} at {}",
+            w[1].event,
+            w[1].t,
+            w[0].event,
+            w[0].t
+        );
+    }
     assert!(
         matches!(lines.last().unwrap().event, Event::RunEnd(_)),
         "run_end is not last"
