@@ -97,6 +97,7 @@ fn summary_data(command: &str) -> RunSummaryData {
             swap_used_bytes: 1 << 30,
             gpu_used_bytes: 40 << 30,
             t: 3500.0,
+            largest_process_rss_bytes: 6 << 30,
         },
         ceilings: vec![Ceiling {
             source: CeilingSource::Cgroup,

@@ -443,15 +443,6 @@ fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
     assert!(code.is_some(), "{code:?}");
 }
 
-/// Reads whatever lines are complete so far (the log is being written).
-fn read_log_lossy(path: &Path) -> Vec<schema::Line> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| schema::parse_line(l).ok())
-        .collect()
-}
-
 #[test]
 fn warn_runs_the_hook_with_the_event() {
     let dir = tempfile::tempdir().unwrap();

@@ -437,6 +437,59 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
     assert_eq!(st.code(), Some(3));
 }
 
+/// A TERM that comes after the main process has gone (while what it left
+/// behind is being stopped) is passed on to those processes, and the
+/// action line names them, not the main pid, which is gone.
+#[test]
+fn a_sigterm_after_the_main_process_exited_names_the_processes_it_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let ready = dir.path().join("ready");
+    let job = format!(
+        "python3 -c 'import signal, sys, time; signal.signal(15, signal.SIG_IGN); open(sys.argv[1], \"w\").close(); time.sleep(600)' {r} &
+         while [ ! -e {r} ]; do sleep 0.05; done",
+        r = ready.display()
+    );
+    let mut child = oomguard()
+        .args([
+            "run",
+            "-q",
+            "--cgroup",
+            "off",
+            "--kill-after",
+            "3s",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "sh", "-c", &job])
+        .spawn()
+        .unwrap();
+    let left_behind = || {
+        read_log_lossy(&log).iter().find_map(|l| match &l.event {
+            Event::Action(a) if a.reason.contains("left behind") => Some(a.pids.clone()),
+            _ => None,
+        })
+    };
+    assert!(wait_for(Duration::from_secs(15), || left_behind().is_some()));
+    let rest = left_behind().unwrap();
+    send(child.id(), "TERM");
+    child.wait().unwrap();
+    let lines = read_log(&log);
+    schema::check_envelope(&lines);
+    let Event::RunStart(start) = &lines[0].event else {
+        unreachable!()
+    };
+    let term = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::Action(a) if a.reason == "SIGTERM received" => Some(a),
+            _ => None,
+        })
+        .expect("no action for the SIGTERM");
+    assert!(!term.pids.contains(&start.pid), "{term:?}");
+    assert_eq!(term.pids, rest, "{term:?}");
+}
+
 const ORPHANS: &str = r#"
 import os, sys, time
 # 100 grandchildren orphaned at once: each child forks a grandchild and

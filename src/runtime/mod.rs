@@ -1533,11 +1533,10 @@ impl Supervisor {
             self.kill_tree("second interrupt");
             return;
         }
-        self.forward(sig);
+        let (pids, result) = self.forward(sig);
         if ends {
             let why = format!("{} received", supervise::signal_name(sig));
-            self.sinks
-                .action("stop", &why, vec![self.job.pid], Some(sig), "ok".into());
+            self.sinks.action("stop", &why, pids, Some(sig), result);
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
@@ -1550,14 +1549,15 @@ impl Supervisor {
     }
 
     /// Forwards a signal to the job as a terminal would: to its process
-    /// group, or to every tree process once the group is gone.
-    fn forward(&mut self, sig: i32) {
+    /// group, or to every tree process once the group is gone. Returns the
+    /// pids reached (the group's leader for the group) and the result.
+    fn forward(&mut self, sig: i32) -> (Vec<u32>, String) {
         if self.main_status.is_none() && supervise::signal_group(self.job.pid, sig).is_ok() {
-            return;
+            return (vec![self.job.pid], "ok".into());
         }
         self.refresh_tree();
         let all = self.idents(|_| true);
-        self.signal_all(&all, sig);
+        self.signal_all(&all, sig)
     }
 
     fn kill_tree(&mut self, why: &str) {

@@ -101,6 +101,15 @@ pub fn read_log(path: &Path) -> Vec<schema::Line> {
         .collect()
 }
 
+/// Reads whatever lines are complete so far (the log is being written).
+pub fn read_log_lossy(path: &Path) -> Vec<schema::Line> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| schema::parse_line(l).ok())
+        .collect()
+}
+
 /// The memory cgroup v1 hierarchy this process runs in, if it can make
 /// child cgroups there.
 pub fn own_memory_cgroup() -> Option<PathBuf> {
