@@ -244,8 +244,8 @@ pub struct TreeScanner {
     /// oomguard's own helpers (hooks): never part of the tree.
     excluded: HashSet<u32>,
     /// Processes that were oomguard's children before it started the job
-    /// (a shell's `sidecar & exec oomguard ...`, the reader of `>
-    /// >(tee log)`), and what they forked, by identity: they share
+    /// (a shell's `sidecar & exec oomguard ...`, the reader of
+    /// `> >(tee log)`), and what they forked, by identity: they share
     /// oomguard's parentage, not the job's, and are never measured or
     /// signalled.
     strangers: HashSet<(u32, u64)>,
