@@ -90,13 +90,13 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
         parser.feed(&String::from_utf8_lossy(&line));
         if json {
             for k in parser.take_settled() {
-                written = written.and_then(|()| writer.kill(&mut out, &k));
+                written = written.and_then(|()| writer.kill(&mut out, k));
             }
         }
     }
     let rest = parser.finish();
     if json {
-        for k in &rest {
+        for k in rest {
             written = written.and_then(|()| writer.kill(&mut out, k));
         }
         written = written.and_then(|()| writer.end(&mut out));

@@ -1375,3 +1375,41 @@ fn a_line_with_no_end_costs_bounded_memory() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("No kernel OOM kill"));
 }
+
+/// A report whose task table has 100,000 rows (a big machine): `--format
+/// json` writes it a row at a time, so its memory follows the table's
+/// rows, not a JSON tree of them (which took some 30 times the text).
+#[test]
+fn json_of_a_huge_task_table_costs_bounded_memory() {
+    const ROWS: usize = 100_000;
+    let out = common::run_capped(&["forensics", "--format", "json", "-"], |w| {
+        let mut text = String::from(
+            "[  100.000000] python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0\n\
+             [  100.000100] Tasks state (memory values in pages):\n\
+             [  100.000200] [  pid  ]   uid  tgid total_vm      rss rss_anon rss_file rss_shmem pgtables_bytes swapents oom_score_adj name\n",
+        );
+        for i in 0..ROWS {
+            let pid = 10_000 + i;
+            text.push_str(&format!(
+                "[  100.000300] [{pid:>7}]     0 {pid:>5}    68166    65784    65344      440         0   593920        0             0 worker{i}\n"
+            ));
+            if text.len() > 1 << 20 {
+                if w.write_all(text.as_bytes()).is_err() {
+                    return;
+                }
+                text.clear();
+            }
+        }
+        text.push_str(
+            "[  100.000400] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,task=worker7,pid=10007,uid=0\n\
+             [  100.000500] Out of memory: Killed process 10007 (worker7) total-vm:272664kB, anon-rss:261376kB, file-rss:1760kB, shmem-rss:0kB, UID:0 pgtables:580kB oom_score_adj:0\n",
+        );
+        let _ = w.write_all(text.as_bytes());
+    });
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(json.contains("\"pid\": 10007"), "no kill found");
+    let rows = json.matches("\"name\": \"worker").count();
+    assert_eq!(rows, ROWS, "rows written");
+}

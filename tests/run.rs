@@ -394,6 +394,14 @@ fn one_sigterm_ends_the_run_while_a_stalled_reader_holds_output() {
     drop(child.stdout.take());
 }
 
+/// A destination that is always full.
+fn dev_full() -> fs::File {
+    fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}
+
 /// Output that could not be written (a full disk: /dev/full) fails a run
 /// whose job succeeded, with exit 74, as `cat` in the same place would,
 /// and every byte lost is counted, including those still in the job's
@@ -406,12 +414,7 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
         .args(["run", "--log"])
         .arg(&log)
         .args(["--", "seq", "1", "100000"])
-        .stdout(
-            fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/full")
-                .unwrap(),
-        )
+        .stdout(dev_full())
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -425,12 +428,7 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
     // A job that failed keeps its own code.
     let st = oomguard()
         .args(["run", "-q", "--", "sh", "-c", "seq 1 100000; exit 3"])
-        .stdout(
-            fs::OpenOptions::new()
-                .write(true)
-                .open("/dev/full")
-                .unwrap(),
-        )
+        .stdout(dev_full())
         .stderr(Stdio::null())
         .status()
         .unwrap();

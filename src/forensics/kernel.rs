@@ -328,21 +328,63 @@ impl JsonWriter {
         out.write_all(b"{\n  \"kills\": [")
     }
 
-    pub fn kill(&mut self, out: &mut impl std::io::Write, kill: &OomKill) -> std::io::Result<()> {
+    pub fn kill(
+        &mut self,
+        out: &mut impl std::io::Write,
+        mut kill: OomKill,
+    ) -> std::io::Result<()> {
         // Through a Value, so keys come in the same (sorted) order as in
-        // `render_json`.
-        let text = serde_json::to_value(kill)
-            .and_then(|v| serde_json::to_string_pretty(&v))
-            .map_err(std::io::Error::other)?;
+        // `render_json`; but the task table (tens of thousands of rows on
+        // a big machine) is written a row at a time: a Value of a whole
+        // table costs some 30 times its text.
+        let tasks = std::mem::take(&mut kill.tasks);
+        let mut value = serde_json::to_value(&kill).map_err(std::io::Error::other)?;
+        const MARK: &str = "\u{1}tasks\u{1}";
+        if let Some(map) = value.as_object_mut() {
+            map.insert("tasks".into(), serde_json::Value::String(MARK.into()));
+        }
+        let text = serde_json::to_string_pretty(&value).map_err(std::io::Error::other)?;
+        let mark = format!(
+            "\"tasks\": {}",
+            serde_json::to_string(MARK).map_err(std::io::Error::other)?
+        );
         out.write_all(if self.written == 0 { b"\n" } else { b",\n" })?;
         // Pretty JSON escapes newlines inside strings, so every line of the
         // text is a line of the structure: indent it as the array's item.
-        for (i, line) in text.lines().enumerate() {
-            if i > 0 {
+        let mut first = true;
+        let mut line_out = |out: &mut dyn std::io::Write, line: &str| {
+            if !std::mem::take(&mut first) {
                 out.write_all(b"\n")?;
             }
             out.write_all(b"    ")?;
-            out.write_all(line.as_bytes())?;
+            out.write_all(line.as_bytes())
+        };
+        for line in text.lines() {
+            let Some(at) = line.find(&mark) else {
+                line_out(out, line)?;
+                continue;
+            };
+            let (indent, rest) = (&line[..at], &line[at + mark.len()..]);
+            if tasks.is_empty() {
+                line_out(out, &format!("{indent}\"tasks\": []{rest}"))?;
+                continue;
+            }
+            line_out(out, &format!("{indent}\"tasks\": ["))?;
+            for (i, row) in tasks.iter().enumerate() {
+                let row = serde_json::to_value(row)
+                    .and_then(|v| serde_json::to_string_pretty(&v))
+                    .map_err(std::io::Error::other)?;
+                let last = row.lines().count().saturating_sub(1);
+                for (j, l) in row.lines().enumerate() {
+                    let comma = if j == last && i + 1 < tasks.len() {
+                        ","
+                    } else {
+                        ""
+                    };
+                    line_out(out, &format!("{indent}  {l}{comma}"))?;
+                }
+            }
+            line_out(out, &format!("{indent}]{rest}"))?;
         }
         self.written += 1;
         Ok(())
@@ -2008,12 +2050,12 @@ mod tests {
         for line in text.split_inclusive('\n') {
             stream.feed(line);
             for k in stream.take_settled() {
-                w.kill(&mut json, &k).unwrap();
+                w.kill(&mut json, k.clone()).unwrap();
                 got.push(k);
             }
         }
         for k in stream.finish() {
-            w.kill(&mut json, &k).unwrap();
+            w.kill(&mut json, k.clone()).unwrap();
             got.push(k);
         }
         w.end(&mut json).unwrap();

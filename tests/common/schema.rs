@@ -263,6 +263,8 @@ pub struct Peak {
     pub swap_used_bytes: u64,
     pub gpu_used_bytes: u64,
     pub t: f64,
+    /// Absent in logs written before it.
+    #[serde(default)]
     pub largest_process_rss_bytes: u64,
 }
 
