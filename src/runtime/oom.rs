@@ -176,8 +176,15 @@ impl OomWatch {
                 continue;
             };
             self.reported.insert(kill.pid);
+            // The kernel's name is the one at the kill: the last sample
+            // may predate an exec (a launcher that became the trainer).
+            let comm = if kill.comm.is_empty() {
+                who.comm.clone()
+            } else {
+                kill.comm.clone()
+            };
             found.push(Finding::Kill(Box::new(Explained {
-                comm: who.comm.clone(),
+                comm,
                 role: who.role,
                 place: who.place.clone(),
                 memory: who.points.iter().copied().collect(),
