@@ -142,13 +142,24 @@ fn job_sees_a_terminal_and_its_output_arrives_through_the_master() {
 #[test]
 fn ctrl_c_and_resize_reach_the_job_like_in_a_terminal() {
     let (master, slave) = tui::open_pty(80, 24).unwrap();
+    // Python, not sh: a shell cannot trap a signal ignored when it started,
+    // and SIGINT is ignored in the background jobs of a script (a test
+    // run started with `&`).
     let script = r#"
-        trap 'stty size' WINCH
-        trap 'echo got-int; exit 3' INT
-        echo ready
-        while :; do sleep 0.05; done
-    "#;
-    let mut child = spawn_on(&slave, Command::new("sh").args(["-c", script]));
+import os, signal, sys, time
+def winch(*_):
+    size = os.get_terminal_size(0)
+    print(size.lines, size.columns, flush=True)
+def interrupted(*_):
+    print("got-int", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGWINCH, winch)
+signal.signal(signal.SIGINT, interrupted)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"#;
+    let mut child = spawn_on(&slave, Command::new("python3").args(["-c", script]));
     drop(slave);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -782,7 +782,19 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
         });
         return;
     }
-    if actions.iter().any(|(_, a, _)| decisive(a)) {
+    if actions.iter().any(|(_, a, _)| decisive(a)) && log.end.is_none() {
+        // No run_end: oomguard was killed or still runs; a kill after the
+        // log's last line would not be in it, so nothing is claimed.
+        out.push(Finding {
+            kind: "prevented",
+            severity: Severity::Info,
+            title: "oomguard acted; the log ends before the run did".to_string(),
+            advice: format!(
+                "{did} No kernel OOM kill is in the log, but it has no run_end (oomguard was killed, or still runs): how the run ended is unknown."
+            ),
+            numbers,
+        });
+    } else if actions.iter().any(|(_, a, _)| decisive(a)) {
         let outcome = outcome_text(log);
         out.push(Finding {
             kind: "prevented",
@@ -1822,6 +1834,28 @@ mod tests {
             p.advice
         );
         assert!(p.advice.contains("stopped by policy"), "{}", p.advice);
+    }
+
+    /// A stop in a log cut short (oomguard killed, or still running) is
+    /// not claimed as a prevention: a kill after the last line would not
+    /// be in the log.
+    #[test]
+    fn a_stop_in_a_log_without_run_end_claims_nothing() {
+        let log = load(&workers_log(
+            2,
+            20,
+            5,
+            10,
+            &[format!(
+                r#"{{{ENV},"event":"action","t":8,"attempt":1,"action":"stop","reason":"critical","pids":[100],"signal":"SIGTERM","result":"ok"}}"#
+            )],
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let p = f.iter().find(|f| f.kind == "prevented").unwrap();
+        assert_eq!(p.severity, Severity::Info);
+        assert!(p.title.contains("ends before the run did"), "{}", p.title);
+        assert!(!p.title.contains("prevented"), "{}", p.title);
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const CHART_WINDOW_SECONDS: f64 = 600.0;
 /// Points the chart keeps at most; samples closer together are merged
 /// (keeping the maximum, so short peaks stay visible).
 const CHART_MAX_POINTS: usize = 300;
+/// Seconds of history a process needs before it shows a growth rate.
+const MIN_GROWTH_SPAN_SECONDS: f64 = 5.0;
 /// Seconds of per-process history behind the growth column.
 const GROWTH_WINDOW_SECONDS: f64 = 60.0;
 /// Events kept in the events pane.
@@ -374,7 +376,9 @@ impl Growth {
                 .iter()
                 .any(|p| p.pid == pid && p.start_time == start)
         });
-        for p in &sample.procs {
+        // A PSS of 0 is one not read yet (a process newer than the last
+        // sweep), not a size: a rate from it would be the whole process.
+        for p in sample.procs.iter().filter(|p| p.pss_bytes > 0) {
             let s = self.series.entry((p.pid, p.start_time)).or_default();
             if s.back().is_some_and(|&(last, _)| t < last) {
                 s.clear();
@@ -390,10 +394,15 @@ impl Growth {
         }
     }
 
-    /// Bytes per minute, `None` with too little history.
+    /// Bytes per minute, `None` with too little history: a few seconds
+    /// of a process's start-up (loading a model) are not a trend.
     fn per_minute(&self, pid: u32, start: u64) -> Option<f64> {
         let s = self.series.get(&(pid, start))?;
-        if s.len() < 2 {
+        let span = match (s.front(), s.back()) {
+            (Some(&(first, _)), Some(&(last, _))) => last - first,
+            _ => 0.0,
+        };
+        if s.len() < 2 || span < MIN_GROWTH_SPAN_SECONDS {
             return None;
         }
         least_squares_slope(s.iter().map(|&(t, b)| (t, b as f64))).map(|v| v * 60.0)
@@ -1230,6 +1239,17 @@ mod tests {
         assert_eq!(rows[0].pid, 11);
         assert!((rows[0].growth.unwrap() - 6000.0).abs() < 1e-6);
         assert!(rows[1].growth.unwrap().abs() < 1e-6);
+    }
+
+    /// A process seen for 2 s, whose first PSS was not read yet (0), shows
+    /// no rate: its start-up is not growth.
+    #[test]
+    fn a_new_process_shows_no_growth_yet() {
+        let mut app = App::new("x".into());
+        for (t, pss) in [(0.0, 0), (1.0, 13 << 20), (2.0, 13 << 20)] {
+            app.on_sample(&sample(t, vec![proc(10, 1, pss)]), &view(t));
+        }
+        assert_eq!(app.proc_rows()[0].growth, None);
     }
 
     #[test]
