@@ -374,14 +374,13 @@ impl JsonWriter {
                 let row = serde_json::to_value(row)
                     .and_then(|v| serde_json::to_string_pretty(&v))
                     .map_err(std::io::Error::other)?;
-                let last = row.lines().count().saturating_sub(1);
-                for (j, l) in row.lines().enumerate() {
-                    let comma = if j == last && i + 1 < tasks.len() {
-                        ","
-                    } else {
-                        ""
-                    };
-                    line_out(out, &format!("{indent}  {l}{comma}"))?;
+                // Ends the previous row's last line (a line's end is
+                // written before the next line).
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                for l in row.lines() {
+                    line_out(out, &format!("{indent}  {l}"))?;
                 }
             }
             line_out(out, &format!("{indent}]{rest}"))?;

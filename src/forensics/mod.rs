@@ -6,7 +6,7 @@ pub mod kmsg;
 pub mod progress;
 pub mod torch;
 
-use std::io::{self, BufRead};
+use std::io::{self, BufRead, Read};
 
 /// The longest line the readers keep: a kernel log line is well under a
 /// KiB, an `oomguard/1` log line a few KiB. The rest of a longer line is
@@ -23,28 +23,18 @@ pub fn read_line_capped(
     max: usize,
 ) -> io::Result<(usize, bool)> {
     line.clear();
-    let (mut consumed, mut cut) = (0, false);
-    loop {
-        let buf = match input.fill_buf() {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if buf.is_empty() {
-            return Ok((consumed, cut));
+    let kept = input.by_ref().take(max as u64).read_until(b'\n', line)?;
+    if kept < max || line.last() == Some(&b'\n') {
+        return Ok((kept, false));
+    }
+    // Exactly `max` bytes so far: cut only if more than its end follows.
+    match input.fill_buf()?.first() {
+        None => Ok((kept, false)),
+        Some(b'\n') => {
+            input.consume(1);
+            Ok((kept + 1, false))
         }
-        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (i + 1, true),
-            None => (buf.len(), false),
-        };
-        let room = max.saturating_sub(line.len());
-        line.extend_from_slice(&buf[..take.min(room)]);
-        cut |= take > room;
-        input.consume(take);
-        consumed += take;
-        if done {
-            return Ok((consumed, cut));
-        }
+        Some(_) => Ok((kept + input.skip_until(b'\n')?, true)),
     }
 }
 
@@ -76,5 +66,21 @@ mod tests {
             read_line_capped(&mut input, &mut line, 10).unwrap(),
             (0, false)
         );
+    }
+
+    #[test]
+    fn a_line_of_exactly_the_bound_is_not_cut() {
+        let mut input = io::BufReader::with_capacity(4, &b"0123456789\nab"[..]);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_line_capped(&mut input, &mut line, 10).unwrap(),
+            (11, false)
+        );
+        assert_eq!(line, b"0123456789");
+        assert_eq!(
+            read_line_capped(&mut input, &mut line, 2).unwrap(),
+            (2, false)
+        );
+        assert_eq!(line, b"ab");
     }
 }

@@ -416,7 +416,7 @@ impl TreeScanner {
             }
         }
 
-        self.drop_strangers(&mut stats, &children);
+        self.drop_strangers(&mut stats, &children, !members);
         for k in self.known.values_mut() {
             k.seen = false;
         }
@@ -467,17 +467,20 @@ impl TreeScanner {
 
     /// Takes the strangers still alive, and everything they forked, out of
     /// `stats`; what they forked becomes a stranger too, so it stays out
-    /// when it is orphaned to oomguard (a subreaper) later. Strangers no
-    /// longer seen are forgotten: their pids are free for the job to reuse.
+    /// when it is orphaned to oomguard (a subreaper) later. After a walk of
+    /// the whole tree (`whole_walk`), a stranger not seen is gone and is
+    /// forgotten (its pid is free for the job to reuse); a partial read
+    /// (the fast rescan, a cgroup's member list) forgets nothing.
     fn drop_strangers(
         &mut self,
         stats: &mut HashMap<u32, StatLine>,
         children: &HashMap<u32, Vec<u32>>,
+        whole_walk: bool,
     ) {
         if self.strangers.is_empty() {
             return;
         }
-        let mut alive = HashSet::new();
+        let mut seen = HashSet::new();
         let mut stack: Vec<u32> = stats
             .values()
             .filter(|st| self.strangers.contains(&(st.pid, st.start_time)))
@@ -487,29 +490,14 @@ impl TreeScanner {
             let Some(st) = stats.remove(&pid) else {
                 continue;
             };
-            alive.insert((pid, st.start_time));
+            seen.insert((pid, st.start_time));
             stack.extend(children.get(&pid).map(Vec::as_slice).unwrap_or(&[]));
         }
-        // A partial read (the fast rescan) sees only the tree: keep the
-        // strangers it could not see.
-        let unseen: Vec<(u32, u64)> = self
-            .strangers
-            .iter()
-            .filter(|id| !alive.contains(id))
-            .copied()
-            .collect();
-        for (pid, start_time) in unseen {
-            if self.seen_dead(pid, start_time) {
-                self.strangers.remove(&(pid, start_time));
-            }
+        if whole_walk {
+            self.strangers = seen;
+        } else {
+            self.strangers.extend(seen);
         }
-        self.strangers.extend(alive);
-    }
-
-    /// Whether the process (pid, start time) is gone.
-    fn seen_dead(&mut self, pid: u32, start_time: u64) -> bool {
-        self.read_stat(pid)
-            .is_none_or(|st| st.start_time != start_time)
     }
 
     /// Finds the tree through the kernel's per-thread `children` lists,
@@ -613,7 +601,6 @@ impl TreeScanner {
     }
 }
 
-/// The system page size (for `stat`'s RSS in pages).
 /// oomguard's own children and their descendants, by (pid, start time),
 /// read before it starts anything: whatever is there was forked by the
 /// process that became oomguard (`sleep 30 & exec oomguard run ...`, or
@@ -627,6 +614,7 @@ pub fn inherited_children(proc_root: &Path) -> Vec<(u32, u64)> {
     stats.values().map(|st| (st.pid, st.start_time)).collect()
 }
 
+/// The system page size (for `stat`'s RSS in pages).
 pub fn page_size() -> u64 {
     rustix::param::page_size() as u64
 }

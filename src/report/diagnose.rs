@@ -782,7 +782,8 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
         });
         return;
     }
-    if actions.iter().any(|(_, a, _)| decisive(a)) && log.end.is_none() {
+    let acted = actions.iter().any(|(_, a, _)| decisive(a));
+    if acted && log.end.is_none() {
         // No run_end: oomguard was killed or still runs; a kill after the
         // log's last line would not be in it, so nothing is claimed.
         out.push(Finding {
@@ -794,7 +795,7 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
             ),
             numbers,
         });
-    } else if actions.iter().any(|(_, a, _)| decisive(a)) {
+    } else if acted {
         let outcome = outcome_text(log);
         out.push(Finding {
             kind: "prevented",

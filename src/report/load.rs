@@ -358,10 +358,11 @@ pub enum LoadError {
 /// timeline never runs backwards.
 pub fn load_from(mut input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
     let mut r = Reader::default();
-    let mut buf = Vec::new();
-    // The last non-blank line is held back one line: whether it is the
-    // log's last one decides how a parse failure is reported.
-    let mut held: Option<(usize, String)> = None;
+    // The last non-blank line is held back one line (whether it is the
+    // log's last one decides how a parse failure is reported); the two
+    // buffers trade places, so no line is copied.
+    let (mut buf, mut held) = (Vec::new(), Vec::new());
+    let mut held_n = None;
     let mut n = 0;
     loop {
         let (read, cut) = crate::forensics::read_line_capped(
@@ -381,17 +382,18 @@ pub fn load_from(mut input: impl std::io::BufRead) -> Result<RunLog, LoadError> 
             ));
             continue;
         }
-        let text = String::from_utf8_lossy(&buf);
-        let raw = text.trim();
-        if raw.is_empty() {
+        if buf.trim_ascii().is_empty() {
             continue;
         }
-        if let Some((i, prev)) = held.replace((n, raw.to_string())) {
-            r.line(i, &prev, false).map_err(LoadError::Log)?;
+        if let Some(i) = held_n.replace(n) {
+            r.line(i, String::from_utf8_lossy(&held).trim(), false)
+                .map_err(LoadError::Log)?;
         }
+        std::mem::swap(&mut buf, &mut held);
     }
-    if let Some((i, last)) = held {
-        r.line(i, &last, true).map_err(LoadError::Log)?;
+    if let Some(i) = held_n {
+        r.line(i, String::from_utf8_lossy(&held).trim(), true)
+            .map_err(LoadError::Log)?;
     }
     if !r.parsed_any {
         return Err(LoadError::Log(match r.first_foreign {

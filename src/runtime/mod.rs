@@ -1948,14 +1948,15 @@ impl Supervisor {
         }
         self.pty_scanner.finish();
         self.log_output_events();
-        if let Some(r) = &self.relay
+        // Final now: the relay has finished and nothing more is written.
+        let relay_stats = self.relay.as_ref().map(OutputRelay::stats);
+        if let Some(stats) = &relay_stats
             && !self.cfg.quiet
         {
-            let stats = r.stats();
             for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
                 if st.lost_bytes() > 0 {
                     eprintln!(
-                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, or the reader closed its end)",
+                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, the reader closed its end or stopped taking it, or the destination failed)",
                         HumanBytes(st.lost_bytes())
                     );
                 }
@@ -2002,8 +2003,7 @@ impl Supervisor {
         // As `cat` in the same place would: bytes the job wrote that never
         // reached the file or device make the run fail, though the job
         // itself (its writes went to oomguard's pipe) succeeded.
-        let lost_output = self.relay.as_ref().map_or(0, |r| {
-            let st = r.stats();
+        let lost_output = relay_stats.as_ref().map_or(0, |st| {
             [st.stdout, st.stderr]
                 .iter()
                 .filter(|s| s.broken)
@@ -2033,10 +2033,9 @@ impl Supervisor {
                     limit_bytes,
                     exceeded,
                 }),
-                output_dropped_bytes: self.relay.as_ref().map(|r| {
-                    let st = r.stats();
-                    st.stdout.lost_bytes() + st.stderr.lost_bytes()
-                }),
+                output_dropped_bytes: relay_stats
+                    .as_ref()
+                    .map(|st| st.stdout.lost_bytes() + st.stderr.lost_bytes()),
                 exit_code_known: None,
                 detached_reason: None,
                 still_running_pids: None,
