@@ -22,6 +22,7 @@ pub mod demo;
 pub mod demo_job;
 pub mod forensics;
 pub mod github;
+pub mod growth;
 pub mod keeper;
 pub mod log;
 pub mod metrics;

@@ -9,6 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::growth::{self, Tail};
+
 /// Where a process sits in the job (see design.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -343,11 +345,15 @@ impl View {
 }
 
 /// A bounded history of recent ticks, from which rates and the ETA are
-/// derived by least squares.
+/// derived: the trend by least squares over the window, gated on growth
+/// still going at the newest ticks ([`crate::growth`]).
 #[derive(Debug, Clone)]
 pub struct History {
     window: f64,
     points: VecDeque<Point>,
+    /// The newest ticks' headroom, undecimated: the plateau gate reads the
+    /// last two tick intervals, however short.
+    tail: Tail,
 }
 
 #[derive(Debug, Clone)]
@@ -361,8 +367,6 @@ struct Point {
 const MIN_POINTS: usize = 3;
 /// A process is rated for growth once seen over this many seconds.
 const MIN_GROWTH_SPAN: f64 = 1.0;
-/// Seconds over which memory must still be growing for an ETA to exist.
-const RECENT: f64 = 2.0;
 
 impl History {
     /// `window`: seconds of history the ETA and growth rates look at.
@@ -370,54 +374,72 @@ impl History {
         Self {
             window: window.max(0.5),
             points: VecDeque::new(),
+            tail: Tail::default(),
         }
     }
 
     /// Records a sample and returns its view.
     pub fn push(&mut self, sample: &Sample) -> View {
-        let nearest = sample.nearest();
+        let procs = sample
+            .procs
+            .iter()
+            .map(|p| (p.pid, p.start_time, p.pss_bytes))
+            .collect();
+        self.push_reading(sample.t, sample.nearest(), procs)
+    }
+
+    /// Records one tick's headroom under its nearest ceiling (and each
+    /// process's `(pid, start time, PSS)`) and returns its view: what
+    /// `push` does from a live sample, and `replay` from a logged one.
+    pub fn push_reading(
+        &mut self,
+        t: f64,
+        nearest: Option<CeilingState>,
+        procs: Vec<(u32, u64, u64)>,
+    ) -> View {
         if let Some(last) = self.points.back()
-            && sample.t < last.t
+            && t < last.t
         {
             // Time went backwards (a new attempt): old history says nothing.
             self.points.clear();
+            self.tail.clear();
         }
         if let Some(n) = nearest {
             // Fast polling near a ceiling would flood the window; keep at
-            // most one point per 100 ms (the newest).
-            if self.points.back().is_some_and(|p| sample.t - p.t < 0.1) && self.points.len() > 1 {
+            // most one point per 100 ms (the newest). Measured from the
+            // point before the newest: against the newest itself, 20 ms
+            // ticks would replace it forever and the window would never
+            // hold more than two points (no trend at all).
+            let len = self.points.len();
+            if len > 1 && t - self.points[len - 2].t < 0.1 {
                 self.points.pop_back();
             }
             self.points.push_back(Point {
-                t: sample.t,
+                t,
                 headroom: n.headroom_bytes as f64,
-                procs: sample
-                    .procs
-                    .iter()
-                    .map(|p| (p.pid, p.start_time, p.pss_bytes))
-                    .collect(),
+                procs,
             });
+            // Growth is headroom lost.
+            self.tail.push(t, -(n.headroom_bytes as f64));
         }
         while let Some(front) = self.points.front() {
-            if sample.t - front.t > self.window && self.points.len() > MIN_POINTS {
+            if t - front.t > self.window && self.points.len() > MIN_POINTS {
                 self.points.pop_front();
             } else {
                 break;
             }
         }
-        let headroom_slope = self.slope(self.window);
-        // A burst that is over (a checkpoint loaded at start-up) still tilts
-        // the long window for a while: only memory that is *still*
-        // shrinking over the last few seconds has an ETA.
-        let recent = self.slope(RECENT.min(self.window));
-        let eta_seconds = match (nearest, headroom_slope, recent) {
-            (Some(n), Some(slope), Some(r)) if slope < 0.0 && r < 0.0 => {
+        let headroom_slope = self.slope();
+        // The trend alone would still show a ramp that ended seconds ago:
+        // only growth that continues at the newest ticks has an ETA.
+        let eta_seconds = match (nearest, headroom_slope) {
+            (Some(n), Some(slope)) if slope < 0.0 && self.tail.continuing(-slope) => {
                 Some((n.headroom_bytes as f64 / -slope).max(0.0))
             }
             _ => None,
         };
         View {
-            t: sample.t,
+            t,
             nearest,
             eta_seconds,
             headroom_slope,
@@ -428,14 +450,19 @@ impl History {
     /// Forgets everything (a new attempt starts).
     pub fn clear(&mut self) {
         self.points.clear();
+        self.tail.clear();
     }
 
-    /// Least-squares slope of headroom over the last `window` seconds, or
-    /// over the last `MIN_POINTS` points when the window holds fewer (slow
-    /// sampling must not make the slope vanish).
-    fn slope(&self, window: f64) -> Option<f64> {
+    /// Least-squares slope of headroom over the window, or over the last
+    /// `MIN_POINTS` points when the window holds fewer (slow sampling must
+    /// not make the slope vanish).
+    fn slope(&self) -> Option<f64> {
         let last = self.points.back()?.t;
-        let in_window = self.points.iter().filter(|p| last - p.t <= window).count();
+        let in_window = self
+            .points
+            .iter()
+            .filter(|p| last - p.t <= self.window)
+            .count();
         let n = in_window.max(MIN_POINTS);
         if self.points.len() < n {
             return None;
@@ -444,60 +471,45 @@ impl History {
         least_squares_slope(pts.map(|p| (p.t, p.headroom)))
     }
 
+    /// The process whose PSS grew fastest over the window and is still
+    /// growing at its newest readings, with its rate in bytes/s.
     fn fastest(&self) -> Option<(u32, f64)> {
         let last = self.points.back()?;
-        // Each process's oldest reading in the window: a worker born since
-        // the window began is rated over its own life in it (compared with
-        // the window's first point only, it would be left out until the
-        // window had moved past its birth).
-        let mut first: HashMap<(u32, u64), (f64, u64)> = last
+        // Each process's readings in the window, newest first: a worker
+        // born since the window began is rated over its own life in it
+        // (compared with the window's first point only, it would be left
+        // out until the window had moved past its birth).
+        let mut seen: HashMap<(u32, u64), Vec<(f64, f64)>> = last
             .procs
             .iter()
-            .map(|&(pid, start, pss)| ((pid, start), (last.t, pss)))
+            .map(|&(pid, start, pss)| ((pid, start), vec![(last.t, pss as f64)]))
             .collect();
         for p in self.points.iter().rev().skip(1) {
             for &(pid, start, pss) in &p.procs {
-                if let Some(seen) = first.get_mut(&(pid, start)) {
-                    *seen = (p.t, pss);
+                if let Some(readings) = seen.get_mut(&(pid, start)) {
+                    readings.push((p.t, pss as f64));
                 }
             }
         }
         last.procs
             .iter()
-            .filter_map(|&(pid, start, pss)| {
-                let &(t0, before) = first.get(&(pid, start))?;
-                let dt = last.t - t0;
-                (dt >= MIN_GROWTH_SPAN).then(|| (pid, (pss as f64 - before as f64) / dt))
+            .filter_map(|&(pid, start, _)| {
+                let readings = seen.get(&(pid, start))?;
+                let (&(t1, now), &(t0, before)) = (readings.first()?, readings.last()?);
+                let dt = t1 - t0;
+                if dt < MIN_GROWTH_SPAN {
+                    return None;
+                }
+                let rate = (now - before) / dt;
+                let tail: Vec<(f64, f64)> =
+                    readings.iter().take(growth::TAIL).rev().copied().collect();
+                (rate > 0.0 && growth::continuing(&tail, rate)).then_some((pid, rate))
             })
-            .filter(|&(_, rate)| rate > 0.0)
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 }
 
-/// Ordinary least-squares slope of y over x; `None` for fewer than two
-/// distinct x values.
-pub fn least_squares_slope(points: impl Iterator<Item = (f64, f64)> + Clone) -> Option<f64> {
-    let (mut n, mut sx, mut sy) = (0.0, 0.0, 0.0);
-    for (x, y) in points.clone() {
-        n += 1.0;
-        sx += x;
-        sy += y;
-    }
-    if n < 2.0 {
-        return None;
-    }
-    let (mx, my) = (sx / n, sy / n);
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for (x, y) in points {
-        sxy += (x - mx) * (y - my);
-        sxx += (x - mx) * (x - mx);
-    }
-    if sxx <= f64::EPSILON {
-        None
-    } else {
-        Some(sxy / sxx)
-    }
-}
+pub use crate::growth::least_squares_slope;
 
 /// One device's figures from `torch.cuda`, as reported by one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -556,6 +568,16 @@ mod tests {
     use super::testing::budget_sample;
     use super::*;
 
+    const MIB: u64 = 1 << 20;
+
+    /// `budget_sample` in MiB under a 1000 MiB budget: growth estimates
+    /// ignore rises under `growth::FLOOR_BYTES`.
+    fn mib_sample(t: f64, footprint_mib: u64) -> Sample {
+        let mut s = budget_sample(t, footprint_mib * MIB);
+        s.budget_bytes = Some(1000 * MIB);
+        s
+    }
+
     #[test]
     fn nearest_ceiling_is_the_one_with_least_headroom() {
         let mut s = budget_sample(0.0, 400);
@@ -590,10 +612,10 @@ mod tests {
         let mut v = None;
         for i in 0..10 {
             // 10 bytes/s growth under a 1000-byte budget.
-            v = Some(h.push(&budget_sample(i as f64, 100 + 10 * i)));
+            v = Some(h.push(&mib_sample(i as f64, 100 + 10 * i)));
         }
         let v = v.unwrap();
-        assert_eq!(v.headroom_bytes(), Some(810));
+        assert_eq!(v.headroom_bytes(), Some(810 * MIB));
         assert!((v.eta_seconds.unwrap() - 81.0).abs() < 1e-6);
     }
 
@@ -604,7 +626,7 @@ mod tests {
         let noise = [7i64, -5, 3, -8, 6, -2, 4, -6, 1, 0, 5, -4];
         for (i, n) in noise.iter().enumerate() {
             let fp = (100 + 20 * i as i64 + n) as u64;
-            v = Some(h.push(&budget_sample(i as f64, fp)));
+            v = Some(h.push(&mib_sample(i as f64, fp)));
         }
         let eta = v.unwrap().eta_seconds.unwrap();
         // True: headroom ~ 1000 - 320 = 680 at 20 B/s => ~34 s.
@@ -662,13 +684,85 @@ mod tests {
         assert_eq!(last.unwrap().eta_seconds, None);
     }
 
+    /// The ETA of a fast load that stops: present while it grows, `None`
+    /// at most two ticks after the last growing one, at 1 s ticks and at
+    /// the 20 ms ticks near a ceiling alike.
+    #[test]
+    fn eta_is_none_within_two_ticks_of_growth_ending() {
+        for tick in [1.0, 0.25, 0.1, 0.02] {
+            let mut h = History::new(10.0);
+            // 100 B/s under a budget of 1000 bytes... scaled to MiB so the
+            // noise floor is well below a tick's growth.
+            let mib = 1u64 << 20;
+            let budget = 1000 * mib;
+            let mk = |t: f64, fp: u64| {
+                let mut s = budget_sample(t, fp);
+                s.budget_bytes = Some(budget);
+                s
+            };
+            // Growth at 300 MiB/s for 2 s, from 100 MiB.
+            let ticks = (2.0 / tick) as u64;
+            let mut t = 0.0;
+            let mut fp = 100 * mib;
+            let mut last_growing = None;
+            for _ in 0..=ticks {
+                last_growing = Some(h.push(&mk(t, fp)));
+                t += tick;
+                fp += (300.0 * tick) as u64 * mib;
+            }
+            let v = last_growing.unwrap();
+            assert!(v.eta_seconds.is_some(), "tick {tick}: growing has an ETA");
+            // Flat from here, with the trend still steep.
+            let fp = fp - (300.0 * tick) as u64 * mib;
+            let first = h.push(&mk(t, fp));
+            let second = h.push(&mk(t + tick, fp));
+            assert!(
+                second.headroom_slope.unwrap() < -50.0 * mib as f64,
+                "tick {tick}: the trend still shows the ramp"
+            );
+            assert_eq!(second.eta_seconds, None, "tick {tick}: two flat ticks");
+            let _ = first;
+            for i in 2..40 {
+                let v = h.push(&mk(t + tick * f64::from(i), fp));
+                assert_eq!(v.eta_seconds, None, "tick {tick}: flat tick {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_plateau_with_allocator_noise_has_no_lasting_eta() {
+        let mut h = History::new(10.0);
+        // A 700 MiB load in 2 s, then ±4 MiB of noise every 100 ms: with the
+        // trend still steep, noise that happens to rise for two ticks can
+        // give one tick an ETA, never the 2 s a growth rule waits out.
+        for i in 0..=20 {
+            h.push(&mib_sample(f64::from(i) * 0.1, 100 + 35 * i as u64));
+        }
+        let noise = [3i64, -2, 4, -4, 1, 2, -3, 4, 0, -1];
+        let (mut run, mut longest, mut with_eta) = (0, 0, 0);
+        for i in 0..100 {
+            let fp = (800 + noise[i % noise.len()]) as u64;
+            let v = h.push(&mib_sample(2.0 + 0.1 * (i + 1) as f64, fp));
+            if i >= 1 && v.eta_seconds.is_some() {
+                run += 1;
+                with_eta += 1;
+            } else {
+                run = 0;
+            }
+            longest = longest.max(run);
+        }
+        // 0.3 s at most, far from the 2 s of `critical-eta`'s `for`.
+        assert!(longest <= 3, "an ETA held for {longest} ticks");
+        assert!(with_eta <= 10, "{with_eta} of 100 noise ticks had an ETA");
+    }
+
     #[test]
     fn slow_sampling_keeps_the_eta() {
         let mut h = History::new(10.0);
         let mut v = None;
         for i in 0..6 {
             // 2.5 s apart: never three points within the 2 s recent window.
-            v = Some(h.push(&budget_sample(i as f64 * 2.5, 100 + 50 * i)));
+            v = Some(h.push(&mib_sample(i as f64 * 2.5, 100 + 50 * i)));
         }
         assert!(v.unwrap().eta_seconds.is_some());
     }
@@ -677,16 +771,16 @@ mod tests {
     fn fastest_process() {
         let mut h = History::new(30.0);
         let mk = |t: f64, a: u64, b: u64| {
-            let mut s = budget_sample(t, a + b);
+            let mut s = mib_sample(t, a + b);
             s.procs = vec![
                 ProcSample {
                     pid: 10,
                     ppid: 1,
                     role: Role::Trainer,
                     comm: "python".into(),
-                    rss_bytes: a,
-                    pss_bytes: a,
-                    uss_bytes: a,
+                    rss_bytes: a * MIB,
+                    pss_bytes: a * MIB,
+                    uss_bytes: a * MIB,
                     swap_bytes: 0,
                     gpu_bytes: None,
                     torch: None,
@@ -697,9 +791,9 @@ mod tests {
                     ppid: 10,
                     role: Role::Worker,
                     comm: "python".into(),
-                    rss_bytes: b,
-                    pss_bytes: b,
-                    uss_bytes: b,
+                    rss_bytes: b * MIB,
+                    pss_bytes: b * MIB,
+                    uss_bytes: b * MIB,
                     swap_bytes: 0,
                     gpu_bytes: None,
                     torch: None,
@@ -710,21 +804,30 @@ mod tests {
         };
         h.push(&mk(0.0, 100, 100));
         let v = h.push(&mk(2.0, 110, 300));
-        assert_eq!(v.fastest, Some((11, 100.0)));
+        assert_eq!(v.fastest, Some((11, 100.0 * MIB as f64)));
         // A worker born after the window began is rated over its own life:
         // it grows 50/s, faster than the others, and is the fastest.
         let mut s = mk(3.0, 110, 300);
         let mut born = s.procs[1].clone();
         born.pid = 12;
         born.start_time = 7;
-        born.pss_bytes = 1000;
+        born.pss_bytes = 1000 * MIB;
         s.procs.push(born.clone());
         let fastest = h.push(&s).fastest.map(|f| f.0);
         assert_eq!(fastest, Some(11), "a newborn is not rated yet");
         let mut s = mk(5.0, 110, 300);
-        born.pss_bytes = 1100;
+        born.pss_bytes = 1100 * MIB;
+        s.procs.push(born.clone());
+        assert_eq!(h.push(&s).fastest, Some((12, 50.0 * MIB as f64)));
+        // Flat from here: two readings later nobody is growing, though
+        // the window still spans the growth.
+        let mut s = mk(6.0, 110, 300);
+        born.pss_bytes = 1100 * MIB;
+        s.procs.push(born.clone());
+        h.push(&s);
+        let mut s = mk(7.0, 110, 300);
         s.procs.push(born);
-        assert_eq!(h.push(&s).fastest, Some((12, 50.0)));
+        assert_eq!(h.push(&s).fastest, None);
     }
 
     #[test]

@@ -857,12 +857,18 @@ oomguard_tree_uss_bytes{job_id="42",node="n1",rank="3"} 375500
             let mut s = full_sample();
             s.cgroup = None;
             s.t = i as f64;
-            s.tree.footprint_bytes = 100_000 + 10_000 * i;
+            s.budget_bytes = Some(1000 << 20);
+            s.system.mem_total_bytes = 1 << 40;
+            s.system.mem_available_bytes = 1 << 39;
+            s.tree.footprint_bytes = (100 + 10 * i) << 20;
             m.update(&s, &h.push(&s));
         }
         let text = m.render();
-        // Budget 1 000 000 − 190 000 at 10 000 B/s: 81 s.
-        assert!(text.contains("oomguard_headroom_bytes 810000\n"), "{text}");
+        // Budget 1000 MiB − 190 MiB at 10 MiB/s: 81 s.
+        assert!(
+            text.contains("oomguard_headroom_bytes 849346560\n"),
+            "{text}"
+        );
         assert!(text.contains("oomguard_eta_seconds 81\n"), "{text}");
     }
 

@@ -259,7 +259,9 @@ impl Sampler {
         if self.gpu_history.len() < 3 {
             return None;
         }
-        let slope = crate::model::least_squares_slope(self.gpu_history.iter().copied())?;
-        (slope > 0.0).then(|| g.total_bytes.saturating_sub(g.used_bytes) as f64 / slope)
+        crate::growth::eta(
+            self.gpu_history.make_contiguous(),
+            g.total_bytes.saturating_sub(g.used_bytes) as f64,
+        )
     }
 }
