@@ -161,8 +161,17 @@ pub struct ReportArgs {
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// The NDJSON log written by `oomguard run --log`, or `-` for stdin.
-    pub log: PathBuf,
+    /// The NDJSON log written by `oomguard run --log`, or `-` for stdin
+    /// (with --score: any number of logs).
+    #[arg(required = true, value_name = "LOG")]
+    pub logs: Vec<PathBuf>,
+
+    /// Score the policy on a corpus of recorded runs: for each run that
+    /// ended on its own, whether the policy would have paused, stopped or
+    /// killed it; for each the kernel OOM-killed, whether it acts first, with
+    /// the headroom left and the seconds before the kill.
+    #[arg(long)]
+    pub score: bool,
 
     /// Output format: a side-by-side table, or one JSON object per action.
     #[arg(long, value_enum, default_value_t = ForensicsFormat::Text)]
@@ -288,6 +297,12 @@ pub struct RunArgs {
     /// making the job wait, as a pipe would.
     #[arg(long)]
     pub output_drop: bool,
+
+    /// Log every tick's sample line, the fast ticks near a ceiling
+    /// included, with every policy input: a recording that `oomguard
+    /// replay` can judge any policy on (about 20× the log's usual size).
+    #[arg(long)]
+    pub log_every_tick: bool,
 
     /// The NVML library to load.
     #[arg(long, value_name = "PATH")]

@@ -232,6 +232,10 @@ pub struct RunStart {
     pub version: String,
     pub interval_seconds: f64,
     pub pss_interval_seconds: f64,
+    /// `--log-every-tick`: every tick has its sample line, so `replay`
+    /// derives the growth estimates from the samples themselves.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub every_tick: bool,
 }
 
 /// `run_start.policy` as a reader takes it.
@@ -516,8 +520,8 @@ impl SampleEvent {
     /// for `oomguard replay`: those a rule of `policy` reads. (Every one on
     /// every line would cost ~5 MB a day; a replay names a rule whose input
     /// the run did not record.)
-    pub fn with_policy_inputs(mut self, policy: &Policy, r: &Readings) -> Self {
-        let used = |m: Metric| policy.rules.iter().any(|rule| rule.metric == m);
+    pub fn with_policy_inputs(mut self, policy: &Policy, r: &Readings, all: bool) -> Self {
+        let used = |m: Metric| all || policy.rules.iter().any(|rule| rule.metric == m);
         let finite = |m: Metric| r.get(m).filter(|v| v.is_finite());
         if used(Metric::FastestGrowth) {
             self.fastest_growth_bytes_per_s = finite(Metric::FastestGrowth).map(f64::round);

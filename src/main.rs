@@ -160,19 +160,15 @@ fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
             return 2;
         }
     };
-    let name = args.log.display().to_string();
-    let result = if args.log.as_os_str() == "-" {
-        replay::replay("stdin", std::io::stdin().lock(), policy)
-    } else {
-        match std::fs::File::open(&args.log) {
-            Ok(f) => replay::replay(&name, std::io::BufReader::new(f), policy),
-            Err(e) => {
-                eprintln!("oomguard: cannot read '{name}': {e}");
-                return 2;
-            }
-        }
+    if args.score {
+        return replay_score(&args.logs, policy, args.format);
+    }
+    let [log] = args.logs.as_slice() else {
+        eprintln!("oomguard: replay takes one log (or --score with several)");
+        return 2;
     };
-    match result {
+    let name = log.display().to_string();
+    match replay_one(log, policy) {
         Ok(r) => match args.format {
             oomguard::cli::ForensicsFormat::Text => print(&replay::render_text(&name, &r)),
             oomguard::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
@@ -180,6 +176,58 @@ fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
         Err(e) => {
             eprintln!("oomguard: {e}");
             2
+        }
+    }
+}
+
+/// Replays one log (`-`: stdin).
+fn replay_one(
+    log: &std::path::Path,
+    policy: Option<(oomguard::policy::Policy, String)>,
+) -> Result<oomguard::replay::Replay, String> {
+    use oomguard::replay;
+    let name = log.display().to_string();
+    if log.as_os_str() == "-" {
+        return replay::replay("stdin", std::io::stdin().lock(), policy).map_err(|e| e.to_string());
+    }
+    let f = std::fs::File::open(log).map_err(|e| format!("cannot read '{name}': {e}"))?;
+    replay::replay(&name, std::io::BufReader::new(f), policy).map_err(|e| e.to_string())
+}
+
+/// `replay --score`: every log under the policy and under its fixed
+/// threshold alone.
+fn replay_score(
+    logs: &[std::path::PathBuf],
+    policy: Option<(oomguard::policy::Policy, String)>,
+    format: oomguard::cli::ForensicsFormat,
+) -> i32 {
+    use oomguard::replay::score;
+    let mut rows = Vec::new();
+    let mut source = String::from("recorded");
+    for log in logs {
+        let scored = replay_one(log, policy.clone()).and_then(|r| {
+            let fixed = score::fixed_threshold(&r.policy);
+            let f = replay_one(log, Some((fixed, "fixed threshold".into())))?;
+            source.clone_from(&r.policy_source);
+            Ok(score::score(&log.display().to_string(), &r, &f))
+        });
+        match scored {
+            Ok(s) => rows.push(s),
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                return 2;
+            }
+        }
+    }
+    match format {
+        oomguard::cli::ForensicsFormat::Text => print(&score::render_text(&source, &rows)),
+        oomguard::cli::ForensicsFormat::Json => {
+            let mut out = String::new();
+            for r in &rows {
+                out.push_str(&serde_json::to_string(r).unwrap_or_default());
+                out.push('\n');
+            }
+            print(&out)
         }
     }
 }

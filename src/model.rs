@@ -363,6 +363,9 @@ struct Point {
     procs: Vec<(u32, u64, u64)>,
 }
 
+/// Seconds of history the live loop's ETA and growth rates look at.
+pub const ETA_WINDOW_SECONDS: f64 = 10.0;
+
 /// Fewer points than this and the slope is noise.
 const MIN_POINTS: usize = 3;
 /// A process is rated for growth once seen over this many seconds.

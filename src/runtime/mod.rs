@@ -532,6 +532,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
         version: env!("CARGO_PKG_VERSION").to_string(),
         interval_seconds: cfg.interval.as_secs_f64(),
         pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
+        every_tick: cfg.log_every_tick,
     };
     log.write("run_start", &start);
 }
@@ -962,6 +963,7 @@ impl Supervisor {
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
+            every_tick: self.cfg.log_every_tick,
         };
         self.sinks.log.write_at("run_start", sample.t, &start);
         self.core.last_sample = Some(sample);

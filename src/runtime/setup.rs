@@ -615,6 +615,7 @@ impl Supervisor {
                 stats: RunStats::default(),
                 interval: cfg.interval,
                 procs_interval: cfg.procs_interval,
+                every_tick: cfg.log_every_tick,
                 last_logged: None,
                 last_procs_log: None,
                 early_procs_list: Some(super::sinks::EARLY_PROCS_LIST),

@@ -37,6 +37,8 @@ pub struct Sinks {
     /// `--interval` and `--procs-interval`: the log's cadence.
     pub interval: Duration,
     pub procs_interval: Duration,
+    /// `--log-every-tick`.
+    pub every_tick: bool,
     pub last_logged: Option<f64>,
     pub last_procs_log: Option<f64>,
     /// When (run time) the attempt's early process list is due, until it is
@@ -108,9 +110,10 @@ impl Sinks {
         }
         // Fast ticks are not all logged: one line per --interval, plus
         // every tick where a rule or action happened.
-        let due = self
-            .last_logged
-            .is_none_or(|last| sample.t - last >= self.interval.as_secs_f64() * 0.95);
+        let due = self.every_tick
+            || self
+                .last_logged
+                .is_none_or(|last| sample.t - last >= self.interval.as_secs_f64() * 0.95);
         if !(due || logged) {
             return;
         }
@@ -136,7 +139,7 @@ impl Sinks {
         }
         let mut event = SampleEvent::new(sample, view, with_procs);
         if let Some((policy, r)) = inputs {
-            event = event.with_policy_inputs(policy, r);
+            event = event.with_policy_inputs(policy, r, self.every_tick);
         }
         if with_procs && !force {
             // Per-GPU detail on one process list in GPU_DETAIL_EVERY.

@@ -76,7 +76,7 @@ impl Core {
     pub fn new(engine: Engine, act: Actuator, voice: Voice) -> Self {
         Self {
             engine,
-            history: History::new(10.0),
+            history: History::new(crate::model::ETA_WINDOW_SECONDS),
             act,
             voice,
             last_sample: None,

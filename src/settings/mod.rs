@@ -110,6 +110,9 @@ pub struct Settings {
     /// `--output-drop`: drop output a slow reader does not take instead of
     /// making the job wait.
     pub output_drop: bool,
+    /// `--log-every-tick`: a recording for `replay` (every tick logged,
+    /// every policy input on each line).
+    pub log_every_tick: bool,
 }
 
 /// What differs between the subcommands: the preset layer under the file,
@@ -161,6 +164,7 @@ pub struct CommandLine {
     pub metrics_textfile: Option<PathBuf>,
     pub output_log: Option<PathBuf>,
     pub output_drop: bool,
+    pub log_every_tick: bool,
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
     pub resume_cmd: Option<String>,
@@ -182,6 +186,7 @@ impl Settings {
             metrics_textfile: a.metrics_textfile,
             output_log: a.output_log,
             output_drop: a.output_drop,
+            log_every_tick: a.log_every_tick,
             nvml: (!a.no_gpu).then_some(a.nvml_lib),
             torch_stats: a.torch_stats,
             resume_cmd: a.restart.resume_cmd,
@@ -376,6 +381,7 @@ impl Settings {
             attach_spec: None,
             output_log: cmd.output_log,
             output_drop: cmd.output_drop,
+            log_every_tick: cmd.log_every_tick,
         })
     }
 }

@@ -15,9 +15,11 @@ use std::io::BufRead;
 
 use serde::Deserialize;
 
+pub mod score;
+
 use crate::log::PolicyInfo;
-use crate::log::{ActionEvent, RunStart, SCHEMA, SampleEvent};
-use crate::model::GpuSample;
+use crate::log::{ActionEvent, RunEnd, RunStart, SCHEMA, SampleEvent};
+use crate::model::{CeilingState, GpuSample, History};
 use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
 
 /// Two actions are the same when they agree in kind and rule and lie
@@ -84,8 +86,19 @@ pub struct Replay {
     pub rows: Vec<Row>,
     /// "recorded" or where the policy came from.
     pub policy_source: String,
+    /// The policy replayed.
+    pub policy: Policy,
     /// Rules this replay could not judge fairly, and why.
     pub notes: Vec<String>,
+    /// The kernel's OOM kills the run logged, `(attempt, t)`.
+    pub oom_kills: Vec<(u32, f64)>,
+    /// `run_end.exit_code`, when the log has its end.
+    pub exit_code: Option<i32>,
+    /// Each sample's `(attempt, t, headroom %)`.
+    pub headroom: Vec<(u32, f64, Option<f64>)>,
+    /// The run was recorded with `--log-every-tick`: the growth estimates
+    /// were derived here from the samples rather than read from them.
+    pub every_tick: bool,
 }
 
 impl Replay {
@@ -125,6 +138,9 @@ pub fn replay(
     let mut samples: Vec<(u32, f64, SampleEvent)> = Vec::new();
     let mut actions: Vec<(Act, bool)> = Vec::new();
     let mut job_ended: Vec<(u32, f64)> = Vec::new();
+    let mut oom_kills: Vec<(u32, f64)> = Vec::new();
+    let mut exit_code = None;
+    let mut every_tick = false;
     let line_err = |line: usize, message: String| ReplayError::Line {
         path: path.to_string(),
         line,
@@ -153,6 +169,7 @@ pub fn replay(
                 let start: RunStart =
                     serde_json::from_str(text).map_err(|e| body("run_start", e))?;
                 recorded_policy = start.policy.as_ref().and_then(PolicyInfo::to_policy);
+                every_tick = start.every_tick;
             }
             "sample" => {
                 let s: SampleEvent = serde_json::from_str(text).map_err(|e| body("sample", e))?;
@@ -170,7 +187,14 @@ pub fn replay(
                     a.result != "ok",
                 ));
             }
-            "child_exit" | "run_end" => job_ended.push((env.attempt, env.t)),
+            "oom_kill" => oom_kills.push((env.attempt, env.t)),
+            "run_end" => {
+                job_ended.push((env.attempt, env.t));
+                if let Ok(end) = serde_json::from_str::<RunEnd>(text) {
+                    exit_code = Some(end.exit_code);
+                }
+            }
+            "child_exit" => job_ended.push((env.attempt, env.t)),
             _ => {}
         }
     }
@@ -201,12 +225,20 @@ pub fn replay(
         .map(|(a, _)| a.clone())
         .collect();
     let notes = unrecorded_inputs(&policy, &samples);
-    let replayed = run_engine(policy, &samples, &manual, &job_ended);
+    let replayed = run_engine(policy.clone(), &samples, &manual, &job_ended, every_tick);
     Ok(Replay {
         samples: samples.len(),
         rows: pair(recorded, replayed),
         policy_source: source,
+        policy,
         notes,
+        oom_kills,
+        exit_code,
+        headroom: samples
+            .iter()
+            .map(|(a, t, s)| (*a, *t, s.headroom_percent))
+            .collect(),
+        every_tick,
     })
 }
 
@@ -244,8 +276,12 @@ fn run_engine(
     samples: &[(u32, f64, SampleEvent)],
     manual: &[&Act],
     job_ended: &[(u32, f64)],
+    every_tick: bool,
 ) -> Vec<Act> {
     let mut engine = Engine::new(policy);
+    // A recording has every tick the live loop saw: the ETA is derived
+    // again, so a changed growth estimate is judged too.
+    let mut history = every_tick.then(|| History::new(crate::model::ETA_WINDOW_SECONDS));
     let mut out = Vec::new();
     let mut attempt = 0;
     let mut manual = manual.iter().peekable();
@@ -257,6 +293,19 @@ fn run_engine(
         if *a != attempt {
             attempt = *a;
             engine.reset();
+            if let Some(h) = history.as_mut() {
+                h.clear();
+            }
+        }
+        let mut r = readings(*t, s, gpus);
+        if let Some(h) = history.as_mut() {
+            let view = h.push_reading(*t, nearest(s), Vec::new());
+            r.set(
+                Metric::Eta,
+                s.ceiling
+                    .is_some()
+                    .then(|| view.eta_seconds.unwrap_or(f64::INFINITY)),
+            );
         }
         while let Some(m) = manual.next_if(|m| m.t <= *t) {
             if m.action == "pause" {
@@ -268,7 +317,7 @@ fn run_engine(
         if job_ended.iter().any(|(ea, et)| *ea == attempt && *et < *t) {
             continue;
         }
-        for d in engine.step(&readings(*t, s, gpus)) {
+        for d in engine.step(&r) {
             let (action, reason) = match d {
                 Decision::Act { action, reason, .. } => (action.name().to_string(), reason),
                 Decision::Resume { reason } => ("resume".to_string(), reason),
@@ -283,6 +332,17 @@ fn run_engine(
         }
     }
     out
+}
+
+/// The nearest ceiling and its headroom, as a logged sample states them.
+fn nearest(s: &SampleEvent) -> Option<CeilingState> {
+    let ceiling = s.ceiling?;
+    let headroom_bytes = s.headroom_bytes?;
+    Some(CeilingState {
+        ceiling,
+        used_bytes: ceiling.bytes.saturating_sub(headroom_bytes),
+        headroom_bytes,
+    })
 }
 
 /// The engine's inputs, from a logged sample. `gpus`: the newest per-GPU

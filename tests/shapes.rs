@@ -1,0 +1,146 @@
+//! The memory shapes of `benches/shapes.py` as real processes under the
+//! default policy, inside a memory cgroup with a limit, with `--cgroup auto`
+//! and `--cgroup off`: every healthy shape (a fast load to a plateau, epoch
+//! stairs, validation spikes, allocator sawtooth, re-forked workers, a
+//! checkpoint buffer) exits 0 with no pause, stop or kill; every leaking
+//! shape (linear, creep, burst, step, fast) is stopped before the kernel
+//! (exit 75, 0 OOM kills). Three seeds per shape and mode, each with other
+//! levels, rates and ceilings.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "support/shapes.rs"]
+mod shapes;
+
+use std::time::Duration;
+
+use common::{require, serial};
+
+const MIB: u64 = 1 << 20;
+/// Seeds per shape and mode; each seed draws other levels and rates, and
+/// picks one of the ceilings.
+const SEEDS: u64 = 3;
+const LIMITS: [u64; 3] = [768 * MIB, 1024 * MIB, 1536 * MIB];
+
+/// The stopping actions a log holds (`pause`, `stop`, `restart`, `kill`),
+/// with their rules.
+fn stops(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "action")
+        .filter(|v| {
+            ["pause", "stop", "restart", "kill"].contains(&v["action"].as_str().unwrap_or(""))
+        })
+        .map(|v| format!("{} ({}) at {}", v["action"], v["reason"], v["t"]))
+        .collect()
+}
+
+fn each_run(shape: &str, check: impl Fn(&shapes::ShapeRun, &[String], &str)) {
+    let Some(parent) = shapes::own_memcg() else {
+        require(false, "needs root and a cgroup v1 memory hierarchy");
+        return;
+    };
+    let _lock = serial();
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["auto", "off"] {
+        for seed in 1..=SEEDS {
+            let log = dir.path().join(format!("{shape}-{mode}-{seed}.ndjson"));
+            let limit = LIMITS[(seed as usize) % LIMITS.len()];
+            let run = shapes::run(
+                &parent,
+                &shapes::Spec {
+                    shape,
+                    seed,
+                    limit,
+                    cgroup: mode,
+                    flags: &[],
+                    log: &log,
+                    deadline: Duration::from_secs(60),
+                },
+            );
+            let what = format!(
+                "{shape} --cgroup {mode} seed {seed} limit {} MiB ({:.1} s): {run:?}",
+                limit / MIB,
+                run.seconds
+            );
+            assert!(!run.timed_out, "{what}");
+            check(&run, &stops(&log), &what);
+        }
+    }
+}
+
+fn healthy(shape: &str) {
+    each_run(shape, |run, stops, what| {
+        assert_eq!(run.kills, 0, "{what}");
+        assert!(
+            stops.is_empty(),
+            "a healthy job was acted on: {stops:?}\n{what}"
+        );
+        assert_eq!(run.exit, Some(0), "{what}");
+    });
+}
+
+fn leaking(shape: &str) {
+    each_run(shape, |run, stops, what| {
+        assert_eq!(run.kills, 0, "the kernel killed first: {what}");
+        assert_eq!(run.exit, Some(75), "{what}");
+        assert!(!stops.is_empty(), "{what}");
+    });
+}
+
+#[test]
+fn serial_shape_load_plateau_is_left_alone() {
+    healthy("load_plateau");
+}
+
+#[test]
+fn serial_shape_stairs_are_left_alone() {
+    healthy("stairs");
+}
+
+#[test]
+fn serial_shape_spikes_are_left_alone() {
+    healthy("spikes");
+}
+
+#[test]
+fn serial_shape_sawtooth_is_left_alone() {
+    healthy("sawtooth");
+}
+
+#[test]
+fn serial_shape_reforking_workers_are_left_alone() {
+    healthy("reforking_workers");
+}
+
+#[test]
+fn serial_shape_checkpoint_save_is_left_alone() {
+    healthy("checkpoint_save");
+}
+
+#[test]
+fn serial_shape_linear_leak_is_stopped_before_the_kernel() {
+    leaking("linear");
+}
+
+#[test]
+fn serial_shape_creep_is_stopped_before_the_kernel() {
+    leaking("creep");
+}
+
+#[test]
+fn serial_shape_burst_is_stopped_before_the_kernel() {
+    leaking("burst");
+}
+
+#[test]
+fn serial_shape_step_leak_is_stopped_before_the_kernel() {
+    leaking("step");
+}
+
+#[test]
+fn serial_shape_fast_leak_is_stopped_before_the_kernel() {
+    leaking("fast");
+}
