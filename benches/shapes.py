@@ -81,7 +81,10 @@ import time
 
 MIB = 1 << 20
 PAGE = mmap.PAGESIZE
-MAP_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+# No MAP_POPULATE: the pages are faulted in by writes from user space, as a
+# real allocation's first touch is, so a SIGSTOP takes effect at the next
+# page (a populate of a 64 MiB chunk runs to its end in the kernel).
+MAP_FLAGS = mmap.MAP_PRIVATE
 
 HEALTHY = (
     "load_plateau",
@@ -97,13 +100,11 @@ KIDS = []  # child pids the trainer forwards SIGTERM to and reaps
 HARD = float("inf")  # time.monotonic() of the hard stop
 USAGE_FD = -1
 LIMIT = 1
+PEAK_SEEN = 0  # the highest usage this process read
 
 
 class HardStop(Exception):
     pass
-
-
-PEAK_SEEN = 0
 
 
 def usage():
@@ -114,8 +115,8 @@ def usage():
     return v
 
 
-def frac(u):
-    return "%.3f" % (u / LIMIT)
+def frac(b):
+    return "%.3f" % (b / LIMIT)
 
 
 def say(msg):
@@ -146,8 +147,8 @@ def on_signal(signum, _frame):
     # (<= 64 MiB) after the signal arrived.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     try:  # before the children go
-        u = usage()
-        at = "%d (%s of the limit)" % (u, frac(u))
+        now = usage()
+        at = "%d (%s of the limit)" % (now, frac(now))
     except (OSError, ValueError):
         at = "unknown"
     reap_kids(signal.SIGTERM)

@@ -347,10 +347,25 @@ impl TreeScanner {
     /// is dropped, never adopted (it would otherwise join the tree as a
     /// top-level member, be throttled, paused or killed).
     pub fn rescan(&mut self, known: &[(u32, u64)]) -> Vec<Found> {
+        self.rescan_and(known, &[])
+    }
+
+    /// `rescan`, plus `members` not known yet: the owned cgroup's pids are
+    /// the job's by construction, so a worker forked since the last full
+    /// scan is seen (and frozen by a last-resort pause) at once.
+    pub fn rescan_and(&mut self, known: &[(u32, u64)], members: &[u32]) -> Vec<Found> {
         let mut stats: HashMap<u32, StatLine> = HashMap::new();
         for &(pid, start_time) in known {
             if let Some(st) = self.read_stat(pid)
                 && st.start_time == start_time
+            {
+                stats.insert(pid, st);
+            }
+        }
+        for &pid in members {
+            if !stats.contains_key(&pid)
+                && !known.iter().any(|k| k.0 == pid)
+                && let Some(st) = self.read_stat(pid)
             {
                 stats.insert(pid, st);
             }

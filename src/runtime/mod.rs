@@ -1148,6 +1148,7 @@ impl Supervisor {
         self.reap();
         self.check_attached_target();
         let now = Instant::now();
+        let quick = quick && !self.core.needs_full_scan();
         if !quick {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }

@@ -134,9 +134,16 @@ impl Sampler {
     /// known; otherwise the owned cgroup's members, or a /proc walk.
     pub fn scan(&mut self, quick: bool, attached: Option<&Attached>) -> Vec<ProcSample> {
         let found = if quick && !self.tree.is_empty() {
-            // By identity: a recycled pid must not join the tree.
+            // By identity: a recycled pid must not join the tree. The
+            // owned cgroup's member list is one read: new members join.
             let known = idents(&self.tree, |_| true);
-            self.scanner.rescan(&known)
+            let members = self
+                .cgroup
+                .as_ref()
+                .filter(|c| c.owned())
+                .and_then(|c| c.procs())
+                .unwrap_or_default();
+            self.scanner.rescan_and(&known, &members)
         } else if let Some(m) = attached.and_then(Attached::members) {
             // The attached job's own cgroup: every member is in it.
             self.owned_members = m.iter().copied().collect();

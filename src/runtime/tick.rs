@@ -261,6 +261,21 @@ impl Core {
 
     /// How soon the next tick comes: faster as headroom shrinks, and fast
     /// while anything is held.
+    /// Whether the next tick must see every process of the job, even one
+    /// forked a moment ago: a stop is under way, or the last tick was
+    /// below the critical level, where a last-resort freeze may follow and
+    /// a worker it misses goes on growing (a quick scan re-reads only the
+    /// processes already known).
+    pub fn needs_full_scan(&self) -> bool {
+        let crit = self.engine.policy().thresholds().1.unwrap_or(8.0);
+        self.act.busy()
+            || self
+                .last_view
+                .as_ref()
+                .and_then(View::headroom_percent)
+                .is_some_and(|h| h < crit)
+    }
+
     pub fn cadence(&self, view: &View, base: Duration) -> Duration {
         if self.act.busy() {
             return FAST;

@@ -35,6 +35,8 @@ pub struct ShapeRun {
     /// Kernel OOM kills during the run (subtree, or the machine's counter
     /// when that is larger).
     pub kills: u64,
+    /// Of which counted in the run's own cgroup subtree.
+    pub subtree_kills: u64,
     pub timed_out: bool,
     pub seconds: f64,
     pub stderr: String,
@@ -195,6 +197,7 @@ pub fn run(parent: &Path, spec: &Spec<'_>) -> ShapeRun {
     ShapeRun {
         exit: status.and_then(|s| s.code()),
         kills: subtree_kills.max(machine_kills),
+        subtree_kills,
         timed_out,
         seconds,
         stderr: reader.join().unwrap_or_default(),
