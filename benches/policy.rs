@@ -67,6 +67,7 @@ fn main() {
                     flags: &["--policy", "none", "--log-every-tick"],
                     log: &log,
                     deadline: Duration::from_secs(90),
+                    unprivileged: false,
                 },
             );
             eprintln!(

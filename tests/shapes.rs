@@ -58,6 +58,7 @@ fn each_run(shape: &str, check: impl Fn(&shapes::ShapeRun, &[String], &str)) {
                     flags: &[],
                     log: &log,
                     deadline: Duration::from_secs(60),
+                    unprivileged: false,
                 },
             );
             let what = format!(

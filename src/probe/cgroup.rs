@@ -857,6 +857,11 @@ impl CgroupReader {
     pub fn limit_dir(&self, limit_path: &str) -> Option<PathBuf> {
         (self.loc.version == Version::V1).then(|| join_cgroup(&self.loc.mount_point, limit_path))
     }
+
+    /// The usage counter of the cgroup at `limit_path` (v1 or v2).
+    pub fn usage_file(&self, limit_path: &str) -> PathBuf {
+        join_cgroup(&self.loc.mount_point, limit_path).join(names(self.loc.version).0)
+    }
 }
 
 impl std::os::fd::AsRawFd for Threshold {

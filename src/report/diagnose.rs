@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::load::{EventKind, RunLog, SamplePoint};
+use crate::growth;
 use crate::model::{Role, least_squares_slope};
 use crate::units::{HumanBytes, human_duration};
 
@@ -18,6 +19,9 @@ const MIB: u64 = 1 << 20;
 /// The share of the ceiling the worker-count advice plans to use, leaving
 /// room for the page cache, the allocator's slack and the thresholds.
 pub const FIT_SHARE: f64 = 0.9;
+
+/// A process first seen this early in its attempt loaded "at start-up".
+const EARLY_SECONDS: f64 = 15.0;
 
 /// How urgent a finding is. Ordered from most to least urgent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -155,6 +159,11 @@ pub struct ProcSummary {
     /// Least-squares growth of USS, bytes/s (`None` with fewer than two
     /// readings at distinct times).
     pub uss_slope: Option<f64>,
+    /// Its private memory grew and then stopped (no longer growing at its
+    /// last readings, by the policy's definition in `growth`): a one-off
+    /// load, `(bytes, seconds)` from its first reading to the level.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ramp: Option<(f64, f64)>,
 }
 
 impl ProcSummary {
@@ -239,6 +248,7 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
                         first_uss_bytes: p.uss_bytes,
                         last_uss_bytes: p.uss_bytes,
                         uss_slope: None,
+                        ramp: None,
                     },
                     Vec::new(),
                 )
@@ -280,6 +290,11 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
         .filter(|(s, _)| s.snapshots > 0)
         .map(|(mut s, pts)| {
             s.uss_slope = least_squares_slope(pts.iter().copied());
+            if let growth::Shape::Ramp { bytes, seconds } =
+                growth::shape(&pts, crate::model::ETA_WINDOW_SECONDS)
+            {
+                s.ramp = Some((bytes, seconds));
+            }
             s
         })
         .collect();
@@ -990,6 +1005,10 @@ fn trainer_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
         .iter()
         .filter(|p| p.role == Role::Trainer && p.leaks())
     {
+        if let Some((bytes, seconds)) = p.ramp {
+            out.push(trainer_load(p, bytes, seconds));
+            continue;
+        }
         let rate = p.uss_slope.unwrap_or(0.0);
         out.push(Finding {
             kind: "trainer_growth",
@@ -1011,6 +1030,36 @@ fn trainer_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
                 Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
             ],
         });
+    }
+}
+
+/// A trainer whose memory rose and then stayed: a load, not a leak.
+fn trainer_load(p: &ProcSummary, bytes: f64, seconds: f64) -> Finding {
+    let when = if p.first_t < EARLY_SECONDS {
+        " at start-up"
+    } else {
+        ""
+    };
+    Finding {
+        kind: "trainer_load",
+        severity: Severity::Info,
+        title: format!(
+            "The trainer ({} {}) loaded {} in {:.0} s{when}, then stayed level",
+            p.pid,
+            p.comm,
+            HumanBytes(bytes as u64),
+            seconds.max(1.0)
+        ),
+        advice: format!(
+            "Its private memory rose from {} to {} and then stopped growing: a data set, a checkpoint or a cache read in once, not a leak. It is part of the job's fixed cost; if it is too large, load it lazily, memory-map it, or keep it as numpy arrays shared with the workers.",
+            HumanBytes(p.first_uss_bytes),
+            HumanBytes(p.peak_uss_bytes)
+        ),
+        numbers: vec![
+            Cited::count("pid", "trainer pid", u64::from(p.pid)),
+            Cited::bytes("loaded_bytes", "loaded", bytes as u64),
+            Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
+        ],
     }
 }
 
@@ -1588,6 +1637,47 @@ mod tests {
         let f = diagnose(&log);
         assert!(kinds(&f).contains(&"worker_leak"), "{:?}", kinds(&f));
         assert!(!kinds(&f).contains(&"worker_flat"));
+    }
+
+    /// A trainer's private memory at each second (MiB), as per-process
+    /// lists of a log.
+    fn trainer_log(uss_mib: &[u64]) -> String {
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            4096 * MIB
+        )];
+        for (s, uss) in uss_mib.iter().enumerate() {
+            let b = uss * MIB;
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]}}"#,
+                s + 1,
+                4096 * MIB - b,
+                4096 * MIB
+            ));
+        }
+        lines.join("\n")
+    }
+
+    #[test]
+    fn a_start_up_load_then_a_plateau_is_a_load_not_a_leak() {
+        // 40 MiB, a 340 MiB data set read in 2 s, then level for 8 s.
+        let mut uss = vec![40, 210, 380];
+        uss.extend([380, 381, 380, 379, 380, 381, 380, 380]);
+        let f = diagnose(&load(&trainer_log(&uss)).unwrap());
+        assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+        let l = f.iter().find(|f| f.kind == "trainer_load").unwrap();
+        assert_eq!(l.severity, Severity::Info);
+        assert!(
+            l.title.contains("loaded 341 MiB in 2 s at start-up"),
+            "{}",
+            l.title
+        );
+        assert!(!l.advice.contains("detach"), "{}", l.advice);
+        // The same growth still going at the end is a leak.
+        let uss: Vec<u64> = (0..11).map(|s| 40 + 34 * s).collect();
+        let f = diagnose(&load(&trainer_log(&uss)).unwrap());
+        assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+        assert!(!kinds(&f).contains(&"trainer_load"));
     }
 
     #[test]

@@ -37,6 +37,7 @@ use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
+mod cheap;
 mod oom;
 mod sampler;
 mod setup;
@@ -162,6 +163,9 @@ struct Supervisor {
     next_tick: Instant,
     next_full: Instant,
     thresholds: Vec<AsyncFd<Threshold>>,
+    /// The cheap loop over the limit's usage counter, where no kernel
+    /// threshold watches it (`cheap.rs`).
+    cheap: Option<cheap::CheapLoop>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
     /// 1-based attempt number.
@@ -394,6 +398,18 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
 /// wake-ups matter, and for ruling them out when debugging.
 fn kernel_wakeups_disabled() -> bool {
     std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
+}
+
+/// A victim's last minute of memory, as the `oom_kill` event carries it.
+fn memory_points(points: &[(f64, u64, u64)]) -> Vec<crate::log::MemoryPoint> {
+    points
+        .iter()
+        .map(|&(pt, rss_bytes, pss_bytes)| crate::log::MemoryPoint {
+            t: (pt * 1000.0).round() / 1000.0,
+            rss_bytes,
+            pss_bytes,
+        })
+        .collect()
 }
 
 /// Tells the user about cgroups a killed run left behind.
@@ -969,6 +985,51 @@ impl Supervisor {
         self.core.last_sample = Some(sample);
     }
 
+    /// Hands the cheap loop this tick's limit, levels and working set (and
+    /// starts it on the first tick that has a cgroup limit). Not where a
+    /// v1 threshold already watches the limit, nor with kernel wake-ups
+    /// off: that switch leaves `--interval` polling alone, for the tests
+    /// that prove a wake-up acted.
+    fn pace_cheap_loop(&mut self, now: Instant) {
+        if !self.thresholds.is_empty()
+            || kernel_wakeups_disabled()
+            || std::env::var("OOMGUARD_CHEAP_LOOP").is_ok_and(|v| v == "off")
+        {
+            return;
+        }
+        let (Some(reader), Some(sample)) = (&self.sampler.cgroup, &self.core.last_sample) else {
+            return;
+        };
+        let Some(cg) = sample.cgroup.as_ref() else {
+            return;
+        };
+        let (Some(limit), Some(path), Some(ws)) = (
+            cg.limit_bytes,
+            cg.limit_path.as_deref(),
+            cg.limit_working_set_bytes,
+        ) else {
+            return;
+        };
+        let file = reader.usage_file(path);
+        let cheap = match &mut self.cheap {
+            Some(c) if c.file() == file => c,
+            slot => slot.insert(cheap::CheapLoop::new(
+                file,
+                cheap::CheapLoop::machine_rate(),
+                self.cfg.interval,
+            )),
+        };
+        let (warn, crit) = self.core.engine.policy().thresholds();
+        let levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)]
+            .into_iter()
+            .flatten()
+            .collect();
+        let counter = std::fs::read_to_string(cheap.file())
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        cheap.update(cheap::levels(limit, &levels), ws, counter, now);
+    }
+
     /// On cgroup v1, asks the kernel to wake us when usage crosses the
     /// warn, critical and last-resort levels of the cgroup ceiling.
     ///
@@ -1123,11 +1184,17 @@ impl Supervisor {
         if let Some(w) = self.watch_deadline() {
             wake = wake.min(w);
         }
+        if let Some(c) = self.cheap.as_ref().and_then(cheap::CheapLoop::due) {
+            wake = wake.min(c);
+        }
         wake
     }
 
     fn on_timer(&mut self) {
         let now = Instant::now();
+        if self.cheap.as_mut().is_some_and(|c| c.check(now)) {
+            self.next_tick = now;
+        }
         self.reap();
         if self.core.act.kill_at.is_some_and(|k| now >= k) {
             self.kill_tree("--kill-after expired");
@@ -1186,6 +1253,7 @@ impl Supervisor {
             self.core.last_sample = Some(sample);
         }
         self.acted(Some(&out.view));
+        self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);
         self.next_tick = now + every;
         if every >= self.cfg.interval {
@@ -1582,11 +1650,48 @@ impl Supervisor {
     /// (by pid, among the processes oomguard has seen in the tree) and
     /// writes an `oom_kill` event.
     fn check_oom_kills(&mut self, sample: &Sample) {
-        if !self.oom.counter_rose(sample) {
-            return;
-        }
-        for finding in self.oom.explain() {
+        let findings = if self.oom.counter_rose(sample) {
+            self.oom.explain(sample)
+        } else {
+            self.oom.follow_up(sample).into_iter().collect()
+        };
+        for finding in findings {
             self.write_oom_kill(sample.t, finding);
+        }
+    }
+
+    /// An `oom_kill` the kernel's report could not name: the victim from
+    /// the counter and the tree, and what could not be read.
+    fn write_attributed_kill(&mut self, t: f64, v: &oom::Victim, why: String) {
+        self.sinks.ui(crate::tui::UiEvent::OomKill {
+            t,
+            pid: v.pid,
+            comm: v.comm.clone(),
+            role: Some(v.role),
+        });
+        let rss = v.rss_bytes.map_or(String::new(), |b| {
+            format!(", RSS {} at its last reading", HumanBytes(b))
+        });
+        let reason = format!(
+            "{why}: attributed from the OOM-kill counter and the tree (pid {} vanished as the counter rose, the largest that did{rss}); the kernel's own report (its choice of victim, oom_score_adj, constraint) is not known",
+            v.pid
+        );
+        let event = crate::log::OomKillEvent {
+            pid: Some(v.pid),
+            comm: Some(v.comm.clone()),
+            role: Some(v.role.as_str().to_string()),
+            place: Some(v.place.clone()),
+            anon_rss_bytes: None,
+            memory: memory_points(&v.memory),
+            reason: Some(reason),
+            ..crate::log::OomKillEvent::default()
+        };
+        self.sinks.log.write_at("oom_kill", t, &event);
+        if !self.cfg.quiet {
+            self.say(format!(
+                "the kernel OOM killer killed {} (pid {}, {}), by the OOM-kill counter and the process list ({why})",
+                v.comm, v.pid, v.place
+            ));
         }
     }
 
@@ -1599,6 +1704,10 @@ impl Supervisor {
                     ..crate::log::OomKillEvent::default()
                 };
                 self.sinks.log.write_at("oom_kill", t, &event);
+                return;
+            }
+            oom::Finding::Attributed { victim, why } => {
+                self.write_attributed_kill(t, &victim, why);
                 return;
             }
         };
@@ -1617,15 +1726,7 @@ impl Supervisor {
             constraint: e.kill.constraint.clone(),
             cgroup: e.kill.cgroup.clone(),
             kill: Some(e.kill.clone()),
-            memory: e
-                .memory
-                .iter()
-                .map(|&(pt, rss_bytes, pss_bytes)| crate::log::MemoryPoint {
-                    t: (pt * 1000.0).round() / 1000.0,
-                    rss_bytes,
-                    pss_bytes,
-                })
-                .collect(),
+            memory: memory_points(&e.memory),
             reason: None,
         };
         self.sinks.log.write_at("oom_kill", t, &event);

@@ -36,13 +36,38 @@ pub struct Explained {
     pub memory: Vec<(f64, u64, u64)>,
 }
 
+/// A process the kernel's kill is attributed to without its report.
+#[derive(Debug, Clone)]
+pub struct Victim {
+    pub pid: u32,
+    pub comm: String,
+    pub role: Role,
+    pub place: String,
+    /// RSS at its last reading.
+    pub rss_bytes: Option<u64>,
+    /// (t, RSS, PSS) over the process's last minute.
+    pub memory: Vec<(f64, u64, u64)>,
+}
+
 /// What a rise of an OOM-kill counter turned out to be.
 #[derive(Debug, Clone)]
 pub enum Finding {
     Kill(Box<Explained>),
+    /// No kernel report could be read (a normal user under
+    /// `dmesg_restrict`): the victim attributed from what anyone can read —
+    /// the counter rose as this process of the tree vanished, the largest
+    /// of those that did. `why`: what could not be read.
+    Attributed {
+        victim: Box<Victim>,
+        why: String,
+    },
     /// The counter rose but no report names a process of ours: why.
     Unexplained(String),
 }
+
+/// How long after a counter rose its victim may still be on its way out
+/// (the kill is counted before the process is gone).
+const VANISH_WAIT: f64 = 2.0;
 
 #[derive(Debug, Default)]
 pub struct OomWatch {
@@ -53,6 +78,9 @@ pub struct OomWatch {
     at_start: (Option<u64>, Option<u64>),
     /// Kills already reported.
     reported: HashSet<u32>,
+    /// A rise no report explained, waiting for its victim to vanish:
+    /// (when it was seen, why no report named it).
+    pending: Option<(f64, String)>,
 }
 
 impl OomWatch {
@@ -147,8 +175,11 @@ impl OomWatch {
     }
 
     /// Reads the kernel's recent reports and matches them to processes
-    /// seen in the tree; each kill is reported once.
-    pub fn explain(&mut self) -> Vec<Finding> {
+    /// seen in the tree; each kill is reported once. When none can be read
+    /// or none names ours, the victim is looked for among the processes
+    /// that vanished from `sample` (now and for [`VANISH_WAIT`] after, by
+    /// [`OomWatch::follow_up`]).
+    pub fn explain(&mut self, sample: &Sample) -> Vec<Finding> {
         let log = crate::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
         let kills = match &log {
             Ok(l) => crate::forensics::kernel::parse(&l.text),
@@ -160,9 +191,49 @@ impl OomWatch {
         }
         let why = match &log {
             Ok(_) => "no matching report in the kernel log".to_string(),
-            Err(e) => e.to_string(),
+            Err(e) => format!("the kernel log could not be read ({e})"),
         };
-        vec![Finding::Unexplained(why)]
+        self.pending = Some((sample.t, why));
+        self.follow_up(sample).into_iter().collect()
+    }
+
+    /// A rise still unexplained: its victim, once it has vanished from
+    /// the tree; `Unexplained` when none did within [`VANISH_WAIT`].
+    pub fn follow_up(&mut self, sample: &Sample) -> Option<Finding> {
+        let (since, why) = self.pending.clone()?;
+        let alive: HashSet<Ident> = sample.procs.iter().map(|p| (p.pid, p.start_time)).collect();
+        // Vanished since the rise's last reading: seen on a sample shortly
+        // before it, absent now; the OOM killer takes the largest.
+        let victim = self
+            .recent
+            .iter()
+            .filter(|(id, who)| {
+                !alive.contains(id)
+                    && !self.reported.contains(&id.0)
+                    && since - who.last_seen <= VANISH_WAIT
+                    && who.last_seen < sample.t
+            })
+            .max_by_key(|(_, who)| who.points.back().map_or(0, |p| p.1));
+        if let Some((&(pid, _), who)) = victim {
+            self.pending = None;
+            self.reported.insert(pid);
+            return Some(Finding::Attributed {
+                victim: Box::new(Victim {
+                    pid,
+                    comm: who.comm.clone(),
+                    role: who.role,
+                    place: who.place.clone(),
+                    rss_bytes: who.points.back().map(|p| p.1),
+                    memory: who.points.iter().copied().collect(),
+                }),
+                why,
+            });
+        }
+        if sample.t - since > VANISH_WAIT {
+            self.pending = None;
+            return Some(Finding::Unexplained(why));
+        }
+        None
     }
 
     /// The newest report first; only processes of the tree, each once.
@@ -216,5 +287,94 @@ fn rose_since(now: (Option<u64>, Option<u64>), before: (Option<u64>, Option<u64>
     match (now.0, before.0) {
         (Some(n), Some(b)) => n > b,
         _ => now.1.zip(before.1).is_some_and(|(n, b)| n > b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ProcSample;
+    use crate::model::testing::budget_sample;
+
+    const MIB: u64 = 1 << 20;
+
+    fn proc(pid: u32, ppid: u32, role: Role, rss: u64) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid,
+            role,
+            comm: "python".into(),
+            rss_bytes: rss,
+            pss_bytes: rss,
+            uss_bytes: rss,
+            swap_bytes: 0,
+            gpu_bytes: None,
+            torch: None,
+            start_time: u64::from(pid),
+        }
+    }
+
+    fn sample(t: f64, procs: Vec<ProcSample>) -> Sample {
+        let mut s = budget_sample(t, 0);
+        s.procs = procs;
+        s
+    }
+
+    fn watched() -> OomWatch {
+        let mut w = OomWatch::default();
+        w.remember(&sample(
+            1.0,
+            vec![
+                proc(10, 1, Role::Trainer, 100 * MIB),
+                proc(11, 10, Role::Worker, 500 * MIB),
+                proc(12, 10, Role::Worker, 50 * MIB),
+            ],
+        ));
+        w
+    }
+
+    #[test]
+    fn without_the_kernel_log_the_largest_process_that_vanished_is_the_victim() {
+        let mut w = watched();
+        w.pending = Some((1.5, "the kernel log could not be read".into()));
+        // Still dying at the rise: nothing yet.
+        let all = vec![
+            proc(10, 1, Role::Trainer, 100 * MIB),
+            proc(11, 10, Role::Worker, 500 * MIB),
+            proc(12, 10, Role::Worker, 50 * MIB),
+        ];
+        assert!(w.follow_up(&sample(1.5, all)).is_none());
+        let after = vec![proc(10, 1, Role::Trainer, 100 * MIB)];
+        match w.follow_up(&sample(1.6, after)) {
+            Some(Finding::Attributed { victim, why }) => {
+                assert_eq!(victim.pid, 11);
+                assert_eq!(victim.rss_bytes, Some(500 * MIB));
+                assert_eq!(victim.place, "worker 1 of the trainer (pid 10)");
+                assert!(why.contains("could not be read"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(w.reported(11));
+        assert!(w.follow_up(&sample(1.7, Vec::new())).is_none());
+    }
+
+    #[test]
+    fn a_rise_whose_victim_never_vanishes_is_unexplained_after_the_wait() {
+        let mut w = watched();
+        w.pending = Some((1.5, "no matching report in the kernel log".into()));
+        let all = || {
+            vec![
+                proc(10, 1, Role::Trainer, 100 * MIB),
+                proc(11, 10, Role::Worker, 500 * MIB),
+                proc(12, 10, Role::Worker, 50 * MIB),
+            ]
+        };
+        w.remember(&sample(2.0, all()));
+        assert!(w.follow_up(&sample(2.0, all())).is_none());
+        w.remember(&sample(4.0, all()));
+        match w.follow_up(&sample(4.0, all())) {
+            Some(Finding::Unexplained(why)) => assert!(why.contains("no matching report")),
+            other => panic!("{other:?}"),
+        }
     }
 }

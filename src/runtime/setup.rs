@@ -673,6 +673,7 @@ impl Supervisor {
             next_tick: now,
             next_full: now,
             thresholds: Vec::new(),
+            cheap: None,
             pri_wakes: Vec::new(),
             attempt: 1,
             attempt_started: now,

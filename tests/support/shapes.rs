@@ -119,6 +119,10 @@ pub struct Spec<'a> {
     pub flags: &'a [&'a str],
     pub log: &'a Path,
     pub deadline: Duration,
+    /// Run oomguard as the unprivileged uid/gid 65534 (`setpriv`), in the
+    /// cgroup root made: the path most users have. The log's directory
+    /// must be writable by it.
+    pub unprivileged: bool,
 }
 
 /// Runs `spec` in a fresh memory cgroup under `parent` (removed after,
@@ -137,8 +141,16 @@ pub fn run(parent: &Path, spec: &Spec<'_>) -> ShapeRun {
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-        .arg(&dir)
-        .arg(env!("CARGO_BIN_EXE_oomguard"))
+        .arg(&dir);
+    if spec.unprivileged {
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
+    cmd.arg(env!("CARGO_BIN_EXE_oomguard"))
         .args(["run", "--no-tui", "--cgroup", spec.cgroup, "--log"])
         .arg(spec.log)
         .args(spec.flags)
