@@ -20,13 +20,14 @@
 
 #![allow(clippy::print_stdout, clippy::unwrap_used)]
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 const LIMITS: [u64; 4] = [768 * MIB, 1024 * MIB, 1536 * MIB, 2048 * MIB];
@@ -44,10 +45,10 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(10);
-    let Some(parent) = shapes::own_memcg() else {
+    if !shapes::available() {
         eprintln!("policy bench: needs root and the cgroup v1 memory controller");
         std::process::exit(1);
-    };
+    }
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-corpus");
     let _ = std::fs::remove_dir_all(&corpus);
     std::fs::create_dir_all(&corpus).unwrap();
@@ -57,19 +58,12 @@ fn main() {
             let seed = 1000 + i;
             let mode = if i % 2 == 0 { "auto" } else { "off" };
             let log = corpus.join(format!("{shape}-{mode}-{seed}.ndjson"));
-            let run = shapes::run(
-                &parent,
-                &shapes::Spec {
-                    shape,
-                    seed,
-                    limit: LIMITS[i as usize % LIMITS.len()],
-                    cgroup: mode,
-                    flags: &["--policy", "none", "--log-every-tick"],
-                    log: &log,
-                    deadline: Duration::from_secs(90),
-                    unprivileged: false,
-                },
-            );
+            let run = shapes::run(&shapes::Spec {
+                cgroup: mode,
+                flags: &["--policy", "none", "--log-every-tick"],
+                ..shapes::Spec::new(shape, seed, LIMITS[i as usize % LIMITS.len()], &log)
+            })
+            .expect("a memory cgroup for the shape");
             eprintln!(
                 "recorded {shape} {mode} seed {seed}: exit {:?}, {} kernel kills, {:.1} s",
                 run.exit, run.kills, run.seconds

@@ -206,6 +206,7 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
             exit_code_known: None,
             detached_reason: None,
             still_running_pids: None,
+            cheap_loop: None,
         },
     );
 }
@@ -636,6 +637,18 @@ pub struct RunEnd {
     /// `attach`, outcome `detached`: the job's processes still alive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub still_running_pids: Option<Vec<u32>>,
+    /// The cheap loop's reads of the limit's usage counter and the time
+    /// they took: its whole cost. Absent when it did not run (no cgroup
+    /// limit, or kernel thresholds watch the limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cheap_loop: Option<CheapLoopStats>,
+}
+
+/// `run_end.cheap_loop`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CheapLoopStats {
+    pub reads: u64,
+    pub seconds: f64,
 }
 
 /// The CI memory gate's verdict.

@@ -110,17 +110,22 @@ fn processes_forked_before_exec_are_not_the_job() {
     let og = env!("CARGO_BIN_EXE_oomguard");
     for cgroup in ["auto", "off"] {
         let dir = tempfile::tempdir().unwrap();
-        let (log, pidfile, count) = (
+        let (log, pidfile, count, readerfile) = (
             dir.path().join("run.ndjson"),
             dir.path().join("sidecar.pid"),
             dir.path().join("count"),
+            dir.path().join("reader.pid"),
         );
+        // The reader writes its own pid: while oomguard runs it is still
+        // bash (`wc` comes after the sleep), so a name proves nothing.
         let script = format!(
             "sleep 30 & echo $! > {pidfile}; exec {og} run -q --interval 100ms --cgroup {cgroup} \
-             --log {log} -- sh -c 'seq 1 100000; sleep 0.5' > >(sleep 1; wc -l > {count})",
+             --log {log} -- sh -c 'seq 1 100000; sleep 0.5' \
+             > >(echo $BASHPID > {reader}; sleep 1; wc -l > {count})",
             pidfile = pidfile.display(),
             log = log.display(),
             count = count.display(),
+            reader = readerfile.display(),
         );
         let started = Instant::now();
         let st = std::process::Command::new("bash")
@@ -147,6 +152,11 @@ fn processes_forked_before_exec_are_not_the_job() {
             "--cgroup {cgroup}: the `> >(...)` reader was signalled: {:?}",
             fs::read_to_string(&count)
         );
+        let reader: u32 = fs::read_to_string(&readerfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         let lines = read_log(&log);
         schema::check_envelope(&lines);
         for l in &lines {
@@ -154,7 +164,9 @@ fn processes_forked_before_exec_are_not_the_job() {
                 Event::Sample(s) => {
                     let procs = s.procs.iter().flatten();
                     assert!(
-                        procs.clone().all(|p| p.pid != sidecar && p.comm != "wc"),
+                        procs
+                            .clone()
+                            .all(|p| p.pid != sidecar && p.pid != reader && p.ppid != reader),
                         "--cgroup {cgroup}: a stranger measured: {:?}",
                         s.procs
                     );

@@ -12,7 +12,6 @@ mod common;
 #[path = "support/shapes.rs"]
 mod shapes;
 
-use std::time::Duration;
 
 use common::{require, serial};
 
@@ -38,29 +37,23 @@ fn stops(log: &std::path::Path) -> Vec<String> {
 }
 
 fn each_run(shape: &str, check: impl Fn(&shapes::ShapeRun, &[String], &str)) {
-    let Some(parent) = shapes::own_memcg() else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    if !require(
+        shapes::available(),
+        "needs root and a cgroup v1 memory hierarchy",
+    ) {
         return;
-    };
+    }
     let _lock = serial();
     let dir = tempfile::tempdir().unwrap();
     for mode in ["auto", "off"] {
         for seed in 1..=SEEDS {
             let log = dir.path().join(format!("{shape}-{mode}-{seed}.ndjson"));
             let limit = LIMITS[(seed as usize) % LIMITS.len()];
-            let run = shapes::run(
-                &parent,
-                &shapes::Spec {
-                    shape,
-                    seed,
-                    limit,
-                    cgroup: mode,
-                    flags: &[],
-                    log: &log,
-                    deadline: Duration::from_secs(60),
-                    unprivileged: false,
-                },
-            );
+            let run = shapes::run(&shapes::Spec {
+                cgroup: mode,
+                ..shapes::Spec::new(shape, seed, limit, &log)
+            })
+            .expect("a memory cgroup for the shape");
             let what = format!(
                 "{shape} --cgroup {mode} seed {seed} limit {} MiB ({:.1} s): {run:?}",
                 limit / MIB,
@@ -144,4 +137,44 @@ fn serial_shape_step_leak_is_stopped_before_the_kernel() {
 #[test]
 fn serial_shape_fast_leak_is_stopped_before_the_kernel() {
     leaking("fast");
+}
+
+/// The kernel's v1 usage thresholds wake oomguard between two slow polls:
+/// with `--interval 30s` a linear leak reaches the limit long before the
+/// second poll, so only a wake-up at the warn level (which brings the fast
+/// ticks) can stop it. The control, `OOMGUARD_KERNEL_WAKEUPS=off` (no
+/// thresholds, no PSI trigger, no cheap loop), must lose to the kernel.
+#[test]
+fn serial_v1_kernel_wakeup_stops_a_leak_between_slow_polls() {
+    if !require(
+        shapes::available(),
+        "needs root and a cgroup v1 memory hierarchy",
+    ) {
+        return;
+    }
+    let _lock = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |wakeups: bool| {
+        let log = dir.path().join(format!("wakeup-{wakeups}.ndjson"));
+        let spec = shapes::Spec {
+            flags: &["--interval", "30s"],
+            ..shapes::Spec::new("linear", 7, 1024 * MIB, &log)
+        };
+        let r = shapes::run_with_env(
+            &spec,
+            &[(
+                "OOMGUARD_KERNEL_WAKEUPS",
+                if wakeups { "on" } else { "off" },
+            )],
+        )
+        .expect("a memory cgroup for the shape");
+        (r, std::fs::read_to_string(&log).unwrap_or_default())
+    };
+    let (with, log) = run(true);
+    assert_eq!((with.exit, with.kills), (Some(75), 0), "{with:?}\n{log}");
+    let (without, log) = run(false);
+    assert!(
+        without.kills > 0 && without.exit != Some(75),
+        "without kernel wake-ups the leak should reach the kernel between two 30 s polls: {without:?}\n{log}"
+    );
 }

@@ -16,7 +16,6 @@ mod common;
 mod shapes;
 
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use common::{require, serial};
 
@@ -24,10 +23,12 @@ const GIB: u64 = 1 << 30;
 const RUNS: u64 = 10;
 
 fn fast_leak_as_nobody(limit: u64) {
-    let Some(parent) = shapes::own_memcg() else {
-        require(false, "needs root and a cgroup v1 memory hierarchy");
+    if !require(
+        shapes::available(),
+        "needs root and a cgroup v1 memory hierarchy",
+    ) {
         return;
-    };
+    }
     if !require(
         std::path::Path::new("/usr/bin/setpriv").exists(),
         "needs setpriv (util-linux)",
@@ -41,19 +42,11 @@ fn fast_leak_as_nobody(limit: u64) {
     let mut failures = Vec::new();
     for seed in 1..=RUNS {
         let log = dir.path().join(format!("fast-{seed}.ndjson"));
-        let run = shapes::run(
-            &parent,
-            &shapes::Spec {
-                shape: "fast",
-                seed,
-                limit,
-                cgroup: "auto",
-                flags: &[],
-                log: &log,
-                deadline: Duration::from_secs(60),
-                unprivileged: true,
-            },
-        );
+        let run = shapes::run(&shapes::Spec {
+            unprivileged: true,
+            ..shapes::Spec::new("fast", seed, limit, &log)
+        })
+        .expect("a memory cgroup for the shape");
         assert!(!run.timed_out, "{run:?}");
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         // The run really was unprivileged: no cgroup of its own.
@@ -74,6 +67,58 @@ fn fast_leak_as_nobody(limit: u64) {
         limit / GIB,
         failures.join("\n")
     );
+}
+
+/// `--cgroup off` took effect: no cgroup of its own (`owned: false`, no
+/// `oomguard-*` directory ever appeared), and the footprint is the PSS sum
+/// on every sample.
+fn assert_cgroup_off(log: &str, run: &shapes::ShapeRun) {
+    assert!(
+        run.cgroups_made.iter().all(|c| !c.starts_with("oomguard-")),
+        "{run:?}"
+    );
+    let mut samples = 0;
+    for line in log.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["event"] == "run_start" {
+            assert_eq!(v["cgroup"]["owned"], false, "{line}");
+        }
+        if v["event"] == "sample" {
+            samples += 1;
+            assert_eq!(
+                v["tree"]["footprint_bytes"], v["tree"]["pss_bytes"],
+                "the footprint is not the PSS sum: {line}"
+            );
+            assert_ne!(v["cgroup"]["owned"], true, "{line}");
+        }
+    }
+    assert!(samples > 0, "{log}");
+}
+
+/// A normal user's `--cgroup off`: a linear leak in a cgroup root made is
+/// stopped before the kernel (exit 75), with the flag in effect.
+#[test]
+fn serial_unprivileged_cgroup_off_leak_is_stopped_on_the_pss_footprint() {
+    if !require(
+        shapes::available(),
+        "needs root and a cgroup v1 memory hierarchy",
+    ) {
+        return;
+    }
+    let _lock = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    for seed in 1..=2 {
+        let log = dir.path().join(format!("linear-{seed}.ndjson"));
+        let run = shapes::run(&shapes::Spec {
+            cgroup: "off",
+            unprivileged: true,
+            ..shapes::Spec::new("linear", seed, GIB, &log)
+        })
+        .expect("a memory cgroup for the shape");
+        assert_eq!((run.exit, run.kills), (Some(75), 0), "{run:?}");
+        assert_cgroup_off(&std::fs::read_to_string(&log).unwrap(), &run);
+    }
 }
 
 #[test]

@@ -463,14 +463,20 @@ mod tests {
             t,
             "sample",
             &format!(
-                r#""headroom_bytes":{hb},"headroom_percent":{headroom_pct},"ceiling":{{"source":"budget","bytes":1000000}},"eta_seconds":null,"tree":{{"procs":2,"rss_bytes":1,"pss_bytes":1,"uss_bytes":1,"swap_bytes":0,"footprint_bytes":{fp},"pss_age_seconds":0.0}},"system":{{"mem_total_bytes":0,"mem_available_bytes":0,"swap_total_bytes":0,"swap_used_bytes":0,"swap_in_bytes_per_s":0.0,"swap_out_bytes_per_s":0.0}},"cgroup":null,"psi":null,"gpus":[]"#,
-                hb = (headroom_pct * 10000.0) as u64,
-                fp = (used * 10000.0) as u64
+                r#""headroom_bytes":{hb},"headroom_percent":{headroom_pct},"ceiling":{{"source":"budget","bytes":1073741824}},"eta_seconds":null,"tree":{{"procs":2,"rss_bytes":1,"pss_bytes":1,"uss_bytes":1,"swap_bytes":0,"footprint_bytes":{fp},"pss_age_seconds":0.0}},"system":{{"mem_total_bytes":0,"mem_available_bytes":0,"swap_total_bytes":0,"swap_used_bytes":0,"swap_in_bytes_per_s":0.0,"swap_out_bytes_per_s":0.0}},"cgroup":null,"psi":null,"gpus":[]"#,
+                hb = (headroom_pct / 100.0 * GIB) as u64,
+                fp = (used / 100.0 * GIB) as u64
             ),
         )
     }
 
+    const GIB: f64 = 1073741824.0;
+
     fn log(levels: &[(f64, f64)], actions: &[(f64, &str, &str)]) -> String {
+        log_with(levels, actions, false)
+    }
+
+    fn log_with(levels: &[(f64, f64)], actions: &[(f64, &str, &str)], every_tick: bool) -> String {
         let policy = serde_json::to_string(&PolicyInfo::of(&Policy::default_with(
             80.0,
             92.0,
@@ -481,7 +487,7 @@ mod tests {
             0.0,
             "run_start",
             &format!(
-                r#""argv":["x"],"pid":1,"ceilings":[],"cgroup":null,"policy":{policy},"gpu":{{"available":false,"reason":null}},"version":"0","interval_seconds":1.0,"pss_interval_seconds":5.0"#
+                r#""argv":["x"],"pid":1,"ceilings":[],"cgroup":null,"policy":{policy},"gpu":{{"available":false,"reason":null}},"version":"0","interval_seconds":1.0,"pss_interval_seconds":5.0,"every_tick":{every_tick}"#
             ),
         )];
         let mut events: Vec<(f64, String)> =
@@ -499,6 +505,43 @@ mod tests {
         events.sort_by(|a, b| a.0.total_cmp(&b.0));
         lines.extend(events.into_iter().map(|(_, l)| l));
         lines.join("\n")
+    }
+
+    /// A recording of every tick: the ETA is derived from the samples
+    /// (here logged as null, as an older estimate might have had it), so
+    /// `critical-eta` is judged on the growth itself.
+    #[test]
+    fn a_recording_of_every_tick_derives_the_eta_again() {
+        // Headroom 40 % → 15 % at 5 %/s in 100 ms ticks, then flat.
+        let mut levels: Vec<(f64, f64)> = (0..=50)
+            .map(|i| (1.0 + f64::from(i) * 0.1, 40.0 - 0.5 * f64::from(i)))
+            .collect();
+        levels.extend((1..=30).map(|i| (6.0 + f64::from(i) * 0.1, 15.0)));
+        let r = replay("rec.ndjson", log_with(&levels, &[], true).as_bytes(), None).unwrap();
+        assert!(r.every_tick);
+        let stops: Vec<&Act> = r
+            .rows
+            .iter()
+            .filter_map(|row| row.replayed.as_ref())
+            .filter(|a| a.action == "stop")
+            .collect();
+        assert_eq!(stops.len(), 1, "{:?}", r.rows);
+        assert_eq!(stops[0].reason, "critical-eta");
+        assert!(
+            stops[0].t <= 6.0,
+            "decided while still growing: {}",
+            stops[0].t
+        );
+        // The same samples in an ordinary log: the logged (null) ETA rules.
+        let r = replay("run.ndjson", log_with(&levels, &[], false).as_bytes(), None).unwrap();
+        assert!(
+            r.rows
+                .iter()
+                .filter_map(|row| row.replayed.as_ref())
+                .all(|a| a.action != "stop"),
+            "{:?}",
+            r.rows
+        );
     }
 
     #[test]

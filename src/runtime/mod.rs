@@ -521,6 +521,7 @@ fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 
             exit_code_known: None,
             detached_reason: None,
             still_running_pids: None,
+            cheap_loop: None,
         },
     );
     EXIT_INTERNAL
@@ -574,6 +575,7 @@ fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError)
             exit_code_known: None,
             detached_reason: None,
             still_running_pids: None,
+            cheap_loop: None,
         },
     );
     code
@@ -2143,6 +2145,10 @@ impl Supervisor {
                 exit_code_known: None,
                 detached_reason: None,
                 still_running_pids: None,
+                cheap_loop: self.cheap.as_ref().map(|c| crate::log::CheapLoopStats {
+                    reads: c.reads,
+                    seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
+                }),
             },
         );
         if let Some((limit, true)) = fail_above {

@@ -273,7 +273,8 @@ fn read_oom_kill(dir: &Path) -> Option<u64> {
         })
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+/// A cgroup directory and every one below it.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![dir.to_path_buf()];
     if let Ok(rd) = fs::read_dir(dir) {
         for e in rd.flatten() {

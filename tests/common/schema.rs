@@ -101,6 +101,9 @@ pub struct RunStart {
     pub version: String,
     pub interval_seconds: f64,
     pub pss_interval_seconds: f64,
+    /// `--log-every-tick` recordings only.
+    #[serde(default)]
+    pub every_tick: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,6 +295,16 @@ pub struct RunEnd {
     pub still_running_pids: Option<Vec<u32>>,
     #[serde(default)]
     pub output_dropped_bytes: Option<u64>,
+    /// The cheap loop's reads and their time, when it ran.
+    #[serde(default)]
+    pub cheap_loop: Option<CheapLoop>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheapLoop {
+    pub reads: u64,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Deserialize)]

@@ -5,14 +5,18 @@
 //! --log-every-tick` and scores them with `replay --score`).
 //!
 //! Kernel kills are counted in the whole cgroup subtree (oomguard's own
-//! `oomguard-<pid>` child included) and, as a backstop, in the machine's
-//! `/proc/vmstat` `oom_kill` counter: these runs go one at a time.
+//! `oomguard-<pid>` child included, `common::OomWatch`) and, as a backstop,
+//! in the machine's `/proc/vmstat` `oom_kill` counter: these runs go one at
+//! a time. Includers declare `mod common` (tests/common) beside it.
 #![allow(dead_code, clippy::unwrap_used, clippy::print_stderr)]
 
+use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+use crate::common::{MemCgroup, OomWatch, walk};
 
 /// Shapes that end on their own and peak below the critical level.
 pub const HEALTHY: [&str; 6] = [
@@ -37,26 +41,18 @@ pub struct ShapeRun {
     pub kills: u64,
     /// Of which counted in the run's own cgroup subtree.
     pub subtree_kills: u64,
+    /// Every cgroup seen below the run's own while it ran (oomguard's
+    /// `oomguard-<pid>` when it made one).
+    pub cgroups_made: Vec<String>,
     pub timed_out: bool,
     pub seconds: f64,
     pub stderr: String,
 }
 
-/// The v1 memory cgroup this process runs in, when it can make children.
-pub fn own_memcg() -> Option<PathBuf> {
-    let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = cg.lines().find_map(|l| {
-        let mut p = l.splitn(3, ':');
-        let (_, ctrl, path) = (p.next()?, p.next()?, p.next()?);
-        ctrl.split(',')
-            .any(|c| c == "memory")
-            .then(|| path.to_string())
-    })?;
-    let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
-    let probe = dir.join(format!("shapes-probe-{}", std::process::id()));
-    fs::create_dir(&probe).ok()?;
-    let _ = fs::remove_dir(&probe);
-    Some(dir)
+/// Whether this machine can run the shapes (root and a cgroup v1 memory
+/// hierarchy to make children in).
+pub fn available() -> bool {
+    crate::common::own_memory_cgroup().is_some()
 }
 
 fn vmstat_oom_kills() -> u64 {
@@ -65,47 +61,6 @@ fn vmstat_oom_kills() -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn subtree(dir: &Path) -> Vec<PathBuf> {
-    let mut out = vec![dir.to_path_buf()];
-    if let Ok(rd) = fs::read_dir(dir) {
-        for e in rd.flatten() {
-            if e.file_type().is_ok_and(|t| t.is_dir()) {
-                out.extend(subtree(&e.path()));
-            }
-        }
-    }
-    out
-}
-
-fn kill_and_remove(dir: &Path) {
-    for _ in 0..200 {
-        let mut any = false;
-        for d in subtree(dir) {
-            for pid in fs::read_to_string(d.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-            {
-                any = true;
-                let _ = Command::new("kill").args(["-9", pid]).status();
-            }
-        }
-        if !any {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut dirs = subtree(dir);
-    dirs.reverse();
-    for d in dirs {
-        for _ in 0..50 {
-            if fs::remove_dir(&d).is_ok() || !d.exists() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 /// What to run.
@@ -125,50 +80,57 @@ pub struct Spec<'a> {
     pub unprivileged: bool,
 }
 
-/// Runs `spec` in a fresh memory cgroup under `parent` (removed after,
-/// with anything left in it killed).
-pub fn run(parent: &Path, spec: &Spec<'_>) -> ShapeRun {
-    let dir = parent.join(format!(
-        "shape-{}-{}-{}",
-        spec.shape,
-        std::process::id(),
-        spec.seed
-    ));
-    let _ = fs::create_dir(&dir);
-    fs::write(dir.join("memory.limit_in_bytes"), spec.limit.to_string()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/shapes.py");
-    let usage = dir.join("memory.usage_in_bytes");
-    let mut cmd = Command::new("sh");
-    cmd.arg("-c")
-        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-        .arg(&dir);
-    if spec.unprivileged {
-        cmd.args([
-            "setpriv",
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-        ]);
+impl<'a> Spec<'a> {
+    /// `shape` with `seed` under `limit`, logged to `log`: `--cgroup auto`,
+    /// default settings, as root, a 90 s deadline.
+    pub fn new(shape: &'a str, seed: u64, limit: u64, log: &'a Path) -> Self {
+        Self {
+            shape,
+            seed,
+            limit,
+            cgroup: "auto",
+            flags: &[],
+            log,
+            deadline: Duration::from_secs(90),
+            unprivileged: false,
+        }
     }
-    cmd.arg(env!("CARGO_BIN_EXE_oomguard"))
-        .args(["run", "--no-tui", "--cgroup", spec.cgroup, "--log"])
-        .arg(spec.log)
-        .args(spec.flags)
-        .args(["--", "python3"])
-        .arg(&script)
-        .arg(spec.shape)
-        .arg("--usage-file")
-        .arg(&usage)
-        .args(["--limit", &spec.limit.to_string()])
-        .args(["--seed", &spec.seed.to_string()])
+}
+
+/// Runs `spec` in a fresh memory cgroup of its own (removed after, with
+/// anything left in it killed). `None` where no memory cgroup can be made.
+pub fn run(spec: &Spec<'_>) -> Option<ShapeRun> {
+    run_with_env(spec, &[])
+}
+
+/// `run`, with `env` set for oomguard (switches such as
+/// `OOMGUARD_KERNEL_WAKEUPS=off` for a control run).
+pub fn run_with_env(spec: &Spec<'_>, env: &[(&str, &str)]) -> Option<ShapeRun> {
+    let cg = MemCgroup::new(&format!("shape-{}-{}", spec.shape, spec.seed), spec.limit)?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/shapes.py");
+    let usage = cg.dir.join("memory.usage_in_bytes").display().to_string();
+    let (limit, seed) = (spec.limit.to_string(), spec.seed.to_string());
+    let og = env!("CARGO_BIN_EXE_oomguard");
+    let mut argv: Vec<&str> = Vec::new();
+    if spec.unprivileged {
+        argv.extend(["--reuid=65534", "--regid=65534", "--clear-groups", og]);
+    }
+    let log = spec.log.to_str()?;
+    argv.extend(["run", "--no-tui", "--cgroup", spec.cgroup, "--log", log]);
+    argv.extend(spec.flags.iter().copied());
+    argv.extend(["--", "python3", script.to_str()?, spec.shape]);
+    argv.extend(["--usage-file", &usage, "--limit", &limit, "--seed", &seed]);
+    let program = if spec.unprivileged { "setpriv" } else { og };
+    let mut cmd = cg.command(Path::new(program), &argv);
+    cmd.envs(env.iter().copied())
         .env_remove("GITHUB_ACTIONS")
         .env_remove("GITHUB_STEP_SUMMARY")
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let vm_before = vmstat_oom_kills();
+    let watch = OomWatch::start(&cg);
     let started = Instant::now();
-    let mut child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().ok()?;
     let stderr = child.stderr.take();
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -177,41 +139,35 @@ pub fn run(parent: &Path, spec: &Spec<'_>) -> ShapeRun {
         }
         s
     });
-    // Kill counters per cgroup of the subtree: oomguard removes its own
-    // child cgroup when it exits, so it is read while the run goes on.
-    let mut seen: std::collections::HashMap<PathBuf, u64> = Default::default();
+    // oomguard removes its own child cgroup when it exits: the names are
+    // gathered while the run goes on.
+    let mut made: BTreeSet<String> = BTreeSet::new();
     let (status, timed_out) = loop {
-        for d in subtree(&dir) {
-            if let Some(n) = fs::read_to_string(d.join("memory.oom_control"))
-                .ok()
-                .and_then(|t| {
-                    t.lines()
-                        .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-                })
-            {
-                let e = seen.entry(d).or_insert(0);
-                *e = (*e).max(n);
+        for d in walk(&cg.dir).iter().skip(1) {
+            if let Some(name) = d.file_name() {
+                made.insert(name.to_string_lossy().into_owned());
             }
         }
-        if let Some(st) = child.try_wait().unwrap() {
+        if let Some(st) = child.try_wait().ok()? {
             break (Some(st), false);
         }
         if started.elapsed() > spec.deadline {
             let _ = child.kill();
             break (child.wait().ok(), true);
         }
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(5));
     };
     let seconds = started.elapsed().as_secs_f64();
-    kill_and_remove(&dir);
-    let subtree_kills: u64 = seen.values().sum();
+    cg.kill_all();
+    let subtree_kills = watch.kills();
     let machine_kills = vmstat_oom_kills().saturating_sub(vm_before);
-    ShapeRun {
+    Some(ShapeRun {
         exit: status.and_then(|s| s.code()),
         kills: subtree_kills.max(machine_kills),
         subtree_kills,
+        cgroups_made: made.into_iter().collect(),
         timed_out,
         seconds,
         stderr: reader.join().unwrap_or_default(),
-    }
+    })
 }
