@@ -14,6 +14,9 @@
 //! action, and the median lead time before the kernel's kill, beside the
 //! lead of the policy's fixed critical threshold alone.
 //!
+//! `-- RUNS SHAPE…` records only the shapes named and scores them with the
+//! traces of the others already in the corpus.
+//!
 //! Needs root and the cgroup v1 memory controller. The traces stay in
 //! `target/policy-corpus/` for `oomguard replay --score` with other
 //! policies.
@@ -41,19 +44,35 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 fn main() {
-    let runs: u64 = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(10);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runs: u64 = args.iter().find_map(|a| a.parse().ok()).unwrap_or(10);
+    // Shapes named on the command line are recorded again; the others'
+    // traces from an earlier run are kept and scored with them.
+    let named: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| shapes::HEALTHY.contains(a) || shapes::LEAKING.contains(a))
+        .collect();
+    let record = |shape: &str| named.is_empty() || named.contains(&shape);
     if !shapes::available() {
         eprintln!("policy bench: needs root and the cgroup v1 memory controller");
         std::process::exit(1);
     }
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/policy-corpus");
-    let _ = std::fs::remove_dir_all(&corpus);
     std::fs::create_dir_all(&corpus).unwrap();
-    let mut logs = Vec::new();
     for shape in shapes::HEALTHY.iter().chain(shapes::LEAKING.iter()) {
+        if !record(shape) {
+            continue;
+        }
+        for old in std::fs::read_dir(&corpus).unwrap().flatten() {
+            if old
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{shape}-"))
+            {
+                let _ = std::fs::remove_file(old.path());
+            }
+        }
         for i in 0..runs {
             let seed = 1000 + i;
             let mode = if i % 2 == 0 { "auto" } else { "off" };
@@ -68,9 +87,15 @@ fn main() {
                 "recorded {shape} {mode} seed {seed}: exit {:?}, {} kernel kills, {:.1} s",
                 run.exit, run.kills, run.seconds
             );
-            logs.push(log);
         }
     }
+    let mut logs: Vec<_> = std::fs::read_dir(&corpus)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ndjson"))
+        .collect();
+    logs.sort();
     let out = Command::new(env!("CARGO_BIN_EXE_oomguard"))
         .args([
             "replay", "--score", "--policy", "default", "--format", "json",

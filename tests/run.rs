@@ -516,28 +516,38 @@ open(sys.argv[1], "w").close()
 time.sleep(float(sys.argv[2]))
 "#;
 
+/// Reaping while oomguard runs: orphans re-parented to it (a child
+/// subreaper) are reaped as they exit, not when oomguard itself ends and
+/// init takes what is left. Checked while the job still sleeps, with the
+/// output keeper (oomguard's other child) set apart.
 #[test]
-fn orphaned_grandchildren_leave_no_zombies() {
+fn orphaned_grandchildren_are_reaped_while_oomguard_runs() {
     let dir = tempfile::tempdir().unwrap();
     let job = py(dir.path(), "orphans.py", ORPHANS);
     let ready = dir.path().join("ready");
     let mut child = oomguard()
         .args(["run", "-q", "--", "python3", &job])
         .arg(&ready)
-        .arg("3")
+        .arg("8")
         .spawn()
         .unwrap();
     let me = child.id();
     assert!(wait_for(Duration::from_secs(20), || ready.exists()));
-    // The grandchildren exit 0.2 s after they were made; oomguard must have
-    // reaped all of them shortly after.
+    // The grandchildren exit 0.2 s after they were made: soon the job is
+    // oomguard's only child besides the keeper, and nothing is a zombie.
+    let only_the_job = || {
+        let kids = children_of(me);
+        kids.iter().all(|&(_, st)| st != 'Z')
+            && kids.iter().filter(|&&(pid, _)| !is_keeper(pid)).count() == 1
+    };
     assert!(
-        wait_for(Duration::from_secs(5), || children_of(me)
-            .iter()
-            .all(|&(_, st)| st != 'Z')
-            && children_of(me).len() <= 1),
-        "zombies or orphans left: {:?}",
+        wait_for(Duration::from_secs(5), only_the_job),
+        "zombies or orphans left while oomguard runs: {:?}",
         children_of(me)
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "oomguard had already ended: the check proved nothing"
     );
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }

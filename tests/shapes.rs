@@ -12,7 +12,6 @@ mod common;
 #[path = "support/shapes.rs"]
 mod shapes;
 
-
 use common::{require, serial};
 
 const MIB: u64 = 1 << 20;

@@ -1021,11 +1021,8 @@ impl Supervisor {
                 self.cfg.interval,
             )),
         };
-        let (warn, crit) = self.core.engine.policy().thresholds();
-        let levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let (warn, crit) = self.core.watched_levels();
+        let levels = [warn, crit, crit / 2.0];
         let counter = std::fs::read_to_string(cheap.file())
             .ok()
             .and_then(|t| t.trim().parse().ok());
@@ -1057,11 +1054,8 @@ impl Supervisor {
         {
             targets.push((dir, budget));
         }
-        let (warn, crit) = self.core.engine.policy().thresholds();
-        let mut levels: Vec<f64> = [warn, crit, crit.map(|c| c / 2.0)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let (warn, crit) = self.core.watched_levels();
+        let mut levels: Vec<f64> = vec![warn, crit, crit / 2.0];
         levels.dedup();
         for (dir, ceiling) in targets {
             for &h in &levels {

@@ -261,13 +261,22 @@ impl Core {
 
     /// How soon the next tick comes: faster as headroom shrinks, and fast
     /// while anything is held.
+    /// The warn and critical headroom levels (%) the loop watches with
+    /// its fast ticks and wake-ups: the policy's, or the default policy's
+    /// (20 %, 8 %) when it has none, so an observe-only run (`--policy
+    /// none`) still records the near-ceiling detail a default run sees.
+    pub fn watched_levels(&self) -> (f64, f64) {
+        let (warn, crit) = self.engine.policy().thresholds();
+        (warn.unwrap_or(20.0), crit.unwrap_or(8.0))
+    }
+
     /// Whether the next tick must see every process of the job, even one
     /// forked a moment ago: a stop is under way, or the last tick was
     /// below the critical level, where a last-resort freeze may follow and
     /// a worker it misses goes on growing (a quick scan re-reads only the
     /// processes already known).
     pub fn needs_full_scan(&self) -> bool {
-        let crit = self.engine.policy().thresholds().1.unwrap_or(8.0);
+        let (_, crit) = self.watched_levels();
         self.act.busy()
             || self
                 .last_view
@@ -280,8 +289,7 @@ impl Core {
         if self.act.busy() {
             return FAST;
         }
-        let (warn, crit) = self.engine.policy().thresholds();
-        let (warn, crit) = (warn.unwrap_or(20.0), crit.unwrap_or(8.0));
+        let (warn, crit) = self.watched_levels();
         let fast = match view.headroom_percent() {
             Some(h) if h < crit * 2.0 => FAST,
             Some(h) if h < warn => Duration::from_millis(100),
