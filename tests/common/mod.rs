@@ -2,6 +2,7 @@
 //! cgroups for tests that grow memory, and small process helpers.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod deadline;
 pub mod schema;
 
 use std::fs;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 /// The binary under test.
 pub fn oomguard() -> Command {
+    deadline::arm();
     let mut c = Command::new(env!("CARGO_BIN_EXE_oomguard"));
     // Tests must not depend on the developer's environment.
     c.env_remove("GITHUB_ACTIONS")
@@ -170,6 +172,7 @@ impl MemCgroup {
 
     /// A command that runs `argv` inside this cgroup.
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
+        deadline::arm();
         let mut c = Command::new("sh");
         c.arg("-c")
             .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
@@ -371,6 +374,7 @@ pub fn run_capped(
     use std::io::Write as _;
     // 256 MiB of address space: far above what either needs, far below
     // the input they are fed.
+    deadline::arm();
     let mut child = std::process::Command::new("sh")
         .args(["-c", "ulimit -v 262144 && exec \"$0\" \"$@\""])
         .arg(env!("CARGO_BIN_EXE_oomguard"))

@@ -469,6 +469,8 @@ pub fn run(machine: &Machine, initramfs: &Path, boot: &Boot) -> Output {
 /// boots it, prints the console to stderr (the test's output on failure)
 /// and checks that the scenario ran to its end before power-off.
 pub fn run_scenario(machine: &Machine, mut img: Initramfs, scenario: &str, boot: &Boot) -> Output {
+    // A TCG boot and its scenario are slow on purpose, never this slow.
+    crate::common::deadline::arm_for(std::time::Duration::from_secs(1200));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("initramfs.cpio");
     // The scenario's own watchdog fires before the boot's, so a hung step
