@@ -7,8 +7,9 @@
 //! It is what a normal user has instead of the kernel's v1 usage
 //! thresholds (root only) and a fast PSI trigger (an unprivileged trigger
 //! must use a 2 s window): a cgroup that fills in half a second would
-//! otherwise meet only the fixed 250/100/20 ms ladder. One read costs a few
-//! microseconds; with the job far from its levels they are far apart.
+//! otherwise meet only the fixed 250/100/20 ms ladder. One read costs tens
+//! of microseconds; with the job far from its levels they are far apart
+//! (`run_end.cheap_loop` counts them and their time).
 //!
 //! The counter includes page cache the kernel drops before it kills, which
 //! the ticks leave out (the working set); each tick hands over the
