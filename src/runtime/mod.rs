@@ -993,10 +993,13 @@ impl Supervisor {
     /// off: that switch leaves `--interval` polling alone, for the tests
     /// that prove a wake-up acted.
     fn pace_cheap_loop(&mut self, now: Instant) {
-        if !self.thresholds.is_empty()
-            || kernel_wakeups_disabled()
-            || std::env::var("OOMGUARD_CHEAP_LOOP").is_ok_and(|v| v == "off")
-        {
+        // The switches are read once, not on every tick.
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| {
+            kernel_wakeups_disabled()
+                || std::env::var("OOMGUARD_CHEAP_LOOP").is_ok_and(|v| v == "off")
+        });
+        if off || !self.thresholds.is_empty() {
             return;
         }
         let (Some(reader), Some(sample)) = (&self.sampler.cgroup, &self.core.last_sample) else {
