@@ -100,8 +100,33 @@ impl CheapLoop {
         GROWTH_PER_CPU * cpus as f64
     }
 
-    pub fn file(&self) -> &std::path::Path {
-        &self.file
+    /// After a tick: the loop over `file` (started, or started again when
+    /// the limit moved to another cgroup), with the limit's `levels` and
+    /// the working set the tick saw. `max_gap`: `--interval`.
+    pub fn follow(
+        slot: &mut Option<Self>,
+        file: PathBuf,
+        max_gap: Duration,
+        (levels, working_set): (Vec<u64>, u64),
+        now: Instant,
+    ) {
+        let me = match slot {
+            Some(c) if c.file == file => c,
+            slot => slot.insert(Self::new(file, Self::machine_rate(), max_gap)),
+        };
+        let counter = me.read();
+        me.update(levels, working_set, counter, now);
+    }
+
+    /// One read of the counter, counted in the loop's cost.
+    fn read(&mut self) -> Option<u64> {
+        let t0 = Instant::now();
+        let counter = std::fs::read_to_string(&self.file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        self.reads += 1;
+        self.read_time += t0.elapsed();
+        counter
     }
 
     /// After a tick: the limit, its levels, the working set the tick saw
@@ -138,13 +163,7 @@ impl CheapLoop {
         if self.next.is_none_or(|n| now < n) {
             return false;
         }
-        let t0 = Instant::now();
-        let counter = std::fs::read_to_string(&self.file)
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok());
-        self.reads += 1;
-        self.read_time += t0.elapsed();
-        let Some(counter) = counter else {
+        let Some(counter) = self.read() else {
             self.next = None;
             return false;
         };

@@ -1015,21 +1015,14 @@ impl Supervisor {
         ) else {
             return;
         };
-        let file = reader.usage_file(path);
-        let cheap = match &mut self.cheap {
-            Some(c) if c.file() == file => c,
-            slot => slot.insert(cheap::CheapLoop::new(
-                file,
-                cheap::CheapLoop::machine_rate(),
-                self.cfg.interval,
-            )),
-        };
-        let (warn, crit) = self.core.watched_levels();
-        let levels = [warn, crit, crit / 2.0];
-        let counter = std::fs::read_to_string(cheap.file())
-            .ok()
-            .and_then(|t| t.trim().parse().ok());
-        cheap.update(cheap::levels(limit, &levels), ws, counter, now);
+        let levels = cheap::levels(limit, &self.core.wake_levels());
+        cheap::CheapLoop::follow(
+            &mut self.cheap,
+            reader.usage_file(path),
+            self.cfg.interval,
+            (levels, ws),
+            now,
+        );
     }
 
     /// On cgroup v1, asks the kernel to wake us when usage crosses the
@@ -1057,8 +1050,7 @@ impl Supervisor {
         {
             targets.push((dir, budget));
         }
-        let (warn, crit) = self.core.watched_levels();
-        let mut levels: Vec<f64> = vec![warn, crit, crit / 2.0];
+        let mut levels = self.core.wake_levels().to_vec();
         levels.dedup();
         for (dir, ceiling) in targets {
             for &h in &levels {

@@ -270,6 +270,13 @@ impl Core {
         (warn.unwrap_or(20.0), crit.unwrap_or(8.0))
     }
 
+    /// The headroom levels (%) that wake the loop: warn, critical and the
+    /// last resort (half the critical level).
+    pub fn wake_levels(&self) -> [f64; 3] {
+        let (warn, crit) = self.watched_levels();
+        [warn, crit, crit / 2.0]
+    }
+
     /// Whether the next tick must see every process of the job, even one
     /// forked a moment ago: a stop is under way, or the last tick was
     /// below the critical level, where a last-resort freeze may follow and
