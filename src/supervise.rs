@@ -148,7 +148,8 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let cgroup = spec.cgroup_procs.cloned();
     let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
     let ctty = spec.controlling_tty.map(|fd| fd.as_raw_fd());
-    child_setup(&mut cmd, cgroup, tty, ctty);
+    let supervisor = std::process::id() as libc::pid_t;
+    child_setup(&mut cmd, supervisor, cgroup, tty, ctty);
     let child = cmd.spawn().map_err(|e| SpawnError::of(&cmd_name, e))?;
     let pid = child.id();
     // `child` is dropped without waiting: the reaper owns the status. Its
@@ -172,9 +173,15 @@ pub const DEATH_SIGNAL: i32 = libc::SIGTERM;
 /// Runs in the forked child before exec: ask for a death signal, join the
 /// cgroup, take the terminal.
 #[allow(unsafe_code)]
-fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctty: Option<i32>) {
+fn child_setup(
+    cmd: &mut Command,
+    supervisor: libc::pid_t,
+    cgroup: Option<CString>,
+    tty: Option<i32>,
+    ctty: Option<i32>,
+) {
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (prctl, open, write, close, sigaction,
+    // async-signal-safe calls (prctl, getppid, open, write, close, sigaction,
     // tcsetpgrp, getpid, setsid, ioctl) on data prepared before the fork; it
     // allocates nothing.
     unsafe {
@@ -191,6 +198,12 @@ fn child_setup(cmd: &mut Command, cgroup: Option<CString>, tty: Option<i32>, ctt
             ) < 0
             {
                 return Err(io::Error::last_os_error());
+            }
+            // Killed between the fork and the prctl, oomguard sent no death
+            // signal and never will: the job would start unsupervised (and
+            // fill a cgroup nobody removes). Leave instead.
+            if libc::getppid() != supervisor {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             if let Some(path) = &cgroup {
                 let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);

@@ -96,7 +96,11 @@ fn serial_the_cgroup_of_a_run_killed_with_sigkill_is_removed_by_the_next() {
         .spawn()
         .unwrap();
     let left = cg.dir.join(format!("oomguard-{}", first.id()));
-    assert!(common::wait_for(Duration::from_secs(5), || left.exists()));
+    // Killed once its job is in the cgroup: the job must end (death
+    // signal) and leave an empty cgroup behind.
+    assert!(common::wait_for(Duration::from_secs(5), || {
+        fs::read_to_string(left.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty())
+    }));
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(left.exists(), "SIGKILL cannot clean up; nothing to test");

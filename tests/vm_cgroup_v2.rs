@@ -136,6 +136,23 @@ impl Run {
         })
     }
 
+    /// What oomguard did and how the job ended, for failure messages.
+    fn actions(&self) -> Vec<String> {
+        self.log
+            .iter()
+            .filter_map(|l| match &l.event {
+                common::schema::Event::Action(a) => Some(format!(
+                    "{:.2} s {} {} {:?}",
+                    l.t, a.action, a.reason, a.signal
+                )),
+                common::schema::Event::ChildExit(c) => {
+                    Some(format!("{:.2} s exit {:?} {:?}", l.t, c.code, c.signal))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Seconds from the start to the job's main process exiting.
     fn child_exit(&self) -> Option<f64> {
         self.log.iter().find_map(|l| match &l.event {
@@ -250,7 +267,14 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
     for r in [&c, &c0] {
         assert_eq!(r.exit(), 75, "{}: {}", r.name, r.err);
         assert_eq!(r.num("oom_kill"), 0, "{}: the kernel killed", r.name);
-        assert!(r.out.contains("checkpoint"), "{}: no checkpoint", r.name);
+        assert!(
+            r.out.contains("checkpoint"),
+            "{}: no checkpoint; out: {:?}; err: {}; actions: {:?}",
+            r.name,
+            r.out,
+            r.err,
+            r.actions()
+        );
         r.assert_clean();
         let stop = r.first_action("stop").unwrap_or(0.0);
         eprintln!(
