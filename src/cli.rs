@@ -318,6 +318,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub torch_stats: bool,
 
+    /// Do not give Python jobs the checkpoint-on-request companion (its
+    /// control directory in OOMGUARD_CONTROL, and the Lightning and
+    /// Hugging Face callbacks added at start-up): stops send the
+    /// checkpoint signal only.
+    #[arg(long)]
+    pub no_companion: bool,
+
     /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
     /// when the job succeeded: a memory-regression gate for CI.
     #[arg(long, value_name = "SIZE", value_parser = crate::values::positive_size)]

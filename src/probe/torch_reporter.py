@@ -6,10 +6,14 @@
 #
 # 1. runs the sitecustomize it shadows (the next one on sys.path), as Python
 #    would have without oomguard, and takes its own directory off sys.path;
-# 2. does nothing more until the process imports torch (a finder on
-#    sys.meta_path that never finds anything, it only notices "torch"); it
-#    never imports torch itself;
-# 3. then starts one daemon thread which, every OOMGUARD_TORCH_STATS_INTERVAL
+# 2. with OOMGUARD_CONTROL set, puts the companion package (companion/ beside
+#    this file) last on sys.path and imports oomguard._auto, which waits for a
+#    Lightning or Hugging Face Trainer to be imported and gives it the
+#    checkpoint-on-request callback (docs/design.md, the control channel);
+# 3. with OOMGUARD_TORCH_STATS set, does nothing more until the process
+#    imports torch (a finder on sys.meta_path that never finds anything, it
+#    only notices "torch"; it never imports torch itself), then starts one
+#    daemon thread which, every OOMGUARD_TORCH_STATS_INTERVAL
 #    seconds, and only while torch.cuda.is_initialized() in this very
 #    process, appends one JSON line per report to OOMGUARD_TORCH_STATS:
 #    {"v":1,"pid":P,"seq":N,"part":0,"parts":1,"t":UNIX,"devices":[{"device":D,
@@ -37,6 +41,7 @@ def _oomguard_torch_stats():
     # The job should see the sys.path it would have had without oomguard.
     sys.path[:] = [p for p in sys.path if _oomguard_realpath(p) != here]
     _oomguard_run_shadowed_sitecustomize()
+    _oomguard_companion(here)
 
     path = os.environ.get("OOMGUARD_TORCH_STATS")
     if not path or sys.version_info < (3, 4):
@@ -47,6 +52,22 @@ def _oomguard_torch_stats():
         reporter.start()
     else:
         sys.meta_path.insert(0, _OomguardTorchWatch(reporter))
+
+
+def _oomguard_companion(here):
+    # The companion package (python/oomguard in oomguard's repository) sits
+    # in `companion/` beside this file. It goes last on sys.path, so a copy
+    # the job installed itself wins, and it only waits for a Trainer import.
+    import os
+    import sys
+
+    if not os.environ.get("OOMGUARD_CONTROL") or sys.version_info < (3, 6):
+        return
+    sys.path.append(os.path.join(here, "companion"))
+    try:
+        import oomguard._auto  # noqa: F401
+    except Exception:
+        pass
 
 
 def _oomguard_realpath(entry):

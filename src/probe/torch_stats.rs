@@ -5,7 +5,10 @@
 //!   embedded in the binary) as `sitecustomize.py` into a private temporary
 //!   directory and says which environment variables put it into the job:
 //!   that directory first on `PYTHONPATH`, [`ENV_STATS_PATH`] and
-//!   [`ENV_INTERVAL`].
+//!   [`ENV_INTERVAL`]. The same directory and hook carry the checkpoint
+//!   companion (`crate::companion`): one injected start-up hook for both,
+//!   and the injector exists without `--torch-stats` when only the
+//!   companion is wanted.
 //! - [`TorchStatsReader`] follows the file the reporters append to, one JSON
 //!   line per report, and keeps the latest report of each pid.
 //!
@@ -121,6 +124,9 @@ pub struct TorchStatsInjector {
     dir: PathBuf,
     stats_path: PathBuf,
     interval: Duration,
+    /// `--torch-stats`: the reporter's variables go into the job. Without
+    /// it the directory only carries the start-up hook and the companion.
+    stats: bool,
 }
 
 impl TorchStatsInjector {
@@ -149,6 +155,7 @@ impl TorchStatsInjector {
             stats_path: dir.join(STATS_FILE),
             dir,
             interval,
+            stats: true,
         };
         if injector.dir.as_os_str().as_bytes().contains(&b':') {
             return Err(TorchStatsError::ColonInPath {
@@ -157,6 +164,12 @@ impl TorchStatsInjector {
         }
         let script = injector.dir.join(SITECUSTOMIZE);
         write_new(&script, REPORTER_SOURCE.as_bytes(), 0o644)?;
+        crate::companion::write_package(&injector.dir).map_err(|source| {
+            TorchStatsError::Write {
+                path: injector.dir.join("companion"),
+                source,
+            }
+        })?;
         match stats_path {
             None => write_new(&injector.stats_path, b"", 0o600)?,
             Some(path) => {
@@ -169,6 +182,17 @@ impl TorchStatsInjector {
             }
         }
         Ok(injector)
+    }
+
+    /// Only the start-up hook and the companion: no allocator reports.
+    pub fn without_stats(mut self) -> Self {
+        self.stats = false;
+        self
+    }
+
+    /// Whether the allocator reporter is on (`--torch-stats`).
+    pub fn stats(&self) -> bool {
+        self.stats
     }
 
     /// The private directory (first on the job's `PYTHONPATH`).
@@ -198,17 +222,18 @@ impl TorchStatsInjector {
             pythonpath.push(":");
             pythonpath.push(existing);
         }
-        vec![
-            (OsString::from("PYTHONPATH"), pythonpath),
-            (
+        let mut env = vec![(OsString::from("PYTHONPATH"), pythonpath)];
+        if self.stats {
+            env.push((
                 OsString::from(ENV_STATS_PATH),
                 OsString::from(self.stats_path.as_os_str()),
-            ),
-            (
+            ));
+            env.push((
                 OsString::from(ENV_INTERVAL),
                 OsString::from(format!("{:.3}", self.interval.as_secs_f64())),
-            ),
-        ]
+            ));
+        }
+        env
     }
 
     /// A reader following this injector's stats path.

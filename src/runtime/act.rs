@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::companion::{Channel, Kind, Record};
 use crate::model::{CeilingSource, ProcSample, Role, Sample};
 use crate::policy::Action;
 use crate::restart::CheckpointWatch;
@@ -152,6 +153,42 @@ pub enum Acted {
     /// A stop that could not end the job (attach without `--allow-kill`)
     /// was given up: the policy starts over.
     GaveUp,
+    /// A request was written to the companion.
+    Requested { id: u64, kind: Kind, reason: String },
+    /// The companion said something (progress, an acknowledgement, a
+    /// finished save), for the log and the progress tracker.
+    Companion(Record),
+}
+
+/// How long a stop waits for the companion to acknowledge its request
+/// before it falls back to the checkpoint signal: the request is read at
+/// the next step boundary, so this bounds the step time the channel serves.
+pub const ACK_WAIT: Duration = Duration::from_secs(20);
+/// After the save is done, how long the trainer has to leave on its own
+/// before the rest of the ladder (SIGTERM) goes on.
+pub const EXIT_AFTER_DONE: Duration = Duration::from_secs(10);
+
+/// What the companion of this attempt has said.
+#[derive(Debug, Default)]
+pub struct CompanionState {
+    /// A companion said hello: requests reach the trainer.
+    pub connected: bool,
+    /// The newest training step it reported.
+    pub step: Option<u64>,
+    /// The outstanding request: id, kind, when, acknowledged.
+    pending: Option<(u64, Kind, Instant, bool)>,
+    /// The last finished save: step, seconds after its request, paths.
+    pub done: Option<Saved>,
+}
+
+/// A checkpoint the companion reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Saved {
+    pub id: u64,
+    pub step: Option<u64>,
+    pub after_request_seconds: f64,
+    pub paths: Vec<PathBuf>,
+    pub ok: bool,
 }
 
 /// What the actuator needs to know of the settings.
@@ -189,6 +226,12 @@ pub struct Stop {
     /// Confirms the checkpoint (with `--checkpoint-dir`).
     watch: Option<CheckpointWatch>,
     began: Instant,
+    /// The request the companion got instead of the signal.
+    request: Option<u64>,
+    /// The companion's save finished (the trainer now leaves on its own).
+    done_at: Option<Instant>,
+    /// The companion did not answer in time: the signal was sent.
+    fell_back: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -234,6 +277,9 @@ pub struct Actuator {
     pub killed: bool,
     /// When SIGKILL follows if the tree has not exited by then.
     pub kill_at: Option<Instant>,
+    /// This attempt's control channel (`run`, unless `--no-companion`).
+    pub channel: Option<Channel>,
+    pub companion: CompanionState,
     out: Vec<Acted>,
 }
 
@@ -247,7 +293,81 @@ impl Actuator {
             policy_reason: None,
             killed: false,
             kill_at: None,
+            channel: None,
+            companion: CompanionState::default(),
             out: Vec::new(),
+        }
+    }
+
+    pub fn with_channel(mut self, channel: Option<Channel>) -> Self {
+        self.channel = channel;
+        self
+    }
+
+    /// Reads what the companion appended since the last tick.
+    pub fn poll_channel(&mut self, now: Instant) {
+        let Some(ch) = self.channel.as_mut() else {
+            return;
+        };
+        for r in ch.poll() {
+            let c = &mut self.companion;
+            match &r {
+                Record::Hello { .. } => c.connected = true,
+                Record::Progress { step, .. } => {
+                    c.connected = true;
+                    c.step = step.or(c.step);
+                }
+                Record::Ack { id, .. } => {
+                    if let Some(p) = c.pending.as_mut().filter(|p| p.0 == *id) {
+                        p.3 = true;
+                    }
+                }
+                Record::Done {
+                    id,
+                    step,
+                    paths,
+                    ok,
+                    ..
+                } => {
+                    if let Some((pid, _, at, _)) = c.pending.filter(|p| p.0 == *id) {
+                        c.pending = None;
+                        c.done = Some(Saved {
+                            id: pid,
+                            step: *step,
+                            after_request_seconds: (now - at).as_secs_f64(),
+                            paths: paths.clone(),
+                            ok: *ok,
+                        });
+                    }
+                    c.step = (*step).max(c.step);
+                }
+                Record::Relieved { .. } => {}
+            }
+            self.out.push(Acted::Companion(r));
+        }
+    }
+
+    /// Writes a request to the companion, when one is listening. `None`:
+    /// no companion (or the file could not be written: said).
+    pub fn ask(&mut self, kind: Kind, reason: &str, now: Instant) -> Option<u64> {
+        if !self.companion.connected {
+            return None;
+        }
+        let ch = self.channel.as_mut()?;
+        match ch.request(kind, reason, self.cfg.grace) {
+            Ok(id) => {
+                self.companion.pending = Some((id, kind, now, false));
+                self.out.push(Acted::Requested {
+                    id,
+                    kind,
+                    reason: reason.to_string(),
+                });
+                Some(id)
+            }
+            Err(e) => {
+                self.say(format!("cannot ask the companion for a checkpoint: {e}"));
+                None
+            }
         }
     }
 
@@ -259,6 +379,7 @@ impl Actuator {
         self.policy_reason = None;
         self.killed = false;
         self.kill_at = None;
+        self.companion = CompanionState::default();
     }
 
     /// The attempt ended while its stop still waited for a checkpoint (the
@@ -411,9 +532,23 @@ impl Actuator {
                 .collect();
             signal_all(sig, &resume, SIG_CONT);
         }
-        let signal = self.cfg.checkpoint_signal;
-        let sent = signal_all(sig, &trainers, signal);
-        self.record(action.name(), reason, sent, signal);
+        // With a companion listening, the request replaces the signal: the
+        // ranks agree on a step, save it together, and leave.
+        let request = self.ask(Kind::CheckpointAndExit, reason, now);
+        if let Some(id) = request {
+            let pids = trainers.iter().map(|t| t.0).collect();
+            self.push(Acted::Action {
+                action: action.name(),
+                reason: reason.to_string(),
+                pids,
+                signal: None,
+                result: format!("checkpoint requested ({id})"),
+            });
+        } else {
+            let signal = self.cfg.checkpoint_signal;
+            let sent = signal_all(sig, &trainers, signal);
+            self.record(action.name(), reason, sent, signal);
+        }
         let watch = self.cfg.checkpoint_dir.clone().map(|dir| {
             CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), SystemTime::now())
         });
@@ -431,6 +566,9 @@ impl Actuator {
             signalled: trainers,
             watch,
             began: now,
+            request,
+            done_at: None,
+            fell_back: false,
         });
     }
 
@@ -570,6 +708,7 @@ impl Actuator {
         // go on; the trainer is never cut off while it is still writing one
         // within the grace period.
         let confirmed = st.watch.as_mut().and_then(|w| w.poll(now));
+        self.follow_request(st, now, sig);
         if grace_over && trainers_alive && !may_kill {
             // attach: as far as a non-parent can go. Give back what was
             // held and keep watching.
@@ -592,10 +731,16 @@ impl Actuator {
             self.release(st, &why, tree, sig);
             return false;
         }
-        if trainers_alive && !grace_over && confirmed.is_none() {
+        let waiting = match st.done_at {
+            Some(done) => now < done + EXIT_AFTER_DONE,
+            None => confirmed.is_none(),
+        };
+        if trainers_alive && !grace_over && waiting {
             return true;
         }
-        if let Some(w) = &st.watch {
+        if st.done_at.is_some() {
+            // The companion's checkpoint was reported when it came.
+        } else if let Some(w) = &st.watch {
             let path = confirmed.or_else(|| (!trainers_alive).then(|| w.written()).flatten());
             self.report_checkpoint(path, now - st.began);
         }
@@ -634,6 +779,42 @@ impl Actuator {
             });
         }
         true
+    }
+
+    /// The stop's request: its checkpoint when the save is done; the signal
+    /// after all when the companion does not acknowledge in time.
+    fn follow_request(&mut self, st: &mut Stop, now: Instant, sig: &mut dyn Signaller) {
+        let Some(id) = st.request else {
+            return;
+        };
+        if st.done_at.is_none()
+            && let Some(saved) = self.companion.done.clone().filter(|s| s.id == id)
+        {
+            st.done_at = Some(now);
+            let path = saved.paths.first().cloned().filter(|_| saved.ok);
+            if !saved.ok {
+                self.say("the companion reports that the checkpoint failed".to_string());
+            }
+            self.out.push(Acted::Checkpoint {
+                path,
+                waited_seconds: (saved.after_request_seconds * 1000.0).round() / 1000.0,
+            });
+            return;
+        }
+        let acked = self.companion.pending.is_some_and(|p| p.0 == id && p.3);
+        let wait = ACK_WAIT.min(self.cfg.grace / 2);
+        if st.done_at.is_none() && !acked && !st.fell_back && now - st.began >= wait {
+            st.fell_back = true;
+            let signal = self.cfg.checkpoint_signal;
+            let sent = signal_all(sig, &st.signalled, signal);
+            let why = format!("{}: the companion did not answer", st.reason);
+            self.record("stop", &why, sent, signal);
+            self.say(format!(
+                "the companion did not acknowledge the checkpoint request within {}; sending {}",
+                human_duration(wait),
+                supervise::signal_name(signal)
+            ));
+        }
     }
 
     /// Lets go of everything a graceful stop holds (throttled or frozen

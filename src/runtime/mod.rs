@@ -37,6 +37,7 @@ use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
+mod channel;
 mod cheap;
 mod oom;
 mod sampler;
@@ -677,6 +678,9 @@ impl Supervisor {
         let critical = self.host_memory_critical();
         for event in events {
             if let crate::forensics::torch::TorchEvent::Progress(u) = event {
+                if self.exact_progress() {
+                    continue;
+                }
                 let t = self.started.elapsed().as_secs_f64();
                 self.progress.update(u, t);
                 self.publish_progress();
@@ -1355,6 +1359,8 @@ impl Supervisor {
                     }
                 }
                 Acted::GaveUp => self.core.engine.reset(),
+                Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
+                Acted::Companion(r) => self.companion_said(r),
                 Acted::Rule(r) => self.sinks.log.write("rule", &r),
                 Acted::Hook {
                     cmd,
@@ -1850,8 +1856,11 @@ impl Supervisor {
             .map(|p| p.describe())
             .filter(|d| !d.is_empty())
             .map_or(String::new(), |d| format!(" at {d}"));
+        let saved = self
+            .checkpoint_line()
+            .map_or(String::new(), |l| format!("; {l}"));
         self.attempts.push(format!(
-            "attempt {}: {how} after {}{at}",
+            "attempt {}: {how} after {}{at}{saved}",
             self.attempt,
             human_duration(self.attempt_started.elapsed())
         ));
@@ -1933,6 +1942,7 @@ impl Supervisor {
                 .or_else(|| std::env::var_os("PYTHONPATH"));
             env.extend(inj.env(base.as_deref()));
         }
+        env.extend(self.next_channel());
         let slave = match (&self.tui, &self.sinks.app) {
             (Some(t), Some(a)) => match open_job_pty(t, a) {
                 Ok((m, s)) => {
@@ -2316,6 +2326,9 @@ impl Supervisor {
         }
         for note in &self.rank_notes {
             eprintln!("oomguard: {note}");
+        }
+        if let Some(line) = self.checkpoint_line() {
+            eprintln!("oomguard: {line}");
         }
         if !s.actions.is_empty() {
             let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();

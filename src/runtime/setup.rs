@@ -67,7 +67,9 @@ struct Output {
     pty_log: Option<std::fs::File>,
 }
 
-type Torch = (TorchStatsInjector, TorchStatsReader);
+/// The start-up hook's directory, with the allocator reader under
+/// `--torch-stats`.
+type Torch = (TorchStatsInjector, Option<TorchStatsReader>);
 
 /// The readers the loop samples with.
 struct Readers {
@@ -127,10 +129,12 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         // of file descriptors), not the user's.
         Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, &cfg, msg),
     };
+    let channel = open_channel(&cfg, torch.as_ref());
     let mut first_env = attempt_env(1, None, &BTreeMap::new());
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
+    first_env.extend(channel.as_ref().map(crate::companion::Channel::env));
     let start = Start {
         env: first_env,
         owned,
@@ -169,6 +173,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         job,
         foreground,
         torch,
+        channel,
         screen,
         output,
         cg_oom_kills: cg_first.as_ref().and_then(|c| c.oom_kill_count),
@@ -321,17 +326,45 @@ fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
     }
 }
 
+/// The start-up hook for Python jobs: with `--torch-stats` (a failure is
+/// the user's to fix: exit 2), or for the companion alone (a failure costs
+/// the companion, not the run).
 fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
-    if !cfg.torch_stats {
+    if cfg.torch_stats {
+        return TorchStatsInjector::new(cfg.interval)
+            .and_then(|inj| inj.reader().map(|r| (inj, Some(r))))
+            .map(Some)
+            .map_err(|e| {
+                eprintln!("oomguard: --torch-stats: {e}");
+                2
+            });
+    }
+    if !cfg.companion {
         return Ok(None);
     }
-    TorchStatsInjector::new(cfg.interval)
-        .and_then(|inj| inj.reader().map(|r| (inj, r)))
-        .map(Some)
-        .map_err(|e| {
-            eprintln!("oomguard: --torch-stats: {e}");
-            2
-        })
+    match TorchStatsInjector::new(cfg.interval) {
+        Ok(inj) => Ok(Some((inj.without_stats(), None))),
+        Err(e) => {
+            if !cfg.quiet {
+                eprintln!("oomguard: no checkpoint companion for this run: {e}");
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// The first attempt's control channel, in the hook's directory.
+fn open_channel(cfg: &RunConfig, torch: Option<&Torch>) -> Option<crate::companion::Channel> {
+    let (inj, _) = torch.filter(|_| cfg.companion)?;
+    match crate::companion::Channel::create(inj.dir(), 1) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if !cfg.quiet {
+                eprintln!("oomguard: no checkpoint companion for this run: {e}");
+            }
+            None
+        }
+    }
 }
 
 /// The dashboard: when stdin and stdout are terminals and CI is unset, or
@@ -574,6 +607,7 @@ struct Parts {
     job: Job,
     foreground: bool,
     torch: Option<Torch>,
+    channel: Option<crate::companion::Channel>,
     screen: Screen,
     output: Output,
     /// The job cgroup's OOM-kill counter at the start.
@@ -590,6 +624,7 @@ impl Supervisor {
             job,
             foreground,
             torch,
+            channel,
             screen,
             output,
             cg_oom_kills,
@@ -597,7 +632,7 @@ impl Supervisor {
         } = parts;
         let (gpu, gpu_info) = open_gpu(&cfg);
         let (torch, torch_reader) = match torch {
-            Some((inj, reader)) => (Some(inj), Some(reader)),
+            Some((inj, reader)) => (Some(inj), reader),
             None => (None, None),
         };
         let now = Instant::now();
@@ -647,7 +682,7 @@ impl Supervisor {
             },
             core: Core::new(
                 Engine::new(cfg.policy.policy.clone()),
-                Actuator::new(act_config(&cfg)),
+                Actuator::new(act_config(&cfg)).with_channel(channel),
                 Voice {
                     quiet: cfg.quiet,
                     notify: cfg.notify,

@@ -111,6 +111,7 @@ impl Core {
         sig: &mut dyn Signaller,
         notifier: &mut dyn Notifier,
     ) -> TickOut {
+        self.act.poll_channel(inp.now);
         let view = self.history.push(&sample);
         let readings = Readings::from_sample(&sample, &view, inp.gpu_eta, inp.torch_fragmentation);
         let waits_before = self.engine.pending_changes();
@@ -336,9 +337,16 @@ fn headroom_text(view: &View) -> Option<String> {
 fn describe(action: Action, reason: &str, view: &View, act: &Actuator, last: bool) -> String {
     let head = headroom_text(view).map_or_else(String::new, |h| format!(": {h}"));
     let stop = || {
+        let how = if act.companion.connected && act.channel.is_some() {
+            "a checkpoint requested from the companion".to_string()
+        } else {
+            format!(
+                "{} to the trainer",
+                supervise::signal_name(act.cfg.checkpoint_signal)
+            )
+        };
         format!(
-            "stopping the job gracefully ({} to the trainer, {} grace)",
-            supervise::signal_name(act.cfg.checkpoint_signal),
+            "stopping the job gracefully ({how}, {} grace)",
             human_duration(act.cfg.grace)
         )
     };

@@ -99,6 +99,8 @@ pub struct Settings {
     /// `None`: no GPU watching; `Some(None)`: the system's NVML.
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
+    /// The control channel and the Python companion (`run` only).
+    pub companion: bool,
     /// `attach`: watch this running process instead of launching one.
     pub attach: Option<u32>,
     /// `attach --allow-kill`.
@@ -167,6 +169,8 @@ pub struct CommandLine {
     pub log_every_tick: bool,
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
+    /// The control channel and the Python companion (`run` only).
+    pub companion: bool,
     pub resume_cmd: Option<String>,
     pub degrade: Vec<crate::restart::Degrade>,
     pub restart_on: Vec<String>,
@@ -189,6 +193,7 @@ impl Settings {
             log_every_tick: a.log_every_tick,
             nvml: (!a.no_gpu).then_some(a.nvml_lib),
             torch_stats: a.torch_stats,
+            companion: !a.no_companion,
             resume_cmd: a.restart.resume_cmd,
             degrade: a.restart.degrade,
             restart_on: a.restart.restart_on,
@@ -376,6 +381,7 @@ impl Settings {
             fail_above: pick!(fail_above),
             nvml: cmd.nvml,
             torch_stats: cmd.torch_stats,
+            companion: cmd.companion && attach.is_none(),
             attach,
             allow_kill,
             attach_spec: None,

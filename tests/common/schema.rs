@@ -80,6 +80,11 @@ pub enum Event {
     WorkerDied(serde_json::Value),
     RankFailed(serde_json::Value),
     PhaseMemory(serde_json::Value),
+    Companion(serde_json::Value),
+    CheckpointRequest(serde_json::Value),
+    CheckpointAck(serde_json::Value),
+    CheckpointDone(serde_json::Value),
+    Relieved(serde_json::Value),
 }
 
 #[derive(Debug, Deserialize)]

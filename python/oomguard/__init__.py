@@ -1,0 +1,317 @@
+"""oomguard's in-process companion.
+
+oomguard (the supervisor) names a private control directory in the job's
+environment (``OOMGUARD_CONTROL``). It writes a *request* there (checkpoint,
+checkpoint and exit, relieve); the trainer answers at its next step boundary:
+
+* every rank calls :meth:`Guard.step` once per step; the ranks agree on the
+  newest request through the job's own process group (one small all-reduce,
+  ``MAX``), so they all save the same step, and no rank waits for a vote
+  another skips (the vote happens on every step of every rank);
+* all ranks save, then meet in a barrier; local rank 0 of each node writes
+  the ``done`` record its node's oomguard waits for.
+
+Outside ``oomguard run`` (no ``OOMGUARD_CONTROL``) every call is a cheap
+no-op. Nothing here prints, and a failure of the channel never stops
+training. This module needs nothing but the standard library; torch is used
+only when the job itself has initialised ``torch.distributed``.
+"""
+
+import atexit
+import gc
+import json
+import os
+import sys
+import time
+
+__all__ = ["Guard", "guard", "PROTOCOL"]
+
+PROTOCOL = 1
+ENV_CONTROL = "OOMGUARD_CONTROL"
+REQUEST = "request"
+EVENTS = "events"
+# Vote codes: the larger one wins when ranks hold different requests.
+_KIND_CODE = {"checkpoint": 1, "checkpoint_and_exit": 2}
+_CODE_KIND = {1: "checkpoint", 2: "checkpoint_and_exit"}
+# Progress records are rate-limited: oomguard needs the step, not a stream.
+_PROGRESS_EVERY = 0.25
+# A line below PIPE_BUF is written whole even beside other ranks' writes.
+_MAX_LINE = 4000
+
+_GUARD = None
+
+
+def guard(framework="plain"):
+    """The process-wide :class:`Guard` (created on first use)."""
+    global _GUARD
+    if _GUARD is None or _GUARD._pid != os.getpid():
+        _GUARD = Guard(framework=framework)
+    return _GUARD
+
+
+def _env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Guard:
+    """One process's end of the channel. Use :func:`guard` to share it."""
+
+    def __init__(self, control=None, framework="plain"):
+        self.control = control if control is not None else os.environ.get(ENV_CONTROL)
+        self.framework = framework
+        self.rank = _env_int("RANK", 0)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        self._pid = os.getpid()
+        self._fd = None
+        self._request_key = None
+        self._request = None
+        self._served = 0
+        self._relieved = 0
+        self._agreed = None
+        self._agreed_at = None
+        self._local_id = 0
+        self._exit = False
+        self._last_progress = 0.0
+        self._last_step = None
+        self._reported = None
+        self._epoch = None
+        self._phase = "train"
+        self._said_hello = False
+        self._votes = 0
+        self._vote_every = max(1, _env_int("OOMGUARD_VOTE_EVERY", 1))
+
+    @property
+    def active(self):
+        """Whether oomguard supervises this process."""
+        return bool(self.control)
+
+    # -- the trainer's calls -------------------------------------------
+
+    def step(self, step, epoch=None, phase="train"):
+        """Call once per completed step on every rank. True when every rank
+        has agreed to checkpoint now: save, then call :meth:`checkpointed`."""
+        if not self.active:
+            return False
+        self._last_step = step
+        self._hello()
+        now = time.monotonic()
+        self._epoch, self._phase = epoch, phase
+        if now - self._last_progress >= _PROGRESS_EVERY:
+            self._last_progress = now
+            self._progress()
+        self._maybe_relieve()
+        if self._agreed is not None:
+            return True
+        self._votes += 1
+        if self._votes % self._vote_every:
+            return False
+        try:
+            return self._vote(step)
+        except Exception:
+            # A broken vote must never stop training.
+            return False
+
+    def checkpoint_requested(self):
+        """True between an agreed request and :meth:`checkpointed`."""
+        return self._agreed is not None
+
+    def checkpointed(self, paths, ok=True):
+        """Call on every rank once this rank's part of the save is written.
+        Waits for the other ranks, then reports the checkpoint to oomguard."""
+        if self._agreed is None:
+            return
+        agreed_id, kind = self._agreed
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = [paths]
+        paths = [os.path.abspath(os.fspath(p)) for p in paths]
+        _barrier()
+        seconds = time.monotonic() - (self._agreed_at or time.monotonic())
+        if self.local_rank == 0:
+            self._emit(
+                {
+                    "type": "done",
+                    "id": self._local_id or agreed_id,
+                    "kind": kind,
+                    "step": self._last_step,
+                    "paths": paths,
+                    "ok": bool(ok),
+                    "seconds": round(seconds, 3),
+                }
+            )
+        self._served = max(self._served, agreed_id, self._local_id)
+        self._agreed = None
+        self._local_id = 0
+        if kind == "checkpoint_and_exit":
+            self._exit = True
+
+    def should_exit(self):
+        """True once a ``checkpoint_and_exit`` request has been served: leave
+        the training loop (oomguard ends the job otherwise)."""
+        return self._exit
+
+    def resume_path(self):
+        """The checkpoint a previous attempt reported, on a restart."""
+        path = os.environ.get("OOMGUARD_CHECKPOINT")
+        if path and os.path.exists(path) and _env_int("OOMGUARD_ATTEMPT", 1) > 1:
+            return path
+        return None
+
+    # -- the channel ----------------------------------------------------
+
+    def _vote(self, step):
+        req = self._pending()
+        local = [req["id"], _KIND_CODE[req["kind"]]] if req else [0, 0]
+        agreed = _all_max(local)
+        if agreed[0] <= self._served or agreed[1] not in _CODE_KIND:
+            return False
+        self._agreed = (agreed[0], _CODE_KIND[agreed[1]])
+        self._agreed_at = time.monotonic()
+        self._local_id = req["id"] if req else 0
+        if req:
+            self._emit({"type": "ack", "id": req["id"], "step": step})
+        return True
+
+    def _pending(self):
+        req = self._read_request()
+        if req and req.get("id", 0) > self._served and req.get("kind") in _KIND_CODE:
+            return req
+        return None
+
+    def _read_request(self):
+        path = os.path.join(self.control, REQUEST)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key != self._request_key:
+            self._request_key = key
+            try:
+                with open(path) as f:
+                    req = json.load(f)
+                self._request = req if isinstance(req, dict) and isinstance(req.get("id"), int) else None
+            except (OSError, ValueError):
+                self._request = None
+        return self._request
+
+    def _maybe_relieve(self):
+        req = self._read_request()
+        if not req or req.get("kind") != "relieve" or req["id"] <= self._relieved:
+            return
+        self._relieved = req["id"]
+        freed = relieve()
+        self._emit({"type": "relieved", "id": req["id"], "freed": freed})
+
+    def _progress(self):
+        if self._last_step is not None and self._last_step != self._reported:
+            self._reported = self._last_step
+            self._emit(
+                {"type": "progress", "step": self._last_step, "epoch": self._epoch, "phase": self._phase}
+            )
+
+    def _hello(self):
+        if self._said_hello:
+            return
+        self._said_hello = True
+        # The last step is reported even when the rate limit held it back.
+        atexit.register(self._progress)
+        self._emit(
+            {
+                "type": "hello",
+                "framework": self.framework,
+                "world": _world_size(),
+                "local_rank": self.local_rank,
+            }
+        )
+
+    def _emit(self, record):
+        record = dict(record, v=PROTOCOL, pid=os.getpid(), rank=self.rank, t=round(time.time(), 3))
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        if len(line) > _MAX_LINE:
+            return
+        try:
+            if self._fd is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._fd = os.open(os.path.join(self.control, EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            os.write(self._fd, line)
+        except OSError:
+            pass
+
+
+def relieve():
+    """Frees what can be freed without changing the job: Python's garbage,
+    the C heap's free pages, PyTorch's cached CUDA blocks. Returns the bytes
+    each step freed (by resident memory, or by CUDA reserved memory)."""
+    freed = {}
+    before = _rss()
+    gc.collect()
+    after = _rss()
+    freed["gc"] = max(0, before - after)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        before = after
+        libc.malloc_trim(0)
+        after = _rss()
+        freed["malloc_trim"] = max(0, before - after)
+    except (OSError, AttributeError):
+        pass
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            before = torch.cuda.memory_reserved()
+            torch.cuda.empty_cache()
+            freed["cuda_empty_cache"] = max(0, before - torch.cuda.memory_reserved())
+    except Exception:
+        pass
+    return freed
+
+
+def _rss():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _dist():
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:
+        pass
+    return None
+
+
+def _world_size():
+    dist = _dist()
+    return dist.get_world_size() if dist is not None else _env_int("WORLD_SIZE", 1)
+
+
+def _all_max(values):
+    dist = _dist()
+    if dist is None or dist.get_world_size() < 2:
+        return values
+    import torch
+
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(x) for x in t.tolist()]
+
+
+def _barrier():
+    dist = _dist()
+    if dist is not None and dist.get_world_size() > 1:
+        try:
+            dist.barrier()
+        except Exception:
+            pass

@@ -1,0 +1,358 @@
+//! The control channel to the in-process companion (`python/oomguard`):
+//! oomguard's end of "checkpoint on request".
+//!
+//! Every attempt gets a private directory (0700) named in the job's
+//! environment as `OOMGUARD_CONTROL`. oomguard writes the `request` file
+//! there (atomically: a temporary file renamed over it); the companions of
+//! the job's processes append one JSON line per record to `events`
+//! (`O_APPEND`, each line one `write` below `PIPE_BUF`). The contract is in
+//! docs/design.md ("The control channel"); this module owns the files, the
+//! request ids and the parsing, and nothing of what a stop does with them.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The variable naming the control directory in the job's environment.
+pub const ENV_CONTROL: &str = "OOMGUARD_CONTROL";
+/// The protocol version both ends write as `v`.
+pub const PROTOCOL: u32 = 1;
+const REQUEST: &str = "request";
+const EVENTS: &str = "events";
+/// Bytes read from `events` per poll: one poll stays short.
+const READ_BUDGET: usize = 1 << 20;
+/// A line longer than this is not the companion's: dropped.
+const MAX_LINE: usize = 8 << 10;
+
+/// The companion package, embedded so that `oomguard run` puts it on a
+/// Python job's path with nothing installed.
+pub const PACKAGE: &[(&str, &str)] = &[
+    (
+        "__init__.py",
+        include_str!("../python/oomguard/__init__.py"),
+    ),
+    ("_auto.py", include_str!("../python/oomguard/_auto.py")),
+    (
+        "lightning.py",
+        include_str!("../python/oomguard/lightning.py"),
+    ),
+    ("hf.py", include_str!("../python/oomguard/hf.py")),
+    (
+        "accelerate.py",
+        include_str!("../python/oomguard/accelerate.py"),
+    ),
+];
+
+/// Errors of the channel, each naming the path that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("cannot create the control directory {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What oomguard asks of the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Save, and go on training.
+    Checkpoint,
+    /// Save, then leave the training loop.
+    CheckpointAndExit,
+    /// Free caches (garbage, the C heap, PyTorch's CUDA cache); no save.
+    Relieve,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Checkpoint => "checkpoint",
+            Kind::CheckpointAndExit => "checkpoint_and_exit",
+            Kind::Relieve => "relieve",
+        }
+    }
+}
+
+/// The `request` file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub v: u32,
+    /// Unix milliseconds at the request, made strictly increasing: ranks on
+    /// several nodes (one oomguard each) compare ids in their vote.
+    pub id: u64,
+    pub kind: Kind,
+    pub reason: String,
+    /// Unix seconds by which oomguard stops waiting.
+    pub deadline: f64,
+}
+
+/// One line of `events`, as a companion wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// A companion started speaking (once per process).
+    Hello {
+        pid: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        framework: String,
+        #[serde(default)]
+        world: Option<u32>,
+    },
+    /// Where training is (rate-limited by the companion).
+    Progress {
+        pid: u32,
+        #[serde(default)]
+        rank: u32,
+        step: Option<u64>,
+        #[serde(default)]
+        epoch: Option<f64>,
+        #[serde(default)]
+        phase: Option<String>,
+    },
+    /// The ranks agreed to serve request `id` at `step`.
+    Ack {
+        id: u64,
+        #[serde(default)]
+        rank: u32,
+        step: Option<u64>,
+    },
+    /// Every rank's save finished (written by each node's local rank 0).
+    Done {
+        id: u64,
+        #[serde(default)]
+        rank: u32,
+        step: Option<u64>,
+        #[serde(default)]
+        paths: Vec<PathBuf>,
+        ok: bool,
+        #[serde(default)]
+        seconds: f64,
+    },
+    /// A `relieve` request was served: bytes freed by each step.
+    Relieved {
+        id: u64,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        freed: std::collections::BTreeMap<String, u64>,
+    },
+}
+
+/// One attempt's control directory. Removed on drop.
+#[derive(Debug)]
+pub struct Channel {
+    dir: PathBuf,
+    events: Option<File>,
+    offset: u64,
+    partial: Vec<u8>,
+    last_id: u64,
+}
+
+impl Channel {
+    /// Creates `parent/control-<attempt>` (0700) with an empty `events`.
+    pub fn create(parent: &Path, attempt: u32) -> Result<Channel, ChannelError> {
+        let dir = parent.join(format!("control-{attempt}"));
+        let _ = fs::remove_dir_all(&dir);
+        DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| ChannelError::Create {
+                path: dir.clone(),
+                source,
+            })?;
+        let events = dir.join(EVENTS);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&events)
+            .map_err(|source| ChannelError::Write {
+                path: events,
+                source,
+            })?;
+        Ok(Channel {
+            dir,
+            events: Some(file),
+            offset: 0,
+            partial: Vec::new(),
+            last_id: 0,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `OOMGUARD_CONTROL=<dir>`.
+    pub fn env(&self) -> (std::ffi::OsString, std::ffi::OsString) {
+        (ENV_CONTROL.into(), self.dir.as_os_str().to_owned())
+    }
+
+    /// Writes a request (replacing any earlier one) and returns its id.
+    pub fn request(
+        &mut self,
+        kind: Kind,
+        reason: &str,
+        wait: Duration,
+    ) -> Result<u64, ChannelError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let id = (now.as_millis() as u64).max(self.last_id + 1);
+        self.last_id = id;
+        let req = Request {
+            v: PROTOCOL,
+            id,
+            kind,
+            reason: reason.to_string(),
+            deadline: (now + wait).as_secs_f64(),
+        };
+        let tmp = self.dir.join(".request.tmp");
+        let text = serde_json::to_vec(&req).unwrap_or_default();
+        let written = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&text))
+            .and_then(|()| fs::rename(&tmp, self.dir.join(REQUEST)));
+        written.map_err(|source| ChannelError::Write { path: tmp, source })?;
+        Ok(id)
+    }
+
+    /// The records appended since the last poll (complete lines only; a
+    /// line that is not a record is skipped).
+    pub fn poll(&mut self) -> Vec<Record> {
+        let Some(f) = self.events.as_mut() else {
+            return Vec::new();
+        };
+        let Ok(len) = f.metadata().map(|m| m.len()) else {
+            return Vec::new();
+        };
+        if len <= self.offset {
+            return Vec::new();
+        }
+        let want = ((len - self.offset) as usize).min(READ_BUDGET);
+        let mut buf = vec![0; want];
+        let read = f
+            .seek(SeekFrom::Start(self.offset))
+            .and_then(|_| f.read(&mut buf));
+        let Ok(n) = read else {
+            return Vec::new();
+        };
+        self.offset += n as u64;
+        self.partial.extend_from_slice(&buf[..n]);
+        let mut out = Vec::new();
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            if let Ok(r) = serde_json::from_slice::<Record>(&line) {
+                out.push(r);
+            }
+        }
+        if self.partial.len() > MAX_LINE {
+            self.partial.clear();
+        }
+        out
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.events = None;
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Writes the companion package into `dir/companion/oomguard/`.
+pub fn write_package(dir: &Path) -> io::Result<()> {
+    let pkg = dir.join("companion").join("oomguard");
+    fs::create_dir_all(&pkg)?;
+    for (name, text) in PACKAGE {
+        fs::write(pkg.join(name), text)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_replaced_whole_and_ids_increase() {
+        let t = tempfile::tempdir().unwrap();
+        let mut c = Channel::create(t.path(), 1).unwrap();
+        let a = c
+            .request(Kind::Checkpoint, "r1", Duration::from_secs(5))
+            .unwrap();
+        let b = c
+            .request(Kind::CheckpointAndExit, "r2", Duration::from_secs(5))
+            .unwrap();
+        assert!(b > a);
+        let req: Request =
+            serde_json::from_slice(&fs::read(c.dir().join(REQUEST)).unwrap()).unwrap();
+        assert_eq!(req.id, b);
+        assert_eq!(req.kind, Kind::CheckpointAndExit);
+        assert_eq!(req.reason, "r2");
+        let mode = fs::metadata(c.dir()).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(mode.permissions().mode() & 0o777, 0o700);
+    }
+
+    #[test]
+    fn records_are_read_line_by_line_across_partial_writes() {
+        let t = tempfile::tempdir().unwrap();
+        let mut c = Channel::create(t.path(), 2).unwrap();
+        let path = c.dir().join(EVENTS);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"type":"hello","pid":7,"rank":0,"framework":"plain"}"#)
+            .unwrap();
+        f.write_all(b"\nnot json\n{\"type\":\"done\",\"id\":3,\"step\":12,")
+            .unwrap();
+        let first = c.poll();
+        assert_eq!(first.len(), 1);
+        assert!(matches!(first[0], Record::Hello { pid: 7, .. }));
+        f.write_all(br#""paths":["/x/ckpt"],"ok":true,"seconds":0.5}"#)
+            .unwrap();
+        f.write_all(b"\n").unwrap();
+        let second = c.poll();
+        assert_eq!(
+            second,
+            vec![Record::Done {
+                id: 3,
+                rank: 0,
+                step: Some(12),
+                paths: vec![PathBuf::from("/x/ckpt")],
+                ok: true,
+                seconds: 0.5
+            }]
+        );
+        assert!(c.poll().is_empty());
+    }
+
+    #[test]
+    fn the_directory_goes_with_the_channel() {
+        let t = tempfile::tempdir().unwrap();
+        let c = Channel::create(t.path(), 1).unwrap();
+        let dir = c.dir().to_path_buf();
+        assert!(dir.is_dir());
+        drop(c);
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,154 @@
+//! The supervisor's side of the companion channel: what the companion's
+//! records become (log lines, exact progress, the user's messages), the
+//! channel each new attempt gets, and the checkpoint line of the summary.
+//! The requests themselves are the actuator's (`act.rs`).
+
+use crate::companion::{Channel, Kind, Record};
+use crate::forensics::progress::{Phase, ProgressUpdate};
+
+use super::Supervisor;
+
+impl Supervisor {
+    /// A request went to the companion.
+    pub(super) fn log_request(&mut self, id: u64, kind: Kind, reason: &str) {
+        let body = serde_json::json!({"id": id, "kind": kind.name(), "reason": reason});
+        self.sinks.log.write("checkpoint_request", &body);
+    }
+
+    /// One record of the companion.
+    pub(super) fn companion_said(&mut self, r: Record) {
+        match r {
+            Record::Hello {
+                pid,
+                rank,
+                framework,
+                world,
+            } => {
+                let body = serde_json::json!({
+                    "pid": pid, "rank": rank, "framework": framework, "world": world,
+                });
+                self.sinks.log.write("companion", &body);
+            }
+            Record::Progress {
+                step, epoch, phase, ..
+            } => {
+                let u = ProgressUpdate {
+                    step,
+                    total: None,
+                    epoch: epoch.map(|e| {
+                        if e.fract() == 0.0 {
+                            format!("{e:.0}")
+                        } else {
+                            format!("{e:.2}")
+                        }
+                    }),
+                    phase: phase.as_deref().and_then(phase_of),
+                    printed_rate: None,
+                };
+                let t = self.started.elapsed().as_secs_f64();
+                self.progress.update(u, t);
+                self.publish_progress();
+            }
+            Record::Ack { id, rank, step } => {
+                let body = serde_json::json!({"id": id, "rank": rank, "step": step});
+                self.sinks.log.write("checkpoint_ack", &body);
+            }
+            Record::Done {
+                id,
+                rank,
+                step,
+                paths,
+                ok,
+                seconds,
+            } => {
+                let body = serde_json::json!({
+                    "id": id, "rank": rank, "step": step, "paths": paths, "ok": ok,
+                    "save_seconds": seconds,
+                });
+                self.sinks.log.write("checkpoint_done", &body);
+                if step.is_some() {
+                    let u = ProgressUpdate {
+                        step,
+                        ..ProgressUpdate::default()
+                    };
+                    let t = self.started.elapsed().as_secs_f64();
+                    self.progress.update(u, t);
+                    self.publish_progress();
+                }
+                if !self.cfg.quiet
+                    && let Some(line) = self.checkpoint_line()
+                {
+                    self.say(line);
+                }
+            }
+            Record::Relieved { id, rank, freed } => {
+                let body = serde_json::json!({"id": id, "rank": rank, "freed_bytes": freed});
+                self.sinks.log.write("relieved", &body);
+            }
+        }
+    }
+
+    /// Whether the companion reports progress (the output's progress bars
+    /// are then not read for it: the companion's step is exact).
+    pub(super) fn exact_progress(&self) -> bool {
+        self.core.act.companion.step.is_some()
+    }
+
+    /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost".
+    pub(super) fn checkpoint_line(&self) -> Option<String> {
+        let c = &self.core.act.companion;
+        let saved = c.done.as_ref()?;
+        if !saved.ok {
+            return Some("the companion's checkpoint failed".to_string());
+        }
+        let at = saved.step.map_or_else(
+            || "checkpoint".to_string(),
+            |s| format!("checkpoint at step {s}"),
+        );
+        let lost = match (c.step, saved.step) {
+            (Some(now), Some(at)) => {
+                let n = now.saturating_sub(at);
+                format!(", {n} step{} lost", if n == 1 { "" } else { "s" })
+            }
+            _ => String::new(),
+        };
+        Some(format!(
+            "{at} ({:.1} s after the request){lost}",
+            saved.after_request_seconds
+        ))
+    }
+
+    /// The next attempt's channel (and its variable), in the hook's
+    /// directory.
+    pub(super) fn next_channel(&mut self) -> Option<(std::ffi::OsString, std::ffi::OsString)> {
+        self.core.act.channel = None;
+        let dir = self.torch.as_ref()?.dir().to_path_buf();
+        if !self.cfg.companion {
+            return None;
+        }
+        match Channel::create(&dir, self.attempt) {
+            Ok(c) => {
+                let env = c.env();
+                self.core.act.channel = Some(c);
+                Some(env)
+            }
+            Err(e) => {
+                if !self.cfg.quiet {
+                    self.say(format!("no checkpoint companion for this attempt: {e}"));
+                }
+                None
+            }
+        }
+    }
+}
+
+fn phase_of(name: &str) -> Option<Phase> {
+    Some(match name {
+        "train" => Phase::Train,
+        "validation" | "val" => Phase::Validation,
+        "test" => Phase::Test,
+        "predict" => Phase::Predict,
+        "sanity" => Phase::Sanity,
+        _ => return None,
+    })
+}

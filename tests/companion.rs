@@ -1,0 +1,331 @@
+//! Checkpoint on request, end to end: oomguard stops a leaking trainer by
+//! asking its companion for a checkpoint, and the checkpoint holds the last
+//! completed step. A plain loop (the package's API, no torch), unmodified
+//! Lightning and Hugging Face scripts (the callbacks come on their own),
+//! and two torchrun ranks that must save the same step. Every run is a
+//! normal user's: `--cgroup off` and a `--budget`, no root needed.
+//!
+//! The torch tests use the virtual environment `.ci/run` builds
+//! (`OOMGUARD_TEST_VENV`, default `~/.cache/oomguard/test-venv`): they skip
+//! without it, and fail under CI=true.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::schema::Event;
+
+fn job(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/companion")
+        .join(name)
+}
+
+/// The test environment's Python with torch, Lightning, transformers and
+/// accelerate, or None (skipped outside CI).
+fn venv() -> Option<PathBuf> {
+    let dir = std::env::var_os("OOMGUARD_TEST_VENV")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/oomguard/test-venv"))
+        })?;
+    let py = dir.join("bin/python");
+    let ok = py.exists();
+    common::require(ok, &format!("no torch environment at {}", dir.display())).then_some(dir)
+}
+
+struct Run {
+    out: Output,
+    log: Vec<common::schema::Line>,
+    raw: String,
+    dir: tempfile::TempDir,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+    fn code(&self) -> i32 {
+        self.out.status.code().unwrap_or(-1)
+    }
+    /// The step of the companion's `checkpoint_done`, and its paths.
+    fn done(&self) -> Option<(u64, Vec<PathBuf>)> {
+        self.log.iter().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => Some((
+                v["step"].as_u64()?,
+                v["paths"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|p| p.as_str().map(PathBuf::from))
+                    .collect(),
+            )),
+            _ => None,
+        })
+    }
+    fn has(&self, pred: impl Fn(&Event) -> bool) -> bool {
+        self.log.iter().any(|l| pred(&l.event))
+    }
+    /// Signals the stop sent (names), in order.
+    fn stop_signals(&self) -> Vec<Option<String>> {
+        self.log
+            .iter()
+            .filter_map(|l| match &l.event {
+                Event::Action(a) if a.action == "stop" || a.action == "restart" => {
+                    Some(a.signal.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+    fn why(&self) -> String {
+        format!(
+            "exit {}\nstderr:\n{}\nstdout tail:\n{}\nlog:\n{}",
+            self.code(),
+            self.stderr(),
+            self.stdout()
+                .lines()
+                .rev()
+                .take(8)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            self.raw
+        )
+    }
+}
+
+/// `oomguard run --cgroup off --budget BUDGET [extra] -- argv` with the
+/// job's checkpoints in a fresh directory (`CKPT_DIR`).
+fn run(budget: &str, extra: &[&str], argv: &[&str], env: &[(&str, &str)]) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log.ndjson");
+    let mut c = common::oomguard();
+    c.args([
+        "run", "--no-tui", "--cgroup", "off", "--budget", budget, "--log",
+    ])
+    .arg(&log)
+    .args(extra)
+    .arg("--")
+    .args(argv)
+    .env("CKPT_DIR", dir.path())
+    .env_remove("OOMGUARD_CONTROL");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let raw = fs::read_to_string(&log).unwrap_or_default();
+    let log = common::read_log(&log);
+    Run { out, log, raw, dir }
+}
+
+/// The last step every rank printed as completed.
+fn last_completed(stdout: &str, rank: u32) -> Option<u64> {
+    let prefix = format!("rank {rank} completed step ");
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .max()
+}
+
+fn plain() -> String {
+    job("plain.py").to_string_lossy().into_owned()
+}
+
+#[test]
+fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
+    let _serial = common::serial();
+    let r = run("400M", &[], &["python3", &plain()], &[]);
+    assert_eq!(r.code(), 75, "{}", r.why());
+    let (step, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert_eq!(Some(step), last_completed(&r.stdout(), 0), "{}", r.why());
+    assert_eq!(
+        paths,
+        vec![r.dir.path().join(format!("ckpt-r0-{step}.json"))]
+    );
+    assert!(paths[0].exists());
+    assert!(r.has(|e| matches!(e, Event::CheckpointRequest(_))));
+    assert!(r.has(|e| matches!(e, Event::CheckpointAck(_))));
+    // The request replaced the signal: the trainer was never signalled.
+    assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+    assert!(r.stderr().contains(&format!("checkpoint at step {step} (")));
+    assert!(r.stderr().contains("0 steps lost"), "{}", r.why());
+}
+
+/// The control: without the companion the stop is SIGTERM, which a plain
+/// loop does not catch: no checkpoint. (The package is importable as if
+/// installed, with no oomguard channel to talk to.)
+#[test]
+fn serial_without_the_companion_the_plain_loop_loses_its_work() {
+    let _serial = common::serial();
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let r = run(
+        "400M",
+        &["--no-companion"],
+        &["python3", &plain()],
+        &[("PYTHONPATH", pkg.to_str().unwrap())],
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    assert!(r.done().is_none());
+    assert_eq!(r.stop_signals(), vec![Some("SIGTERM".to_string())]);
+    let saved = fs::read_dir(r.dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-"));
+    assert!(!saved, "a checkpoint without the companion?");
+}
+
+#[test]
+fn serial_a_restart_resumes_from_the_companions_checkpoint() {
+    let _serial = common::serial();
+    let r = run(
+        "400M",
+        &["--on-critical", "restart", "--restart-delay", "1s"],
+        &["python3", &plain(), "120"],
+        &[],
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    let (step, _) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let out = r.stdout();
+    assert!(
+        out.contains(&format!("rank 0 resumed from step {step}")),
+        "{}",
+        r.why()
+    );
+    assert!(out.contains("rank 0 finished at step 120"), "{}", r.why());
+    // The second attempt did not redo the first's steps.
+    let redone = out
+        .lines()
+        .filter(|l| *l == format!("rank 0 completed step {step}"))
+        .count();
+    assert_eq!(redone, 1, "{}", r.why());
+}
+
+#[test]
+fn serial_an_unmodified_lightning_script_saves_its_last_step() {
+    let _serial = common::serial();
+    let Some(venv) = venv() else {
+        return;
+    };
+    let py = venv.join("bin/python");
+    let script = job("lightning_job.py");
+    let r = run(
+        "1500M",
+        &[],
+        &[py.to_str().unwrap(), script.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    let (step, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert!(
+        r.stdout()
+            .contains(&format!("fit ended at global step {step}")),
+        "{}",
+        r.why()
+    );
+    let ckpt = &paths[0];
+    assert_eq!(
+        ckpt.parent().unwrap(),
+        r.dir.path().join("checkpoints"),
+        "not where Lightning puts checkpoints"
+    );
+    let check = std::process::Command::new(&py)
+        .arg("-c")
+        .arg("import sys, torch; print(torch.load(sys.argv[1], weights_only=False)['global_step'])")
+        .arg(ckpt)
+        .output()
+        .unwrap();
+    let saved = String::from_utf8_lossy(&check.stdout).trim().to_string();
+    assert_eq!(
+        saved,
+        step.to_string(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+}
+
+#[test]
+fn serial_an_unmodified_hf_trainer_script_saves_its_last_step() {
+    let _serial = common::serial();
+    let Some(venv) = venv() else {
+        return;
+    };
+    let py = venv.join("bin/python");
+    let script = job("hf_job.py");
+    let r = run(
+        "1500M",
+        &[],
+        &[py.to_str().unwrap(), script.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    let (step, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert!(
+        r.stdout()
+            .contains(&format!("train ended at global step {step}")),
+        "{}",
+        r.why()
+    );
+    assert_eq!(paths, vec![r.dir.path().join(format!("checkpoint-{step}"))]);
+    assert!(paths[0].join("model.safetensors").exists(), "{}", r.why());
+}
+
+#[test]
+fn serial_two_torchrun_ranks_save_the_same_step() {
+    let _serial = common::serial();
+    let Some(venv) = venv() else {
+        return;
+    };
+    let torchrun = venv.join("bin/torchrun");
+    let r = run(
+        "1600M",
+        &[],
+        &[
+            torchrun.to_str().unwrap(),
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29613",
+            &plain(),
+        ],
+        &[("DIST", "1"), ("LEAK_RANK", "1")],
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    let (step, _) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let out = r.stdout();
+    for rank in 0..2 {
+        assert!(
+            r.dir
+                .path()
+                .join(format!("ckpt-r{rank}-{step}.json"))
+                .exists(),
+            "rank {rank} did not save step {step}\n{}",
+            r.why()
+        );
+        assert!(
+            out.contains(&format!(
+                "rank {rank} left after its checkpoint at step {step}"
+            )),
+            "rank {rank} did not leave on its own\n{}",
+            r.why()
+        );
+    }
+    // Never through the agent: torchrun would end the job on a signal.
+    assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+}
