@@ -329,3 +329,31 @@ fn serial_two_torchrun_ranks_save_the_same_step() {
     // Never through the agent: torchrun would end the job on a signal.
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
 }
+
+/// Without the companion, a trainer that does not catch the checkpoint
+/// signal is never sent it (USR1 would kill it with a misleading cause):
+/// it gets SIGTERM, and the user is told the stop loses work.
+#[test]
+fn serial_a_trainer_that_does_not_catch_usr1_is_never_sent_usr1() {
+    let _serial = common::serial();
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let r = run(
+        "400M",
+        &["--no-companion", "--checkpoint-signal", "USR1"],
+        &["python3", &plain()],
+        &[("PYTHONPATH", pkg.to_str().unwrap())],
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    assert_eq!(
+        r.stop_signals(),
+        vec![Some("SIGTERM".to_string())],
+        "{}",
+        r.why()
+    );
+    let err = r.stderr();
+    assert!(
+        err.contains("does not catch SIGUSR1: sent SIGTERM instead"),
+        "{err}"
+    );
+    assert!(err.contains("this stop loses the work"), "{err}");
+}

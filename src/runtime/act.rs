@@ -55,6 +55,10 @@ pub trait Signaller {
     fn is_alive(&self, id: Ident) -> bool;
     /// Sends `sig` to a process group (the job's, while its leader lives).
     fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError>;
+    /// Whether `id` catches `sig` (`SigCgt`); `None` when unknown.
+    fn catches(&self, _id: Ident, _sig: i32) -> Option<bool> {
+        None
+    }
 }
 
 /// Shows a desktop notification.
@@ -98,6 +102,20 @@ impl Signaller for ProcSignaller {
             errno: e.to_string(),
         })
     }
+
+    fn catches(&self, (pid, start): Ident, sig: i32) -> Option<bool> {
+        if !supervise::is_alive(&self.proc_root, pid, start) {
+            return None;
+        }
+        let status = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("status"));
+        caught_signals(&status.ok()?).map(|mask| sig > 0 && mask >> (sig - 1) & 1 == 1)
+    }
+}
+
+/// The `SigCgt` mask of a `/proc/PID/status` text: bit n−1 is signal n.
+pub fn caught_signals(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// The real notifier: a desktop notification over the session bus, when
@@ -545,9 +563,7 @@ impl Actuator {
                 result: format!("checkpoint requested ({id})"),
             });
         } else {
-            let signal = self.cfg.checkpoint_signal;
-            let sent = signal_all(sig, &trainers, signal);
-            self.record(action.name(), reason, sent, signal);
+            self.checkpoint_signal(action.name(), reason, &trainers, sig);
         }
         let watch = self.cfg.checkpoint_dir.clone().map(|dir| {
             CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), SystemTime::now())
@@ -805,14 +821,64 @@ impl Actuator {
         let wait = ACK_WAIT.min(self.cfg.grace / 2);
         if st.done_at.is_none() && !acked && !st.fell_back && now - st.began >= wait {
             st.fell_back = true;
-            let signal = self.cfg.checkpoint_signal;
-            let sent = signal_all(sig, &st.signalled, signal);
-            let why = format!("{}: the companion did not answer", st.reason);
-            self.record("stop", &why, sent, signal);
             self.say(format!(
-                "the companion did not acknowledge the checkpoint request within {}; sending {}",
-                human_duration(wait),
-                supervise::signal_name(signal)
+                "the companion did not acknowledge the checkpoint request within {}; signalling",
+                human_duration(wait)
+            ));
+            let why = format!("{}: the companion did not answer", st.reason);
+            let targets = st.signalled.clone();
+            self.checkpoint_signal("stop", &why, &targets, sig);
+        }
+    }
+
+    /// The checkpoint signal to the trainers, as `action`. A process that
+    /// does not catch it would die of a signal other than TERM (USR1's
+    /// default is to terminate, with no checkpoint and a confusing cause):
+    /// it gets SIGTERM instead, and the log says so. A trainer that does
+    /// not catch SIGTERM either loses the work since its last checkpoint:
+    /// the user is told.
+    fn checkpoint_signal(
+        &mut self,
+        action: &'static str,
+        reason: &str,
+        trainers: &[Ident],
+        sig: &mut dyn Signaller,
+    ) {
+        let wanted = self.cfg.checkpoint_signal;
+        let (asked, plain): (Vec<Ident>, Vec<Ident>) = trainers
+            .iter()
+            .partition(|id| wanted == SIG_TERM || sig.catches(**id, wanted) != Some(false));
+        if !asked.is_empty() || plain.is_empty() {
+            let sent = signal_all(sig, &asked, wanted);
+            self.record(action, reason, sent, wanted);
+        }
+        if !plain.is_empty() {
+            let pids: Vec<String> = plain.iter().map(|p| p.0.to_string()).collect();
+            let why = format!(
+                "{reason}: pid {} does not catch {}",
+                pids.join(", "),
+                supervise::signal_name(wanted)
+            );
+            let sent = signal_all(sig, &plain, SIG_TERM);
+            self.record(action, &why, sent, SIG_TERM);
+            self.say(format!(
+                "pid {} does not catch {}: sent SIGTERM instead",
+                pids.join(", "),
+                supervise::signal_name(wanted)
+            ));
+        }
+        let deaf: Vec<String> = trainers
+            .iter()
+            .filter(|id| sig.catches(**id, SIG_TERM) == Some(false))
+            .filter(|id| wanted == SIG_TERM || sig.catches(**id, wanted) != Some(true))
+            .map(|id| id.0.to_string())
+            .collect();
+        if !deaf.is_empty() {
+            self.say(format!(
+                "warning: the trainer (pid {}) catches neither the checkpoint signal nor SIGTERM: \
+                 this stop loses the work since its last checkpoint (the companion, \
+                 python/oomguard, saves on request)",
+                deaf.join(", ")
             ));
         }
     }
@@ -943,4 +1009,21 @@ fn kernel_headroom(sample: &Sample) -> Option<f64> {
         .filter(|c| c.ceiling.source != CeilingSource::Budget)
         .map(|c| c.headroom_percent())
         .min_by(f64::total_cmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigcgt_bit_n_minus_one_is_signal_n() {
+        // Python's default: SIGINT (2) caught, TERM (15) and USR1 (10) not.
+        let status = "Name:\tpython3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180000002\n";
+        let mask = caught_signals(status).unwrap();
+        assert_eq!(mask & (1 << (libc::SIGINT - 1)), 1 << (libc::SIGINT - 1));
+        assert_eq!(mask & (1 << (libc::SIGTERM - 1)), 0);
+        assert_eq!(mask & (1 << (libc::SIGUSR1 - 1)), 0);
+        assert_eq!(caught_signals("Name:\tx\n"), None);
+        assert_eq!(caught_signals("SigCgt:\tzz\n"), None);
+    }
 }
