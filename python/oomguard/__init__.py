@@ -6,8 +6,9 @@ checkpoint and exit, relieve); the trainer answers at its next step boundary:
 
 * every rank calls :meth:`Guard.step` once per step; the ranks agree on the
   newest request through the job's own process group (one small all-reduce,
-  ``MAX``), so they all save the same step, and no rank waits for a vote
-  another skips (the vote happens on every step of every rank);
+  ``MAX``, started at one step and read at the next), so they all save the
+  same step, and no rank waits for a vote another skips (the vote happens
+  on every step of every rank);
 * all ranks save, then meet in a barrier; local rank 0 of each node writes
   the ``done`` record its node's oomguard waits for.
 
@@ -81,6 +82,8 @@ class Guard:
         self._phase = "train"
         self._said_hello = False
         self._votes = 0
+        self._work = None
+        self._group = None
         self._vote_every = max(1, _env_int("OOMGUARD_VOTE_EVERY", 1))
 
     @property
@@ -162,9 +165,43 @@ class Guard:
     # -- the channel ----------------------------------------------------
 
     def _vote(self, step):
+        # With several ranks the vote is asynchronous: the all-reduce
+        # started at one step is read at the next, so it overlaps a whole
+        # step of training instead of adding a round trip to each. Every
+        # rank reads it at the same step, so all still agree on one step.
+        if self._work is not None:
+            work, tensor, req = self._work
+            self._work = None
+            work.wait()
+            return self._decide([int(x) for x in tensor.tolist()], req, step)
         req = self._pending()
         local = [req["id"], _KIND_CODE[req["kind"]]] if req else [0, 0]
-        agreed = _all_max(local)
+        started = self._all_max_async(local)
+        if started is None:
+            return self._decide(local, req, step)
+        self._work = started + (req,)
+        return False
+
+    def _all_max_async(self, values):
+        """Starts the all-reduce MAX of `values` over the job's process
+        group: (work, tensor), or None in a single process. The group, its
+        device and the tensor are looked up once."""
+        if self._group is None:
+            dist = _dist()
+            if dist is None or dist.get_world_size() < 2:
+                return None
+            import torch
+
+            device = "cpu"
+            if dist.get_backend() == "nccl":
+                device = torch.device("cuda", torch.cuda.current_device())
+            self._group = (dist, torch.zeros(2, dtype=torch.int64, device=device))
+        dist, t = self._group
+        t[0] = values[0]
+        t[1] = values[1]
+        return dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), t
+
+    def _decide(self, agreed, req, step):
         if agreed[0] <= self._served or agreed[1] not in _CODE_KIND:
             return False
         self._agreed = (agreed[0], _CODE_KIND[agreed[1]])
@@ -292,20 +329,6 @@ def _dist():
 def _world_size():
     dist = _dist()
     return dist.get_world_size() if dist is not None else _env_int("WORLD_SIZE", 1)
-
-
-def _all_max(values):
-    dist = _dist()
-    if dist is None or dist.get_world_size() < 2:
-        return values
-    import torch
-
-    device = "cpu"
-    if dist.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    t = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(x) for x in t.tolist()]
 
 
 def _barrier():
