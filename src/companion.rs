@@ -95,6 +95,10 @@ pub struct Request {
     pub id: u64,
     pub kind: Kind,
     pub reason: String,
+    /// What the rule saw ("headroom 26 MiB (6.5%) under the budget ceiling
+    /// of 400 MiB"), passed on to the other nodes' oomguards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Unix seconds by which oomguard stops waiting.
     pub deadline: f64,
 }
@@ -142,6 +146,21 @@ pub enum Record {
         ok: bool,
         #[serde(default)]
         seconds: f64,
+    },
+    /// The ranks agreed on another node's request (written by this node's
+    /// local rank 0): who asked and why, from the job's rendezvous store.
+    Remote {
+        id: u64,
+        kind: Kind,
+        node: u32,
+        #[serde(default)]
+        step: Option<u64>,
+        #[serde(default)]
+        cause_rank: Option<u32>,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        detail: Option<String>,
     },
     /// A `relieve` request was served: bytes freed by each step.
     Relieved {
@@ -209,6 +228,7 @@ impl Channel {
         &mut self,
         kind: Kind,
         reason: &str,
+        detail: Option<&str>,
         wait: Duration,
     ) -> Result<u64, ChannelError> {
         let now = SystemTime::now()
@@ -221,6 +241,7 @@ impl Channel {
             id,
             kind,
             reason: reason.to_string(),
+            detail: detail.map(str::to_string),
             deadline: (now + wait).as_secs_f64(),
         };
         let tmp = self.dir.join(".request.tmp");
@@ -299,10 +320,15 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let mut c = Channel::create(t.path(), 1).unwrap();
         let a = c
-            .request(Kind::Checkpoint, "r1", Duration::from_secs(5))
+            .request(Kind::Checkpoint, "r1", None, Duration::from_secs(5))
             .unwrap();
         let b = c
-            .request(Kind::CheckpointAndExit, "r2", Duration::from_secs(5))
+            .request(
+                Kind::CheckpointAndExit,
+                "r2",
+                Some("d"),
+                Duration::from_secs(5),
+            )
             .unwrap();
         assert!(b > a);
         let req: Request =
@@ -310,6 +336,7 @@ mod tests {
         assert_eq!(req.id, b);
         assert_eq!(req.kind, Kind::CheckpointAndExit);
         assert_eq!(req.reason, "r2");
+        assert_eq!(req.detail.as_deref(), Some("d"));
         let mode = fs::metadata(c.dir()).unwrap();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.permissions().mode() & 0o777, 0o700);

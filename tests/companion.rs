@@ -357,3 +357,97 @@ fn serial_a_trainer_that_does_not_catch_usr1_is_never_sent_usr1() {
     );
     assert!(err.contains("this stop loses the work"), "{err}");
 }
+
+#[test]
+fn serial_an_accelerate_loop_saves_its_last_step_and_resumes_from_it() {
+    let _serial = common::serial();
+    let Some(venv) = venv() else {
+        return;
+    };
+    let py = venv.join("bin/python");
+    let script = job("accelerate_job.py");
+    let r = run(
+        "1500M",
+        &["--on-critical", "restart", "--restart-delay", "1s"],
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "150"],
+        &[],
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    let (step, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let out = r.stdout();
+    assert!(
+        out.contains(&format!("left after its checkpoint at step {step}\n")),
+        "{}",
+        r.why()
+    );
+    assert_eq!(paths, vec![r.dir.path().join(format!("step_{step}"))]);
+    assert!(
+        out.contains(&format!("resumed from step {step}\n")),
+        "{}",
+        r.why()
+    );
+    assert!(out.contains("finished at step 150"), "{}", r.why());
+}
+
+/// `--on-critical restart` with unmodified scripts: the second attempt's
+/// `fit`/`train` is given the first attempt's checkpoint and finishes.
+#[test]
+fn serial_unmodified_lightning_and_hf_scripts_resume_from_the_checkpoint() {
+    let _serial = common::serial();
+    let Some(venv) = venv() else {
+        return;
+    };
+    let py = venv.join("bin/python");
+    let extra = ["--on-critical", "restart", "--restart-delay", "1s"];
+    let env = [
+        ("LEAK_ONLY_ATTEMPT", "1"),
+        ("TRANSFORMERS_VERBOSITY", "info"),
+    ];
+    let l = job("lightning_job.py");
+    let r = run(
+        "1500M",
+        &extra,
+        &[py.to_str().unwrap(), l.to_str().unwrap(), "150"],
+        &env,
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    let (_, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    assert!(
+        all.contains(&format!(
+            "Restoring states from the checkpoint path at {}",
+            paths[0].display()
+        )),
+        "{}",
+        r.why()
+    );
+    assert!(all.contains("fit ended at global step 150"), "{}", r.why());
+    let h = job("hf_job.py");
+    let r = run(
+        "1500M",
+        &extra,
+        &[py.to_str().unwrap(), h.to_str().unwrap(), "150"],
+        &env,
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    let (step, _) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    assert!(
+        all.contains(&format!(
+            "Resuming training from checkpoint with epoch 0 and global step {step}"
+        )),
+        "{}",
+        r.why()
+    );
+    assert!(
+        all.contains("train ended at global step 150"),
+        "{}",
+        r.why()
+    );
+}

@@ -36,6 +36,9 @@ _KIND_CODE = {"checkpoint": 1, "checkpoint_and_exit": 2}
 _CODE_KIND = {1: "checkpoint", 2: "checkpoint_and_exit"}
 # Progress records are rate-limited: oomguard needs the step, not a stream.
 _PROGRESS_EVERY = 0.25
+# The vote's value: request id << _NODE_BITS | the requesting node.
+_NODE_BITS = 16
+_NODE_MASK = (1 << _NODE_BITS) - 1
 # A line below PIPE_BUF is written whole even beside other ranks' writes.
 _MAX_LINE = 4000
 
@@ -84,6 +87,9 @@ class Guard:
         self._votes = 0
         self._work = None
         self._group = None
+        self._published_id = None
+        # torchrun's node rank (GROUP_RANK), else SLURM's.
+        self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
         self._vote_every = max(1, _env_int("OOMGUARD_VOTE_EVERY", 1))
 
     @property
@@ -175,7 +181,13 @@ class Guard:
             work.wait()
             return self._decide([int(x) for x in tensor.tolist()], req, step)
         req = self._pending()
-        local = [req["id"], _KIND_CODE[req["kind"]]] if req else [0, 0]
+        # The node rides in the low bits, so the newest request of any node
+        # wins and names where it came from.
+        local = [(req["id"] << _NODE_BITS) | self.node, _KIND_CODE[req["kind"]]] if req else [0, 0]
+        if req:
+            # Any rank that holds the request says why (the same value):
+            # a rank of this node may have voted before the file came.
+            self._publish(req)
         started = self._all_max_async(local)
         if started is None:
             return self._decide(local, req, step)
@@ -202,14 +214,51 @@ class Guard:
         return dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), t
 
     def _decide(self, agreed, req, step):
-        if agreed[0] <= self._served or agreed[1] not in _CODE_KIND:
+        vote_id, node = agreed[0] >> _NODE_BITS, agreed[0] & _NODE_MASK
+        if vote_id <= self._served or agreed[1] not in _CODE_KIND:
             return False
-        self._agreed = (agreed[0], _CODE_KIND[agreed[1]])
+        kind = _CODE_KIND[agreed[1]]
+        self._agreed = (vote_id, kind)
         self._agreed_at = time.monotonic()
+        # This rank may have voted before its node's request came: the
+        # request it serves is the one there now.
+        req = req or self._pending()
         self._local_id = req["id"] if req else 0
         if req:
             self._emit({"type": "ack", "id": req["id"], "step": step})
+        elif self.local_rank == 0 and node != self.node:
+            # Another node's request: this node's oomguard learns who asked
+            # and why, and waits for the same save.
+            record = {"type": "remote", "id": vote_id, "kind": kind, "node": node, "step": step}
+            record.update(self._published(vote_id))
+            self._emit(record)
         return True
+
+    def _publish(self, req):
+        """Puts the request's reason in the job's rendezvous store (once), for
+        the other nodes' oomguards."""
+        if self._published_id == req["id"]:
+            return
+        self._published_id = req["id"]
+        store = _store()
+        if store is None:
+            return
+        info = {"cause_rank": self.rank, "reason": req.get("reason"), "detail": req.get("detail")}
+        try:
+            store.set("oomguard/request/%d" % req["id"], json.dumps(info))
+        except Exception:
+            pass
+
+    def _published(self, vote_id):
+        store = _store()
+        key = "oomguard/request/%d" % vote_id
+        try:
+            if store is not None and store.check([key]):
+                info = json.loads(store.get(key))
+                return info if isinstance(info, dict) else {}
+        except Exception:
+            pass
+        return {}
 
     def _pending(self):
         req = self._read_request()
@@ -329,6 +378,18 @@ def _dist():
 def _world_size():
     dist = _dist()
     return dist.get_world_size() if dist is not None else _env_int("WORLD_SIZE", 1)
+
+
+def _store():
+    """The job's rendezvous store (torchrun's TCPStore), when there is one."""
+    if _dist() is None:
+        return None
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
 
 
 def _barrier():

@@ -250,6 +250,9 @@ pub struct Stop {
     done_at: Option<Instant>,
     /// The companion did not answer in time: the signal was sent.
     fell_back: bool,
+    /// Another node's stop: this node is not short of memory, so nothing
+    /// is throttled (a held rank would stall every node's collectives).
+    joined: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -297,6 +300,14 @@ pub struct Actuator {
     pub kill_at: Option<Instant>,
     /// This attempt's control channel (`run`, unless `--no-companion`).
     pub channel: Option<Channel>,
+    /// What the deciding tick saw (headroom under which ceiling), for the
+    /// request's `detail`.
+    pub detail: Option<String>,
+    /// Another node's request the ranks agreed on: the stop this node
+    /// joins (its id, and who asked and why).
+    pub remote_stop: Option<(u64, String)>,
+    /// The next stop serves this request instead of writing its own.
+    joined: Option<u64>,
     pub companion: CompanionState,
     out: Vec<Acted>,
 }
@@ -312,9 +323,22 @@ impl Actuator {
             killed: false,
             kill_at: None,
             channel: None,
+            detail: None,
+            remote_stop: None,
+            joined: None,
             companion: CompanionState::default(),
             out: Vec::new(),
         }
+    }
+
+    /// Joins another node's stop: the ranks already agreed on its request,
+    /// so this node waits for the same save instead of asking its own.
+    pub fn join_stop(&mut self, id: u64, why: &str, at: Scene<'_>, sig: &mut dyn Signaller) {
+        if self.stop.is_some() {
+            return;
+        }
+        self.joined = Some(id);
+        self.begin_stop(Action::Stop, why, at, sig);
     }
 
     pub fn with_channel(mut self, channel: Option<Channel>) -> Self {
@@ -359,6 +383,28 @@ impl Actuator {
                     }
                     c.step = (*step).max(c.step);
                 }
+                Record::Remote {
+                    id,
+                    kind,
+                    node,
+                    cause_rank,
+                    reason,
+                    detail,
+                    ..
+                } => {
+                    if *kind != Kind::Relieve && c.pending.is_none_or(|p| p.0 != *id) {
+                        c.pending = Some((*id, *kind, now, true));
+                        let who = cause_rank.map_or(String::new(), |r| format!(" (rank {r})"));
+                        let why = reason.as_deref().unwrap_or("a stop");
+                        let what = detail
+                            .as_deref()
+                            .map_or(String::new(), |d| format!(": {d}"));
+                        if *kind == Kind::CheckpointAndExit {
+                            self.remote_stop =
+                                Some((*id, format!("node {node}{who}: {why}{what}")));
+                        }
+                    }
+                }
                 Record::Relieved { .. } => {}
             }
             self.out.push(Acted::Companion(r));
@@ -372,7 +418,7 @@ impl Actuator {
             return None;
         }
         let ch = self.channel.as_mut()?;
-        match ch.request(kind, reason, self.cfg.grace) {
+        match ch.request(kind, reason, self.detail.as_deref(), self.cfg.grace) {
             Ok(id) => {
                 self.companion.pending = Some((id, kind, now, false));
                 self.out.push(Acted::Requested {
@@ -398,6 +444,8 @@ impl Actuator {
         self.killed = false;
         self.kill_at = None;
         self.companion = CompanionState::default();
+        self.remote_stop = None;
+        self.joined = None;
     }
 
     /// The attempt ended while its stop still waited for a checkpoint (the
@@ -552,8 +600,18 @@ impl Actuator {
         }
         // With a companion listening, the request replaces the signal: the
         // ranks agree on a step, save it together, and leave.
-        let request = self.ask(Kind::CheckpointAndExit, reason, now);
-        if let Some(id) = request {
+        let joined = self.joined.take();
+        let request = joined.or_else(|| self.ask(Kind::CheckpointAndExit, reason, now));
+        if let Some(id) = joined {
+            let pids = trainers.iter().map(|t| t.0).collect();
+            self.push(Acted::Action {
+                action: action.name(),
+                reason: reason.to_string(),
+                pids,
+                signal: None,
+                result: format!("joined another node's checkpoint ({id})"),
+            });
+        } else if let Some(id) = request {
             let pids = trainers.iter().map(|t| t.0).collect();
             self.push(Acted::Action {
                 action: action.name(),
@@ -573,7 +631,11 @@ impl Actuator {
             action,
             grace_end: now + self.cfg.grace,
             step: StopStep::Checkpoint,
-            throttled: growers,
+            throttled: if joined.is_some() {
+                HashSet::new()
+            } else {
+                growers
+            },
             announced: HashSet::new(),
             throttle_running: false,
             throttle_switch: now,
@@ -585,6 +647,7 @@ impl Actuator {
             request,
             done_at: None,
             fell_back: false,
+            joined: joined.is_some(),
         });
     }
 
@@ -606,9 +669,11 @@ impl Actuator {
         let tree = &sample.procs;
         match st.step {
             StopStep::Checkpoint => {
-                let new_growers = growers(tree, prev);
-                let hard = kernel_headroom(sample);
-                self.hold(&mut st, hard, levels, new_growers, tree, now, sig);
+                if !st.joined {
+                    let new_growers = growers(tree, prev);
+                    let hard = kernel_headroom(sample);
+                    self.hold(&mut st, hard, levels, new_growers, tree, now, sig);
+                }
                 if !self.checkpoint_step(&mut st, tree, now, sig) {
                     return;
                 }

@@ -81,6 +81,21 @@ impl Supervisor {
                     self.say(line);
                 }
             }
+            Record::Remote {
+                id,
+                kind,
+                node,
+                step,
+                cause_rank,
+                reason,
+                detail,
+            } => {
+                let body = serde_json::json!({
+                    "id": id, "kind": kind.name(), "remote": true, "node": node,
+                    "cause_rank": cause_rank, "reason": reason, "detail": detail, "step": step,
+                });
+                self.sinks.log.write("checkpoint_request", &body);
+            }
             Record::Relieved { id, rank, freed } => {
                 let body = serde_json::json!({"id": id, "rank": rank, "freed_bytes": freed});
                 self.sinks.log.write("relieved", &body);

@@ -125,6 +125,23 @@ impl Core {
         for d in decisions {
             self.apply(d, &sample, &view, inp, sig, notifier);
         }
+        if let Some((id, why)) = self.act.remote_stop.take()
+            && !inp.ending
+            && self.act.stop.is_none()
+        {
+            if !self.voice.quiet {
+                self.act.push(Acted::Say(format!(
+                    "{why}; this node's ranks save the same step and stop with it"
+                )));
+            }
+            let at = Scene {
+                tree: &sample.procs,
+                prev: self.last_sample.as_ref(),
+                job_pid: inp.job_pid,
+                now: inp.now,
+            };
+            self.act.join_stop(id, &why, at, sig);
+        }
         self.act.pause_new(&sample.procs, sig);
         let levels = self.levels();
         self.act
@@ -191,6 +208,7 @@ impl Core {
             }),
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
+                self.act.detail = headroom_text(view);
                 let at = Scene {
                     tree,
                     prev: self.last_sample.as_ref(),
