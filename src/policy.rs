@@ -97,6 +97,8 @@ impl Metric {
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     Warn,
+    /// Ask the trainer's companion for a checkpoint; training goes on.
+    Checkpoint,
     Pause,
     Restart,
     Stop,
@@ -104,11 +106,12 @@ pub enum Action {
 }
 
 impl Action {
-    pub const NAMES: &'static str = "warn, pause, stop, kill, restart";
+    pub const NAMES: &'static str = "warn, checkpoint, pause, stop, kill, restart";
 
     pub fn name(self) -> &'static str {
         match self {
             Action::Warn => "warn",
+            Action::Checkpoint => "checkpoint",
             Action::Pause => "pause",
             Action::Restart => "restart",
             Action::Stop => "stop",
@@ -119,6 +122,7 @@ impl Action {
     pub fn from_name(s: &str) -> Option<Action> {
         [
             Action::Warn,
+            Action::Checkpoint,
             Action::Pause,
             Action::Restart,
             Action::Stop,
@@ -132,15 +136,21 @@ impl Action {
     fn strength(self) -> u8 {
         match self {
             Action::Warn => 0,
-            Action::Pause => 1,
-            Action::Restart | Action::Stop => 2,
-            Action::Kill => 3,
+            Action::Checkpoint => 1,
+            Action::Pause => 2,
+            Action::Restart | Action::Stop => 3,
+            Action::Kill => 4,
         }
     }
 
     /// Actions that end the attempt.
     pub fn is_critical(self) -> bool {
-        self.strength() >= 2
+        self.strength() >= 3
+    }
+
+    /// Actions that only ask or tell (the job runs on untouched).
+    pub fn is_advisory(self) -> bool {
+        self.strength() <= 1
     }
 }
 
@@ -291,8 +301,21 @@ impl Policy {
             Action::Warn,
         );
         gpu.clear = 90.0;
+        // Between the warning and the stop: a checkpoint now, so a stop (or
+        // the kernel) that follows loses little. A job without a companion
+        // gets nothing from it (the rule fires, nothing is sent).
+        let ckpt_level = (warn + crit) / 2.0;
+        let mut ckpt = Rule::new(
+            "checkpoint-headroom",
+            Metric::HeadroomPercent,
+            Op::Below,
+            ckpt_level,
+            Action::Checkpoint,
+        );
+        ckpt.clear = warn.min(100.0);
+        ckpt.cooldown_seconds = 300.0;
         Self {
-            rules: vec![warn_rule, crit_rule, eta, gpu],
+            rules: vec![warn_rule, ckpt, crit_rule, eta, gpu],
             max_pause_seconds: 600.0,
             after_pause: if on_critical == Action::Pause {
                 Action::Stop
@@ -311,6 +334,7 @@ impl Policy {
                 .find(|r| {
                     r.metric == Metric::HeadroomPercent
                         && r.op == Op::Below
+                        && !(crit && r.action == Action::Checkpoint)
                         && (r.action != Action::Warn) == crit
                 })
                 .map(|r| r.threshold)
@@ -757,12 +781,12 @@ mod tests {
         let mut e = Engine::new(p);
         let d = e.step(&at(0.0, 5.0));
         assert_eq!(acts(&d), vec![(Action::Stop, "critical-headroom".into())]);
-        // Both rules report firing.
+        // The warning, checkpoint and critical rules all report firing.
         assert_eq!(
             d.iter()
                 .filter(|d| matches!(d, Decision::Rule { firing: true, .. }))
                 .count(),
-            2
+            3
         );
         // After a critical action the engine is done for this attempt.
         assert!(e.step(&at(1.0, 1.0)).is_empty());
@@ -865,7 +889,7 @@ mod tests {
         for m in Metric::ALL {
             assert_eq!(Metric::from_name(m.name()), Some(m));
         }
-        for a in ["warn", "pause", "stop", "kill", "restart"] {
+        for a in ["warn", "checkpoint", "pause", "stop", "kill", "restart"] {
             assert_eq!(Action::from_name(a).unwrap().name(), a);
         }
         assert_eq!(Action::from_name("pase"), None);

@@ -451,3 +451,43 @@ fn serial_unmodified_lightning_and_hf_scripts_resume_from_the_checkpoint() {
         r.why()
     );
 }
+
+/// The default ladder's `checkpoint` rule: a job that climbs past it and
+/// levels off below the critical level gets a checkpoint and trains on to
+/// its end (exit 0): a save, not the run.
+#[test]
+fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
+    let _serial = common::serial();
+    let r = run(
+        "400M",
+        &[],
+        &["python3", &plain(), "200"],
+        &[("MAX_MB", "340")],
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    let (step, paths) = r
+        .done()
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert!(paths[0].exists());
+    assert!(step < 200);
+    assert!(
+        r.stdout().contains("rank 0 finished at step 200"),
+        "{}",
+        r.why()
+    );
+    let asked: Vec<_> = r
+        .log
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Action(a) => Some((a.action.clone(), a.signal.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        asked.contains(&("checkpoint".to_string(), None)),
+        "{asked:?}\n{}",
+        r.why()
+    );
+    assert!(r.stop_signals().is_empty(), "{}", r.why());
+    assert!(!r.stderr().contains("steps lost"), "{}", r.why());
+}

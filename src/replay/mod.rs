@@ -557,13 +557,14 @@ mod tests {
             &levels,
             &[
                 (3.0, "warn", "warn-headroom"),
+                (4.0, "checkpoint", "checkpoint-headroom"),
                 (5.0, "stop", "critical-headroom"),
             ],
         );
         let r = replay("run.ndjson", text.as_bytes(), None).unwrap();
         assert_eq!(
             (r.recorded(), r.replayed(), r.same()),
-            (2, 2, 2),
+            (3, 3, 3),
             "{:?}",
             r.rows
         );

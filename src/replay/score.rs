@@ -35,6 +35,9 @@ pub struct Scored {
     pub acted: Option<Act>,
     /// Checkpoint-worthy warnings are not actions: counted apart.
     pub warns: usize,
+    /// `checkpoint` requests in the first attempt: a save, not the run
+    /// (counted apart from false stops).
+    pub checkpoints: usize,
     /// The kernel's first kill, for a leak.
     pub kernel_kill_t: Option<f64>,
     /// Headroom (%) of the sample the action was decided on.
@@ -66,7 +69,7 @@ fn stops(a: &Act) -> bool {
 pub fn fixed_threshold(policy: &Policy) -> Policy {
     let mut p = policy.clone();
     p.rules.retain(|r| {
-        r.action != Action::Warn
+        !r.action.is_advisory()
             && matches!(r.metric, Metric::HeadroomPercent | Metric::HeadroomBytes)
     });
     p
@@ -105,6 +108,12 @@ pub fn score(trace: &str, r: &Replay, fixed: &Replay) -> Scored {
             .iter()
             .filter_map(|row| row.replayed.as_ref())
             .filter(|a| a.action == "warn")
+            .count(),
+        checkpoints: r
+            .rows
+            .iter()
+            .filter_map(|row| row.replayed.as_ref())
+            .filter(|a| a.attempt == 1 && a.action == "checkpoint")
             .count(),
         kernel_kill_t: kill,
         headroom_percent,
@@ -153,8 +162,11 @@ pub fn render_text(policy_source: &str, rows: &[Scored]) -> String {
     let leaks = rows.iter().filter(|s| s.kind == Kind::Leak).count();
     let _ = writeln!(
         out,
-        "healthy: {} of {healthy} falsely paused, stopped or killed; leaks: {} of {leaks} acted on before the kernel's kill",
+        "healthy: {} of {healthy} falsely paused, stopped or killed ({} asked for a checkpoint); leaks: {} of {leaks} acted on before the kernel's kill",
         rows.iter().filter(|s| s.false_action()).count(),
+        rows.iter()
+            .filter(|s| s.kind == Kind::Healthy && s.checkpoints > 0)
+            .count(),
         rows.iter().filter(|s| s.prevented()).count(),
     );
     out

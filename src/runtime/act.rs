@@ -331,6 +331,21 @@ impl Actuator {
         }
     }
 
+    /// The `checkpoint` action: a request that training goes on after.
+    pub fn checkpoint(&mut self, reason: &str, now: Instant) {
+        let result = match self.ask(Kind::Checkpoint, reason, now) {
+            Some(id) => format!("checkpoint requested ({id})"),
+            None => "no companion".to_string(),
+        };
+        self.push(Acted::Action {
+            action: "checkpoint",
+            reason: reason.to_string(),
+            pids: Vec::new(),
+            signal: None,
+            result,
+        });
+    }
+
     /// Joins another node's stop: the ranks already agreed on its request,
     /// so this node waits for the same save instead of asking its own.
     pub fn join_stop(&mut self, id: u64, why: &str, at: Scene<'_>, sig: &mut dyn Signaller) {

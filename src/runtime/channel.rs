@@ -75,8 +75,13 @@ impl Supervisor {
                     self.progress.update(u, t);
                     self.publish_progress();
                 }
+                // The newest saved checkpoint is the one a restart resumes
+                // from, whether a stop or a `checkpoint` rule asked for it.
+                if let Some(p) = paths.first().filter(|p| ok && p.exists()) {
+                    self.checkpoint = Some(p.clone());
+                }
                 if !self.cfg.quiet
-                    && let Some(line) = self.checkpoint_line()
+                    && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
                 {
                     self.say(line);
                 }
@@ -103,14 +108,22 @@ impl Supervisor {
         }
     }
 
+    /// Whether the attempt ended short of its own end (a stop, a kill, a
+    /// failure): the steps since the checkpoint are then lost.
+    pub(super) fn attempt_lost_work(&self) -> bool {
+        self.core.act.policy_end.is_some()
+            || !matches!(self.main_status, Some(crate::supervise::Status::Exited(0)))
+    }
+
     /// Whether the companion reports progress (the output's progress bars
     /// are then not read for it: the companion's step is exact).
     pub(super) fn exact_progress(&self) -> bool {
         self.core.act.companion.step.is_some()
     }
 
-    /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost".
-    pub(super) fn checkpoint_line(&self) -> Option<String> {
+    /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost";
+    /// the steps lost only when the save ends the attempt (`ending`).
+    pub(super) fn checkpoint_line(&self, ending: bool) -> Option<String> {
         let c = &self.core.act.companion;
         let saved = c.done.as_ref()?;
         if !saved.ok {
@@ -121,7 +134,7 @@ impl Supervisor {
             |s| format!("checkpoint at step {s}"),
         );
         let lost = match (c.step, saved.step) {
-            (Some(now), Some(at)) => {
+            (Some(now), Some(at)) if ending => {
                 let n = now.saturating_sub(at);
                 format!(", {n} step{} lost", if n == 1 { "" } else { "s" })
             }

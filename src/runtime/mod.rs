@@ -1857,7 +1857,7 @@ impl Supervisor {
             .filter(|d| !d.is_empty())
             .map_or(String::new(), |d| format!(" at {d}"));
         let saved = self
-            .checkpoint_line()
+            .checkpoint_line(self.attempt_lost_work())
             .map_or(String::new(), |l| format!("; {l}"));
         self.attempts.push(format!(
             "attempt {}: {how} after {}{at}{saved}",
@@ -2327,7 +2327,7 @@ impl Supervisor {
         for note in &self.rank_notes {
             eprintln!("oomguard: {note}");
         }
-        if let Some(line) = self.checkpoint_line() {
+        if let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
             eprintln!("oomguard: {line}");
         }
         if !s.actions.is_empty() {

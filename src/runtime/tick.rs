@@ -191,6 +191,10 @@ impl Core {
                 hook,
             } => (action, reason, hook),
         };
+        if action == Action::Checkpoint && !self.act.companion.connected {
+            // Nothing to ask: the rule's own line says it fired.
+            return;
+        }
         if action == Action::Warn {
             self.warn(&reason, sample, view, notifier);
         } else if !self.voice.quiet {
@@ -206,6 +210,10 @@ impl Core {
                 signal: None,
                 result: "ok".into(),
             }),
+            Action::Checkpoint => {
+                self.act.detail = headroom_text(view);
+                self.act.checkpoint(&reason, inp.now);
+            }
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
                 self.act.detail = headroom_text(view);
@@ -377,6 +385,7 @@ fn describe(action: Action, reason: &str, view: &View, act: &Actuator, last: boo
         Action::Restart => "stopping the job to restart it".to_string(),
         Action::Kill => "killing the job".to_string(),
         Action::Warn => "warning".to_string(),
+        Action::Checkpoint => "asking the trainer for a checkpoint (training goes on)".to_string(),
     };
     format!("{reason}{head}; {what}")
 }

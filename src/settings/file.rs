@@ -335,7 +335,7 @@ pub fn parse(path: &Path, text: &str) -> Result<FileSettings, ConfigError> {
 
 /// The actions that may follow a critical rule.
 pub fn critical_action(s: &str) -> Option<Action> {
-    Action::from_name(s).filter(|a| *a != Action::Warn)
+    Action::from_name(s).filter(|a| !a.is_advisory())
 }
 
 fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, ConfigError> {
@@ -384,7 +384,7 @@ fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, Conf
         .map_or_else(|| format!("rule-{}", i + 1), |n| n.get_ref().clone());
     if metric.is_gpu() && action == Action::Kill {
         return Err(ctx.err(r.action.span(), format!(
-            "GPU memory pressure is not a kernel OOM: action 'kill' is not allowed on '{metric_name}' (expected warn, pause, stop, restart)"
+            "GPU memory pressure is not a kernel OOM: action 'kill' is not allowed on '{metric_name}' (expected warn, checkpoint, pause, stop, restart)"
         )));
     }
     let mut rule = Rule::new(&name, metric, op, th, action);
@@ -449,7 +449,7 @@ mod tests {
         let e = from(text).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "cannot read 'oomguard.toml' line 6: unknown action 'pase' (expected warn, pause, stop, kill, restart)"
+            "cannot read 'oomguard.toml' line 6: unknown action 'pase' (expected warn, checkpoint, pause, stop, kill, restart)"
         );
     }
 

@@ -128,7 +128,7 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             flag: &["--policy", "default"],
             file: "policy = \"none\"",
             get: |s| s.policy.policy.rules.len().to_string(),
-            from_flag: "4",
+            from_flag: "5",
             from_file: "0",
         },
         Case {
@@ -338,7 +338,7 @@ fn custom_rules_replace_defaults_unless_included() {
     assert_eq!(s.policy.policy.rules.len(), 1);
     assert_eq!(s.policy.policy.rules[0].metric, Metric::SwapInRate);
     let s = settings(&[], Some(&format!("include_defaults = true\n{text}")));
-    assert_eq!(s.policy.policy.rules.len(), 5);
+    assert_eq!(s.policy.policy.rules.len(), 6);
 }
 
 #[test]
