@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{Act, Replay};
-use crate::policy::{Action, Metric, Policy};
+use crate::policy::{Metric, Policy};
 
 /// What a trace is, by how its run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
