@@ -243,7 +243,11 @@ mod tests {
 
     #[test]
     fn the_fixed_threshold_keeps_only_level_rules() {
-        let p = fixed_threshold(&Policy::default_with(80.0, 92.0, Action::Stop));
+        let p = fixed_threshold(&Policy::default_with(
+            80.0,
+            92.0,
+            crate::policy::Action::Stop,
+        ));
         let names: Vec<&str> = p.rules.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["critical-headroom"]);
     }
