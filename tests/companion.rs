@@ -55,9 +55,10 @@ impl Run {
     fn code(&self) -> i32 {
         self.out.status.code().unwrap_or(-1)
     }
-    /// The step of the companion's `checkpoint_done`, and its paths.
+    /// The step of the companion's last `checkpoint_done` (the stop's; the
+    /// `checkpoint` rule may have asked for one before), and its paths.
     fn done(&self) -> Option<(u64, Vec<PathBuf>)> {
-        self.log.iter().find_map(|l| match &l.event {
+        self.log.iter().rev().find_map(|l| match &l.event {
             Event::CheckpointDone(v) => Some((
                 v["step"].as_u64()?,
                 v["paths"]

@@ -32,7 +32,7 @@ struct Node {
 }
 
 fn done_step(log: &[common::schema::Line]) -> Option<u64> {
-    log.iter().find_map(|l| match &l.event {
+    log.iter().rev().find_map(|l| match &l.event {
         Event::CheckpointDone(v) => v["step"].as_u64(),
         _ => None,
     })

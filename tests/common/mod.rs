@@ -17,8 +17,21 @@ pub fn oomguard() -> Command {
     // Tests must not depend on the developer's environment.
     c.env_remove("GITHUB_ACTIONS")
         .env_remove("GITHUB_STEP_SUMMARY");
+    clean_env(&mut c);
     c.stdin(Stdio::null());
     c
+}
+
+/// Removes oomguard's own variables a test may have inherited (a test run
+/// under `oomguard run`, a debugging switch left exported): each test sets
+/// the ones it means. The torch environment's path stays.
+pub fn clean_env(c: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("OOMGUARD_") && k != "OOMGUARD_TEST_VENV" {
+            c.env_remove(&*k);
+        }
+    }
 }
 
 /// True when the tests run in CI, where skipping is failing.
@@ -179,6 +192,7 @@ impl MemCgroup {
             .arg(&self.dir)
             .arg(program)
             .args(args);
+        clean_env(&mut c);
         c.stdin(Stdio::null());
         c
     }
