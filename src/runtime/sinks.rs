@@ -164,6 +164,7 @@ impl Sinks {
         self.count(action);
         let kind = match action {
             "warn" => Some(crate::tui::ActionKind::Warn),
+            "checkpoint" => Some(crate::tui::ActionKind::Checkpoint),
             "pause" => Some(crate::tui::ActionKind::Pause),
             "resume" => Some(crate::tui::ActionKind::Resume),
             "stop" => Some(crate::tui::ActionKind::Stop),

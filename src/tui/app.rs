@@ -91,6 +91,7 @@ impl PolicyState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActionKind {
     Warn,
+    Checkpoint,
     Pause,
     Resume,
     Stop,
@@ -103,6 +104,7 @@ impl ActionKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ActionKind::Warn => "warn",
+            ActionKind::Checkpoint => "checkpoint",
             ActionKind::Pause => "pause",
             ActionKind::Resume => "resume",
             ActionKind::Stop => "stop",
