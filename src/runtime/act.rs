@@ -617,16 +617,9 @@ impl Actuator {
         // ranks agree on a step, save it together, and leave.
         let joined = self.joined.take();
         let request = joined.or_else(|| self.ask(Kind::CheckpointAndExit, reason, now));
-        if let Some(id) = joined {
-            let pids = trainers.iter().map(|t| t.0).collect();
-            self.push(Acted::Action {
-                action: action.name(),
-                reason: reason.to_string(),
-                pids,
-                signal: None,
-                result: "ok".into(),
-            });
-        } else if let Some(id) = request {
+        // A request (ours, or the other node's we join) goes without a
+        // signal; its id is in the `checkpoint_request` line.
+        if request.is_some() {
             let pids = trainers.iter().map(|t| t.0).collect();
             self.push(Acted::Action {
                 action: action.name(),
