@@ -1,7 +1,8 @@
 //! The kernel's OOM kills, explained: the last minute of every tree
 //! process's memory (and where it sat in the tree), the OOM-kill counters
 //! of the job's cgroup and of the machine, and, when one rises, the
-//! kernel's own report of the kill matched to a process of ours.
+//! kernel's own report of the kill matched to a process of ours; and the
+//! supervisor's side of it: checking the counters and logging each kill.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -287,6 +288,107 @@ fn rose_since(now: (Option<u64>, Option<u64>), before: (Option<u64>, Option<u64>
     match (now.0, before.0) {
         (Some(n), Some(b)) => n > b,
         _ => now.1.zip(before.1).is_some_and(|(n, b)| n > b),
+    }
+}
+
+/// The supervisor's side: kills found in the counters, attributed and logged.
+impl super::Supervisor {
+    /// When an OOM-kill counter rises, finds the kernel's report of the kill
+    /// (by pid, among the processes oomguard has seen in the tree) and
+    /// writes an `oom_kill` event.
+    pub(super) fn check_oom_kills(&mut self, sample: &Sample) {
+        let findings = if self.oom.counter_rose(sample) {
+            self.oom.explain(sample)
+        } else {
+            self.oom.follow_up(sample).into_iter().collect()
+        };
+        for finding in findings {
+            self.write_oom_kill(sample.t, finding);
+        }
+    }
+
+    /// An `oom_kill` the kernel's report could not name: the victim from
+    /// the counter and the tree, and what could not be read.
+    pub(super) fn write_attributed_kill(&mut self, t: f64, v: &Victim, why: String) {
+        self.sinks.ui(crate::tui::UiEvent::OomKill {
+            t,
+            pid: v.pid,
+            comm: v.comm.clone(),
+            role: Some(v.role),
+        });
+        let rss = v.rss_bytes.map_or(String::new(), |b| {
+            format!(", RSS {} at its last reading", crate::units::HumanBytes(b))
+        });
+        let reason = format!(
+            "{why}: attributed from the OOM-kill counter and the tree (pid {} vanished as the counter rose, the largest that did{rss}); the kernel's own report (its choice of victim, oom_score_adj, constraint) is not known",
+            v.pid
+        );
+        let event = crate::log::OomKillEvent {
+            pid: Some(v.pid),
+            comm: Some(v.comm.clone()),
+            role: Some(v.role.as_str().to_string()),
+            place: Some(v.place.clone()),
+            anon_rss_bytes: None,
+            memory: super::memory_points(&v.memory),
+            reason: Some(reason),
+            ..crate::log::OomKillEvent::default()
+        };
+        self.sinks.log.write_at("oom_kill", t, &event);
+        if !self.cfg.quiet {
+            self.say(format!(
+                "the kernel OOM killer killed {} (pid {}, {}), by the OOM-kill counter and the process list ({why})",
+                v.comm, v.pid, v.place
+            ));
+        }
+    }
+
+    pub(super) fn write_oom_kill(&mut self, t: f64, finding: Finding) {
+        let e = match finding {
+            Finding::Kill(e) => e,
+            Finding::Unexplained(why) => {
+                let event = crate::log::OomKillEvent {
+                    reason: Some(why),
+                    ..crate::log::OomKillEvent::default()
+                };
+                self.sinks.log.write_at("oom_kill", t, &event);
+                return;
+            }
+            Finding::Attributed { victim, why } => {
+                self.write_attributed_kill(t, &victim, why);
+                return;
+            }
+        };
+        self.sinks.ui(crate::tui::UiEvent::OomKill {
+            t,
+            pid: e.kill.pid,
+            comm: e.comm.clone(),
+            role: Some(e.role),
+        });
+        let event = crate::log::OomKillEvent {
+            pid: Some(e.kill.pid),
+            comm: Some(e.comm.clone()),
+            role: Some(e.role.as_str().to_string()),
+            place: Some(e.place.clone()),
+            anon_rss_bytes: e.kill.anon_rss_bytes,
+            constraint: e.kill.constraint.clone(),
+            cgroup: e.kill.cgroup.clone(),
+            kill: Some(e.kill.clone()),
+            memory: super::memory_points(&e.memory),
+            reason: None,
+        };
+        self.sinks.log.write_at("oom_kill", t, &event);
+        if !self.cfg.quiet {
+            self.say(format!(
+                "the kernel OOM killer killed {} (pid {}, {}){}",
+                e.comm,
+                e.kill.pid,
+                e.place,
+                e.kill.anon_rss_bytes.map_or(String::new(), |b| format!(
+                    " holding {} anonymous memory",
+                    crate::units::HumanBytes(b)
+                ))
+            ));
+        }
     }
 }
 

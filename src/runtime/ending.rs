@@ -1,0 +1,332 @@
+//! The end of the run: when it is over, the last log lines and reports,
+//! the exit code, and the summary on stderr.
+
+use super::*;
+
+impl Supervisor {
+    pub(super) fn finished(&mut self) -> bool {
+        if self.cfg.attach.is_some() {
+            // The watched tree is not ours to wait for: its orphans go to
+            // init. Done when the watched process is (or, for a job that is
+            // its cgroup's members, the last of them), or when the watch
+            // ends (INT/TERM, dashboard detach, --watch-for).
+            return self.main_status.is_some()
+                || self.shutdown_signal.is_some()
+                || self.watch_ended();
+        }
+        if self.main_status.is_none() {
+            return false;
+        }
+        self.reap();
+        self.refresh_tree();
+        self.sampler.tree.is_empty() && self.sampler.zombie_children == 0
+    }
+
+    pub(super) fn finish(mut self) -> i32 {
+        // Give the terminal back before anything is printed to it.
+        self.close_dashboard();
+        self.pty_keeper = None;
+        // The job's last bytes come before oomguard's own lines (unless
+        // oomguard was told to stop waiting for them).
+        if let Some(r) = self.relay.as_mut() {
+            r.finish();
+            if !self.output_abandoned {
+                r.flush(Duration::from_secs(2));
+            }
+        }
+        self.pty_scanner.finish();
+        self.log_output_events();
+        // Final now: the relay has finished and nothing more is written.
+        let relay_stats = self.relay.as_ref().map(OutputRelay::stats);
+        if let Some(stats) = &relay_stats
+            && !self.cfg.quiet
+        {
+            for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
+                if st.lost_bytes() > 0 {
+                    eprintln!(
+                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, the reader closed its end or stopped taking it, or the destination failed)",
+                        HumanBytes(st.lost_bytes())
+                    );
+                }
+            }
+        }
+        let status = self.main_status.unwrap_or(Status::Exited(0));
+        let sample = self.sample(false);
+        let view = self.core.history.push(&sample);
+        self.record(&sample, &view, true, false, None);
+        let kernel_killed = self.oom.kernel_killed(&sample);
+        // The kernel killed a tree process and the job failed: whichever
+        // process the kernel picked, that is why (unless oomguard's own
+        // SIGKILL is what the job died of).
+        let oom_killed = kernel_killed
+            && status.code() != 0
+            && !(self.core.act.killed && status == Status::Signaled(libc::SIGKILL));
+        // `attach`: a watch that ended before the job did is not an exit.
+        let detached = self.cfg.attach.is_some() && self.main_status.is_none();
+        let (outcome, mut exit_code) = match status {
+            _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
+            _ if detached => (Outcome::Detached, 0),
+            _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
+            _ if oom_killed => (Outcome::OomKilled, status.code()),
+            _ if self.core.act.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
+            Status::Exited(c) => (Outcome::Exited, c),
+            Status::Signaled(s) => (Outcome::Signaled, 128 + s),
+        };
+        let duration = self.started.elapsed();
+        if self.cfg.attach.is_none() {
+            // Every process of the job is reaped by now (a non-parent's
+            // high-water mark is not the kernel's to give).
+            self.sinks.stats.peak.largest_process_rss_bytes = supervise::largest_child_rss_bytes();
+        }
+        let fail_above = self.cfg.fail_above.map(|limit| {
+            let peak = &self.sinks.stats.peak;
+            let exceeded = peak.tree_pss_bytes > limit || peak.largest_process_rss_bytes > limit;
+            (limit, exceeded)
+        });
+        // The gate only turns a success into a failure: a job that failed
+        // keeps its own code.
+        if fail_above.is_some_and(|(_, exceeded)| exceeded) && exit_code == 0 {
+            exit_code = EXIT_FAIL_ABOVE;
+        }
+        // As `cat` in the same place would: bytes the job wrote that never
+        // reached the file or device make the run fail, though the job
+        // itself (its writes went to oomguard's pipe) succeeded.
+        let lost_output = relay_stats.as_ref().map_or(0, |st| {
+            [st.stdout, st.stderr]
+                .iter()
+                .filter(|s| s.broken)
+                .map(|s| s.lost_bytes())
+                .sum::<u64>()
+        });
+        if lost_output > 0 && exit_code == 0 {
+            exit_code = EXIT_OUTPUT_LOST;
+            if !self.cfg.quiet {
+                eprintln!(
+                    "oomguard: the job succeeded but {} of its output could not be written; exit {exit_code}",
+                    HumanBytes(lost_output)
+                );
+            }
+        }
+        self.write_run_end(
+            outcome,
+            &RunEnd {
+                outcome,
+                exit_code,
+                peak: self.sinks.stats.peak.clone(),
+                restarts: self.restarts,
+                actions: self.sinks.stats.actions.clone(),
+                duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
+                error: self.internal_error.clone(),
+                fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
+                    limit_bytes,
+                    exceeded,
+                }),
+                output_dropped_bytes: relay_stats
+                    .as_ref()
+                    .map(|st| st.stdout.lost_bytes() + st.stderr.lost_bytes()),
+                exit_code_known: None,
+                detached_reason: None,
+                still_running_pids: None,
+                cheap_loop: self.cheap.as_ref().map(|c| crate::log::CheapLoopStats {
+                    reads: c.reads,
+                    seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
+                }),
+            },
+        );
+        if let Some((limit, true)) = fail_above {
+            let peak = &self.sinks.stats.peak;
+            let what = if peak.tree_pss_bytes > limit {
+                format!(
+                    "peak footprint {} exceeded --fail-above {}",
+                    HumanBytes(peak.tree_pss_bytes),
+                    HumanBytes(limit),
+                )
+            } else {
+                format!(
+                    "one process reached {} RSS (the kernel's high-water mark; the samples saw at most {}) and exceeded --fail-above {}",
+                    HumanBytes(peak.largest_process_rss_bytes),
+                    HumanBytes(peak.tree_pss_bytes),
+                    HumanBytes(limit),
+                )
+            };
+            if !self.cfg.quiet {
+                eprintln!("oomguard: {what}; exit {exit_code}");
+            }
+            self.sinks.annotate(
+                "fail_above",
+                crate::github::Level::Error,
+                "oomguard: memory regression",
+                &what,
+            );
+        }
+        if outcome == Outcome::OomKilled {
+            self.sinks.annotate(
+                "oom_kill",
+                crate::github::Level::Error,
+                "oomguard: OOM kill",
+                "the kernel OOM killer killed the job",
+            );
+        }
+        if self.sinks.annotator.is_some()
+            && let Some(path) = crate::github::step_summary_path(std::env::vars())
+        {
+            let data = crate::github::RunSummaryData {
+                command: self
+                    .cfg
+                    .argv
+                    .iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                outcome,
+                exit_code,
+                duration_seconds: duration.as_secs_f64(),
+                attempts: self.attempt,
+                peak: self.sinks.stats.peak.clone(),
+                ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
+                least_headroom_bytes: self.sinks.stats.least_headroom.map(|l| l.headroom_bytes),
+                actions: self.sinks.stats.actions.clone(),
+                fail_above_bytes: self.cfg.fail_above,
+            };
+            if let Err(e) =
+                crate::github::append_step_summary(&path, &crate::github::step_summary(&data))
+            {
+                eprintln!("oomguard: {e}");
+            }
+        }
+        if let Some(t) = self.sinks.textfile.take()
+            && let Err(e) = t.remove()
+        {
+            eprintln!("oomguard: {e}");
+        }
+        if self.foreground {
+            supervise::reclaim_foreground(std::io::stdin().as_fd());
+        }
+        if !self.cfg.quiet {
+            self.summary(status, outcome, exit_code, duration);
+        }
+        drop(self.owned.take());
+        exit_code
+    }
+
+    pub(super) fn summary(
+        &self,
+        status: Status,
+        outcome: Outcome,
+        exit_code: i32,
+        duration: Duration,
+    ) {
+        let cmd = self
+            .cfg
+            .argv
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let how = match (outcome, status) {
+            (Outcome::RestartLimit, _) => format!(
+                "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
+                self.restarts, self.cfg.restart.max_restarts
+            ),
+            (Outcome::OomKilled, Status::Signaled(_)) => {
+                format!("was killed by the kernel OOM killer; exit {exit_code}")
+            }
+            // A worker was the victim, and the trainer failed after it.
+            (Outcome::OomKilled, _) => format!(
+                "failed after the kernel OOM killer killed one of its processes; exit {exit_code}"
+            ),
+            (Outcome::InternalError, _) => format!(
+                "could not be supervised to the end: {}; exit {exit_code}",
+                self.internal_error.as_deref().unwrap_or("oomguard failed")
+            ),
+            (Outcome::StoppedByPolicy, _) => format!(
+                "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
+                // The rule, also when the stop is over (an attached
+                // trainer that checkpointed and left ends it early).
+                self.core.act.policy_reason.as_deref().unwrap_or("kill")
+            ),
+            (_, Status::Exited(c)) => format!("exited with {c}"),
+            (_, Status::Signaled(s)) => {
+                format!(
+                    "was killed by {} (exit {})",
+                    supervise::signal_name(s),
+                    128 + s
+                )
+            }
+        };
+        let s = &self.sinks.stats;
+        match self.attach_headline(outcome, duration) {
+            Some(line) => eprintln!("oomguard: {line}"),
+            None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
+        }
+        if let Some(p) = self.progress.current() {
+            let at = p.describe();
+            if !at.is_empty() {
+                let verb = match outcome {
+                    Outcome::Exited if exit_code == 0 => "finished",
+                    Outcome::Exited => "ended",
+                    _ => "stopped",
+                };
+                let growth = match (p.bytes_per_step, p.ceiling_step) {
+                    (Some(per), Some(at)) if per > 0 => format!(
+                        "; memory grew {}/step, the ceiling would be reached near step {at}",
+                        HumanBytes(per.unsigned_abs())
+                    ),
+                    _ => String::new(),
+                };
+                eprintln!("oomguard: {verb} at {at}{growth}");
+            }
+        }
+        let holder = s
+            .peak_holder
+            .as_ref()
+            .map_or(String::new(), |(pid, comm, role, pss)| {
+                format!(
+                    "; largest: {comm} (pid {pid}, {}) {}",
+                    role.as_str(),
+                    HumanBytes(*pss)
+                )
+            });
+        // A process that peaked between samples (a short job, a spike):
+        // what the kernel recorded says more than the samples.
+        let spike = if s.peak.largest_process_rss_bytes > s.peak.tree_rss_bytes {
+            format!(
+                "; one process reached {} RSS between samples (kernel high-water mark)",
+                HumanBytes(s.peak.largest_process_rss_bytes)
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}{spike}",
+            HumanBytes(s.peak.tree_pss_bytes),
+            s.peak.t,
+            HumanBytes(s.peak.tree_rss_bytes),
+        );
+        if let Some(l) = s.least_headroom {
+            eprintln!(
+                "oomguard: nearest ceiling: {} {} (least headroom {}, {:.1}%); peak swap used {}",
+                l.ceiling.source.as_str(),
+                HumanBytes(l.ceiling.bytes),
+                HumanBytes(l.headroom_bytes),
+                l.headroom_percent(),
+                HumanBytes(s.peak.swap_used_bytes),
+            );
+        }
+        for note in &self.rank_notes {
+            eprintln!("oomguard: {note}");
+        }
+        if let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
+            eprintln!("oomguard: {line}");
+        }
+        if !s.actions.is_empty() {
+            let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();
+            eprintln!("oomguard: actions: {}", list.join(", "));
+        }
+        if self.attempts.len() > 1 {
+            for a in &self.attempts {
+                eprintln!("oomguard: {a}");
+            }
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! The job's output as oomguard reads it: the bytes relayed or shown, the
+//! PyTorch and torchrun messages found in them (logged, shown, and turned
+//! into the memory-death and progress facts the ending reads).
+
+use super::*;
+
+impl Supervisor {
+    /// The job wrote to its terminal (the dashboard's pty).
+    pub(super) fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
+        match n {
+            Ok(n) if n > 0 => {
+                if let Some(app) = self.sinks.app.as_mut() {
+                    app.on_output(&buf[..n]);
+                }
+                if let Some(f) = self.pty_log.as_mut() {
+                    use std::io::Write;
+                    let _ = f.write_all(&buf[..n]);
+                }
+                self.pty_scanner.feed(&buf[..n]);
+                self.log_output_events();
+            }
+            // EOF or EIO: nobody has the job's side open any more.
+            _ => {
+                self.pty = None;
+                self.pty_keeper = None;
+            }
+        }
+    }
+
+    /// The job wrote to stdout/stderr (relayed), or the terminal resized.
+    pub(super) fn on_relay(&mut self, pumped: Pumped) {
+        if pumped == Pumped::Resized && self.relaunch_at.is_none() && self.main_status.is_none() {
+            // The job's pty took the terminal's new size; a pty that is
+            // not a controlling terminal tells nobody, so do as a terminal
+            // would.
+            self.forward(libc::SIGWINCH);
+        }
+        self.log_output_events();
+    }
+
+    /// Logs what the job's output said (CUDA OOM, dead workers).
+    pub(super) fn log_output_events(&mut self) {
+        let mut events = self.pty_scanner.take_events();
+        if let Some(r) = self.relay.as_mut() {
+            events.extend(r.take_events());
+        }
+        // A process reported dead: the kernel's OOM-kill counters now, not
+        // at the last tick (the trainer can report a worker's death first),
+        // so its kill is logged before the death and the advice knows.
+        let death = events.iter().any(|e| {
+            matches!(
+                e,
+                crate::forensics::torch::TorchEvent::WorkerDied(_)
+                    | crate::forensics::torch::TorchEvent::RankFailed(_)
+            )
+        });
+        if death {
+            let sample = self.sample(true);
+            self.check_oom_kills(&sample);
+        }
+        let critical = self.host_memory_critical();
+        for event in events {
+            if let crate::forensics::torch::TorchEvent::Progress(u) = event {
+                if self.exact_progress() {
+                    continue;
+                }
+                let t = self.started.elapsed().as_secs_f64();
+                self.progress.update(u, t);
+                self.publish_progress();
+                continue;
+            }
+            if self.killed_by_memory(&event) {
+                self.memory_death = true;
+            }
+            if let crate::forensics::torch::TorchEvent::CudaOom(e) = &event {
+                let frag = crate::forensics::torch::is_fragmentation(e);
+                self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
+            }
+            if let Some(mut record) = crate::log::OutputEvent::from_torch(&event, critical) {
+                if let crate::log::OutputEvent::RankFailed(r) = &mut record {
+                    self.note_rank_failed(r);
+                }
+                self.sinks.log.write(record.name(), &record);
+                let t = self.started.elapsed().as_secs_f64();
+                let ui = match &record {
+                    crate::log::OutputEvent::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
+                        t,
+                        pid: e.pid,
+                        device: e.device,
+                        tried_bytes: e.tried_bytes,
+                    }),
+                    crate::log::OutputEvent::WorkerDied(e) => {
+                        Some(crate::tui::UiEvent::WorkerDied {
+                            t,
+                            pid: e.pid.unwrap_or(0),
+                            comm: String::new(),
+                            how: match (&e.signal, e.exit_code) {
+                                (Some(s), _) => format!("killed by {s}"),
+                                (None, Some(code)) => format!("exit code {code}"),
+                                (None, None) => "exit code unknown".to_string(),
+                            },
+                        })
+                    }
+                    crate::log::OutputEvent::RankFailed(_) => None,
+                };
+                if let Some(ev) = ui {
+                    self.sinks.ui(ev);
+                }
+            }
+        }
+        let errors = self
+            .relay
+            .as_mut()
+            .map(|r| r.take_errors())
+            .unwrap_or_default();
+        for e in errors {
+            let broken_pipe = matches!(
+                &e,
+                crate::probe::output::OutputError::Write { source, .. }
+                    if source.kind() == std::io::ErrorKind::BrokenPipe
+            );
+            if !self.cfg.quiet && !broken_pipe {
+                self.say(e.to_string());
+            }
+        }
+    }
+
+    /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
+    /// keeps a line for the summary.
+    pub(super) fn note_rank_failed(&mut self, r: &mut crate::log::RankFailedEvent) {
+        if r.pid.is_some_and(|p| self.oom.reported(p)) {
+            r.tie_to_oom_kill();
+        }
+        if self.rank_notes.len() < 16 {
+            self.rank_notes.push(r.describe());
+        }
+    }
+
+    /// Hands the current progress to the log (and the next sample, when it
+    /// moved), the metrics and the dashboard.
+    pub(super) fn publish_progress(&mut self) {
+        let changed = self.progress.take_changed();
+        let current = self.progress.current();
+        self.sinks.log.set_progress(current, changed);
+        self.sinks
+            .metrics
+            .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
+        if let Some(app) = self.sinks.app.as_mut() {
+            app.set_progress(current.cloned());
+        }
+    }
+
+    /// A worker or rank killed by SIGKILL while memory was at or past the
+    /// warn level: a memory-motivated death, as an OOM-kill counter rise is.
+    pub(super) fn killed_by_memory(&self, event: &crate::forensics::torch::TorchEvent) -> bool {
+        use crate::forensics::torch::TorchEvent;
+        let sigkill = match event {
+            TorchEvent::WorkerDied(w) => w.signal.as_deref() == Some("SIGKILL"),
+            TorchEvent::RankFailed(r) => r
+                .failures
+                .iter()
+                .any(|f| f.signal.as_deref() == Some("SIGKILL")),
+            _ => false,
+        };
+        let (warn, _) = self.core.engine.policy().thresholds();
+        let warn = warn.unwrap_or(20.0);
+        sigkill
+            && self
+                .core
+                .last_view
+                .as_ref()
+                .and_then(|v| v.headroom_percent())
+                .is_some_and(|h| h <= warn)
+    }
+
+    /// Whether host (or cgroup) memory is, or was at the last tick, at the
+    /// critical level, or the kernel's OOM-kill count rose this attempt.
+    pub(super) fn host_memory_critical(&self) -> bool {
+        let (_, crit) = self.core.engine.policy().thresholds();
+        let crit = crit.unwrap_or(8.0);
+        self.oom.struck_this_attempt()
+            || self
+                .core
+                .last_view
+                .as_ref()
+                .and_then(|v| v.headroom_percent())
+                .is_some_and(|h| h <= crit)
+    }
+}

@@ -1,0 +1,153 @@
+//! The dashboard's side of the loop: the user's keys and commands, the
+//! redraw, and a terminal that hangs up.
+
+use super::*;
+
+impl Supervisor {
+    /// A key or a resize on the dashboard.
+    pub(super) fn on_term(&mut self, ev: Result<crate::tui::TermEvent, crate::tui::TermError>) {
+        use crate::tui::{TermEvent, UiCommand};
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(crate::tui::TermError::HangUp) => {
+                self.on_hangup();
+                return;
+            }
+            Err(e) => {
+                if self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+                    self.on_hangup();
+                    return;
+                }
+                // The terminal cannot be read: carry on without the dashboard.
+                self.close_dashboard();
+                self.say(format!("dashboard closed: {e}"));
+                return;
+            }
+        };
+        match ev {
+            TermEvent::Resize { cols, rows } => {
+                if let (Some(app), Some(pty)) = (&self.sinks.app, &self.pty) {
+                    let (c, r) = crate::tui::output_pane_size(app, cols, rows);
+                    let _ = pty.resize(c, r);
+                }
+            }
+            TermEvent::Key(key) => {
+                let Some(cmd) = self.sinks.app.as_mut().and_then(|a| a.on_key(key)) else {
+                    return;
+                };
+                let t = self.started.elapsed().as_secs_f64();
+                let alive = self.main_status.is_none() && self.core.act.stop.is_none();
+                match cmd {
+                    UiCommand::Interrupt => {
+                        if let Some(p) = &self.pty {
+                            let _ = p.interrupt();
+                        }
+                    }
+                    UiCommand::TogglePause if alive => {
+                        if self.core.act.paused.is_empty() {
+                            self.pause("manual (dashboard)");
+                            self.core.engine.paused_externally(t);
+                        } else {
+                            self.resume("manual (dashboard)");
+                            self.core.engine.resumed_externally();
+                        }
+                    }
+                    UiCommand::Stop | UiCommand::Quit { stop_job: true } if alive => {
+                        self.begin_stop(Action::Stop, "manual stop (dashboard)");
+                    }
+                    UiCommand::Restart if alive => {
+                        self.begin_stop(Action::Restart, "manual restart (dashboard)");
+                    }
+                    UiCommand::Quit { stop_job: false } if self.cfg.attach.is_some() => {
+                        self.end_watch("detached from the dashboard".to_string());
+                    }
+                    UiCommand::Quit { stop_job: false } => {
+                        self.close_dashboard();
+                        eprintln!(
+                            "oomguard: dashboard closed; the job keeps running under oomguard (pid {}); its output is discarded",
+                            std::process::id()
+                        );
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Leaves the dashboard and gives the terminal back. The pty stays
+    /// open (and drained) so the job is not hung up.
+    pub(super) fn close_dashboard(&mut self) {
+        if let Some(mut t) = self.tui.take() {
+            let _ = t.restore();
+        }
+        self.sinks.app = None;
+    }
+
+    /// Redraws the dashboard (after every event; nothing runs while idle).
+    pub(super) fn draw(&mut self) {
+        use crate::tui::PolicyState;
+        let (Some(tui), Some(app)) = (self.tui.as_mut(), self.sinks.app.as_mut()) else {
+            return;
+        };
+        app.set_elapsed(self.started.elapsed().as_secs_f64());
+        let state = match &self.core.act.stop {
+            Some(st) if st.action == Action::Restart => PolicyState::Restarting,
+            Some(_) => PolicyState::Stopping,
+            None if self.relaunch_at.is_some() => PolicyState::Restarting,
+            None if !self.core.act.paused.is_empty() => PolicyState::Paused,
+            None if self.warning => PolicyState::Warning,
+            None => PolicyState::Normal,
+        };
+        app.set_policy_state(state);
+        if tui.draw(app).is_err() {
+            if tui.hung_up() {
+                self.on_hangup();
+            } else {
+                self.close_dashboard();
+            }
+        }
+    }
+
+    /// The dashboard's terminal hung up (an SSH connection dropped, a window
+    /// or tmux session closed). By default as for a job run from a shell:
+    /// the job gets SIGHUP and the run ends (SIGKILL after `--kill-after`
+    /// for a tree that outlives it). With `--on-hangup detach` oomguard goes
+    /// on supervising headless. Either way the dead terminal is never read
+    /// or written again.
+    pub(super) fn on_hangup(&mut self) {
+        if self.hung_up {
+            return;
+        }
+        self.hung_up = true;
+        // First: ratatui reports a failed cleanup with `eprintln!`, which
+        // panics on a dead terminal.
+        crate::tui::detach_dead_terminal();
+        self.close_dashboard();
+        if self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach {
+            return;
+        }
+        if self.cfg.attach.is_some() {
+            // Not ours to signal: end the watch as on SIGTERM.
+            self.on_signal(SIG_TERM);
+            return;
+        }
+        if self.relaunch_at.is_some() {
+            self.relaunch_at = None;
+            self.shutdown_signal = Some(libc::SIGHUP);
+            return;
+        }
+        self.forward(libc::SIGHUP);
+        self.sinks.action(
+            "stop",
+            "terminal hangup",
+            vec![self.job.pid],
+            Some(libc::SIGHUP),
+            "ok".into(),
+        );
+        self.core.act.unpause(&mut self.sig);
+        self.shutdown_signal = Some(libc::SIGHUP);
+        if self.core.act.kill_at.is_none() {
+            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        }
+    }
+}

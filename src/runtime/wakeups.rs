@@ -1,0 +1,201 @@
+//! What wakes the loop between ticks: the cheap loop's pace, the kernel's
+//! v1 thresholds, PSI triggers and `memory.events`, `memory.high`, and
+//! the next deadline of all of them.
+
+use super::*;
+
+impl Supervisor {
+    /// Hands the cheap loop this tick's limit, levels and working set (and
+    /// starts it on the first tick that has a cgroup limit). Not where a
+    /// v1 threshold already watches the limit, nor with kernel wake-ups
+    /// off: that switch leaves `--interval` polling alone, for the tests
+    /// that prove a wake-up acted.
+    pub(super) fn pace_cheap_loop(&mut self, now: Instant) {
+        // The switches are read once, not on every tick.
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off = *OFF.get_or_init(|| {
+            kernel_wakeups_disabled()
+                || std::env::var("OOMGUARD_CHEAP_LOOP").is_ok_and(|v| v == "off")
+        });
+        if off || !self.thresholds.is_empty() {
+            return;
+        }
+        let (Some(reader), Some(sample)) = (&self.sampler.cgroup, &self.core.last_sample) else {
+            return;
+        };
+        let Some(cg) = sample.cgroup.as_ref() else {
+            return;
+        };
+        let (Some(limit), Some(path), Some(ws)) = (
+            cg.limit_bytes,
+            cg.limit_path.as_deref(),
+            cg.limit_working_set_bytes,
+        ) else {
+            return;
+        };
+        let levels = cheap::levels(limit, &self.core.wake_levels());
+        cheap::CheapLoop::follow(
+            &mut self.cheap,
+            reader.usage_file(path),
+            self.cfg.interval,
+            (levels, ws),
+            now,
+        );
+    }
+
+    /// On cgroup v1, asks the kernel to wake us when usage crosses the
+    /// warn, critical and last-resort levels of the cgroup ceiling.
+    ///
+    /// A `--budget` gets the same treatment through the cgroup oomguard
+    /// owns (its usage is the job's footprint), so a fast leak cannot race
+    /// past the budget between two ticks either.
+    pub(super) fn register_thresholds(&mut self, cg: Option<&crate::model::CgroupSample>) {
+        if kernel_wakeups_disabled() {
+            return;
+        }
+        let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
+            return;
+        };
+        let mut targets = Vec::new();
+        if let (Some(limit), Some(path)) = (cg.limit_bytes, cg.limit_path.as_deref())
+            && let Some(dir) = reader.limit_dir(path)
+        {
+            targets.push((dir, limit));
+        }
+        if let Some(budget) = self.sampler.budget_bytes
+            && (reader.owned() || self.attached_exclusive())
+            && let Some(dir) = reader.limit_dir(&cg.path)
+        {
+            targets.push((dir, budget));
+        }
+        let mut levels = self.core.wake_levels().to_vec();
+        levels.dedup();
+        for (dir, ceiling) in targets {
+            for &h in &levels {
+                let bytes = (ceiling as f64 * (1.0 - h / 100.0)) as u64;
+                let Ok(t) = Threshold::register(&dir, bytes) else {
+                    return; // not permitted: polling still covers it
+                };
+                if let Ok(fd) = watch_threshold(t) {
+                    self.thresholds.push(fd);
+                }
+            }
+        }
+    }
+
+    /// Kernel wake-ups beyond v1 thresholds: a PSI trigger (200 ms of memory
+    /// stall within 2 s) on the job cgroup's `memory.pressure` on v2, or the
+    /// machine's `/proc/pressure/memory`; and `memory.events` changes of the
+    /// cgroup holding the limit on v2. Best effort: polling covers the rest.
+    pub(super) fn register_pri_wakes(&mut self) {
+        use crate::probe::cgroup::Version;
+        use crate::probe::system::PriWake;
+        if kernel_wakeups_disabled() {
+            return;
+        }
+        let v2 = self
+            .sampler
+            .cgroup
+            .as_ref()
+            .filter(|c| c.location().version == Version::V2);
+        let psi_path = v2
+            .map(|c| c.location().dir().join("memory.pressure"))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| self.cfg.proc_root.join("pressure/memory"));
+        // A 2 s window: what every kernel accepts, also from non-root.
+        let trigger = PriWake::psi_trigger(&psi_path, 200_000, 2_000_000);
+        if let Ok(w) = trigger
+            && let Some(fd) = watch_pri(w)
+        {
+            self.pri_wakes.push(fd);
+        }
+        if let Some(c) = v2 {
+            let sample = c.read();
+            let limit_dir = sample
+                .and_then(|s| s.limit_path)
+                .map(|p| c.location().mount_point.join(p.trim_start_matches('/')))
+                .unwrap_or_else(|| c.location().dir());
+            // The job's own cgroup too: its `high` events (memory.high, set
+            // by `set_memory_high`) come the moment it passes that level.
+            let mut dirs = vec![limit_dir];
+            if c.owned() && !dirs.contains(&c.location().dir()) {
+                dirs.push(c.location().dir());
+            }
+            for dir in dirs {
+                if let Ok(w) = PriWake::events(&dir.join("memory.events"))
+                    && let Some(fd) = watch_pri(w)
+                {
+                    self.pri_wakes.push(fd);
+                }
+            }
+        }
+    }
+
+    /// On cgroup v2, sets `memory.high` of the job's owned cgroup a little
+    /// above the critical level (between it and the last-resort level): a
+    /// leak that races past the critical level between two ticks is slowed
+    /// by the kernel (reclaim and allocation throttling, no kill) while the
+    /// graceful stop runs, and the crossing raises a `high` event that
+    /// wakes the loop. `OOMGUARD_MEMORY_HIGH=off`
+    /// leaves it alone (for measuring; see docs/design.md).
+    pub(super) fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) {
+        use crate::probe::cgroup::Version;
+        if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
+            return;
+        }
+        let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
+            return;
+        };
+        if !reader.owned() || reader.location().version != Version::V2 {
+            return;
+        }
+        let (_, Some(crit)) = self.core.engine.policy().thresholds() else {
+            return;
+        };
+        // Three quarters of the way from the ceiling down to the critical
+        // headroom: 94 % of the ceiling with the default 8 %.
+        let share = 1.0 - crit * 0.75 / 100.0;
+        let mut high: Option<u64> = None;
+        if let (Some(limit), Some(ws)) = (cg.limit_bytes, cg.limit_working_set_bytes) {
+            // The ceiling's cgroup also holds oomguard and any siblings.
+            let others = ws.saturating_sub(cg.usage_bytes.min(ws));
+            let at = (limit as f64 * share) as u64;
+            high = Some(at.saturating_sub(others));
+        }
+        if let Some(budget) = self.sampler.budget_bytes {
+            let at = (budget as f64 * share) as u64;
+            high = Some(high.map_or(at, |h| h.min(at)));
+        }
+        let Some(high) = high.filter(|h| *h > 0) else {
+            return;
+        };
+        // Best effort: without it the wake-ups and polling still act.
+        let _ = std::fs::write(
+            reader.location().dir().join("memory.high"),
+            high.to_string(),
+        );
+    }
+
+    pub(super) fn next_wake(&self) -> Instant {
+        let mut wake = self.next_tick;
+        if let Some(k) = self.core.act.kill_at {
+            wake = wake.min(k);
+        }
+        if self.main_status.is_some() {
+            wake = wake.min(Instant::now() + Duration::from_millis(50));
+        }
+        if let Some(d) = self.hook_deadlines.values().min() {
+            wake = wake.min(*d);
+        }
+        if let Some(r) = self.relaunch_at {
+            wake = r;
+        }
+        if let Some(w) = self.watch_deadline() {
+            wake = wake.min(w);
+        }
+        if let Some(c) = self.cheap.as_ref().and_then(cheap::CheapLoop::due) {
+            wake = wake.min(c);
+        }
+        wake
+    }
+}
