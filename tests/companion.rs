@@ -25,19 +25,6 @@ fn job(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The test environment's Python with torch, Lightning, transformers and
-/// accelerate, or None (skipped outside CI).
-fn venv() -> Option<PathBuf> {
-    let dir = std::env::var_os("OOMGUARD_TEST_VENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/oomguard/test-venv"))
-        })?;
-    let py = dir.join("bin/python");
-    let ok = py.exists();
-    common::require(ok, &format!("no torch environment at {}", dir.display())).then_some(dir)
-}
-
 struct Run {
     out: Output,
     log: Vec<common::schema::Line>,
@@ -72,6 +59,15 @@ impl Run {
     }
     fn has(&self, pred: impl Fn(&Event) -> bool) -> bool {
         self.log.iter().any(|l| pred(&l.event))
+    }
+    /// The stop's checkpoint, which must be there.
+    fn saved(&self) -> (u64, Vec<PathBuf>) {
+        self.done()
+            .unwrap_or_else(|| panic!("no checkpoint_done\n{}", self.why()))
+    }
+    /// Stdout and stderr together (frameworks log to either).
+    fn all(&self) -> String {
+        format!("{}{}", self.stdout(), self.stderr())
     }
     /// Signals the stop sent (names), in order.
     fn stop_signals(&self) -> Vec<Option<String>> {
@@ -134,6 +130,22 @@ fn last_completed(stdout: &str, rank: u32) -> Option<u64> {
         .max()
 }
 
+/// `script` (a fixture) run by the torch environment's Python under a
+/// 1.5 GB budget, with the Python it used; None when there is no
+/// environment (skipped outside CI).
+fn torch_script(
+    script: &str,
+    extra: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<(Run, PathBuf)> {
+    let py = common::torch_venv()?.join("bin/python");
+    let script = job(script);
+    let mut argv = vec![py.to_str().unwrap(), script.to_str().unwrap()];
+    argv.extend(args);
+    Some((run("1500M", extra, &argv, env), py))
+}
+
 fn plain() -> String {
     job("plain.py").to_string_lossy().into_owned()
 }
@@ -143,9 +155,7 @@ fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
     let _serial = common::serial();
     let r = run("400M", &[], &["python3", &plain()], &[]);
     assert_eq!(r.code(), 75, "{}", r.why());
-    let (step, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let (step, paths) = r.saved();
     assert_eq!(Some(step), last_completed(&r.stdout(), 0), "{}", r.why());
     assert_eq!(
         paths,
@@ -193,9 +203,7 @@ fn serial_a_restart_resumes_from_the_companions_checkpoint() {
         &[],
     );
     assert_eq!(r.code(), 0, "{}", r.why());
-    let (step, _) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let (step, _) = r.saved();
     let out = r.stdout();
     assert!(
         out.contains(&format!("rank 0 resumed from step {step}")),
@@ -214,27 +222,13 @@ fn serial_a_restart_resumes_from_the_companions_checkpoint() {
 #[test]
 fn serial_an_unmodified_lightning_script_saves_its_last_step() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
+    let Some((r, py)) = torch_script("lightning_job.py", &[], &[], &[]) else {
         return;
     };
-    let py = venv.join("bin/python");
-    let script = job("lightning_job.py");
-    let r = run(
-        "1500M",
-        &[],
-        &[py.to_str().unwrap(), script.to_str().unwrap()],
-        &[],
-    );
     assert_eq!(r.code(), 75, "{}", r.why());
-    let (step, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
-    assert!(
-        r.stdout()
-            .contains(&format!("fit ended at global step {step}")),
-        "{}",
-        r.why()
-    );
+    let (step, paths) = r.saved();
+    let ended = format!("fit ended at global step {step}");
+    assert!(r.stdout().contains(&ended), "{}", r.why());
     let ckpt = &paths[0];
     assert_eq!(
         ckpt.parent().unwrap(),
@@ -248,39 +242,21 @@ fn serial_an_unmodified_lightning_script_saves_its_last_step() {
         .output()
         .unwrap();
     let saved = String::from_utf8_lossy(&check.stdout).trim().to_string();
-    assert_eq!(
-        saved,
-        step.to_string(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    let err = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(saved, step.to_string(), "{err}");
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
 }
 
 #[test]
 fn serial_an_unmodified_hf_trainer_script_saves_its_last_step() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
+    let Some((r, _)) = torch_script("hf_job.py", &[], &[], &[]) else {
         return;
     };
-    let py = venv.join("bin/python");
-    let script = job("hf_job.py");
-    let r = run(
-        "1500M",
-        &[],
-        &[py.to_str().unwrap(), script.to_str().unwrap()],
-        &[],
-    );
     assert_eq!(r.code(), 75, "{}", r.why());
-    let (step, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
-    assert!(
-        r.stdout()
-            .contains(&format!("train ended at global step {step}")),
-        "{}",
-        r.why()
-    );
+    let (step, paths) = r.saved();
+    let ended = format!("train ended at global step {step}");
+    assert!(r.stdout().contains(&ended), "{}", r.why());
     assert_eq!(paths, vec![r.dir.path().join(format!("checkpoint-{step}"))]);
     assert!(paths[0].join("model.safetensors").exists(), "{}", r.why());
 }
@@ -288,7 +264,7 @@ fn serial_an_unmodified_hf_trainer_script_saves_its_last_step() {
 #[test]
 fn serial_two_torchrun_ranks_save_the_same_step() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
+    let Some(venv) = common::torch_venv() else {
         return;
     };
     let torchrun = venv.join("bin/torchrun");
@@ -306,9 +282,7 @@ fn serial_two_torchrun_ranks_save_the_same_step() {
         &[("DIST", "1"), ("LEAK_RANK", "1")],
     );
     assert_eq!(r.code(), 75, "{}", r.why());
-    let (step, _) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let (step, _) = r.saved();
     let out = r.stdout();
     for rank in 0..2 {
         assert!(
@@ -362,33 +336,18 @@ fn serial_a_trainer_that_does_not_catch_usr1_is_never_sent_usr1() {
 #[test]
 fn serial_an_accelerate_loop_saves_its_last_step_and_resumes_from_it() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
+    let extra = ["--on-critical", "restart", "--restart-delay", "1s"];
+    let Some((r, _)) = torch_script("accelerate_job.py", &extra, &["150"], &[]) else {
         return;
     };
-    let py = venv.join("bin/python");
-    let script = job("accelerate_job.py");
-    let r = run(
-        "1500M",
-        &["--on-critical", "restart", "--restart-delay", "1s"],
-        &[py.to_str().unwrap(), script.to_str().unwrap(), "150"],
-        &[],
-    );
     assert_eq!(r.code(), 0, "{}", r.why());
-    let (step, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let (step, paths) = r.saved();
     let out = r.stdout();
-    assert!(
-        out.contains(&format!("left after its checkpoint at step {step}\n")),
-        "{}",
-        r.why()
-    );
+    let left = format!("left after its checkpoint at step {step}\n");
+    assert!(out.contains(&left), "{}", r.why());
     assert_eq!(paths, vec![r.dir.path().join(format!("step_{step}"))]);
-    assert!(
-        out.contains(&format!("resumed from step {step}\n")),
-        "{}",
-        r.why()
-    );
+    let resumed = format!("resumed from step {step}\n");
+    assert!(out.contains(&resumed), "{}", r.why());
     assert!(out.contains("finished at step 150"), "{}", r.why());
 }
 
@@ -397,57 +356,33 @@ fn serial_an_accelerate_loop_saves_its_last_step_and_resumes_from_it() {
 #[test]
 fn serial_unmodified_lightning_and_hf_scripts_resume_from_the_checkpoint() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
-        return;
-    };
-    let py = venv.join("bin/python");
     let extra = ["--on-critical", "restart", "--restart-delay", "1s"];
     let env = [
         ("LEAK_ONLY_ATTEMPT", "1"),
         ("TRANSFORMERS_VERBOSITY", "info"),
     ];
-    let l = job("lightning_job.py");
-    let r = run(
-        "1500M",
-        &extra,
-        &[py.to_str().unwrap(), l.to_str().unwrap(), "150"],
-        &env,
-    );
+    let Some((r, _)) = torch_script("lightning_job.py", &extra, &["150"], &env) else {
+        return;
+    };
     assert_eq!(r.code(), 0, "{}", r.why());
-    let (_, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
-    let all = format!("{}{}", r.stdout(), r.stderr());
+    let (_, paths) = r.saved();
+    let restored = format!(
+        "Restoring states from the checkpoint path at {}",
+        paths[0].display()
+    );
+    assert!(r.all().contains(&restored), "{}", r.why());
     assert!(
-        all.contains(&format!(
-            "Restoring states from the checkpoint path at {}",
-            paths[0].display()
-        )),
+        r.all().contains("fit ended at global step 150"),
         "{}",
         r.why()
     );
-    assert!(all.contains("fit ended at global step 150"), "{}", r.why());
-    let h = job("hf_job.py");
-    let r = run(
-        "1500M",
-        &extra,
-        &[py.to_str().unwrap(), h.to_str().unwrap(), "150"],
-        &env,
-    );
+    let (r, _) = torch_script("hf_job.py", &extra, &["150"], &env).unwrap();
     assert_eq!(r.code(), 0, "{}", r.why());
-    let (step, _) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
-    let all = format!("{}{}", r.stdout(), r.stderr());
+    let (step, _) = r.saved();
+    let resumed = format!("Resuming training from checkpoint with epoch 0 and global step {step}");
+    assert!(r.all().contains(&resumed), "{}", r.why());
     assert!(
-        all.contains(&format!(
-            "Resuming training from checkpoint with epoch 0 and global step {step}"
-        )),
-        "{}",
-        r.why()
-    );
-    assert!(
-        all.contains("train ended at global step 150"),
+        r.all().contains("train ended at global step 150"),
         "{}",
         r.why()
     );
@@ -466,9 +401,7 @@ fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
         &[("MAX_MB", "340")],
     );
     assert_eq!(r.code(), 0, "{}", r.why());
-    let (step, paths) = r
-        .done()
-        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    let (step, paths) = r.saved();
     assert!(paths[0].exists());
     assert!(step < 200);
     assert!(

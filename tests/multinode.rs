@@ -16,16 +16,6 @@ use std::process::{Child, Stdio};
 use common::MemCgroup;
 use common::schema::Event;
 
-fn venv() -> Option<PathBuf> {
-    let dir = std::env::var_os("OOMGUARD_TEST_VENV")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/oomguard/test-venv"))
-        })?;
-    let ok = dir.join("bin/torchrun").exists();
-    common::require(ok, &format!("no torch environment at {}", dir.display())).then_some(dir)
-}
-
 struct Node {
     child: Child,
     log: PathBuf,
@@ -50,7 +40,7 @@ fn stop_reasons(log: &[common::schema::Line]) -> Vec<String> {
 #[test]
 fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
     let _serial = common::serial();
-    let Some(venv) = venv() else {
+    let Some(venv) = common::torch_venv() else {
         return;
     };
     let (Some(cg_a), Some(cg_b)) = (

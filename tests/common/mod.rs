@@ -22,6 +22,21 @@ pub fn oomguard() -> Command {
     c
 }
 
+/// The virtual environment with torch, Lightning, transformers and
+/// accelerate that `.ci/run` builds (`OOMGUARD_TEST_VENV`, default
+/// `~/.cache/oomguard/test-venv`), or None: skipped outside CI.
+#[allow(dead_code)]
+pub fn torch_venv() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("OOMGUARD_TEST_VENV")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".cache/oomguard/test-venv"))
+        })?;
+    let ok = dir.join("bin/python").exists() && dir.join("bin/torchrun").exists();
+    require(ok, &format!("no torch environment at {}", dir.display())).then_some(dir)
+}
+
 /// Removes oomguard's own variables a test may have inherited (a test run
 /// under `oomguard run`, a debugging switch left exported): each test sets
 /// the ones it means. The torch environment's path stays.
