@@ -191,6 +191,12 @@ fn serial_without_the_companion_the_plain_loop_loses_its_work() {
         .filter_map(Result::ok)
         .any(|e| e.file_name().to_string_lossy().starts_with("ckpt-"));
     assert!(!saved, "a checkpoint without the companion?");
+    // Said once the loop showed progress, before the stop.
+    let err = r.stderr();
+    let warned = err
+        .find("a stop would lose the work")
+        .unwrap_or_else(|| panic!("no warning\n{}", r.why()));
+    assert!(warned < err.find("critical").unwrap_or(usize::MAX), "{err}");
 }
 
 #[test]

@@ -308,6 +308,9 @@ pub struct Actuator {
     pub remote_stop: Option<(u64, String)>,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
+    /// This attempt's trainer was checked for a handler of the
+    /// checkpoint signal ([`Actuator::check_stop_saves`]).
+    stop_checked: bool,
     pub companion: CompanionState,
     out: Vec<Acted>,
 }
@@ -326,6 +329,7 @@ impl Actuator {
             detail: None,
             remote_stop: None,
             joined: None,
+            stop_checked: false,
             companion: CompanionState::default(),
             out: Vec::new(),
         }
@@ -461,6 +465,41 @@ impl Actuator {
         self.companion = CompanionState::default();
         self.remote_stop = None;
         self.joined = None;
+        self.stop_checked = false;
+    }
+
+    /// Once per attempt, when the trainer has shown progress (its signal
+    /// handlers are installed by then): says so now if a stop would lose
+    /// its work: no companion speaks and the trainer catches neither the
+    /// checkpoint signal nor SIGTERM. Users learn it before the stop, not
+    /// from a lost run.
+    pub fn check_stop_saves(&mut self, tree: &[ProcSample], job_pid: u32, sig: &dyn Signaller) {
+        if self.stop_checked || self.companion.connected || self.cfg.quiet {
+            return;
+        }
+        self.stop_checked = true;
+        let mut trainers = idents(tree, |p| p.role == Role::Trainer);
+        if trainers.is_empty() {
+            trainers = idents(tree, |p| p.pid == job_pid);
+        }
+        let wanted = self.cfg.checkpoint_signal;
+        let deaf: Vec<String> = trainers
+            .iter()
+            .filter(|id| {
+                sig.catches(**id, wanted) == Some(false)
+                    && sig.catches(**id, SIG_TERM) == Some(false)
+            })
+            .map(|id| id.0.to_string())
+            .collect();
+        if !deaf.is_empty() {
+            self.say(format!(
+                "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
+                 since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
+                 under oomguard; a plain loop can with python/oomguard)",
+                deaf.join(", "),
+                supervise::signal_name(wanted)
+            ));
+        }
     }
 
     /// The attempt ended while its stop still waited for a checkpoint (the

@@ -729,6 +729,19 @@ impl Supervisor {
             );
             self.core.last_sample = Some(sample);
         }
+        if self.progress.current().is_some_and(|p| p.step.is_some())
+            && self
+                .core
+                .engine
+                .policy()
+                .rules
+                .iter()
+                .any(|r| r.action.is_critical())
+        {
+            self.core
+                .act
+                .check_stop_saves(&self.sampler.tree, self.job.pid, &self.sig);
+        }
         self.acted(Some(&out.view));
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);
