@@ -223,6 +223,20 @@ fn serial_a_restart_resumes_from_the_companions_checkpoint() {
         .filter(|l| *l == format!("rank 0 completed step {step}"))
         .count();
     assert_eq!(redone, 1, "{}", r.why());
+    // The report counts the steps lost from the companion's exact steps.
+    let report = common::oomguard()
+        .args(["report", "--format", "text"])
+        .arg(r.dir.path().join("log.ndjson"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    let want =
+        format!("attempt 2 resumed from the companion's checkpoint at step {step}: 0 steps lost");
+    assert!(text.contains(&want), "{text}");
+    assert!(
+        text.contains(&format!("checkpoint at step {step}")),
+        "{text}"
+    );
 }
 
 #[test]

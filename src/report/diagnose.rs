@@ -360,6 +360,31 @@ fn progress(log: &RunLog, out: &mut Vec<Finding>) {
         let (Some(stopped), next) = (r.step, r.attempt) else {
             continue;
         };
+        // The companion's checkpoint of the ended attempt: exact.
+        let saved = log.events.iter().rev().find_map(|e| match &e.kind {
+            EventKind::CheckpointDone {
+                step: Some(s),
+                ok: true,
+                ..
+            } if e.attempt + 1 == next => Some(*s),
+            _ => None,
+        });
+        if let Some(at) = saved {
+            let lost = stopped.saturating_sub(at);
+            out.push(Finding {
+                kind: "steps_lost",
+                severity: Severity::Info,
+                title: format!(
+                    "attempt {next} resumed from the companion's checkpoint at step {at}: {lost} step{} lost",
+                    if lost == 1 { "" } else { "s" }
+                ),
+                advice: "The step the trainer saved on oomguard's request, against the last \
+                         step it reported."
+                    .to_string(),
+                numbers: Vec::new(),
+            });
+            continue;
+        }
         let resumed = log.progress.iter().find(|p| {
             p.attempt == next && p.event != "restart" && p.phase.as_deref() == Some("train")
         });

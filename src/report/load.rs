@@ -254,6 +254,12 @@ pub enum EventKind {
     RankFailed(RankFailedEvent),
     /// A training phase changed memory sharply.
     PhaseMemory(PhaseMemoryEvent),
+    /// The companion's save finished (`checkpoint_done`): the exact step.
+    CheckpointDone {
+        step: Option<u64>,
+        path: Option<String>,
+        ok: bool,
+    },
 }
 
 impl EventKind {
@@ -269,6 +275,7 @@ impl EventKind {
             EventKind::WorkerDied { .. } => "worker_died",
             EventKind::RankFailed(_) => "rank_failed",
             EventKind::PhaseMemory(_) => "phase_memory",
+            EventKind::CheckpointDone { .. } => "checkpoint_done",
         }
     }
 
@@ -685,6 +692,14 @@ fn event_kind(event: &str, raw: &str, attempt: Option<u64>) -> Result<Read, serd
         }
         "rank_failed" => EventKind::RankFailed(serde_json::from_str::<RankFailedEvent>(raw)?),
         "phase_memory" => EventKind::PhaseMemory(serde_json::from_str::<PhaseMemoryEvent>(raw)?),
+        "checkpoint_done" => {
+            let v = serde_json::from_str::<Value>(raw)?;
+            EventKind::CheckpointDone {
+                step: v["step"].as_u64(),
+                path: v["paths"][0].as_str().map(str::to_string),
+                ok: v["ok"].as_bool().unwrap_or(false),
+            }
+        }
         _ => return Ok(Read::Unknown),
     }))
 }

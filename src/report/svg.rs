@@ -73,6 +73,7 @@ fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
         EventKind::RankFailed(r) if r.oom_killed => ("#D55E00", "#ffffff", Shape::Down),
         EventKind::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
         EventKind::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
+        EventKind::CheckpointDone { .. } => ("#009E73", "#1a1a1a", Shape::Up),
     }
 }
 

@@ -69,6 +69,12 @@ pub(super) fn event_summary(e: &Event) -> String {
         }
         EventKind::RankFailed(r) => r.describe(),
         EventKind::PhaseMemory(p) => phase_memory_summary(p),
+        EventKind::CheckpointDone { step, path, ok } => {
+            let at = step.map_or(String::new(), |s| format!(" at step {s}"));
+            let to = path.as_ref().map_or(String::new(), |p| format!(" to {p}"));
+            let failed = if *ok { "" } else { " (failed)" };
+            format!("checkpoint{at}{to}{failed}")
+        }
     }
 }
 
