@@ -116,6 +116,9 @@ pub enum Record {
         framework: String,
         #[serde(default)]
         world: Option<u32>,
+        /// Ranks on this node (`LOCAL_WORLD_SIZE`).
+        #[serde(default)]
+        local_world: Option<u32>,
     },
     /// Where training is (rate-limited by the companion).
     Progress {

@@ -16,11 +16,6 @@ use std::process::{Child, Stdio};
 use common::MemCgroup;
 use common::schema::Event;
 
-struct Node {
-    child: Child,
-    log: PathBuf,
-}
-
 fn done_step(log: &[common::schema::Line]) -> Option<u64> {
     log.iter().rev().find_map(|l| match &l.event {
         Event::CheckpointDone(v) => v["step"].as_u64(),
@@ -37,36 +32,57 @@ fn stop_reasons(log: &[common::schema::Line]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
-    let _serial = common::serial();
-    let Some(venv) = common::torch_venv() else {
-        return;
-    };
-    let (Some(cg_a), Some(cg_b)) = (
-        MemCgroup::or_skip("node-a", 4 << 30),
-        MemCgroup::or_skip("node-b", 4 << 30),
-    ) else {
-        return;
-    };
+/// Two nodes of one job, each an oomguard over `torchrun --nnodes 2`, each
+/// in its own memory cgroup; node A leaks under a `--budget` and gets
+/// `extra_a`. Returns both runs and the checkpoint directory.
+struct TwoNodes {
+    out: [std::process::Output; 2],
+    logs: [Vec<common::schema::Line>; 2],
+    dir: tempfile::TempDir,
+}
+
+impl TwoNodes {
+    fn why(&self) -> String {
+        let text = |o: &std::process::Output| {
+            format!(
+                "exit {:?}\nstderr:\n{}\nstdout tail:\n{}",
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr),
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .rev()
+                    .take(6)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        };
+        format!(
+            "node a:\n{}\n\nnode b:\n{}",
+            text(&self.out[0]),
+            text(&self.out[1])
+        )
+    }
+}
+
+fn two_nodes(port: u16, extra_a: &[&str]) -> Option<TwoNodes> {
+    let venv = common::torch_venv()?;
+    let (cg_a, cg_b) = (
+        MemCgroup::or_skip("node-a", 4 << 30)?,
+        MemCgroup::or_skip("node-b", 4 << 30)?,
+    );
     let dir = tempfile::tempdir().unwrap();
     let torchrun = venv.join("bin/torchrun");
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_oomguard"));
-    let start = |cg: &MemCgroup, name: &str, budget: Option<&str>, leak: &str| -> Node {
+    let endpoint = format!("localhost:{port}");
+    let start = |cg: &MemCgroup, name: &str, extra: &[&str], leak: &str| -> Child {
         let log = dir.path().join(format!("{name}.ndjson"));
-        let mut args: Vec<String> = ["run", "--no-tui", "--log"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        args.push(log.to_string_lossy().into_owned());
-        if let Some(b) = budget {
-            args.extend(["--budget".to_string(), b.to_string()]);
-        }
-        args.push("--".into());
-        args.push(torchrun.to_string_lossy().into_owned());
-        for a in [
+        let mut args = vec!["run", "--no-tui", "--log", log.to_str().unwrap()];
+        args.extend(extra);
+        args.extend([
+            "--",
+            torchrun.to_str().unwrap(),
             "--nnodes",
             "2",
             "--nproc-per-node",
@@ -74,56 +90,54 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
             "--rdzv-backend",
             "c10d",
             "--rdzv-endpoint",
-            "localhost:29687",
+            &endpoint,
             "--rdzv-id",
             "multinode-test",
-        ] {
-            args.push(a.into());
-        }
-        args.push(plain.to_string_lossy().into_owned());
-        args.push("2000".into());
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = cg
-            .command(&bin, &argv)
+            plain.to_str().unwrap(),
+            "2000",
+        ]);
+        cg.command(&bin, &args)
             .env("DIST", "1")
             .env("LEAK_LOCAL_RANK", leak)
             .env("CKPT_DIR", dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
-        Node { child, log }
+            .unwrap()
     };
-    let a = start(&cg_a, "a", Some("1600M"), "1");
-    let b = start(&cg_b, "b", None, "99");
-    let out_a = a.child.wait_with_output().unwrap();
-    let out_b = b.child.wait_with_output().unwrap();
-    let text = |o: &std::process::Output| {
-        format!(
-            "exit {:?}\nstderr:\n{}\nstdout tail:\n{}",
-            o.status.code(),
-            String::from_utf8_lossy(&o.stderr),
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .rev()
-                .take(6)
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
+    let mut a_args = vec!["--budget", "1600M"];
+    a_args.extend(extra_a);
+    let a = start(&cg_a, "a", &a_args, "1");
+    let b = start(&cg_b, "b", &[], "99");
+    let out = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    cg_a.kill_all();
+    cg_b.kill_all();
+    let logs = [
+        common::read_log(&dir.path().join("a.ndjson")),
+        common::read_log(&dir.path().join("b.ndjson")),
+    ];
+    Some(TwoNodes { out, logs, dir })
+}
+
+#[test]
+fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
+    let _serial = common::serial();
+    let Some(r) = two_nodes(29687, &[]) else {
+        return;
     };
-    let why = format!("node a:\n{}\n\nnode b:\n{}", text(&out_a), text(&out_b));
-    assert_eq!(out_a.status.code(), Some(75), "{why}");
-    assert_eq!(out_b.status.code(), Some(75), "{why}");
-    let (log_a, log_b) = (common::read_log(&a.log), common::read_log(&b.log));
-    let step = done_step(&log_a).unwrap_or_else(|| panic!("node a: no checkpoint_done\n{why}"));
-    assert_eq!(done_step(&log_b), Some(step), "{why}");
+    let why = r.why();
+    assert_eq!(r.out[0].status.code(), Some(75), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let step = done_step(&r.logs[0]).unwrap_or_else(|| panic!("node a: no checkpoint_done\n{why}"));
+    assert_eq!(done_step(&r.logs[1]), Some(step), "{why}");
     for rank in 0..4 {
         assert!(
-            dir.path()
+            r.dir
+                .path()
                 .join(format!("ckpt-r{rank}-{step}.json"))
                 .exists(),
             "rank {rank} did not save step {step}: {:?}\n{why}",
-            fs::read_dir(dir.path())
+            fs::read_dir(r.dir.path())
                 .unwrap()
                 .filter_map(Result::ok)
                 .map(|e| e.file_name())
@@ -131,14 +145,41 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
         );
     }
     // The healthy node says which node ran short and why.
-    let reasons = stop_reasons(&log_b);
+    let reasons = stop_reasons(&r.logs[1]);
     assert!(
         reasons
             .iter()
             .any(|r| r.starts_with("node ") && r.contains("critical")),
         "{reasons:?}\n{why}"
     );
-    assert!(stop_reasons(&log_a).iter().all(|r| !r.starts_with("node ")));
-    cg_a.kill_all();
-    cg_b.kill_all();
+    assert!(
+        stop_reasons(&r.logs[0])
+            .iter()
+            .all(|r| !r.starts_with("node "))
+    );
+}
+
+/// `--on-critical pause` on a node of a job that spans nodes: never a
+/// pause (it would stall the other node in its next all-reduce until the
+/// collective's timeout): a stop with a checkpoint, on both nodes.
+#[test]
+fn serial_a_pause_on_one_node_of_a_multinode_job_becomes_a_stop() {
+    let _serial = common::serial();
+    let Some(r) = two_nodes(29688, &["--on-critical", "pause"]) else {
+        return;
+    };
+    let why = r.why();
+    assert_eq!(r.out[0].status.code(), Some(75), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let err = String::from_utf8_lossy(&r.out[0].stderr);
+    assert!(
+        err.contains("pausing this node's would stall them all"),
+        "{why}"
+    );
+    let paused_by_rule = r.logs[0].iter().any(|l| {
+        matches!(&l.event, Event::Action(a) if a.action == "pause" && !a.reason.starts_with("throttle"))
+    });
+    assert!(!paused_by_rule, "{why}");
+    let step = done_step(&r.logs[0]).unwrap_or_else(|| panic!("no checkpoint_done\n{why}"));
+    assert_eq!(done_step(&r.logs[1]), Some(step), "{why}");
 }

@@ -309,6 +309,7 @@ class Guard:
                 "type": "hello",
                 "framework": self.framework,
                 "world": _world_size(),
+                "local_world": _env_int("LOCAL_WORLD_SIZE", _world_size()),
                 "local_rank": self.local_rank,
             }
         )

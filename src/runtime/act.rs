@@ -197,6 +197,16 @@ pub struct CompanionState {
     pending: Option<(u64, Kind, Instant, bool)>,
     /// The last finished save: step, seconds after its request, paths.
     pub done: Option<Saved>,
+    /// The job's ranks in all, and on this node, as the companion says.
+    pub world: Option<(u32, u32)>,
+}
+
+impl CompanionState {
+    /// The job has ranks on other nodes: holding this node's ranks would
+    /// stall every node in its next collective.
+    pub fn spans_nodes(&self) -> bool {
+        self.world.is_some_and(|(all, here)| all > here)
+    }
 }
 
 /// A checkpoint the companion reported.
@@ -373,7 +383,14 @@ impl Actuator {
         for r in ch.poll() {
             let c = &mut self.companion;
             match &r {
-                Record::Hello { .. } => c.connected = true,
+                Record::Hello {
+                    world, local_world, ..
+                } => {
+                    c.connected = true;
+                    if let Some(w) = *world {
+                        c.world = Some((w, local_world.unwrap_or(w)));
+                    }
+                }
                 Record::Progress { step, .. } => {
                     c.connected = true;
                     c.step = step.or(c.step);

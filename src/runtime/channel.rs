@@ -23,6 +23,7 @@ impl Supervisor {
                 rank,
                 framework,
                 world,
+                ..
             } => {
                 let body = serde_json::json!({
                     "pid": pid, "rank": rank, "framework": framework, "world": world,

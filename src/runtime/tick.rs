@@ -195,6 +195,18 @@ impl Core {
             // Nothing to ask: the rule's own line says it fired.
             return;
         }
+        // A job with ranks on other nodes is never paused: a held rank
+        // stalls every node in its next collective until the collective's
+        // timeout. It is stopped with a checkpoint instead (every node's).
+        let action = if action == Action::Pause && self.act.companion.spans_nodes() {
+            self.act.push(Acted::Say(format!(
+                "{reason}: the job has ranks on other nodes, and pausing this node's would stall \
+                 them all; stopping it with a checkpoint instead"
+            )));
+            Action::Stop
+        } else {
+            action
+        };
         if action == Action::Warn {
             self.warn(&reason, sample, view, notifier);
         } else if !self.voice.quiet {
