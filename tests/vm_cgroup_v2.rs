@@ -102,8 +102,12 @@ impl Run {
         self.value("exit").parse().unwrap()
     }
 
+    /// A counter the scenario read: a missing or unreadable one fails the
+    /// test (a "0" nobody read would let "the kernel never killed" pass).
     fn num(&self, key: &str) -> u64 {
-        self.value(key).parse().unwrap_or(0)
+        self.value(key)
+            .parse()
+            .unwrap_or_else(|_| panic!("{}: {key} is {:?}", self.name, self.value(key)))
     }
 
     fn run_start(&self) -> &common::schema::RunStart {

@@ -216,14 +216,21 @@ impl MemCgroup {
         fs::read_to_string(self.dir.join(file)).unwrap_or_default()
     }
 
+    /// The cgroup's OOM kills; a counter that cannot be read fails the test
+    /// (a silent 0 would let "the kernel never killed" pass).
     pub fn oom_kills(&self) -> u64 {
-        self.read("memory.oom_control")
-            .lines()
+        let text = self.read("memory.oom_control");
+        text.lines()
             .find_map(|l| {
                 l.strip_prefix("oom_kill ")
                     .and_then(|v| v.trim().parse().ok())
             })
-            .unwrap_or(0)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no oom_kill counter in {}/memory.oom_control: {text:?}",
+                    self.dir.display()
+                )
+            })
     }
 
     /// Kills everything left in the cgroup and its children.
