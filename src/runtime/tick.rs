@@ -876,4 +876,108 @@ mod tests {
             "a paused job is watched closely"
         );
     }
+
+    /// A core whose actuator has a control channel in `dir`, and a way to
+    /// append what the companion would write.
+    fn with_companion(dir: &std::path::Path) -> (Run, std::path::PathBuf) {
+        let mut c = core(Action::Stop, true);
+        let ch = crate::companion::Channel::create(dir, 1).unwrap();
+        let events = ch.dir().join("events");
+        c.act.channel = Some(ch);
+        (Run::new(c), events)
+    }
+
+    fn say_as_companion(events: &std::path::Path, line: &str) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(events)
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+
+    fn request_id(events: &std::path::Path) -> u64 {
+        let text = std::fs::read_to_string(events.with_file_name("request")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["kind"], "checkpoint_and_exit");
+        v["id"].as_u64().unwrap()
+    }
+
+    #[test]
+    fn with_a_companion_the_stop_asks_instead_of_signalling_and_waits_for_done() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        let script = Script::new();
+        say_as_companion(
+            &events,
+            r#"{"type":"hello","pid":100,"rank":0,"framework":"plain"}"#,
+        );
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "stop", "{acts:?}");
+        assert!(run.sig.take().iter().all(|s| s.1 != CKPT), "signalled");
+        let id = request_id(&events);
+        say_as_companion(&events, &format!(r#"{{"type":"ack","id":{id},"step":7}}"#));
+        run.tick(&script, 1.5, 5.0);
+        say_as_companion(
+            &events,
+            &format!(r#"{{"type":"done","id":{id},"step":7,"paths":["/c/7"],"ok":true}}"#),
+        );
+        run.tick(&script, 1.8, 5.0);
+        let saved = run.core.act.companion.done.clone().unwrap();
+        assert_eq!((saved.id, saved.step), (id, Some(7)));
+        // The trainer has time to leave on its own: the grace (2 s) is
+        // over at 3.0, and then the rest of the ladder goes on.
+        assert!(run.sig.take().iter().all(|s| s.1 != SIG_TERM));
+        run.tick(&script, 3.1, 5.0);
+        assert!(run.sig.take().iter().any(|s| s.1 == SIG_TERM));
+    }
+
+    #[test]
+    fn a_companion_that_does_not_acknowledge_gets_the_signal_after_all() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        let script = Script::new();
+        say_as_companion(&events, r#"{"type":"hello","pid":100,"rank":0}"#);
+        run.tick(&script, 0.0, 50.0);
+        run.tick(&script, 1.0, 5.0);
+        assert!(run.sig.take().iter().all(|s| s.1 != CKPT));
+        // Half the grace (1 s) without an ack: the checkpoint signal.
+        run.tick(&script, 1.5, 5.0);
+        assert!(run.sig.take().iter().all(|s| s.1 != CKPT));
+        run.tick(&script, 2.1, 5.0);
+        assert!(run.sig.take().contains(&(TRAINER, CKPT)));
+        assert!(
+            run.said.iter().any(|s| s.contains("did not acknowledge")),
+            "{:?}",
+            run.said
+        );
+    }
+
+    #[test]
+    fn another_nodes_request_is_joined_without_a_signal_and_names_the_node() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        let script = Script::new();
+        say_as_companion(
+            &events,
+            r#"{"type":"hello","pid":100,"rank":0,"world":4,"local_world":2}"#,
+        );
+        run.tick(&script, 0.0, 50.0);
+        say_as_companion(
+            &events,
+            r#"{"type":"remote","id":99,"kind":"checkpoint_and_exit","node":1,"cause_rank":3,"reason":"critical-headroom","detail":"headroom 1 GiB (5.0%)"}"#,
+        );
+        let acts = run.tick(&script, 1.0, 60.0);
+        assert_eq!(
+            acts,
+            vec![(
+                "stop",
+                "node 1 (rank 3): critical-headroom: headroom 1 GiB (5.0%)".to_string()
+            )]
+        );
+        assert!(run.sig.take().is_empty(), "a joined stop signals nothing");
+        assert_eq!(run.core.act.policy_end, Some(Action::Stop));
+        assert!(run.core.act.companion.spans_nodes());
+    }
 }
