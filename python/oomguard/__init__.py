@@ -145,6 +145,7 @@ class Guard:
                     "id": self._local_id or agreed_id,
                     "kind": kind,
                     "step": self._last_step,
+                    "epoch": self._epoch,
                     "paths": paths,
                     "ok": bool(ok),
                     "seconds": round(seconds, 3),
