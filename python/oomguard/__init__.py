@@ -34,8 +34,10 @@ EVENTS = "events"
 # Vote codes: the larger one wins when ranks hold different requests.
 _KIND_CODE = {"checkpoint": 1, "checkpoint_and_exit": 2}
 _CODE_KIND = {1: "checkpoint", 2: "checkpoint_and_exit"}
-# Progress records are rate-limited: oomguard needs the step, not a stream.
-_PROGRESS_EVERY = 0.25
+# Progress records are rate-limited and come from each node's local rank 0
+# only (the ranks step together): oomguard needs the step, not a stream, and
+# a day-long run of any width appends under 10 MB.
+_PROGRESS_EVERY = 1.0
 # The vote's value: request id << _NODE_BITS | the requesting node.
 _NODE_BITS = 16
 _NODE_MASK = (1 << _NODE_BITS) - 1
@@ -293,6 +295,8 @@ class Guard:
         self._emit({"type": "relieved", "id": req["id"], "freed": freed})
 
     def _progress(self):
+        if self.local_rank != 0:
+            return
         if self._last_step is not None and self._last_step != self._reported:
             self._reported = self._last_step
             self._emit(

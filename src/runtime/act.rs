@@ -178,6 +178,9 @@ pub enum Acted {
     Companion(Record),
 }
 
+/// The result of a `checkpoint` action with no companion to ask.
+pub const NO_COMPANION: &str = "no companion";
+
 /// How long a stop waits for the companion to acknowledge its request
 /// before it falls back to the checkpoint signal: the request is read at
 /// the next step boundary, so this bounds the step time the channel serves.
@@ -349,7 +352,7 @@ impl Actuator {
     pub fn checkpoint(&mut self, reason: &str, now: Instant) {
         let result = match self.ask(Kind::Checkpoint, reason, now) {
             Some(_) => "ok".to_string(),
-            None => "no companion".to_string(),
+            None => NO_COMPANION.to_string(),
         };
         self.push(Acted::Action {
             action: "checkpoint",

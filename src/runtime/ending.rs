@@ -26,30 +26,7 @@ impl Supervisor {
         // Give the terminal back before anything is printed to it.
         self.close_dashboard();
         self.pty_keeper = None;
-        // The job's last bytes come before oomguard's own lines (unless
-        // oomguard was told to stop waiting for them).
-        if let Some(r) = self.relay.as_mut() {
-            r.finish();
-            if !self.output_abandoned {
-                r.flush(Duration::from_secs(2));
-            }
-        }
-        self.pty_scanner.finish();
-        self.log_output_events();
-        // Final now: the relay has finished and nothing more is written.
-        let relay_stats = self.relay.as_ref().map(OutputRelay::stats);
-        if let Some(stats) = &relay_stats
-            && !self.cfg.quiet
-        {
-            for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
-                if st.lost_bytes() > 0 {
-                    eprintln!(
-                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, the reader closed its end or stopped taking it, or the destination failed)",
-                        HumanBytes(st.lost_bytes())
-                    );
-                }
-            }
-        }
+        let relay_stats = self.drain_output();
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.core.history.push(&sample);
@@ -133,6 +110,63 @@ impl Supervisor {
                 }),
             },
         );
+        self.tell_ci(&sample, outcome, exit_code, duration, fail_above);
+        if let Some(t) = self.sinks.textfile.take()
+            && let Err(e) = t.remove()
+        {
+            eprintln!("oomguard: {e}");
+        }
+        if self.foreground {
+            supervise::reclaim_foreground(std::io::stdin().as_fd());
+        }
+        if !self.cfg.quiet {
+            self.summary(status, outcome, exit_code, duration);
+        }
+        drop(self.owned.take());
+        exit_code
+    }
+
+    /// The job's last output, passed on before oomguard's own lines (unless
+    /// oomguard was told to stop waiting for it), scanned, and what could
+    /// not be passed on said. Returns the relay's final figures.
+    fn drain_output(&mut self) -> Option<crate::probe::output::RelayStats> {
+        // The job's last bytes come before oomguard's own lines (unless
+        // oomguard was told to stop waiting for them).
+        if let Some(r) = self.relay.as_mut() {
+            r.finish();
+            if !self.output_abandoned {
+                r.flush(Duration::from_secs(2));
+            }
+        }
+        self.pty_scanner.finish();
+        self.log_output_events();
+        // Final now: the relay has finished and nothing more is written.
+        let relay_stats = self.relay.as_ref().map(OutputRelay::stats);
+        if let Some(stats) = &relay_stats
+            && !self.cfg.quiet
+        {
+            for (name, st) in [("stdout", stats.stdout), ("stderr", stats.stderr)] {
+                if st.lost_bytes() > 0 {
+                    eprintln!(
+                        "oomguard: {} of the job's {name} could not be passed on (dropped under --output-drop, the reader closed its end or stopped taking it, or the destination failed)",
+                        HumanBytes(st.lost_bytes())
+                    );
+                }
+            }
+        }
+        relay_stats
+    }
+
+    /// The `--fail-above` verdict on stderr, and the run for CI: GitHub
+    /// annotations and the step summary.
+    fn tell_ci(
+        &mut self,
+        sample: &Sample,
+        outcome: Outcome,
+        exit_code: i32,
+        duration: Duration,
+        fail_above: Option<(u64, bool)>,
+    ) {
         if let Some((limit, true)) = fail_above {
             let peak = &self.sinks.stats.peak;
             let what = if peak.tree_pss_bytes > limit {
@@ -194,19 +228,6 @@ impl Supervisor {
                 eprintln!("oomguard: {e}");
             }
         }
-        if let Some(t) = self.sinks.textfile.take()
-            && let Err(e) = t.remove()
-        {
-            eprintln!("oomguard: {e}");
-        }
-        if self.foreground {
-            supervise::reclaim_foreground(std::io::stdin().as_fd());
-        }
-        if !self.cfg.quiet {
-            self.summary(status, outcome, exit_code, duration);
-        }
-        drop(self.owned.take());
-        exit_code
     }
 
     pub(super) fn summary(

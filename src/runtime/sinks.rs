@@ -161,8 +161,14 @@ impl Sinks {
         signal: Option<i32>,
         result: String,
     ) {
-        self.count(action);
+        // A `checkpoint` decided with no companion to ask: logged (so a
+        // replay of the run matches it), but it did nothing to count or show.
+        let idle = action == "checkpoint" && result == crate::runtime::act::NO_COMPANION;
+        if !idle {
+            self.count(action);
+        }
         let kind = match action {
+            _ if idle => None,
             "warn" => Some(crate::tui::ActionKind::Warn),
             "checkpoint" => Some(crate::tui::ActionKind::Checkpoint),
             "pause" => Some(crate::tui::ActionKind::Pause),

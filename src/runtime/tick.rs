@@ -192,7 +192,8 @@ impl Core {
             } => (action, reason, hook),
         };
         if action == Action::Checkpoint && !self.act.companion.connected {
-            // Nothing to ask: the rule's own line says it fired.
+            // Nothing to ask: logged as decided, without a word to the user.
+            self.act.checkpoint(&reason, inp.now);
             return;
         }
         // A job with ranks on other nodes is never paused: a held rank
