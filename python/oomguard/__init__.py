@@ -86,13 +86,12 @@ class Guard:
         self._epoch = None
         self._phase = "train"
         self._said_hello = False
-        self._votes = 0
+        self._request_now = None
         self._work = None
         self._group = None
         self._published_id = None
         # torchrun's node rank (GROUP_RANK), else SLURM's.
         self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
-        self._vote_every = max(1, _env_int("OOMGUARD_VOTE_EVERY", 1))
 
     @property
     def active(self):
@@ -113,12 +112,11 @@ class Guard:
         if now - self._last_progress >= _PROGRESS_EVERY:
             self._last_progress = now
             self._progress()
+        # One `stat` of the request per step, for the relief and the vote.
+        self._request_now = self._read_request()
         self._maybe_relieve()
         if self._agreed is not None:
             return True
-        self._votes += 1
-        if self._votes % self._vote_every:
-            return False
         try:
             return self._vote(step)
         except Exception:
@@ -264,7 +262,7 @@ class Guard:
         return {}
 
     def _pending(self):
-        req = self._read_request()
+        req = self._request_now
         if req and req.get("id", 0) > self._served and req.get("kind") in _KIND_CODE:
             return req
         return None
@@ -287,7 +285,7 @@ class Guard:
         return self._request
 
     def _maybe_relieve(self):
-        req = self._read_request()
+        req = self._request_now
         if not req or req.get("kind") != "relieve" or req["id"] <= self._relieved:
             return
         self._relieved = req["id"]
