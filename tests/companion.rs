@@ -265,6 +265,44 @@ fn serial_an_unmodified_lightning_script_saves_its_last_step() {
     let err = String::from_utf8_lossy(&check.stderr);
     assert_eq!(saved, step.to_string(), "{err}");
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+    assert!(!r.stderr().contains("PyTorch Lightning"), "{}", r.why());
+}
+
+/// The control, and the warning: without the companion Lightning gets
+/// SIGTERM, which it catches (so the `SigCgt` check is satisfied) only to
+/// end `fit` at the next step: nothing is saved, and oomguard says so
+/// because the job's output showed Lightning's banner.
+#[test]
+fn serial_lightning_without_the_companion_is_warned_about() {
+    let _serial = common::serial();
+    let Some((r, _)) = torch_script("lightning_job.py", &["--no-companion"], &[], &[]) else {
+        return;
+    };
+    assert_eq!(
+        r.stop_signals(),
+        vec![Some("SIGTERM".to_string())],
+        "{}",
+        r.why()
+    );
+    assert!(r.done().is_none(), "{}", r.why());
+    assert!(
+        !r.dir.path().join("checkpoints").exists(),
+        "Lightning saved on SIGTERM?\n{}",
+        r.why()
+    );
+    let err = r.stderr();
+    assert!(
+        err.contains(
+            "the trainer is PyTorch Lightning, which takes SIGTERM as \"stop at the next step\""
+        ),
+        "{}",
+        r.why()
+    );
+    assert!(
+        err.contains("loses the work since its last checkpoint"),
+        "{}",
+        r.why()
+    );
 }
 
 #[test]

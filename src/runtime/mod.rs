@@ -742,6 +742,18 @@ impl Supervisor {
                 .act
                 .check_stop_saves(&self.sampler.tree, self.job.pid, &self.sig);
         }
+        if self
+            .core
+            .engine
+            .policy()
+            .rules
+            .iter()
+            .any(|r| r.action.is_critical())
+        {
+            self.core
+                .act
+                .check_framework(now, &self.sampler.tree, self.job.pid, &self.sig);
+        }
         self.acted(Some(&out.view));
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);

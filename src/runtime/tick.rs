@@ -613,6 +613,46 @@ mod tests {
         }
     }
 
+    /// What the actuator said since the last call.
+    fn said(act: &mut Actuator) -> Vec<String> {
+        act.drain()
+            .into_iter()
+            .filter_map(|a| match a {
+                Acted::Say(text) => Some(text),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lightning_without_a_companion_is_warned_about_once_before_any_stop() {
+        use crate::forensics::torch::Framework;
+        let script = Script::new();
+        let tree = script.sample(0.0, 50.0).procs;
+        for companion in [false, true] {
+            let mut run = Run::new(core(Action::Stop, true));
+            let act = &mut run.core.act;
+            act.cfg.quiet = false;
+            act.companion.connected = companion;
+            let t0 = run.t0;
+            act.note_framework(Framework::Lightning, t0);
+            // Its companion would say hello as the Trainer is built: not
+            // yet missed 5 s after the banner.
+            act.check_framework(t0 + Duration::from_secs(5), &tree, TRAINER, &run.sig);
+            assert!(said(act).is_empty());
+            act.check_framework(t0 + Duration::from_secs(11), &tree, TRAINER, &run.sig);
+            act.check_framework(t0 + Duration::from_secs(12), &tree, TRAINER, &run.sig);
+            let told = said(act);
+            if companion {
+                assert!(told.is_empty(), "{told:?}");
+            } else {
+                assert_eq!(told.len(), 1, "{told:?}");
+                assert!(told[0].contains("PyTorch Lightning"), "{told:?}");
+                assert!(told[0].contains("a stop would lose the work"), "{told:?}");
+            }
+        }
+    }
+
     #[test]
     fn the_stop_ladder_checkpoints_the_trainer_then_terminates_then_kills() {
         let mut run = Run::new(core(Action::Stop, true));
