@@ -483,3 +483,77 @@ fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
     assert!(r.stop_signals().is_empty(), "{}", r.why());
     assert!(!r.stderr().contains("steps lost"), "{}", r.why());
 }
+
+/// `attach` to a job that was started with a control channel (the package
+/// on its path, `OOMGUARD_CONTROL` set by whoever started it): the stop
+/// asks its companion instead of signalling, the checkpoint holds the last
+/// completed step, and the directory, not oomguard's, is left in place.
+#[test]
+fn serial_attach_asks_a_job_started_with_a_channel() {
+    use std::os::unix::fs::DirBuilderExt;
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control");
+    fs::DirBuilder::new().mode(0o700).create(&control).unwrap();
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let stdout = dir.path().join("job.out");
+    let mut job = std::process::Command::new("python3")
+        .args([&plain(), "4000"])
+        .env("PYTHONPATH", &pkg)
+        .env("OOMGUARD_CONTROL", &control)
+        .env("CKPT_DIR", dir.path())
+        .env("LEAK_MB", "4")
+        .stdout(fs::File::create(&stdout).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = common::wait_for(std::time::Duration::from_secs(20), || {
+        fs::read_to_string(&stdout).is_ok_and(|t| t.contains("completed step 5\n"))
+    });
+    let log = dir.path().join("log.ndjson");
+    let out = started.then(|| {
+        common::oomguard()
+            .args(["attach", &job.id().to_string(), "--no-tui", "--no-notify"])
+            .args(["--interval", "200ms", "--budget", "300M", "--log"])
+            .arg(&log)
+            .output()
+            .unwrap()
+    });
+    let left = common::wait_for(std::time::Duration::from_secs(20), || {
+        job.try_wait().unwrap().is_some()
+    });
+    if !left {
+        let _ = job.kill();
+    }
+    let _ = job.wait();
+    assert!(started, "the job never showed progress");
+    let out = out.unwrap();
+    let r = Run {
+        out,
+        raw: fs::read_to_string(&log).unwrap_or_default(),
+        log: common::read_log(&log),
+        dir,
+    };
+    let job_out = fs::read_to_string(&stdout).unwrap();
+    assert!(
+        left,
+        "the job did not leave after its checkpoint\n{}",
+        r.why()
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    assert!(
+        r.stderr().contains("the job has a control channel"),
+        "{}",
+        r.why()
+    );
+    let (step, paths) = r.saved();
+    assert!(
+        job_out.contains(&format!("rank 0 left after its checkpoint at step {step}")),
+        "{job_out}\n{}",
+        r.why()
+    );
+    assert_eq!(Some(step), last_completed(&job_out, 0), "{}", r.why());
+    assert!(paths[0].exists());
+    assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+    assert!(control.is_dir(), "the job's control directory was removed");
+}
