@@ -557,3 +557,44 @@ fn serial_attach_asks_a_job_started_with_a_channel() {
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
     assert!(control.is_dir(), "the job's control directory was removed");
 }
+
+/// A user's `relieve` rule: the companion frees what it can at its next
+/// step (gc, malloc_trim, PyTorch's caches) and says how much, and the job
+/// runs on to its end.
+#[test]
+fn serial_a_relieve_rule_frees_caches_and_training_goes_on() {
+    let _serial = common::serial();
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    fs::write(
+        cfg.path(),
+        "[[rule]]\nname = \"tidy\"\nmetric = \"headroom_percent\"\nbelow = \"100%\"\nfor = \"1s\"\naction = \"relieve\"\n",
+    )
+    .unwrap();
+    let r = run(
+        "2G",
+        &["--config", cfg.path().to_str().unwrap()],
+        &["python3", &plain(), "60"],
+        &[("LEAK_MB", "0")],
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    assert!(
+        r.stdout().contains("rank 0 finished at step 60"),
+        "{}",
+        r.why()
+    );
+    let relieved: Vec<&serde_json::Value> = r
+        .log
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Relieved(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(relieved.len(), 1, "{}", r.why());
+    let freed = relieved[0]["freed_bytes"].as_object().unwrap();
+    assert!(freed.contains_key("gc"), "{}", r.why());
+    assert!(r.done().is_none(), "a relief is not a checkpoint");
+    // The companion's last progress record, written as the job exits, is
+    // read before the summary.
+    assert!(r.stderr().contains("finished at step 60"), "{}", r.why());
+}

@@ -359,14 +359,25 @@ impl Actuator {
         }
     }
 
-    /// The `checkpoint` action: a request that training goes on after.
-    pub fn checkpoint(&mut self, reason: &str, now: Instant) {
-        let result = match self.ask(Kind::Checkpoint, reason, now) {
+    /// The `checkpoint` and `relieve` actions: requests that training goes
+    /// on after. Without a companion they are logged as decided, result
+    /// `no companion`.
+    pub fn request(&mut self, action: Action, reason: &str, now: Instant) {
+        let kind = if action == Action::Relieve {
+            Kind::Relieve
+        } else {
+            Kind::Checkpoint
+        };
+        // A relief must not replace a checkpoint request still being served.
+        if kind == Kind::Relieve && self.companion.pending.is_some_and(|p| p.1 != Kind::Relieve) {
+            return;
+        }
+        let result = match self.ask(kind, reason, now) {
             Some(_) => "ok".to_string(),
             None => NO_COMPANION.to_string(),
         };
         self.push(Acted::Action {
-            action: "checkpoint",
+            action: action.name(),
             reason: reason.to_string(),
             pids: Vec::new(),
             signal: None,

@@ -161,9 +161,10 @@ impl Sinks {
         signal: Option<i32>,
         result: String,
     ) {
-        // A `checkpoint` decided with no companion to ask: logged (so a
+        // A `checkpoint` or `relieve` decided with no companion to ask: logged (so a
         // replay of the run matches it), but it did nothing to count or show.
-        let idle = action == "checkpoint" && result == crate::runtime::act::NO_COMPANION;
+        let idle = matches!(action, "checkpoint" | "relieve")
+            && result == crate::runtime::act::NO_COMPANION;
         if !idle {
             self.count(action);
         }
