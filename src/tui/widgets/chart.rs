@@ -193,13 +193,13 @@ impl ChartView {
 /// The latest time and the x-axis span: the run so far until it fills the
 /// window. A fixed span would squeeze a young run into the right edge (at
 /// 8 s into a one-minute axis, the last 15 % of the width), where a growth
-/// that matters looks flat. Whole even seconds, so that the middle label
-/// is whole too; the chart keeps one point at or past the window's edge,
-/// so past the window the span is the window.
+/// that matters looks flat; a span rounded up to a round figure would
+/// leave a blank strip on the left. The chart keeps one point at or past
+/// the window's edge, so past the window the span is the window.
 fn time_span(points: &VecDeque<ChartPoint>) -> (f64, f64) {
     let now = points.back().map_or(0.0, |p| p.t);
     let first = points.front().map_or(0.0, |p| p.t);
-    let span = ((now - first) / 2.0).ceil() * 2.0;
+    let span = now - first;
     // A NaN time (bad input) gives the narrowest axis, not a NaN one.
     let span = if span.is_nan() {
         MIN_SPAN_SECONDS
@@ -209,9 +209,15 @@ fn time_span(points: &VecDeque<ChartPoint>) -> (f64, f64) {
     (now, span)
 }
 
-/// `-8s`, `-1m`, `-1m30s`: how long before now a point of the axis is.
+/// How long before now a point of the axis is: `-8.4s` (tenths under
+/// 10 s, where a rounded second would be off by several cells), `-37s`,
+/// `-1m`, `-1m37s`.
 fn span_label(seconds: f64) -> String {
-    let s = seconds.round().max(0.0) as u64;
+    let tenths = (seconds * 10.0).round().max(0.0) as u64;
+    if tenths < 100 && !tenths.is_multiple_of(10) {
+        return format!("-{}.{}s", tenths / 10, tenths % 10);
+    }
+    let s = (seconds.round().max(0.0)) as u64;
     match (s / 60, s % 60) {
         (0, s) => format!("-{s}s"),
         (m, 0) => format!("-{m}m"),
@@ -382,11 +388,13 @@ mod tests {
         assert_eq!(at(&[]), MIN_SPAN_SECONDS);
         assert_eq!(at(&[5.0]), MIN_SPAN_SECONDS);
         assert_eq!(at(&[0.0, 8.0]), 8.0);
-        // Rounded up to even seconds, so that the middle label is whole.
-        assert_eq!(at(&[0.0, 6.5]), 8.0);
+        assert_eq!(at(&[0.5, 8.4]), 7.9);
         assert_eq!(at(&[0.0, 3000.0]), CHART_WINDOW_SECONDS);
         assert_eq!(at(&[0.0, f64::NAN]), MIN_SPAN_SECONDS);
         assert_eq!(span_label(8.0), "-8s");
+        assert_eq!(span_label(8.44), "-8.4s");
+        assert_eq!(span_label(4.2), "-4.2s");
+        assert_eq!(span_label(37.4), "-37s");
         assert_eq!(span_label(60.0), "-1m");
         assert_eq!(span_label(97.0), "-1m37s");
     }
