@@ -207,6 +207,7 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
             detached_reason: None,
             still_running_pids: None,
             cheap_loop: None,
+            reused_pids_refused: None,
         },
     );
 }
@@ -642,6 +643,11 @@ pub struct RunEnd {
     /// limit, or kernel thresholds watch the limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cheap_loop: Option<CheapLoopStats>,
+    /// Signals not sent because the pid had become another process
+    /// (its start time changed since it was a tree process): each one a
+    /// stranger spared. Absent when there was none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused_pids_refused: Option<u64>,
 }
 
 /// `run_end.cheap_loop`.

@@ -344,6 +344,30 @@ pub enum SignalError {
     Failed { pid: u32, sig: i32, errno: String },
 }
 
+/// Signals refused because their pid had become another process.
+static REUSED_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many signals were refused because the pid was reused (a stranger
+/// was met and spared), since oomguard started.
+pub fn reused_pids_refused() -> u64 {
+    REUSED_REFUSED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn refuse_reused(pid: u32) -> SignalError {
+    count_reused_refused();
+    SignalError::Reused(pid)
+}
+
+/// One more process not signalled because its pid was reused.
+pub fn count_reused_refused() {
+    REUSED_REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The start time of the process with this pid now, if there is one.
+pub fn start_time(proc_root: &Path, pid: u32) -> Option<u64> {
+    read_start_time(proc_root, pid)
+}
+
 /// Signals one tree process, identified by pid and start time.
 pub fn signal_process(
     proc_root: &Path,
@@ -363,7 +387,7 @@ pub fn signal_process(
             // opening it closes the reuse race.
             match read_start_time(proc_root, pid) {
                 Some(st) if st == start_time => {}
-                Some(_) => return Err(SignalError::Reused(pid)),
+                Some(_) => return Err(refuse_reused(pid)),
                 None => return Err(SignalError::Gone(pid)),
             }
             rustix::process::pidfd_send_signal(fd.as_fd(), signal).map_err(|e| {
@@ -384,7 +408,7 @@ pub fn signal_process(
             // remains, as in every tool on such kernels.
             match read_start_time(proc_root, pid) {
                 Some(st) if st == start_time => {}
-                Some(_) => return Err(SignalError::Reused(pid)),
+                Some(_) => return Err(refuse_reused(pid)),
                 None => return Err(SignalError::Gone(pid)),
             }
             rustix::process::kill_process(raw, signal).map_err(|e| SignalError::Failed {

@@ -90,7 +90,7 @@ fn can_set_last_pid() -> bool {
 }
 
 #[test]
-fn serial_recycled_pid_during_a_throttled_stop_is_never_signalled() {
+fn serial_pid_reuse_during_a_throttled_stop_is_met_and_refused() {
     let _serial = serial();
     if !require(
         can_set_last_pid(),
@@ -194,4 +194,8 @@ fn serial_recycled_pid_during_a_throttled_stop_is_never_signalled() {
     assert_eq!(status.code(), Some(75));
     let lines = read_log(&log);
     schema::check_envelope(&lines);
+    // The outsiders were met, not merely missed: oomguard went to signal a
+    // held worker's pid and refused, because its start time had changed.
+    let refused = schema::run_end(&lines).reused_pids_refused.unwrap_or(0);
+    assert!(refused >= 1, "no reused pid was met and refused");
 }

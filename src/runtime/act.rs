@@ -59,6 +59,11 @@ pub trait Signaller {
     fn is_alive(&self, id: Ident) -> bool;
     /// Sends `sig` to a process group (the job's, while its leader lives).
     fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError>;
+    /// Whether `id`'s pid now belongs to another process (its start time
+    /// changed): a stranger, never to be signalled.
+    fn reused(&self, _id: Ident) -> bool {
+        false
+    }
     /// Whether `id` catches `sig` (`SigCgt`); `None` when unknown.
     fn catches(&self, _id: Ident, _sig: i32) -> Option<bool> {
         None
@@ -97,6 +102,10 @@ impl Signaller for ProcSignaller {
 
     fn is_alive(&self, (pid, start): Ident) -> bool {
         supervise::is_alive(&self.proc_root, pid, start)
+    }
+
+    fn reused(&self, (pid, start): Ident) -> bool {
+        supervise::start_time(&self.proc_root, pid).is_some_and(|st| st != start)
     }
 
     fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
@@ -676,7 +685,16 @@ impl Actuator {
             return;
         }
         let in_tree: HashSet<Ident> = idents(tree, |_| true).into_iter().collect();
-        let alive = |id: &Ident| in_tree.contains(id) || sig.is_alive(*id);
+        // A held process whose pid another process took is let go here,
+        // before any SIGCONT or SIGSTOP could reach the newcomer: counted
+        // as a refusal, like a signal the start-time check stops.
+        let alive = |id: &Ident| {
+            let kept = in_tree.contains(id) || sig.is_alive(*id);
+            if !kept && sig.reused(*id) {
+                supervise::count_reused_refused();
+            }
+            kept
+        };
         self.paused.retain(|id| alive(id));
         if let Some(st) = self.stop.as_mut() {
             st.throttled.retain(|id| alive(id));

@@ -108,6 +108,7 @@ impl Supervisor {
                     reads: c.reads,
                     seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
                 }),
+                reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

@@ -528,6 +528,7 @@ fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 
             detached_reason: None,
             still_running_pids: None,
             cheap_loop: None,
+            reused_pids_refused: None,
         },
     );
     EXIT_INTERNAL
@@ -582,6 +583,7 @@ fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError)
             detached_reason: None,
             still_running_pids: None,
             cheap_loop: None,
+            reused_pids_refused: None,
         },
     );
     code

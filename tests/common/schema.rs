@@ -303,6 +303,9 @@ pub struct RunEnd {
     /// The cheap loop's reads and their time, when it ran.
     #[serde(default)]
     pub cheap_loop: Option<CheapLoop>,
+    /// Signals refused because the pid had become another process.
+    #[serde(default)]
+    pub reused_pids_refused: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
