@@ -387,6 +387,10 @@ pub struct CgroupInfo {
     /// Why the job's cgroup does not count it exactly, when it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_exclusive_reason: Option<String>,
+    /// The `memory.high` oomguard wrote on its own v2 cgroup (the kernel
+    /// throttles the job's allocations there, just short of the ceiling).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_high_bytes: Option<u64>,
 }
 
 /// Whether GPUs are being watched, and why not.

@@ -189,7 +189,7 @@ impl Run {
 }
 
 #[test]
-fn serial_vm_delegated_v2_owns_and_stops() {
+fn serial_vm_delegated_v2_owns_stops_wakeup_and_memory_high() {
     let Some((_serial, m, dir, img)) = boot() else {
         return;
     };
@@ -289,6 +289,19 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
             r.child_exit().unwrap_or(f64::NAN) - stop
         );
     }
+    // memory.high: the value oomguard wrote, three quarters of the way from
+    // the ceiling to the critical level (94 % of 300 MiB, less what else
+    // the ceiling's cgroup holds), and the kernel throttled the 2 GB/s leak
+    // there (high events) with it and never without it.
+    let high = c.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes);
+    let ceiling = 300u64 << 20;
+    assert!(
+        high.is_some_and(|h| h <= ceiling * 94 / 100 && h >= ceiling * 85 / 100),
+        "C: memory.high {high:?}, not ~94 % of 300 MiB"
+    );
+    assert_eq!(c0.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes), None);
+    assert!(c.num("high_events") > 0, "C: no high events with memory.high");
+    assert_eq!(c0.num("high_events"), 0, "C0: high events without memory.high");
 
     let d = get("d");
     assert!(d.owned());

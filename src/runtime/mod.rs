@@ -635,7 +635,7 @@ impl Supervisor {
         self.sinks.say(text);
     }
 
-    fn write_run_start(&mut self, not_owned_reason: Option<String>) {
+    fn write_run_start(&mut self, not_owned_reason: Option<String>, memory_high: Option<u64>) {
         let sample = self.sample(false);
         let cgroup = self.sampler.cgroup.as_ref().map(|c| CgroupInfo {
             version: c.location().version.number(),
@@ -647,6 +647,7 @@ impl Supervisor {
                 .attached
                 .as_ref()
                 .and_then(|a| a.not_exclusive_reason.clone()),
+            memory_high_bytes: memory_high,
         });
         let start = RunStart {
             argv: self

@@ -189,10 +189,10 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
     }
-    sup.write_run_start(not_owned_reason);
+    let memory_high = sup.set_memory_high(cg_first.as_ref());
+    sup.write_run_start(not_owned_reason, memory_high);
     sup.register_thresholds(cg_first.as_ref());
     sup.register_pri_wakes();
-    sup.set_memory_high(cg_first.as_ref());
     run_loop(sup, streams, sigchld).await
 }
 

@@ -138,19 +138,20 @@ impl Supervisor {
     /// graceful stop runs, and the crossing raises a `high` event that
     /// wakes the loop. `OOMGUARD_MEMORY_HIGH=off`
     /// leaves it alone (for measuring; see docs/design.md).
-    pub(super) fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) {
+    /// Sets `memory.high` on oomguard's own v2 cgroup; the value written.
+    pub(super) fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) -> Option<u64> {
         use crate::probe::cgroup::Version;
         if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
-            return;
+            return None;
         }
         let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
-            return;
+            return None;
         };
         if !reader.owned() || reader.location().version != Version::V2 {
-            return;
+            return None;
         }
         let (_, Some(crit)) = self.core.engine.policy().thresholds() else {
-            return;
+            return None;
         };
         // Three quarters of the way from the ceiling down to the critical
         // headroom: 94 % of the ceiling with the default 8 %.
@@ -166,14 +167,14 @@ impl Supervisor {
             let at = (budget as f64 * share) as u64;
             high = Some(high.map_or(at, |h| h.min(at)));
         }
-        let Some(high) = high.filter(|h| *h > 0) else {
-            return;
-        };
+        let high = high.filter(|h| *h > 0)?;
         // Best effort: without it the wake-ups and polling still act.
-        let _ = std::fs::write(
+        std::fs::write(
             reader.location().dir().join("memory.high"),
             high.to_string(),
-        );
+        )
+        .ok()
+        .map(|()| high)
     }
 
     pub(super) fn next_wake(&self) -> Instant {

@@ -124,6 +124,9 @@ pub struct CgroupInfo {
     pub exclusive: bool,
     #[serde(default)]
     pub not_exclusive_reason: Option<String>,
+    /// What oomguard wrote to its own v2 cgroup's `memory.high`.
+    #[serde(default)]
+    pub memory_high_bytes: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
