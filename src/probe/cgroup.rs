@@ -517,10 +517,13 @@ impl OwnedCgroup {
         self.scope.as_deref()
     }
 
-    /// Whether creating it failed for want of permission (the cgroup is
-    /// not delegated to this user).
-    pub fn denied(e: &OwnError) -> bool {
+    /// Whether creating it failed because the cgroup is not delegated to
+    /// this user (permission denied, or no memory controller handed down),
+    /// as opposed to a delegated cgroup used wrongly (other processes in
+    /// it, threaded).
+    pub fn not_delegated(e: &OwnError) -> bool {
         match e {
+            OwnError::NotDelegated(_) => true,
             OwnError::Create { source, .. }
             | OwnError::Move { source, .. }
             | OwnError::Enable { source, .. } => {

@@ -320,7 +320,13 @@ async fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
             report_stale(&cgroup::clean_stale(loc, &cfg.proc_root), cfg.quiet);
             match OwnedCgroup::create(loc, &job_cgroup_name()) {
                 Ok(o) => (Some(o), None),
-                Err(e) if OwnedCgroup::denied(&e) && loc.version == cgroup::Version::V2 => {
+                // Root may write anywhere: a refusal is not for want of
+                // delegation, and root's jobs stay where they were started.
+                Err(e)
+                    if OwnedCgroup::not_delegated(&e)
+                        && loc.version == cgroup::Version::V2
+                        && !rustix::process::geteuid().is_root() =>
+                {
                     match own_user_scope(cfg, loc).await {
                         Ok(o) => (Some(o), None),
                         Err(why) => (None, Some(format!("{e}; no user scope: {why}"))),
