@@ -347,8 +347,10 @@ fn job_cgroup_name() -> String {
 /// here (it can create anywhere); a user's cgroup that SLURM or a memory
 /// limit holds is never left (`systemd::may_leave`).
 async fn own_user_scope(cfg: &RunConfig, here: &cgroup::Location) -> Result<OwnedCgroup, String> {
-    let bus = crate::systemd::user_scope_support()?;
+    // The cgroup's owner first: SLURM's or a limited cgroup is the answer
+    // whether or not a bus is there.
     crate::systemd::may_leave(here, rustix::process::getuid().as_raw())?;
+    let bus = crate::systemd::user_scope_support()?;
     let (unit, scope) = crate::systemd::start_user_scope(&bus, &cfg.proc_root)
         .await
         .map_err(|e| e.to_string())?;
