@@ -60,7 +60,7 @@ pub enum ScopeError {
     #[error("cannot read oomguard's own cgroup from /proc/self/cgroup")]
     Locate,
     #[error(
-        "the user scope '{0}' has no memory controller (the user manager does not delegate it: `Delegate=memory` on user@.service, the default since systemd 244)"
+        "the user scope '{0}' has no memory controller: the user manager was not given it (`Delegate=` of user@.service lacks `memory`; a drop-in with `Delegate=pids memory cpu` gives it)"
     )]
     NoMemory(PathBuf),
 }
