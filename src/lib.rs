@@ -38,6 +38,7 @@ pub mod restart;
 pub mod runtime;
 pub mod settings;
 pub mod supervise;
+pub mod systemd;
 pub mod tui;
 pub mod units;
 pub mod values;

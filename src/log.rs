@@ -379,6 +379,15 @@ pub struct CgroupInfo {
     /// Why oomguard did not create its own cgroup, when it did not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_owned_reason: Option<String>,
+    /// How the owned cgroup was obtained: `created` (under oomguard's own
+    /// cgroup) or `systemd-user-scope` (in a transient scope of the user's
+    /// systemd manager); absent when not owned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// The user manager's scope (`oomguard-<pid>-<nonce>.scope`), with
+    /// `via` `systemd-user-scope`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
     /// The cgroup holds only the job: its working set is the footprint
     /// (always so for a cgroup oomguard owns; under `attach` when no other
     /// process shares the job's cgroup).

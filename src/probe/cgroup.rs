@@ -343,6 +343,9 @@ pub struct OwnedCgroup {
     loc: Location,
     procs_file: CString,
     v2: Option<V2Setup>,
+    /// The user manager's transient scope the cgroup was created in, when
+    /// oomguard asked for one (src/systemd.rs).
+    scope: Option<String>,
 }
 
 /// The name of the leaf oomguard moves itself into on cgroup v2, beside
@@ -402,6 +405,7 @@ impl OwnedCgroup {
             loc,
             procs_file,
             v2,
+            scope: None,
         })
     }
 
@@ -490,6 +494,43 @@ impl OwnedCgroup {
     /// Writes a pid into the cgroup.
     pub fn add(&self, pid: u32) -> std::io::Result<()> {
         fs::write(self.loc.dir().join("cgroup.procs"), pid.to_string())
+    }
+
+    /// Records that the parent is the user manager's scope `unit`.
+    pub fn in_user_scope(mut self, unit: String) -> Self {
+        self.scope = Some(unit);
+        self
+    }
+
+    /// How the cgroup was obtained, as `run_start` says it: `created`
+    /// under oomguard's own cgroup, or in a `systemd-user-scope`.
+    pub fn via(&self) -> &'static str {
+        if self.scope.is_some() {
+            "systemd-user-scope"
+        } else {
+            "created"
+        }
+    }
+
+    /// The user manager's scope the cgroup is in, if any.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+
+    /// Whether creating it failed because the cgroup is not delegated to
+    /// this user (permission denied, or no memory controller handed down),
+    /// as opposed to a delegated cgroup used wrongly (other processes in
+    /// it, threaded).
+    pub fn not_delegated(e: &OwnError) -> bool {
+        match e {
+            OwnError::NotDelegated(_) => true,
+            OwnError::Create { source, .. }
+            | OwnError::Move { source, .. }
+            | OwnError::Enable { source, .. } => {
+                source.kind() == std::io::ErrorKind::PermissionDenied
+            }
+            _ => false,
+        }
     }
 
     /// Whether oomguard moved itself into a leaf to own this cgroup (v2).

@@ -642,6 +642,12 @@ impl Supervisor {
             path: c.location().path.clone(),
             owned: c.owned(),
             not_owned_reason: not_owned_reason.clone(),
+            via: self.owned.as_ref().map(|o| o.via().to_string()),
+            scope: self
+                .owned
+                .as_ref()
+                .and_then(|o| o.scope())
+                .map(String::from),
             exclusive: c.owned() || self.attached_exclusive(),
             not_exclusive_reason: self
                 .attached

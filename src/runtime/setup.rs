@@ -109,7 +109,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     {
         eprintln!("oomguard: cannot become a child subreaper ({e}); orphaned workers may escape");
     }
-    let (owned, not_owned_reason) = own_cgroup(&cfg);
+    let (owned, not_owned_reason) = own_cgroup(&cfg).await;
     let stdin = std::io::stdin();
     let foreground = stdin.is_terminal() && supervise::owns_foreground(stdin.as_fd());
     let torch = match open_torch(&cfg) {
@@ -314,7 +314,7 @@ fn signal_streams() -> Vec<(i32, Signal)> {
 
 /// A cgroup of the job's own (after cleaning up what a killed oomguard
 /// left behind), or why there is none.
-fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
+async fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
     let own_loc = cgroup::locate(&cfg.proc_root, "self");
     match (cfg.cgroup, &own_loc) {
         _ if cfg.attach.is_some() => (None, Some("attached to a running process".to_string())),
@@ -322,12 +322,47 @@ fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
         (CgroupMode::Auto, None) => (None, Some("no memory cgroup hierarchy found".to_string())),
         (CgroupMode::Auto, Some(loc)) => {
             report_stale(&cgroup::clean_stale(loc, &cfg.proc_root), cfg.quiet);
-            match OwnedCgroup::create(loc, &format!("oomguard-{}", std::process::id())) {
+            match OwnedCgroup::create(loc, &job_cgroup_name()) {
                 Ok(o) => (Some(o), None),
+                // Root may write anywhere: a refusal is not for want of
+                // delegation, and root's jobs stay where they were started.
+                Err(e)
+                    if OwnedCgroup::not_delegated(&e)
+                        && loc.version == cgroup::Version::V2
+                        && !rustix::process::geteuid().is_root() =>
+                {
+                    match own_user_scope(cfg, loc).await {
+                        Ok(o) => (Some(o), None),
+                        Err(why) => (None, Some(format!("{e}; no user scope: {why}"))),
+                    }
+                }
                 Err(e) => (None, Some(e.to_string())),
             }
         }
     }
+}
+
+fn job_cgroup_name() -> String {
+    format!("oomguard-{}", std::process::id())
+}
+
+/// The cgroup v2 case without delegation: a transient scope from the
+/// user's systemd manager, and the job's cgroup inside it. Root never gets
+/// here (it can create anywhere); a user's cgroup that SLURM or a memory
+/// limit holds is never left (`systemd::may_leave`).
+async fn own_user_scope(cfg: &RunConfig, here: &cgroup::Location) -> Result<OwnedCgroup, String> {
+    // The cgroup's owner first: SLURM's or a limited cgroup is the answer
+    // whether or not a bus is there.
+    crate::systemd::may_leave(here, rustix::process::getuid().as_raw())?;
+    let bus = crate::systemd::user_scope_support()?;
+    let (unit, scope) = crate::systemd::start_user_scope(&bus, &cfg.proc_root)
+        .await
+        .map_err(|e| e.to_string())?;
+    // oomguard is the scope's only process: OwnedCgroup moves it into a
+    // leaf and enables memory, as in any delegated cgroup.
+    OwnedCgroup::create(&scope, &job_cgroup_name())
+        .map(|o| o.in_user_scope(unit.clone()))
+        .map_err(|e| format!("in the user scope '{unit}': {e}"))
 }
 
 /// The start-up hook for Python jobs: with `--torch-stats` (a failure is

@@ -119,6 +119,10 @@ pub struct CgroupInfo {
     pub owned: bool,
     #[serde(default)]
     pub not_owned_reason: Option<String>,
+    #[serde(default)]
+    pub via: Option<String>,
+    #[serde(default)]
+    pub scope: Option<String>,
     /// Absent in logs written before `attach` used the job's cgroup.
     #[serde(default)]
     pub exclusive: bool,

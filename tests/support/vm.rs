@@ -302,7 +302,7 @@ impl Initramfs {
 
 /// One `newc` record: a 110-byte ASCII header, the name with its NUL, the
 /// data, each padded to 4 bytes.
-fn cpio_entry(out: &mut impl Write, ino: u32, name: &str, mode: u32, data: &[u8]) {
+pub fn cpio_entry(out: &mut impl Write, ino: u32, name: &str, mode: u32, data: &[u8]) {
     let nlink = if mode & 0o170000 == 0o040000 { 2 } else { 1 };
     let header = format!(
         "070701{ino:08x}{mode:08x}{:08x}{:08x}{nlink:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
