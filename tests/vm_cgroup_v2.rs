@@ -207,6 +207,10 @@ MAX=200M OOMGUARD_KERNEL_WAKEUPS=off run b0 b0 {og} --interval 30s --log /tmp/b0
 # C: memory.high evaluated: a 2 GB/s leak, with and without it.
 run c c {og} --log /tmp/c.ndjson -- leak 2000 4096
 OOMGUARD_MEMORY_HIGH=off run c0 c0 {og} --log /tmp/c0.ndjson -- leak 2000 4096
+# C2: a trainer deaf to SIGTERM leaks on past the stop into memory.high
+# (with it) or on towards the last resort (without).
+LEAK_DEAF=1 run c2 c2 {og} --grace 3s --kill-after 1s --log /tmp/c2.ndjson -- leak 2000 4096
+LEAK_DEAF=1 OOMGUARD_MEMORY_HIGH=off run c20 c20 {og} --grace 3s --kill-after 1s --log /tmp/c20.ndjson -- leak 2000 4096
 # D: oomguard ends on SIGTERM mid-run and cleans up.
 mkdir -p /sys/fs/cgroup/d; echo 300M > /sys/fs/cgroup/d/memory.max
 sh -c 'echo $$ > /sys/fs/cgroup/d/cgroup.procs && exec {og} --log /tmp/d.ndjson -- leak 10 100' </dev/null >/tmp/d.out 2>/tmp/d.err &
@@ -290,18 +294,54 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
         );
     }
     // memory.high: the value oomguard wrote, three quarters of the way from
-    // the ceiling to the critical level (94 % of 300 MiB, less what else
-    // the ceiling's cgroup holds), and the kernel throttled the 2 GB/s leak
-    // there (high events) with it and never without it.
-    let high = c.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes);
+    // the ceiling down to the critical level (94 % of 300 MiB, less what
+    // else the ceiling's cgroup holds). A trainer that stops on SIGTERM
+    // never reaches it (above); one deaf to it runs into it, and the kernel
+    // throttles it there (high events) with it and never without it.
     let ceiling = 300u64 << 20;
-    assert!(
-        high.is_some_and(|h| h <= ceiling * 94 / 100 && h >= ceiling * 85 / 100),
-        "C: memory.high {high:?}, not ~94 % of 300 MiB"
+    let (c2, c20) = (get("c2"), get("c20"));
+    for r in [&c, &c2] {
+        let high = r
+            .run_start()
+            .cgroup
+            .as_ref()
+            .and_then(|g| g.memory_high_bytes);
+        assert!(
+            high.is_some_and(|h| h <= ceiling * 94 / 100 && h >= ceiling * 85 / 100),
+            "{}: memory.high {high:?}, not ~94 % of 300 MiB",
+            r.name
+        );
+    }
+    for r in [&c0, &c20] {
+        assert_eq!(
+            r.run_start()
+                .cgroup
+                .as_ref()
+                .and_then(|g| g.memory_high_bytes),
+            None
+        );
+    }
+    eprintln!(
+        "deaf trainer: high events {} with memory.high (peak {} MiB, OOM kills {}), {} without (peak {} MiB, OOM kills {})",
+        c2.num("high_events"),
+        c2.num("peak") >> 20,
+        c2.num("oom_kill"),
+        c20.num("high_events"),
+        c20.num("peak") >> 20,
+        c20.num("oom_kill")
     );
-    assert_eq!(c0.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes), None);
-    assert!(c.num("high_events") > 0, "C: no high events with memory.high");
-    assert_eq!(c0.num("high_events"), 0, "C0: high events without memory.high");
+    assert!(
+        c2.num("high_events") > 0,
+        "C2: no high events with memory.high"
+    );
+    assert_eq!(c2.num("oom_kill"), 0, "C2: the kernel killed; {}", c2.err);
+    assert_eq!(
+        c20.num("high_events"),
+        0,
+        "C2 control: high events without memory.high"
+    );
+    c2.assert_clean();
+    c20.assert_clean();
 
     let d = get("d");
     assert!(d.owned());
