@@ -1066,3 +1066,34 @@ fn copy_on_write_growth_without_rss_change_is_measured() {
         "worker USS never grew: {max_worker_uss}"
     );
 }
+
+/// `--log` with a pattern: one file per node and rank (`srun oomguard run
+/// --log run-%N-%r.ndjson …`), from SLURM's variables.
+#[test]
+fn a_log_pattern_gives_each_node_its_own_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pattern = dir.path().join("run-%j-%N-%r.ndjson");
+    let out = oomguard()
+        .args(["run", "--no-tui", "--cgroup", "off", "--log"])
+        .arg(&pattern)
+        .args(["--", "true"])
+        .env("SLURM_JOB_ID", "77")
+        .env("SLURM_NODEID", "1")
+        .env("SLURM_PROCID", "5")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = read_log(&dir.path().join("run-77-1-5.ndjson"));
+    assert!(!lines.is_empty());
+    let bad = oomguard()
+        .args(["run", "--no-tui", "--log", "run-%q.ndjson", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("'%q' is not a pattern"));
+}

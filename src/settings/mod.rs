@@ -328,9 +328,16 @@ impl Settings {
                 lib.display()
             )));
         }
-        if let Some(log) = &cmd.log {
-            check_log_path(log)?;
-        }
+        let log = match &cmd.log {
+            Some(pattern) => {
+                let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+                let host = crate::metrics::hostname().unwrap_or_else(|| "localhost".to_string());
+                let log = expand_log_pattern(pattern, &env, &host, std::process::id())?;
+                check_log_path(&log)?;
+                Some(log)
+            }
+            None => None,
+        };
         let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
         let (attach, allow_kill) = match preset {
             Preset::Attach { pid, allow_kill } => (Some(pid), allow_kill),
@@ -338,7 +345,7 @@ impl Settings {
         };
         Ok(Self {
             argv: cmd.argv,
-            log: cmd.log,
+            log,
             interval: pick!(interval, defaults::INTERVAL),
             pss_interval: pick!(pss_interval, defaults::PSS_INTERVAL),
             pss_budget: pick!(pss_budget, defaults::PSS_BUDGET),
@@ -458,6 +465,55 @@ fn policy_layer(p: &PolicyArgs) -> Layer {
         notify: p.no_notify.then_some(false),
         ..Layer::default()
     }
+}
+
+/// `--log` names one file per node and rank of a job that spans nodes
+/// (`srun oomguard run --log run-%N.ndjson …` on a shared file system):
+/// `%N` the node (`SLURM_NODEID`, else `NODE_RANK`, else the host name),
+/// `%r` the rank (`SLURM_PROCID`, else `RANK`, else 0), `%h` the host
+/// name, `%j` the SLURM job (`SLURM_JOB_ID`, else `local`), `%p`
+/// oomguard's pid, `%%` a `%`. Anything else after a `%` is refused.
+fn expand_log_pattern(
+    pattern: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    host: &str,
+    pid: u32,
+) -> Result<PathBuf, ConfigError> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let bytes = pattern.as_os_str().as_bytes();
+    if !bytes.contains(&b'%') {
+        return Ok(pattern.to_path_buf());
+    }
+    let first = |names: &[&str]| names.iter().find_map(|n| env(n));
+    let mut out = Vec::with_capacity(bytes.len() + 16);
+    let mut it = bytes.iter();
+    while let Some(&b) = it.next() {
+        if b != b'%' {
+            out.push(b);
+            continue;
+        }
+        let value = match it.next() {
+            Some(b'N') => first(&["SLURM_NODEID", "NODE_RANK"]).unwrap_or_else(|| host.to_string()),
+            Some(b'r') => first(&["SLURM_PROCID", "RANK"]).unwrap_or_else(|| "0".to_string()),
+            Some(b'h') => host.to_string(),
+            Some(b'j') => first(&["SLURM_JOB_ID"]).unwrap_or_else(|| "local".to_string()),
+            Some(b'p') => pid.to_string(),
+            Some(b'%') => "%".to_string(),
+            other => {
+                let what = other.map_or("a % at the end".to_string(), |c| {
+                    format!("'%{}'", char::from(*c))
+                });
+                return Err(ConfigError::Flag(format!(
+                    "--log '{}': {what} is not a pattern (expected %N node, %r rank, %h host, \
+                     %j SLURM job, %p pid, %% a percent sign)",
+                    pattern.display()
+                )));
+            }
+        };
+        // A value never adds a directory level.
+        out.extend(value.trim().replace('/', "_").bytes());
+    }
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(out)))
 }
 
 /// A log on a kernel pseudo file system (`/proc/version`, a sysfs or cgroup

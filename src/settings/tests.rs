@@ -393,3 +393,35 @@ fn help_shows_the_defaults_from_one_place() {
             .contains("[default: 1s]")
     );
 }
+
+#[test]
+fn a_log_pattern_names_each_node_and_rank() {
+    let slurm = |name: &str| match name {
+        "SLURM_NODEID" => Some("3".to_string()),
+        "SLURM_PROCID" => Some("12".to_string()),
+        "SLURM_JOB_ID" => Some("4711".to_string()),
+        _ => None,
+    };
+    let none = |_: &str| None;
+    let expand = |p: &str, env: &dyn Fn(&str) -> Option<String>| {
+        expand_log_pattern(Path::new(p), env, "gpu-a/7", 42)
+    };
+    assert_eq!(
+        expand("logs/%j/run-%N-%r.ndjson", &slurm).unwrap(),
+        Path::new("logs/4711/run-3-12.ndjson")
+    );
+    // Outside SLURM: the host name (a value never adds a directory) and
+    // rank 0; %p and %% as such.
+    assert_eq!(
+        expand("run-%N-%r-%h-%j-%p-100%%.ndjson", &none).unwrap(),
+        Path::new("run-gpu-a_7-0-gpu-a_7-local-42-100%.ndjson")
+    );
+    assert_eq!(
+        expand("plain.ndjson", &none).unwrap(),
+        Path::new("plain.ndjson")
+    );
+    for bad in ["run-%x.ndjson", "run-%"] {
+        let err = expand(bad, &none).unwrap_err().to_string();
+        assert!(err.contains("is not a pattern"), "{bad}: {err}");
+    }
+}
