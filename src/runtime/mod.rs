@@ -40,6 +40,7 @@ mod attach;
 mod attempts;
 mod channel;
 mod cheap;
+mod doctor;
 mod ending;
 mod job_output;
 mod oom;
@@ -53,6 +54,7 @@ mod wakeups;
 use act::{
     ActConfig, Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
 };
+pub use act::{StopVerdict, session_bus};
 use sampler::Sampler;
 use sinks::Sinks;
 use tick::{Core, FAST, TickInputs};
@@ -402,7 +404,7 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
 /// `OOMGUARD_KERNEL_WAKEUPS=off`: no v1 thresholds, PSI triggers or
 /// `memory.events` wake-ups, polling only. For tests that prove the
 /// wake-ups matter, and for ruling them out when debugging.
-fn kernel_wakeups_disabled() -> bool {
+pub fn kernel_wakeups_disabled() -> bool {
     std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
 }
 
@@ -742,6 +744,7 @@ impl Supervisor {
                 .act
                 .check_stop_saves(&self.sampler.tree, self.job.pid, &self.sig);
         }
+        self.doctor_watch();
         self.acted(Some(&out.view));
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);
