@@ -10,8 +10,9 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-const COMMANDS: [&str; 7] = [
+const COMMANDS: [&str; 8] = [
     "run",
+    "doctor",
     "demo",
     "forensics",
     "report",

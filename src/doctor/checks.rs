@@ -254,19 +254,7 @@ pub fn own_cgroup(f: &Facts) -> Check {
         .details(details),
         Err(e) => {
             let scope = user_scope_possible(Some(loc.version));
-            let remedy = match loc.version {
-                Version::V1 => "run oomguard as root, or have an admin create a memory cgroup \
-                                you may write (chown its directory and cgroup.procs, \
-                                cgroup.event_control) and start oomguard in it"
-                    .to_string(),
-                Version::V2 if scope => "start it in a delegated systemd user scope: \
-                                         `systemd-run --user --scope -p Delegate=yes oomguard run -- …`"
-                    .to_string(),
-                Version::V2 => "run oomguard as root, or as the first process of a delegated \
-                                cgroup (a systemd scope or service with Delegate=yes, `srun` with \
-                                delegation, a container with a writable cgroup namespace)"
-                    .to_string(),
-            };
+            let remedy = own_cgroup_remedy(&e, loc.version, scope);
             let mut details = details;
             details["user_scope_possible"] = json!(scope);
             Check::new(
@@ -278,6 +266,33 @@ pub fn own_cgroup(f: &Facts) -> Check {
             .remedy(remedy)
             .details(details)
         }
+    }
+}
+
+/// What to do when the job's cgroup cannot be created.
+fn own_cgroup_remedy(e: &cgroup::OwnError, version: Version, scope: bool) -> String {
+    use cgroup::OwnError;
+    let first = "start oomguard as the first and only process of a delegated cgroup: \
+                 `systemd-run --scope -p Delegate=yes oomguard run -- …`, or `srun oomguard run -- …`";
+    match (e, version) {
+        (OwnError::NoMemoryController(_), _) => {
+            "mount the cgroup hierarchy with the memory controller at /sys/fs/cgroup".to_string()
+        }
+        (OwnError::OtherProcesses { .. }, _) => first.to_string(),
+        _ if is_root() => "the cgroup tree is not writable here even for root (a container's \
+                           read-only /sys/fs/cgroup): give the container a writable cgroup \
+                           namespace, or accept the PSS sum"
+            .to_string(),
+        (_, Version::V1) => "run oomguard as root, or have an admin create a memory cgroup you \
+                             may write (chown its directory, cgroup.procs and \
+                             cgroup.event_control) and start oomguard in it"
+            .to_string(),
+        (_, Version::V2) if scope => "start it in a delegated systemd user scope: \
+                                      `systemd-run --user --scope -p Delegate=yes oomguard run -- …`"
+            .to_string(),
+        (_, Version::V2) => format!(
+            "run oomguard as root, or {first} (a container needs a writable cgroup namespace)"
+        ),
     }
 }
 
@@ -859,4 +874,92 @@ pub fn stop_saves(p: &super::probe::Probed) -> Check {
         ),
     )
     .details(details)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::probe::system::TEST_MEMINFO as MEMINFO;
+
+    /// A proc root with `meminfo` (or not) and no cgroup.
+    fn root(meminfo: Option<&str>) -> (tempfile::TempDir, Facts) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("self")).unwrap();
+        std::fs::write(dir.path().join("self/stat"), "1 (x) S").unwrap();
+        if let Some(m) = meminfo {
+            std::fs::write(dir.path().join("meminfo"), m).unwrap();
+        }
+        let env = Env {
+            proc_root: dir.path().to_path_buf(),
+            ..Env::default()
+        };
+        let facts = Facts::gather(&env);
+        (dir, facts)
+    }
+
+    #[test]
+    fn without_a_cgroup_the_machine_is_the_ceiling_and_polling_acts() {
+        let (_d, f) = root(Some(MEMINFO));
+        assert!(f.loc.is_none());
+        let c = ceiling(&f);
+        assert_eq!(c.state, State::Ok, "{c:?}");
+        assert!(c.summary.contains("the machine"), "{c:?}");
+        assert_eq!(c.details["machine"]["total_bytes"], 24000000u64 * 1024);
+        let a = act_in_time(&f, false);
+        assert_eq!(a.state, State::Ok, "{a:?}");
+        assert!(a.summary.contains("fast polling"), "{a:?}");
+        let s = swap(&f);
+        assert_eq!(s.details["used_bytes"], 500000u64 * 1024);
+    }
+
+    #[test]
+    fn without_meminfo_or_a_cgroup_both_required_checks_fail_with_a_remedy() {
+        let (_d, f) = root(None);
+        for c in [ceiling(&f), act_in_time(&f, false)] {
+            assert_eq!((c.state, c.required), (State::Fail, true), "{c:?}");
+            assert!(c.why.is_some() && c.remedy.is_some(), "{c:?}");
+        }
+        // Garbage in meminfo is no ceiling either, and no panic.
+        let (_d, f) = root(Some("MemTotal: lots\n\0\u{fffd}"));
+        assert_eq!(ceiling(&f).state, State::Fail);
+    }
+
+    #[test]
+    fn the_report_fails_only_on_required_checks() {
+        let mk = |name, required, state| Check {
+            required,
+            ..Check::new(name, state, "x")
+        };
+        let mut r = super::super::Report {
+            schema: super::super::SCHEMA,
+            ok: true,
+            elapsed_seconds: 0.0,
+            checks: vec![
+                mk("ceiling", true, State::Ok),
+                mk("psi", false, State::Warn),
+            ],
+            probe: None,
+        };
+        assert_eq!(r.exit_code(), 0);
+        r.ok = false;
+        assert_eq!(r.exit_code(), super::super::EXIT_REQUIRED);
+        let v: serde_json::Value = serde_json::from_str(&r.render_json()).unwrap();
+        assert_eq!(v["checks"][1]["state"], "warn");
+        assert!(r.render_text().contains("Advisory:"));
+    }
+
+    #[test]
+    fn a_missing_dev_shm_is_a_warning_with_a_remedy() {
+        // statvfs of a path that does not exist is a warning, not a panic.
+        let c = shm(Path::new("/nonexistent/shm"));
+        assert_eq!(c.state, State::Warn);
+        assert!(c.remedy.is_some());
+    }
+
+    #[test]
+    fn a_user_scope_needs_cgroup_v2() {
+        assert!(!user_scope_possible(Some(Version::V1)));
+        assert!(!user_scope_possible(None));
+    }
 }

@@ -196,33 +196,20 @@ pub fn diagnose(env: &Env) -> Report {
     let kernel_log = checks::spawn_slow("kernel_log", checks::kernel_log);
     let facts = checks::Facts::gather(env);
     let own = checks::own_cgroup(&facts);
-    let mut list = vec![
+    let deadline = started + SLOW_CHECK_DEADLINE + Duration::from_millis(100);
+    // Required first, then in the order the issue lists them.
+    let list = vec![
         checks::ceiling(&facts),
         checks::act_in_time(&facts, own.state == State::Ok),
         own,
         checks::psi(&facts),
         checks::swap(&facts),
+        nvml.join(deadline),
         checks::shm(&env.shm),
+        python.join(deadline),
+        kernel_log.join(deadline),
         checks::notifications(),
     ];
-    let deadline = started + SLOW_CHECK_DEADLINE + Duration::from_millis(100);
-    for slow in [nvml, python, kernel_log] {
-        list.push(slow.join(deadline));
-    }
-    // The order the user reads: required first, then as the issue lists.
-    let order = [
-        "ceiling",
-        "act_in_time",
-        "own_cgroup",
-        "psi",
-        "swap",
-        "nvml",
-        "shm",
-        "python",
-        "kernel_log",
-        "notifications",
-    ];
-    list.sort_by_key(|c| order.iter().position(|n| *n == c.name));
     let ok = list.iter().all(|c| !c.required || c.state != State::Fail);
     Report {
         schema: SCHEMA,

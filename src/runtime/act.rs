@@ -504,7 +504,8 @@ impl Actuator {
             return;
         }
         self.stop_checked = true;
-        let verdict = stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
+        let verdict =
+            super::stop_saves::stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
         if !verdict.deaf.is_empty() {
             self.say(format!(
                 "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
@@ -1082,60 +1083,6 @@ impl Actuator {
 
 /// The pids reached and the first error (`"ok"` when none).
 pub type Sent = (Vec<u32>, String);
-
-/// Whether a stop would save the trainer's work: the check behind
-/// [`Actuator::check_stop_saves`]'s warning, also run by `oomguard doctor
-/// -- CMD`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct StopVerdict {
-    /// The trainers checked (the job's process when no trainer is known).
-    pub trainers: Vec<u32>,
-    /// The checkpoint signal.
-    pub signal: i32,
-    /// Trainers known to catch neither the checkpoint signal nor SIGTERM.
-    pub deaf: Vec<u32>,
-    /// Trainers whose handlers could not be read (gone, or not ours).
-    pub unknown: Vec<u32>,
-    /// A companion said hello: the stop asks it for a checkpoint.
-    pub companion: bool,
-}
-
-impl StopVerdict {
-    /// A stop would lose the work since the last checkpoint.
-    pub fn loses_work(&self) -> bool {
-        !self.companion && !self.deaf.is_empty()
-    }
-}
-
-/// The trainers of `tree` (or the job's process) and which of them a stop
-/// would reach with no handler: neither `wanted` nor SIGTERM caught.
-pub fn stop_verdict(
-    tree: &[ProcSample],
-    job_pid: u32,
-    wanted: i32,
-    companion: bool,
-    sig: &dyn Signaller,
-) -> StopVerdict {
-    let mut trainers = idents(tree, |p| p.role == Role::Trainer);
-    if trainers.is_empty() {
-        trainers = idents(tree, |p| p.pid == job_pid);
-    }
-    let mut verdict = StopVerdict {
-        trainers: trainers.iter().map(|id| id.0).collect(),
-        signal: wanted,
-        deaf: Vec::new(),
-        unknown: Vec::new(),
-        companion,
-    };
-    for id in &trainers {
-        match (sig.catches(*id, wanted), sig.catches(*id, SIG_TERM)) {
-            (Some(false), Some(false)) => verdict.deaf.push(id.0),
-            (Some(true), _) | (_, Some(true)) => {}
-            _ => verdict.unknown.push(id.0),
-        }
-    }
-    verdict
-}
 
 /// Signals processes by identity; a process that is gone is skipped
 /// silently.

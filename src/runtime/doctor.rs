@@ -1,6 +1,6 @@
 //! `oomguard doctor -- CMD`: the run ends itself once the job shows
 //! progress (or after the doctor's wait), after the same check the stop
-//! path's warning makes ([`act::stop_verdict`]): would a stop lose the
+//! path's warning makes ([`stop_saves::stop_verdict`]): would a stop lose the
 //! work? The job is then ended as a SIGTERM to oomguard would end it
 //! (SIGTERM to its process group, SIGKILL after `--kill-after`), so nothing
 //! is left running.
@@ -23,7 +23,7 @@ impl Supervisor {
         if step.is_none() && waited < watch.wait {
             return;
         }
-        let verdict = act::stop_verdict(
+        let verdict = stop_saves::stop_verdict(
             &self.sampler.tree,
             self.job.pid,
             self.core.act.cfg.checkpoint_signal,

@@ -48,15 +48,17 @@ mod sampler;
 mod screen;
 mod setup;
 mod sinks;
+mod stop_saves;
 mod tick;
 mod wakeups;
 
+pub use act::session_bus;
 use act::{
     ActConfig, Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
 };
-pub use act::{StopVerdict, session_bus};
 use sampler::Sampler;
 use sinks::Sinks;
+pub use stop_saves::StopVerdict;
 use tick::{Core, FAST, TickInputs};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
