@@ -492,14 +492,18 @@ pub struct Slow {
 
 pub fn spawn_slow(name: &'static str, f: impl FnOnce() -> Check + Send + 'static) -> Slow {
     let (tx, rx) = mpsc::channel();
+    let on_error = tx.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("doctor-{name}"))
         .spawn(move || {
             let _ = tx.send(f());
         });
     if let Err(e) = spawned {
-        // The receiver then reports the check as not answered.
-        let _ = e;
+        let _ = on_error.send(
+            Check::new(name, State::Warn, "could not be checked")
+                .why(format!("cannot start a thread: {e}"))
+                .remedy("run `oomguard doctor` again with fewer processes running"),
+        );
     }
     Slow { name, rx }
 }
@@ -511,15 +515,22 @@ impl Slow {
         let left = deadline.saturating_duration_since(Instant::now());
         match self.rx.recv_timeout(left) {
             Ok(c) => c,
-            Err(_) => Check::new(self.name, State::Warn, "did not answer in time")
-                .why(format!(
-                    "no answer within {:.1} s",
-                    SLOW_CHECK_DEADLINE.as_secs_f64()
-                ))
-                .remedy(format!(
-                    "run `oomguard doctor` again; if it persists, check {} by hand",
-                    self.name
-                )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Check::new(self.name, State::Warn, "could not be checked")
+                    .why("the check failed inside oomguard (a bug)")
+                    .remedy("please report it, with `oomguard doctor --format json`'s output")
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                Check::new(self.name, State::Warn, "did not answer in time")
+                    .why(format!(
+                        "no answer within {:.1} s",
+                        SLOW_CHECK_DEADLINE.as_secs_f64()
+                    ))
+                    .remedy(format!(
+                        "run `oomguard doctor` again; if it persists, check {} by hand",
+                        self.name
+                    ))
+            }
         }
     }
 }

@@ -188,14 +188,17 @@ impl Default for Env {
 /// Runs every check (the slow ones in parallel, each with its deadline).
 pub fn diagnose(env: &Env) -> Report {
     let started = Instant::now();
+    let facts = checks::Facts::gather(env);
+    // Before any child process starts: on cgroup v2 the job's cgroup can
+    // only be made where oomguard is its cgroup's only process, and a
+    // `python3` of the doctor's own would make it look taken.
+    let own = checks::own_cgroup(&facts);
     let nvml = checks::spawn_slow("nvml", {
         let lib = env.nvml_lib.clone();
         move || checks::nvml(lib.as_deref())
     });
     let python = checks::spawn_slow("python", checks::python);
     let kernel_log = checks::spawn_slow("kernel_log", checks::kernel_log);
-    let facts = checks::Facts::gather(env);
-    let own = checks::own_cgroup(&facts);
     let deadline = started + SLOW_CHECK_DEADLINE + Duration::from_millis(100);
     // Required first, then in the order the issue lists them.
     let list = vec![
