@@ -59,6 +59,15 @@ pub enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
+    /// Print the man page (roff): oomguard(1), the whole reference.
+    Man {
+        /// Print this subcommand's page alone (oomguard-run(1), …).
+        command: Option<String>,
+        /// Write oomguard.1 and one page per subcommand into DIR instead,
+        /// and print their paths.
+        #[arg(long, value_name = "DIR", conflicts_with = "command")]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]

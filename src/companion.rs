@@ -11,6 +11,7 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -61,6 +62,24 @@ pub enum ChannelError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+    #[error("cannot use the job's control directory {path}: {source}")]
+    Join {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A request written by another user could not be read by the job's
+    /// companion (and writing into another user's directory is not ours
+    /// to do).
+    #[error(
+        "the job's control directory {path} belongs to uid {owner}, not to oomguard's uid {ours}: \
+         run oomguard attach as that user"
+    )]
+    NotOurs {
+        path: PathBuf,
+        owner: u32,
+        ours: u32,
     },
 }
 
@@ -183,6 +202,8 @@ pub struct Channel {
     offset: u64,
     partial: Vec<u8>,
     last_id: u64,
+    /// Made by this oomguard (removed on drop), or joined.
+    owned: bool,
 }
 
 impl Channel {
@@ -214,7 +235,59 @@ impl Channel {
             offset: 0,
             partial: Vec::new(),
             last_id: 0,
+            owned: true,
         })
+    }
+
+    /// Joins the control directory a job was started with (`attach`): its
+    /// events are read from the start (the companion's hello included),
+    /// `events` is made if the job's starter did not, and the directory is
+    /// left in place afterwards. It must be oomguard's user's.
+    pub fn join(dir: &Path) -> Result<Channel, ChannelError> {
+        use std::os::unix::fs::MetadataExt;
+        let join = |source| ChannelError::Join {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let meta = fs::metadata(dir).map_err(join)?;
+        if !meta.is_dir() {
+            return Err(join(io::Error::other("not a directory")));
+        }
+        let ours = rustix::process::geteuid().as_raw();
+        if meta.uid() != ours {
+            return Err(ChannelError::NotOurs {
+                path: dir.to_path_buf(),
+                owner: meta.uid(),
+                ours,
+            });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(dir.join(EVENTS))
+            .map_err(join)?;
+        Ok(Channel {
+            dir: dir.to_path_buf(),
+            events: Some(file),
+            offset: 0,
+            partial: Vec::new(),
+            last_id: 0,
+            owned: false,
+        })
+    }
+
+    /// The control directory named in a process's environment
+    /// (`/proc/PID/environ`), if it has one.
+    pub fn of_process(proc_root: &Path, pid: u32) -> Option<PathBuf> {
+        let environ = fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
+        let key = format!("{ENV_CONTROL}=");
+        environ
+            .split(|&b| b == 0)
+            .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+            .filter(|v| !v.is_empty())
+            .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(v)))
     }
 
     pub fn dir(&self) -> &Path {
@@ -300,7 +373,9 @@ impl Channel {
 impl Drop for Channel {
     fn drop(&mut self) {
         self.events = None;
-        let _ = fs::remove_dir_all(&self.dir);
+        if self.owned {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -317,6 +392,45 @@ pub fn write_package(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_joined_channel_is_found_in_the_environ_read_from_the_start_and_left_in_place() {
+        let t = tempfile::tempdir().unwrap();
+        let proc_root = t.path().join("proc");
+        fs::create_dir_all(proc_root.join("42")).unwrap();
+        let control = t.path().join("ctl");
+        fs::create_dir(&control).unwrap();
+        let environ = format!("A=1\0OOMGUARD_CONTROL={}\0B=2\0", control.display());
+        fs::write(proc_root.join("42/environ"), environ).unwrap();
+        fs::write(proc_root.join("43"), "").unwrap();
+        assert_eq!(Channel::of_process(&proc_root, 42), Some(control.clone()));
+        assert_eq!(Channel::of_process(&proc_root, 43), None);
+        assert_eq!(Channel::of_process(&proc_root, 44), None);
+        // A hello written before oomguard joined is read.
+        fs::write(
+            control.join(EVENTS),
+            "{\"type\":\"hello\",\"v\":1,\"pid\":7}\n",
+        )
+        .unwrap();
+        let mut ch = Channel::join(&control).unwrap();
+        assert!(matches!(ch.poll().as_slice(), [Record::Hello { .. }]));
+        ch.request(Kind::CheckpointAndExit, "r", None, Duration::from_secs(1))
+            .unwrap();
+        drop(ch);
+        assert!(
+            control.join(REQUEST).exists(),
+            "a joined directory is not ours to remove"
+        );
+        // `events` is made when the starter did not.
+        let bare = t.path().join("bare");
+        fs::create_dir(&bare).unwrap();
+        drop(Channel::join(&bare).unwrap());
+        assert!(bare.join(EVENTS).exists());
+        assert!(matches!(
+            Channel::join(&t.path().join("missing")),
+            Err(ChannelError::Join { .. })
+        ));
+    }
 
     #[test]
     fn a_request_is_replaced_whole_and_ids_increase() {

@@ -27,6 +27,7 @@ pub mod github;
 pub mod growth;
 pub mod keeper;
 pub mod log;
+pub mod manpage;
 pub mod metrics;
 pub mod model;
 pub mod policy;

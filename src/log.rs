@@ -1037,7 +1037,7 @@ impl OutputEvent {
             TorchEvent::RankFailed(e) => {
                 RankFailedEvent::new(e, host_memory_critical).map(OutputEvent::RankFailed)
             }
-            TorchEvent::Progress(_) => None,
+            TorchEvent::Progress(_) | TorchEvent::Framework(_) => None,
         }
     }
 

@@ -272,6 +272,32 @@ fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
     }
 }
 
+/// `oomguard man`: a page on stdout, or every page into a directory.
+fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
+    use oomguard::manpage;
+    let page = match (command, out) {
+        (_, Some(dir)) => manpage::write_all(dir).map(|paths| {
+            let mut list = String::new();
+            for p in paths {
+                list.push_str(&format!("{}\n", p.display()));
+            }
+            list.into_bytes()
+        }),
+        (Some(name), None) => manpage::command_page(name),
+        (None, None) => manpage::main_page(),
+    };
+    match page {
+        Ok(text) => print(&String::from_utf8_lossy(&text)),
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            match e {
+                manpage::ManError::NoSuchCommand(..) => 2,
+                _ => 1,
+            }
+        }
+    }
+}
+
 fn main() {
     let cli = oomguard::settings::parse_cli();
     let code = match cli.command {
@@ -305,6 +331,7 @@ fn main() {
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());
             0
         }
+        Command::Man { command, out } => man(command.as_deref(), out.as_deref()),
     };
     std::process::exit(code);
 }

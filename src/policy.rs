@@ -97,6 +97,11 @@ impl Metric {
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     Warn,
+    /// Ask the trainer's companion to free what it can (Python's garbage,
+    /// the C heap, PyTorch's CUDA cache); training goes on. Only for a
+    /// user's rule: the default ladder does not use it (freeing caches does
+    /// not stop a leak, and a request replaces the last one).
+    Relieve,
     /// Ask the trainer's companion for a checkpoint; training goes on.
     Checkpoint,
     Pause,
@@ -106,11 +111,12 @@ pub enum Action {
 }
 
 impl Action {
-    pub const NAMES: &'static str = "warn, checkpoint, pause, stop, kill, restart";
+    pub const NAMES: &'static str = "warn, relieve, checkpoint, pause, stop, kill, restart";
 
     pub fn name(self) -> &'static str {
         match self {
             Action::Warn => "warn",
+            Action::Relieve => "relieve",
             Action::Checkpoint => "checkpoint",
             Action::Pause => "pause",
             Action::Restart => "restart",
@@ -122,6 +128,7 @@ impl Action {
     pub fn from_name(s: &str) -> Option<Action> {
         [
             Action::Warn,
+            Action::Relieve,
             Action::Checkpoint,
             Action::Pause,
             Action::Restart,
@@ -136,21 +143,27 @@ impl Action {
     fn strength(self) -> u8 {
         match self {
             Action::Warn => 0,
-            Action::Checkpoint => 1,
-            Action::Pause => 2,
-            Action::Restart | Action::Stop => 3,
-            Action::Kill => 4,
+            Action::Relieve => 1,
+            Action::Checkpoint => 2,
+            Action::Pause => 3,
+            Action::Restart | Action::Stop => 4,
+            Action::Kill => 5,
         }
     }
 
     /// Actions that end the attempt.
     pub fn is_critical(self) -> bool {
-        self.strength() >= 3
+        self.strength() >= 4
     }
 
     /// Actions that only ask or tell (the job runs on untouched).
     pub fn is_advisory(self) -> bool {
-        self.strength() <= 1
+        self.strength() <= 2
+    }
+
+    /// Requests to the companion (nothing is sent without one).
+    pub fn is_request(self) -> bool {
+        matches!(self, Action::Relieve | Action::Checkpoint)
     }
 }
 
@@ -334,7 +347,7 @@ impl Policy {
                 .find(|r| {
                     r.metric == Metric::HeadroomPercent
                         && r.op == Op::Below
-                        && !(crit && r.action == Action::Checkpoint)
+                        && !(crit && r.action.is_request())
                         && (r.action != Action::Warn) == crit
                 })
                 .map(|r| r.threshold)

@@ -122,7 +122,8 @@ pub fn become_subreaper() -> io::Result<()> {
     rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(io::Error::from)
 }
 
-/// Starts the job in a new process group.
+/// Starts the job in a new process group (in a session of its own unless it
+/// takes the terminal's foreground).
 pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let Some(program) = spec.argv.first() else {
         return Err(SpawnError::Empty);
@@ -131,9 +132,18 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let mut cmd = Command::new(program);
     cmd.args(&spec.argv[1..]);
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-    // A new session is also a new process group (pgid = pid); setsid
-    // would fail for a group leader, so only one of the two.
-    if spec.controlling_tty.is_none() {
+    // A job that does not take the terminal's foreground gets a session of
+    // its own, not only a process group: were it in oomguard's session,
+    // oomguard's death would orphan its group, and if oomguard had paused
+    // it, the kernel would send the group SIGHUP (with SIGCONT), which is
+    // delivered before the death signal and kills a trainer that does not
+    // catch it before it can save. A group in another session is never
+    // "orphaned" that way. A foreground job must stay in the terminal's
+    // session to be its foreground group. A new session is also a new
+    // process group (pgid = pid), and setsid fails for a group leader, so
+    // only one of the two.
+    let own_session = spec.controlling_tty.is_some() || spec.foreground_tty.is_none();
+    if !own_session {
         cmd.process_group(0);
     }
     if let Some(s) = spec.stdout {
@@ -149,7 +159,7 @@ pub fn spawn(spec: SpawnSpec<'_>, proc_root: &Path) -> Result<Job, SpawnError> {
     let tty = spec.foreground_tty.map(|fd| fd.as_raw_fd());
     let ctty = spec.controlling_tty.map(|fd| fd.as_raw_fd());
     let supervisor = std::process::id() as libc::pid_t;
-    child_setup(&mut cmd, supervisor, cgroup, tty, ctty);
+    child_setup(&mut cmd, supervisor, cgroup, tty, ctty, own_session);
     let child = cmd.spawn().map_err(|e| SpawnError::of(&cmd_name, e))?;
     let pid = child.id();
     // `child` is dropped without waiting: the reaper owns the status. Its
@@ -179,6 +189,7 @@ fn child_setup(
     cgroup: Option<CString>,
     tty: Option<i32>,
     ctty: Option<i32>,
+    own_session: bool,
 ) {
     // SAFETY: the closure runs between fork and exec and only makes
     // async-signal-safe calls (prctl, getppid, open, write, close, sigaction,
@@ -217,8 +228,11 @@ fn child_setup(
                     return Err(err);
                 }
             }
+            if own_session && libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
             if let Some(fd) = ctty
-                && (libc::setsid() < 0 || libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0)
+                && libc::ioctl(fd, libc::TIOCSCTTY, 0) < 0
             {
                 return Err(io::Error::last_os_error());
             }

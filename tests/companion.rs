@@ -265,6 +265,44 @@ fn serial_an_unmodified_lightning_script_saves_its_last_step() {
     let err = String::from_utf8_lossy(&check.stderr);
     assert_eq!(saved, step.to_string(), "{err}");
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+    assert!(!r.stderr().contains("PyTorch Lightning"), "{}", r.why());
+}
+
+/// The control, and the warning: without the companion Lightning gets
+/// SIGTERM, which it catches (so the `SigCgt` check is satisfied) only to
+/// end `fit` at the next step: nothing is saved, and oomguard says so
+/// because the job's output showed Lightning's banner.
+#[test]
+fn serial_lightning_without_the_companion_is_warned_about() {
+    let _serial = common::serial();
+    let Some((r, _)) = torch_script("lightning_job.py", &["--no-companion"], &[], &[]) else {
+        return;
+    };
+    assert_eq!(
+        r.stop_signals(),
+        vec![Some("SIGTERM".to_string())],
+        "{}",
+        r.why()
+    );
+    assert!(r.done().is_none(), "{}", r.why());
+    assert!(
+        !r.dir.path().join("checkpoints").exists(),
+        "Lightning saved on SIGTERM?\n{}",
+        r.why()
+    );
+    let err = r.stderr();
+    assert!(
+        err.contains(
+            "the trainer is PyTorch Lightning, which takes SIGTERM as \"stop at the next step\""
+        ),
+        "{}",
+        r.why()
+    );
+    assert!(
+        err.contains("loses the work since its last checkpoint"),
+        "{}",
+        r.why()
+    );
 }
 
 #[test]
@@ -444,4 +482,119 @@ fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
     );
     assert!(r.stop_signals().is_empty(), "{}", r.why());
     assert!(!r.stderr().contains("steps lost"), "{}", r.why());
+}
+
+/// `attach` to a job that was started with a control channel (the package
+/// on its path, `OOMGUARD_CONTROL` set by whoever started it): the stop
+/// asks its companion instead of signalling, the checkpoint holds the last
+/// completed step, and the directory, not oomguard's, is left in place.
+#[test]
+fn serial_attach_asks_a_job_started_with_a_channel() {
+    use std::os::unix::fs::DirBuilderExt;
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("control");
+    fs::DirBuilder::new().mode(0o700).create(&control).unwrap();
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let stdout = dir.path().join("job.out");
+    let mut job = std::process::Command::new("python3")
+        .args([&plain(), "4000"])
+        .env("PYTHONPATH", &pkg)
+        .env("OOMGUARD_CONTROL", &control)
+        .env("CKPT_DIR", dir.path())
+        .env("LEAK_MB", "4")
+        .stdout(fs::File::create(&stdout).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = common::wait_for(std::time::Duration::from_secs(20), || {
+        fs::read_to_string(&stdout).is_ok_and(|t| t.contains("completed step 5\n"))
+    });
+    let log = dir.path().join("log.ndjson");
+    let out = started.then(|| {
+        common::oomguard()
+            .args(["attach", &job.id().to_string(), "--no-tui", "--no-notify"])
+            .args(["--interval", "200ms", "--budget", "300M", "--log"])
+            .arg(&log)
+            .output()
+            .unwrap()
+    });
+    let left = common::wait_for(std::time::Duration::from_secs(20), || {
+        job.try_wait().unwrap().is_some()
+    });
+    if !left {
+        let _ = job.kill();
+    }
+    let _ = job.wait();
+    assert!(started, "the job never showed progress");
+    let out = out.unwrap();
+    let r = Run {
+        out,
+        raw: fs::read_to_string(&log).unwrap_or_default(),
+        log: common::read_log(&log),
+        dir,
+    };
+    let job_out = fs::read_to_string(&stdout).unwrap();
+    assert!(
+        left,
+        "the job did not leave after its checkpoint\n{}",
+        r.why()
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+    assert!(
+        r.stderr().contains("the job has a control channel"),
+        "{}",
+        r.why()
+    );
+    let (step, paths) = r.saved();
+    assert!(
+        job_out.contains(&format!("rank 0 left after its checkpoint at step {step}")),
+        "{job_out}\n{}",
+        r.why()
+    );
+    assert_eq!(Some(step), last_completed(&job_out, 0), "{}", r.why());
+    assert!(paths[0].exists());
+    assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
+    assert!(control.is_dir(), "the job's control directory was removed");
+}
+
+/// A user's `relieve` rule: the companion frees what it can at its next
+/// step (gc, malloc_trim, PyTorch's caches) and says how much, and the job
+/// runs on to its end.
+#[test]
+fn serial_a_relieve_rule_frees_caches_and_training_goes_on() {
+    let _serial = common::serial();
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    fs::write(
+        cfg.path(),
+        "[[rule]]\nname = \"tidy\"\nmetric = \"headroom_percent\"\nbelow = \"100%\"\nfor = \"1s\"\naction = \"relieve\"\n",
+    )
+    .unwrap();
+    let r = run(
+        "2G",
+        &["--config", cfg.path().to_str().unwrap()],
+        &["python3", &plain(), "60"],
+        &[("LEAK_MB", "0")],
+    );
+    assert_eq!(r.code(), 0, "{}", r.why());
+    assert!(
+        r.stdout().contains("rank 0 finished at step 60"),
+        "{}",
+        r.why()
+    );
+    let relieved: Vec<&serde_json::Value> = r
+        .log
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Relieved(v) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(relieved.len(), 1, "{}", r.why());
+    let freed = relieved[0]["freed_bytes"].as_object().unwrap();
+    assert!(freed.contains_key("gc"), "{}", r.why());
+    assert!(r.done().is_none(), "a relief is not a checkpoint");
+    // The companion's last progress record, written as the job exits, is
+    // read before the summary.
+    assert!(r.stderr().contains("finished at step 60"), "{}", r.why());
 }

@@ -1,6 +1,7 @@
 //! The reference pages against the binary: every flag `--help` shows is
 //! documented in `docs/`, and every flag the option tables of
-//! `docs/usage.md` document exists. Links from the README resolve.
+//! `docs/usage.md` document exists. Links from the README resolve. The man
+//! page the binary prints names every subcommand and every flag.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +11,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-const COMMANDS: [&str; 8] = [
+const COMMANDS: [&str; 9] = [
     "run",
     "doctor",
     "demo",
@@ -19,6 +20,7 @@ const COMMANDS: [&str; 8] = [
     "replay",
     "attach",
     "completions",
+    "man",
 ];
 
 /// `--long-flag` words of a text.
@@ -47,10 +49,15 @@ fn flags(text: &str) -> BTreeSet<String> {
     out
 }
 
-fn help(cmd: &str) -> String {
-    let out = common::oomguard().args([cmd, "--help"]).output().unwrap();
-    assert!(out.status.success(), "{cmd} --help failed");
+/// The stdout of `oomguard ARGS…`, which must succeed.
+fn stdout(args: &[&str]) -> String {
+    let out = common::oomguard().args(args).output().unwrap();
+    assert!(out.status.success(), "oomguard {args:?} failed");
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn help(cmd: &str) -> String {
+    stdout(&[cmd, "--help"])
 }
 
 fn docs() -> String {
@@ -118,4 +125,80 @@ fn the_readme_is_short_and_its_links_resolve() {
     }
     assert!(readme.contains("cargo test --locked --no-fail-fast"));
     assert!(readme.contains("cargo run --release -- demo"));
+}
+
+/// The subcommands `oomguard --help` lists.
+fn listed_commands() -> Vec<String> {
+    let top = stdout(&["--help"]);
+    let list = top.split("Commands:").nth(1).unwrap();
+    let list = list.split("\n\n").next().unwrap();
+    list.lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Roff as text: `\-` is a minus, `\fB` a font change.
+fn unroff(page: &str) -> String {
+    page.replace("\\-", "-")
+        .replace("\\fB", "")
+        .replace("\\fI", "")
+        .replace("\\fR", "")
+}
+
+#[test]
+fn the_man_page_names_every_subcommand_and_its_flags() {
+    let commands = listed_commands();
+    let mut known = COMMANDS.to_vec();
+    known.sort_unstable();
+    let mut listed: Vec<&str> = commands.iter().map(String::as_str).collect();
+    listed.sort_unstable();
+    assert_eq!(
+        listed, known,
+        "tests/docs.rs lists other commands than --help"
+    );
+    let page = stdout(&["man"]);
+    assert!(page.contains("\n.TH oomguard 1"), "{page}");
+    // Each subcommand has a section; every flag of its --help is in it.
+    let sections: Vec<&str> = page.split("\n.SH ").collect();
+    for cmd in &commands {
+        let title = format!("\"OOMGUARD {}\"", cmd.to_uppercase());
+        let section = sections.iter().find(|s| s.starts_with(&title));
+        let section = unroff(section.unwrap_or_else(|| panic!("no {title} in the man page")));
+        for f in flags(&help(cmd)) {
+            assert!(section.contains(&f), "`oomguard man` lacks {cmd} {f}");
+        }
+    }
+    // One subcommand's page alone.
+    let run = unroff(&stdout(&["man", "run"]));
+    assert!(
+        run.contains(".TH oomguard-run 1") && run.contains("--warn-at"),
+        "{run}"
+    );
+    // A subcommand that does not exist is a usage error, not a panic.
+    let out = common::oomguard().args(["man", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no subcommand"));
+}
+
+#[test]
+fn man_out_writes_a_page_per_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = stdout(&["man", "--out", dir.path().to_str().unwrap()]);
+    let main = fs::read_to_string(dir.path().join("oomguard.1")).unwrap();
+    assert_eq!(main, stdout(&["man"]));
+    for cmd in COMMANDS {
+        let path = dir.path().join(format!("oomguard-{cmd}.1"));
+        assert!(listed.contains(path.to_str().unwrap()), "{listed}");
+        let page = fs::read_to_string(&path).unwrap();
+        assert!(page.contains(&format!(".TH oomguard-{cmd} 1")), "{page}");
+    }
+    // A directory that is not there is an error, not a panic.
+    let out = common::oomguard()
+        .args(["man", "--out", "/nonexistent/man1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
 }

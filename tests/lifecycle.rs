@@ -145,6 +145,15 @@ fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
         wait_for(Duration::from_secs(10), || proc_state(job_pid) == Some('T')),
         "the job was never paused"
     );
+    // In oomguard's session, the paused job's group would be orphaned by
+    // oomguard's death and sent SIGHUP before the death signal (it kills
+    // this trainer unsaved when it wins the race with the keeper's
+    // SIGCONT, about 1 run in 5).
+    assert_ne!(
+        session_of(job_pid),
+        session_of(og.id()),
+        "the job shares oomguard's session"
+    );
     og.kill().unwrap();
     og.wait().unwrap();
     let ckpt = dir.path().join("ckpt");
@@ -537,4 +546,14 @@ fn running_out_of_descriptors_at_start_is_an_internal_error() {
         .status
         .code();
     assert_eq!(code, Some(0), "with no limit the same run succeeds");
+}
+
+/// The session id in /proc/PID/stat (the fourth field after the name).
+fn session_of(pid: u32) -> Option<u32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()
 }

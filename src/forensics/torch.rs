@@ -55,6 +55,19 @@ pub enum TorchEvent {
     /// message, but read from the same lines by the output scanner, so it
     /// keeps its order among them. Consecutive updates are merged.
     Progress(crate::forensics::progress::ProgressUpdate),
+    /// The job's output names the framework that trains (once per
+    /// scanner): what a stop without the companion does depends on it.
+    Framework(Framework),
+}
+
+/// A training framework recognised by a line only it prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Framework {
+    /// PyTorch Lightning's `GPU available: …, used: …` banner, printed at
+    /// every `Trainer`'s start. Lightning catches SIGTERM to stop at the
+    /// next step, and saves nothing.
+    Lightning,
 }
 
 /// The figures of a CUDA out-of-memory error. Every size is in bytes and is
@@ -1598,7 +1611,7 @@ RuntimeError: DataLoader worker (pid(s) 3855) exited unexpectedly\n";
                 TorchEvent::RankFailed(r) => {
                     let _ = rank_failed_advice(r, true);
                 }
-                TorchEvent::Progress(_) => {}
+                TorchEvent::Progress(_) | TorchEvent::Framework(_) => {}
             }
         }
         events.len()
@@ -2426,7 +2439,7 @@ after the report\n";
                             TorchEvent::CudaOom(o) => { let _ = cuda_oom_advice(o); }
                             TorchEvent::WorkerDied(w) => { let _ = worker_died_advice(w, true); }
                             TorchEvent::RankFailed(r) => { let _ = rank_failed_advice(r, false); }
-                            TorchEvent::Progress(_) => {}
+                            TorchEvent::Progress(_) | TorchEvent::Framework(_) => {}
                         }
                     }
                 }

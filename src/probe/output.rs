@@ -57,7 +57,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::forensics::progress;
-use crate::forensics::torch::{MAX_LINE_BYTES, TorchEvent, TorchScanner};
+use crate::forensics::torch::{Framework, MAX_LINE_BYTES, TorchEvent, TorchScanner};
 use crate::keeper::Keeper;
 use crate::pty::{self, PtyError};
 
@@ -309,6 +309,8 @@ pub struct OutputScanner {
     progress: progress::ProgressParser,
     events: Vec<TorchEvent>,
     dropped_events: u64,
+    /// Lightning's banner was seen.
+    lightning: bool,
 }
 
 impl OutputScanner {
@@ -387,6 +389,7 @@ impl OutputScanner {
         }
         self.after_cr = cr;
         let seg = &seg[..seg.len().min(MAX_LINE_BYTES)];
+        self.note_framework(seg);
         let for_torch = !self.torch.is_idle() || torch_triggers().is_match(seg);
         // A bar state redrawn by the same bar in the same read is already
         // stale (the later one is what the job shows, at the same instant):
@@ -483,6 +486,7 @@ impl OutputScanner {
 
     fn emit(&mut self) {
         let line = std::mem::take(&mut self.line);
+        self.note_framework(&line);
         let text = String::from_utf8_lossy(&line);
         self.feed_torch(&text);
         if let Some(update) = self.progress.line(&text) {
@@ -504,6 +508,23 @@ impl OutputScanner {
         }
         while let Some(event) = self.torch.poll() {
             keep_event(events, event, dropped);
+        }
+    }
+
+    /// Lightning's start-up banner (`GPU available: False, used: False`),
+    /// said once; a launcher's prefix (`[rank0]: `) may come first.
+    fn note_framework(&mut self, line: &[u8]) {
+        if self.lightning || line.len() > 200 {
+            return;
+        }
+        let banner = FRAMEWORK_TRIGGERS.as_bytes();
+        let found = line
+            .windows(banner.len())
+            .position(|w| w == banner)
+            .is_some_and(|at| at <= 32 && line[at..].windows(8).any(|w| w == b", used: "));
+        if found {
+            self.lightning = true;
+            self.keep(TorchEvent::Framework(Framework::Lightning));
         }
     }
 
@@ -551,10 +572,15 @@ const TORCH_TRIGGERS: &str = r"emory|EMORY|ChildFailedError|worker|WORKER|exitco
 /// byte through an automaton (log lines are full of digits).
 const PROGRESS_TRIGGERS: &str = r"/ ?[0-9]|%\||[Ee]poch|EPOCH|[Ss]tep|STEP|[Ii]ter|ITER|Sanity|Validat|Test|Predict|Downloading data from";
 
+/// Lines that name the framework (see [`TorchEvent::Framework`]).
+const FRAMEWORK_TRIGGERS: &str = r"GPU available: ";
+
 fn triggers() -> &'static regex::bytes::Regex {
     static RE: std::sync::LazyLock<regex::bytes::Regex> = std::sync::LazyLock::new(|| {
-        regex::bytes::Regex::new(&format!("(?-u:{TORCH_TRIGGERS}|{PROGRESS_TRIGGERS})"))
-            .expect("static pattern compiles")
+        regex::bytes::Regex::new(&format!(
+            "(?-u:{TORCH_TRIGGERS}|{PROGRESS_TRIGGERS}|{FRAMEWORK_TRIGGERS})"
+        ))
+        .expect("static pattern compiles")
     });
     &RE
 }
@@ -1850,6 +1876,37 @@ mod tests {
 
     fn died(pid: u32) -> String {
         format!("DataLoader worker (pid {pid}) is killed by signal: Killed.")
+    }
+
+    #[test]
+    fn lightnings_banner_names_the_framework_once() {
+        let frameworks = |chunks: &[&[u8]]| {
+            let mut s = OutputScanner::new();
+            for c in chunks {
+                s.feed(c);
+            }
+            s.finish();
+            s.take_events()
+                .into_iter()
+                .filter(|e| matches!(e, TorchEvent::Framework(_)))
+                .count()
+        };
+        // Whole lines in one read (skipped between triggers), a line split
+        // across reads, a launcher's prefix, and twice (said once).
+        let banner = b"noise\nGPU available: False, used: False\nTPU available: False\n";
+        assert_eq!(frameworks(&[banner]), 1);
+        assert_eq!(
+            frameworks(&[b"GPU avail", b"able: True (cuda), used: True\n"]),
+            1
+        );
+        assert_eq!(
+            frameworks(&[b"[rank0]: GPU available: False, used: False\n"]),
+            1
+        );
+        assert_eq!(frameworks(&[banner, banner]), 1);
+        // Not Lightning's sentence.
+        assert_eq!(frameworks(&[b"GPU available: 2 devices\n"]), 0);
+        assert_eq!(frameworks(&[b"x\n# GPU available: no\n"]), 0);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::companion::{Channel, Kind, Record};
+use crate::forensics::torch::Framework;
 use crate::model::{CeilingSource, ProcSample, Role, Sample};
 use crate::policy::Action;
 use crate::restart::CheckpointWatch;
@@ -41,6 +42,9 @@ pub const SIG_CONT: i32 = libc::SIGCONT;
 pub const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// One throttle cycle: growers are stopped except for a short run slice.
+/// How long after a framework's banner its companion must have spoken.
+const FRAMEWORK_GRACE: Duration = Duration::from_secs(10);
+
 pub const THROTTLE_CYCLE: Duration = Duration::from_millis(500);
 pub const THROTTLE_RUN: Duration = Duration::from_millis(50);
 /// How long the whole tree may stay frozen at the last-resort level before
@@ -125,18 +129,9 @@ pub struct DesktopNotifier;
 
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Whether a session bus is there to carry desktop notifications (and to
-/// ask the user's systemd for a scope): `DBUS_SESSION_BUS_ADDRESS`, or the
-/// socket `$XDG_RUNTIME_DIR/bus`.
-pub fn session_bus() -> bool {
-    std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
-        || std::env::var_os("XDG_RUNTIME_DIR")
-            .is_some_and(|d| std::path::Path::new(&d).join("bus").exists())
-}
-
 impl Notifier for DesktopNotifier {
     fn notify(&mut self, summary: String, body: String) {
-        if !session_bus() || tokio::runtime::Handle::try_current().is_err() {
+        if !super::sinks::session_bus() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         tokio::spawn(async move {
@@ -330,6 +325,11 @@ pub struct Actuator {
     /// This attempt's trainer was checked for a handler of the
     /// checkpoint signal ([`Actuator::check_stop_saves`]).
     stop_checked: bool,
+    /// The job's output showed a framework whose own signal handling
+    /// loses work (Lightning stops on SIGTERM without saving).
+    framework: Option<(Framework, Instant)>,
+    /// The framework's warning was given this attempt.
+    framework_warned: bool,
     pub companion: CompanionState,
     out: Vec<Acted>,
 }
@@ -349,19 +349,32 @@ impl Actuator {
             remote_stop: None,
             joined: None,
             stop_checked: false,
+            framework: None,
+            framework_warned: false,
             companion: CompanionState::default(),
             out: Vec::new(),
         }
     }
 
-    /// The `checkpoint` action: a request that training goes on after.
-    pub fn checkpoint(&mut self, reason: &str, now: Instant) {
-        let result = match self.ask(Kind::Checkpoint, reason, now) {
+    /// The `checkpoint` and `relieve` actions: requests that training goes
+    /// on after. Without a companion they are logged as decided, result
+    /// `no companion`.
+    pub fn request(&mut self, action: Action, reason: &str, now: Instant) {
+        let kind = if action == Action::Relieve {
+            Kind::Relieve
+        } else {
+            Kind::Checkpoint
+        };
+        // A relief must not replace a checkpoint request still being served.
+        if kind == Kind::Relieve && self.companion.pending.is_some_and(|p| p.1 != Kind::Relieve) {
+            return;
+        }
+        let result = match self.ask(kind, reason, now) {
             Some(_) => "ok".to_string(),
             None => NO_COMPANION.to_string(),
         };
         self.push(Acted::Action {
-            action: "checkpoint",
+            action: action.name(),
             reason: reason.to_string(),
             pids: Vec::new(),
             signal: None,
@@ -492,6 +505,39 @@ impl Actuator {
         self.remote_stop = None;
         self.joined = None;
         self.stop_checked = false;
+        self.framework = None;
+        self.framework_warned = false;
+    }
+
+    /// The job's output named its framework.
+    pub fn note_framework(&mut self, framework: Framework, now: Instant) {
+        self.framework.get_or_insert((framework, now));
+    }
+
+    /// A framework that would lose work on a stop, with no companion
+    /// [`FRAMEWORK_GRACE`] after its banner (the companion says hello as
+    /// the framework's `Trainer` is built, so by then it would have):
+    /// said once, before any stop, when the policy can stop at all.
+    pub fn check_framework(
+        &mut self,
+        now: Instant,
+        tree: &[ProcSample],
+        job_pid: u32,
+        sig: &dyn Signaller,
+    ) {
+        let Some((_, seen)) = self.framework else {
+            return;
+        };
+        if self.framework_warned || self.cfg.quiet || now.duration_since(seen) < FRAMEWORK_GRACE {
+            return;
+        }
+        let trainers = trainer_idents(tree, job_pid);
+        if let Some(why) = self.framework_loses_work(&trainers, sig) {
+            self.framework_warned = true;
+            self.say(format!(
+                "warning: {why}: a stop would lose the work since its last checkpoint"
+            ));
+        }
     }
 
     /// Once per attempt, when the trainer has shown progress (its signal
@@ -520,6 +566,35 @@ impl Actuator {
                 supervise::signal_name(verdict.signal)
             ));
         }
+    }
+
+    /// Why the framework the job's output named would not save on the
+    /// signal a stop sends, though its trainer catches it: Lightning's
+    /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
+    /// handler (save, then requeue) is installed only under SLURM's
+    /// auto-requeue. `None` once a companion speaks (it saves on request).
+    fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
+        if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
+        {
+            return None;
+        }
+        let wanted = self.cfg.checkpoint_signal;
+        // A Lightning that catches the checkpoint signal other than TERM
+        // was set up for it (SLURMEnvironment(auto_requeue=True) saves on
+        // USR1): trust it.
+        if wanted != SIG_TERM
+            && trainers
+                .iter()
+                .any(|id| sig.catches(*id, wanted) == Some(true))
+        {
+            return None;
+        }
+        Some(
+            "the trainer is PyTorch Lightning, which takes SIGTERM as \"stop at the next step\" \
+             and saves nothing (oomguard's companion makes it save on request: it is off here, \
+             or Python did not load it; see docs/companion.md)"
+                .to_string(),
+        )
     }
 
     /// The attempt ended while its stop still waited for a checkpoint (the
@@ -1012,6 +1087,11 @@ impl Actuator {
                  python/oomguard, saves on request)",
                 deaf.join(", ")
             ));
+        } else if let Some(why) = self.framework_loses_work(trainers, sig) {
+            self.framework_warned = true;
+            self.say(format!(
+                "warning: {why}: this stop loses the work since its last checkpoint"
+            ));
         }
     }
 
@@ -1102,6 +1182,15 @@ pub fn signal_all(sig: &mut dyn Signaller, targets: &[Ident], signal: i32) -> Se
 }
 
 /// The identities of the tree's processes that match.
+/// The trainers, or the job's main process when none is named one.
+pub(super) fn trainer_idents(tree: &[ProcSample], job_pid: u32) -> Vec<Ident> {
+    let trainers = idents(tree, |p| p.role == Role::Trainer);
+    if trainers.is_empty() {
+        return idents(tree, |p| p.pid == job_pid);
+    }
+    trainers
+}
+
 pub fn idents(tree: &[ProcSample], pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
     tree.iter()
         .filter(|p| pred(p))

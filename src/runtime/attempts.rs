@@ -26,6 +26,9 @@ impl Supervisor {
         }
         self.pty_scanner.finish();
         self.log_output_events();
+        // The companion's last words (its final step, written at exit, or
+        // a done that came after the last tick) belong to this attempt.
+        self.core.act.poll_channel(Instant::now());
         self.core.act.conclude_checkpoint(Instant::now());
         self.acted(None);
         let sample = self.sample(true);

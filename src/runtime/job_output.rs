@@ -60,6 +60,10 @@ impl Supervisor {
         }
         let critical = self.host_memory_critical();
         for event in events {
+            if let crate::forensics::torch::TorchEvent::Framework(f) = event {
+                self.core.act.note_framework(f, std::time::Instant::now());
+                continue;
+            }
             if let crate::forensics::torch::TorchEvent::Progress(u) = event {
                 if self.exact_progress() {
                     continue;

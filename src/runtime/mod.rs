@@ -52,12 +52,12 @@ mod stop_saves;
 mod tick;
 mod wakeups;
 
-pub use act::session_bus;
 use act::{
     ActConfig, Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
 };
 use sampler::Sampler;
 use sinks::Sinks;
+pub use sinks::session_bus;
 pub use stop_saves::StopVerdict;
 use tick::{Core, FAST, TickInputs};
 
@@ -745,6 +745,18 @@ impl Supervisor {
             self.core
                 .act
                 .check_stop_saves(&self.sampler.tree, self.job.pid, &self.sig);
+        }
+        if self
+            .core
+            .engine
+            .policy()
+            .rules
+            .iter()
+            .any(|r| r.action.is_critical())
+        {
+            self.core
+                .act
+                .check_framework(now, &self.sampler.tree, self.job.pid, &self.sig);
         }
         self.doctor_watch();
         self.acted(Some(&out.view));

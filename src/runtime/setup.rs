@@ -148,6 +148,10 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         Err(StartError::Internal(e)) => return internal_failure(&mut log, &cfg, e),
         Err(StartError::Spawn(e)) => return spawn_failed(&mut log, &cfg, &e),
     };
+    let channel = match cfg.attach {
+        Some(_) => attached_channel(&cfg, &job),
+        None => channel,
+    };
     // Our copy of the pty's job side must go, or the master never sees EOF;
     // the same for the relay's copies of the job's ends.
     screen.slave = None;
@@ -361,6 +365,31 @@ fn open_channel(cfg: &RunConfig, torch: Option<&Torch>) -> Option<crate::compani
         Err(e) => {
             if !cfg.quiet {
                 eprintln!("oomguard: no checkpoint companion for this run: {e}");
+            }
+            None
+        }
+    }
+}
+
+/// `attach` to a job that was itself started with a control channel
+/// (`OOMGUARD_CONTROL` in its environment): its companion is asked, as
+/// under `run`; otherwise a stop signals, as it always did.
+fn attached_channel(cfg: &RunConfig, job: &Job) -> Option<crate::companion::Channel> {
+    let dir = crate::companion::Channel::of_process(&cfg.proc_root, job.pid)?;
+    match crate::companion::Channel::join(&dir) {
+        Ok(c) => {
+            if !cfg.quiet {
+                eprintln!(
+                    "oomguard: the job has a control channel ({}): a stop asks its companion \
+                     for a checkpoint",
+                    dir.display()
+                );
+            }
+            Some(c)
+        }
+        Err(e) => {
+            if !cfg.quiet {
+                eprintln!("oomguard: {e}; a stop signals the job instead");
             }
             None
         }

@@ -161,9 +161,10 @@ impl Sinks {
         signal: Option<i32>,
         result: String,
     ) {
-        // A `checkpoint` decided with no companion to ask: logged (so a
+        // A `checkpoint` or `relieve` decided with no companion to ask: logged (so a
         // replay of the run matches it), but it did nothing to count or show.
-        let idle = action == "checkpoint" && result == crate::runtime::act::NO_COMPANION;
+        let idle = matches!(action, "checkpoint" | "relieve")
+            && result == crate::runtime::act::NO_COMPANION;
         if !idle {
             self.count(action);
         }
@@ -249,4 +250,13 @@ impl Sinks {
             eprintln!("{line}");
         }
     }
+}
+
+/// Whether a session bus is there to carry desktop notifications (and to
+/// ask the user's systemd for a scope): `DBUS_SESSION_BUS_ADDRESS`, or the
+/// socket `$XDG_RUNTIME_DIR/bus`.
+pub fn session_bus() -> bool {
+    std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
+        || std::env::var_os("XDG_RUNTIME_DIR")
+            .is_some_and(|d| std::path::Path::new(&d).join("bus").exists())
 }

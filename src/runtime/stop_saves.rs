@@ -4,8 +4,8 @@
 //! [`Actuator::check_stop_saves`](super::act::Actuator::check_stop_saves)
 //! and `oomguard doctor -- CMD`.
 
-use super::act::{SIG_TERM, Signaller, idents};
-use crate::model::{ProcSample, Role};
+use super::act::{SIG_TERM, Signaller, trainer_idents};
+use crate::model::ProcSample;
 
 /// Whether a stop would save the trainer's work: the check behind
 /// [`Actuator::check_stop_saves`]'s warning, also run by `oomguard doctor
@@ -40,10 +40,7 @@ pub fn stop_verdict(
     companion: bool,
     sig: &dyn Signaller,
 ) -> StopVerdict {
-    let mut trainers = idents(tree, |p| p.role == Role::Trainer);
-    if trainers.is_empty() {
-        trainers = idents(tree, |p| p.pid == job_pid);
-    }
+    let trainers = trainer_idents(tree, job_pid);
     let mut verdict = StopVerdict {
         trainers: trainers.iter().map(|id| id.0).collect(),
         signal: wanted,
@@ -64,6 +61,7 @@ pub fn stop_verdict(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Role;
     use crate::runtime::act::Ident;
     use crate::supervise::SignalError;
     use std::collections::HashMap;

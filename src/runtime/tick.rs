@@ -191,9 +191,9 @@ impl Core {
                 hook,
             } => (action, reason, hook),
         };
-        if action == Action::Checkpoint && !self.act.companion.connected {
+        if action.is_request() && !self.act.companion.connected {
             // Nothing to ask: logged as decided, without a word to the user.
-            self.act.checkpoint(&reason, inp.now);
+            self.act.request(action, &reason, inp.now);
             return;
         }
         // A job with ranks on other nodes is never paused: a held rank
@@ -223,9 +223,9 @@ impl Core {
                 signal: None,
                 result: "ok".into(),
             }),
-            Action::Checkpoint => {
+            Action::Relieve | Action::Checkpoint => {
                 self.act.detail = headroom_text(view);
-                self.act.checkpoint(&reason, inp.now);
+                self.act.request(action, &reason, inp.now);
             }
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
@@ -399,6 +399,7 @@ fn describe(action: Action, reason: &str, view: &View, act: &Actuator, last: boo
         Action::Kill => "killing the job".to_string(),
         Action::Warn => "warning".to_string(),
         Action::Checkpoint => "asking the trainer for a checkpoint (training goes on)".to_string(),
+        Action::Relieve => "asking the trainer to free its caches (training goes on)".to_string(),
     };
     format!("{reason}{head}; {what}")
 }
@@ -610,6 +611,46 @@ mod tests {
                     _ => None,
                 })
                 .collect()
+        }
+    }
+
+    /// What the actuator said since the last call.
+    fn said(act: &mut Actuator) -> Vec<String> {
+        act.drain()
+            .into_iter()
+            .filter_map(|a| match a {
+                Acted::Say(text) => Some(text),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lightning_without_a_companion_is_warned_about_once_before_any_stop() {
+        use crate::forensics::torch::Framework;
+        let script = Script::new();
+        let tree = script.sample(0.0, 50.0).procs;
+        for companion in [false, true] {
+            let mut run = Run::new(core(Action::Stop, true));
+            let act = &mut run.core.act;
+            act.cfg.quiet = false;
+            act.companion.connected = companion;
+            let t0 = run.t0;
+            act.note_framework(Framework::Lightning, t0);
+            // Its companion would say hello as the Trainer is built: not
+            // yet missed 5 s after the banner.
+            act.check_framework(t0 + Duration::from_secs(5), &tree, TRAINER, &run.sig);
+            assert!(said(act).is_empty());
+            act.check_framework(t0 + Duration::from_secs(11), &tree, TRAINER, &run.sig);
+            act.check_framework(t0 + Duration::from_secs(12), &tree, TRAINER, &run.sig);
+            let told = said(act);
+            if companion {
+                assert!(told.is_empty(), "{told:?}");
+            } else {
+                assert_eq!(told.len(), 1, "{told:?}");
+                assert!(told[0].contains("PyTorch Lightning"), "{told:?}");
+                assert!(told[0].contains("a stop would lose the work"), "{told:?}");
+            }
         }
     }
 
@@ -902,6 +943,46 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["kind"], "checkpoint_and_exit");
         v["id"].as_u64().unwrap()
+    }
+
+    fn request_kind(events: &std::path::Path) -> String {
+        let text = std::fs::read_to_string(events.with_file_name("request")).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["kind"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn a_relieve_rule_asks_the_companion_and_never_replaces_a_checkpoint_being_served() {
+        use crate::policy::{Metric, Op, Rule};
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        let mut policy = Policy::default_with(80.0, 92.0, Action::Stop);
+        policy.rules.push(Rule::new(
+            "relieve-60",
+            Metric::HeadroomPercent,
+            Op::Below,
+            60.0,
+            Action::Relieve,
+        ));
+        run.core.engine = Engine::new(policy);
+        let script = Script::new();
+        say_as_companion(
+            &events,
+            r#"{"type":"hello","pid":100,"rank":0,"framework":"plain"}"#,
+        );
+        run.tick(&script, 0.0, 70.0);
+        let acts = run.tick(&script, 1.0, 50.0);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert_eq!(acts[0].0, "relieve", "{acts:?}");
+        assert_eq!(request_kind(&events), "relieve");
+        assert!(run.sig.take().is_empty(), "a relief signals nobody");
+        // The checkpoint level: its request replaces the relief's, and a
+        // relief asked while it is served does not replace it.
+        let acts = run.tick(&script, 2.0, 12.0);
+        assert_eq!(acts[0].0, "checkpoint", "{acts:?}");
+        assert_eq!(request_kind(&events), "checkpoint");
+        run.core.act.request(Action::Relieve, "again", run.t0);
+        assert_eq!(request_kind(&events), "checkpoint");
     }
 
     #[test]

@@ -449,7 +449,7 @@ mod tests {
         let e = from(text).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "cannot read 'oomguard.toml' line 6: unknown action 'pase' (expected warn, checkpoint, pause, stop, kill, restart)"
+            "cannot read 'oomguard.toml' line 6: unknown action 'pase' (expected warn, relieve, checkpoint, pause, stop, kill, restart)"
         );
     }
 

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
-use crate::model::{CeilingSource, Role, Sample, View, least_squares_slope};
+use crate::model::{CeilingSource, Role, Sample, View};
 use crate::units::HumanBytes;
 
+use super::growth::{Growth, has_children};
 use super::output::OutputBuffer;
 
 /// Seconds of history the memory chart shows.
@@ -19,10 +20,6 @@ pub const CHART_WINDOW_SECONDS: f64 = 600.0;
 /// Points the chart keeps at most; samples closer together are merged
 /// (keeping the maximum, so short peaks stay visible).
 const CHART_MAX_POINTS: usize = 300;
-/// Seconds of history a process needs before it shows a growth rate.
-const MIN_GROWTH_SPAN_SECONDS: f64 = 5.0;
-/// Seconds of per-process history behind the growth column.
-const GROWTH_WINDOW_SECONDS: f64 = 60.0;
 /// Events kept in the events pane.
 const MAX_EVENTS: usize = 1000;
 /// Page size before the first render told us the real one.
@@ -362,55 +359,6 @@ impl ChartPoint {
     }
 }
 
-/// Per-process PSS over the last minute, for the growth column.
-#[derive(Debug, Clone, Default)]
-struct Growth {
-    /// (pid, start time) -> (t, pss) oldest first.
-    series: HashMap<(u32, u64), VecDeque<(f64, u64)>>,
-}
-
-impl Growth {
-    fn push(&mut self, sample: &Sample) {
-        let t = sample.t;
-        self.series.retain(|&(pid, start), _| {
-            sample
-                .procs
-                .iter()
-                .any(|p| p.pid == pid && p.start_time == start)
-        });
-        // A PSS of 0 is one not read yet (a process newer than the last
-        // sweep), not a size: a rate from it would be the whole process.
-        for p in sample.procs.iter().filter(|p| p.pss_bytes > 0) {
-            let s = self.series.entry((p.pid, p.start_time)).or_default();
-            if s.back().is_some_and(|&(last, _)| t < last) {
-                s.clear();
-            }
-            s.push_back((t, p.pss_bytes));
-            while s
-                .front()
-                .is_some_and(|&(old, _)| t - old > GROWTH_WINDOW_SECONDS)
-                && s.len() > 2
-            {
-                s.pop_front();
-            }
-        }
-    }
-
-    /// Bytes per minute, `None` with too little history: a few seconds
-    /// of a process's start-up (loading a model) are not a trend.
-    fn per_minute(&self, pid: u32, start: u64) -> Option<f64> {
-        let s = self.series.get(&(pid, start))?;
-        let span = match (s.front(), s.back()) {
-            (Some(&(first, _)), Some(&(last, _))) => last - first,
-            _ => 0.0,
-        };
-        if s.len() < 2 || span < MIN_GROWTH_SPAN_SECONDS {
-            return None;
-        }
-        least_squares_slope(s.iter().map(|&(t, b)| (t, b as f64))).map(|v| v * 60.0)
-    }
-}
-
 /// What the last render learned about pane sizes, so paging moves by a
 /// real page and the table keeps its scroll position between frames.
 #[derive(Debug, Default)]
@@ -433,8 +381,11 @@ pub(crate) struct ProcRow {
     pub uss: u64,
     pub swap: u64,
     pub gpu: Option<u64>,
-    /// Bytes per minute.
+    /// Bytes per minute, of the process's family when it has children
+    /// (see `growth`).
     pub growth: Option<f64>,
+    /// Whether the process has children, so `growth` is its family's.
+    pub family: bool,
 }
 
 /// The dashboard state.
@@ -523,16 +474,23 @@ impl App {
             self.chart.clear();
         }
         let bucket = CHART_WINDOW_SECONDS / CHART_MAX_POINTS as f64;
+        // The run's first sample keeps a point of its own: the axis starts
+        // there, and a merged first point would start the lines a bucket in.
+        let first_only = self.chart.len() == 1;
         match self.chart.back_mut() {
-            Some(last) if (last.t / bucket).floor() == (sample.t / bucket).floor() => {
+            Some(last)
+                if !first_only && (last.t / bucket).floor() == (sample.t / bucket).floor() =>
+            {
                 last.merge_max(point)
             }
             _ => self.chart.push_back(point),
         }
+        // One point at or past the window's edge stays, so that the lines
+        // reach the left of the axis once the run is longer than it.
         while self
             .chart
-            .front()
-            .is_some_and(|p| sample.t - p.t > CHART_WINDOW_SECONDS)
+            .get(1)
+            .is_some_and(|p| sample.t - p.t >= CHART_WINDOW_SECONDS)
         {
             self.chart.pop_front();
         }
@@ -802,6 +760,7 @@ impl App {
             return Vec::new();
         };
         let depth = tree_order(sample);
+        let parents = has_children(sample);
         let mut rows: Vec<(usize, ProcRow)> = sample
             .procs
             .iter()
@@ -821,6 +780,7 @@ impl App {
                         swap: p.swap_bytes,
                         gpu: p.gpu_bytes,
                         growth: self.growth.per_minute(p.pid, p.start_time),
+                        family: parents[i],
                     },
                 )
             })
@@ -1040,7 +1000,7 @@ fn describe(ev: &UiEvent) -> EventLine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ProcSample, TreeTotals};
+    use crate::tui::fixtures::{bare_proc as proc, bare_sample as sample};
     use crossterm::event::KeyEventState;
 
     fn key(code: KeyCode) -> KeyEvent {
@@ -1049,35 +1009,6 @@ mod tests {
 
     fn ch(c: char) -> KeyEvent {
         key(KeyCode::Char(c))
-    }
-
-    fn proc(pid: u32, ppid: u32, pss: u64) -> ProcSample {
-        ProcSample {
-            pid,
-            ppid,
-            role: Role::Worker,
-            comm: format!("p{pid}"),
-            rss_bytes: pss * 2,
-            pss_bytes: pss,
-            uss_bytes: pss / 2,
-            swap_bytes: 0,
-            gpu_bytes: None,
-            torch: None,
-            start_time: u64::from(pid),
-        }
-    }
-
-    fn sample(t: f64, procs: Vec<ProcSample>) -> Sample {
-        Sample {
-            t,
-            tree: TreeTotals {
-                procs: procs.len() as u32,
-                pss_bytes: procs.iter().map(|p| p.pss_bytes).sum(),
-                ..Default::default()
-            },
-            procs,
-            ..Default::default()
-        }
     }
 
     fn view(t: f64) -> View {
@@ -1232,7 +1163,7 @@ mod tests {
         for i in 0..10 {
             let t = i as f64;
             app.on_sample(
-                &sample(t, vec![proc(10, 1, 1000), proc(11, 10, 1000 + 100 * i)]),
+                &sample(t, vec![proc(10, 1, 1000), proc(11, 1, 1000 + 100 * i)]),
                 &view(t),
             );
         }
@@ -1363,12 +1294,13 @@ mod tests {
             app.on_sample(&s, &view(t));
         }
         assert!(
-            app.chart.len() <= CHART_MAX_POINTS + 1,
+            app.chart.len() <= CHART_MAX_POINTS + 2,
             "{}",
             app.chart.len()
         );
-        let first = app.chart.front().unwrap().t;
-        assert!(3599.5 - first <= CHART_WINDOW_SECONDS);
+        // The first point is the last one at or past the window's edge.
+        assert!(3599.5 - app.chart[0].t >= CHART_WINDOW_SECONDS);
+        assert!(3599.5 - app.chart[1].t < CHART_WINDOW_SECONDS);
         // Merging keeps the maximum of the bucket.
         assert_eq!(app.chart.back().unwrap().pss, 100 + 7199);
         // A new attempt with its own clock starts a new chart.

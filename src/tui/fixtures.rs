@@ -30,6 +30,10 @@ pub struct Run {
     pub frozen_at: Option<u32>,
     /// The machine's RAM.
     pub mem_total: u64,
+    /// The trainer forks its workers at this time (otherwise they are
+    /// there from the start): before, it counts the pages they will share
+    /// in full; after, a share each (PSS moves, nothing is freed).
+    pub forked_at: Option<u32>,
 }
 
 impl Default for Run {
@@ -44,6 +48,7 @@ impl Default for Run {
             killed_at: None,
             frozen_at: None,
             mem_total: 64 * GIB,
+            forked_at: None,
         }
     }
 }
@@ -64,6 +69,66 @@ fn proc(pid: u32, ppid: u32, role: Role, comm: &str, pss: u64, shared: u64) -> P
     }
 }
 
+/// The trainer (`procs[1]`) and its workers of a run whose trainer forks
+/// them at `fork`: 2 GiB of the trainer's pages are shared by all of them
+/// after, and each worker allocates 40 MiB of its own and then 64 KiB/s.
+fn forked(run: &Run, t: u32, fork: u32, procs: &mut Vec<ProcSample>) {
+    let shared = 2 * GIB;
+    if t < fork {
+        procs[1].pss_bytes += shared;
+        procs[1].rss_bytes += shared;
+        return;
+    }
+    let share = shared / (run.workers as u64 + 1);
+    procs[1].pss_bytes += share;
+    procs[1].rss_bytes += shared;
+    for i in 0..run.workers {
+        let own = 40 * MIB + u64::from(t - fork) * 64 * 1024;
+        let mut p = proc(
+            4200 + i as u32,
+            4101,
+            Role::Worker,
+            "pt_data_worker",
+            own + share,
+            shared - share,
+        );
+        p.uss_bytes = own;
+        procs.push(p);
+    }
+}
+
+/// A worker of `pss` bytes, for tests of one mechanism: RSS twice and
+/// USS half its PSS, started at time `pid`.
+pub fn bare_proc(pid: u32, ppid: u32, pss: u64) -> ProcSample {
+    ProcSample {
+        pid,
+        ppid,
+        role: Role::Worker,
+        comm: format!("p{pid}"),
+        rss_bytes: pss * 2,
+        pss_bytes: pss,
+        uss_bytes: pss / 2,
+        swap_bytes: 0,
+        gpu_bytes: None,
+        torch: None,
+        start_time: u64::from(pid),
+    }
+}
+
+/// A sample of `procs` alone at `t`, its tree's PSS their sum.
+pub fn bare_sample(t: f64, procs: Vec<ProcSample>) -> Sample {
+    Sample {
+        t,
+        tree: TreeTotals {
+            procs: procs.len() as u32,
+            pss_bytes: procs.iter().map(|p| p.pss_bytes).sum(),
+            ..Default::default()
+        },
+        procs,
+        ..Default::default()
+    }
+}
+
 /// The sample at `t` of `run`.
 pub fn sample(run: &Run, t: u32) -> Sample {
     let tf = f64::from(t);
@@ -81,9 +146,12 @@ pub fn sample(run: &Run, t: u32) -> Sample {
             0,
         ),
     ];
+    if let Some(fork) = run.forked_at {
+        forked(run, t, fork, &mut procs);
+    }
     for i in 0..run.workers {
         let pid = 4200 + i as u32;
-        if i == 2 && killed {
+        if i == 2 && killed || run.forked_at.is_some() {
             continue;
         }
         // Workers share most of the trainer's pages copy-on-write; each

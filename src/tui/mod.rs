@@ -3,7 +3,8 @@
 //! Split the way ratatui applications usually are:
 //! - `app`: the state (`App`), fed by the supervision loop with samples,
 //!   events and the job's output, and by the user with keys, which come
-//!   back as `UiCommand`s for the loop to carry out;
+//!   back as `UiCommand`s for the loop to carry out; `growth`: its growth
+//!   column (a family's growth for a process with children);
 //! - `ui` and `widgets`: pure rendering of that state into a buffer;
 //! - `term`: the real terminal (raw mode, alternate screen, restore on
 //!   exit, panic and signals; keys and resizes as async events);
@@ -15,6 +16,7 @@
 //! signals; after any of them, `Tui::draw`.
 
 pub mod app;
+mod growth;
 pub mod keys;
 pub mod output;
 pub mod term;

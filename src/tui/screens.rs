@@ -442,3 +442,89 @@ for epoch in range(1, 1000):
         let _ = child.wait();
     });
 }
+
+/// The memory chart's plot area, row by row (between the y axis and the
+/// pane's right edge), and its x-axis labels.
+fn memory_chart(text: &str) -> (Vec<Vec<char>>, String) {
+    let lines: Vec<&str> = text.lines().collect();
+    let top = lines.iter().position(|l| l.contains("Memory")).unwrap();
+    let axis = top + lines[top..].iter().position(|l| l.contains('└')).unwrap();
+    let plot = lines[top + 1..axis]
+        .iter()
+        .map(|l| l.split('│').nth(2).unwrap().chars().collect())
+        .collect();
+    let labels = lines[axis + 1].trim_matches(|c| c == '│' || c == ' ');
+    (plot, labels.to_string())
+}
+
+fn braille(c: char) -> bool {
+    ('\u{2801}'..='\u{28ff}').contains(&c)
+}
+
+/// Whether the lines reach both edges of the plot.
+fn spans_the_width(plot: &[Vec<char>]) -> bool {
+    let width = plot[0].len();
+    [0, width - 1].iter().all(|&x| {
+        plot.iter()
+            .any(|row| row.get(x).copied().is_some_and(braille))
+    })
+}
+
+/// Checks that `seconds` into a run, the memory chart's lines reach both
+/// edges and its axis reads `labels`.
+fn chart_spans(seconds: u32, snapshot: &str, labels: [&str; 3]) {
+    let mut app = fixtures::app(&Run {
+        seconds,
+        ..Run::default()
+    });
+    started(&mut app);
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!(snapshot, text);
+    let (plot, axis) = memory_chart(&text);
+    assert!(spans_the_width(&plot), "{text}");
+    assert_eq!(
+        axis.split_whitespace().collect::<Vec<_>>(),
+        labels,
+        "{text}"
+    );
+}
+
+/// 8 s into a run, the chart spans those 8 s: the lines fill its width
+/// (on a fixed one-minute axis they would sit in its right 15 %).
+#[test]
+fn early_in_the_run_the_chart_spans_the_run() {
+    chart_spans(8, "early_in_the_run", ["-8s", "-4s", "now"]);
+}
+
+/// Past the window, the chart shows the last ten minutes, edge to edge.
+#[test]
+fn past_the_window_the_chart_spans_the_window() {
+    chart_spans(700, "past_the_window", ["-10m", "-5m", "now"]);
+}
+
+/// 16 s after the trainer forked its workers, its own PSS is 1.6 GiB
+/// lower: those pages moved to the workers, nothing was freed. Its row
+/// shows its family's growth, marked Σ, not a decrease.
+#[test]
+fn right_after_the_fork_the_trainer_shows_its_familys_growth() {
+    let run = Run {
+        seconds: 40,
+        forked_at: Some(24),
+        ..Run::default()
+    };
+    let mut app = fixtures::app(&run);
+    started(&mut app);
+    let text = screen(&app, 120, 40);
+    insta::assert_snapshot!("right_after_the_fork", text);
+    // The table's part of a row (the events pane is beside it).
+    let row = |pid: &str| {
+        let line = text.lines().find(|l| l.contains(pid)).unwrap();
+        line.split('┃').nth(1).unwrap().to_string()
+    };
+    let trainer = row("4101 trainer");
+    let growth = trainer.split_whitespace().rev().nth(1).unwrap();
+    assert!(growth.starts_with("Σ+"), "{text}");
+    assert!(!trainer.contains('-'), "{text}");
+    // A worker has no children: its own growth, unmarked.
+    assert!(!row("4200 worker").contains('Σ'), "{text}");
+}

@@ -36,8 +36,9 @@ pub struct ChartView {
     pub y_max: f64,
 }
 
-/// Spans the x axis snaps to, so its labels stay round.
-const SPANS: [f64; 4] = [60.0, 120.0, 300.0, CHART_WINDOW_SECONDS];
+/// The narrowest x axis, for a run's first sample: a zero-wide axis would
+/// have no scale.
+const MIN_SPAN_SECONDS: f64 = 2.0;
 
 impl ChartView {
     /// The memory chart of `points` against the ceiling of kind `source`
@@ -189,28 +190,38 @@ impl ChartView {
     }
 }
 
-/// The latest time and the x-axis span that shows all of `points`.
+/// The latest time and the x-axis span: the run so far until it fills the
+/// window. A fixed span would squeeze a young run into the right edge (at
+/// 8 s into a one-minute axis, the last 15 % of the width), where a growth
+/// that matters looks flat; a span rounded up to a round figure would
+/// leave a blank strip on the left. The chart keeps one point at or past
+/// the window's edge, so past the window the span is the window.
 fn time_span(points: &VecDeque<ChartPoint>) -> (f64, f64) {
     let now = points.back().map_or(0.0, |p| p.t);
     let first = points.front().map_or(0.0, |p| p.t);
-    let span = SPANS
-        .iter()
-        .copied()
-        .find(|s| now - first <= *s)
-        .unwrap_or(CHART_WINDOW_SECONDS);
+    let span = now - first;
+    // A NaN time (bad input) gives the narrowest axis, not a NaN one.
+    let span = if span.is_nan() {
+        MIN_SPAN_SECONDS
+    } else {
+        span.clamp(MIN_SPAN_SECONDS, CHART_WINDOW_SECONDS)
+    };
     (now, span)
 }
 
+/// How long before now a point of the axis is: `-8.4s` (tenths under
+/// 10 s, where a rounded second would be off by several cells), `-37s`,
+/// `-1m`, `-1m37s`.
 fn span_label(seconds: f64) -> String {
-    if seconds >= 60.0 {
-        let m = seconds / 60.0;
-        if m.fract() == 0.0 {
-            format!("-{m}m")
-        } else {
-            format!("-{m:.1}m")
-        }
-    } else {
-        format!("-{seconds:.0}s")
+    let tenths = (seconds * 10.0).round().max(0.0) as u64;
+    if tenths < 100 && !tenths.is_multiple_of(10) {
+        return format!("-{}.{}s", tenths / 10, tenths % 10);
+    }
+    let s = (seconds.round().max(0.0)) as u64;
+    match (s / 60, s % 60) {
+        (0, s) => format!("-{s}s"),
+        (m, 0) => format!("-{m}m"),
+        (m, s) => format!("-{m}m{s:02}s"),
     }
 }
 
@@ -305,7 +316,8 @@ mod tests {
             legend,
             " ━ PSS ━ cgroup used ━ limit ━ warn ━ crit ━ RSS Σ "
         );
-        assert_eq!(v.span, 120.0);
+        // The run so far: 118 s of points.
+        assert_eq!(v.span, 118.0);
         let warn = &v.series[2].points[0].1;
         assert_eq!(v.series[2].name, "warn");
         assert!((warn - 0.8 * (4u64 << 30) as f64).abs() < 2.0);
@@ -322,7 +334,8 @@ mod tests {
         let text = buffer_text(&buf);
         assert!(text.contains("4.2 GiB"), "{text}");
         assert!(text.contains("now"), "{text}");
-        assert!(text.contains("-2m"), "{text}");
+        assert!(text.contains("-1m58s"), "{text}");
+        assert!(text.contains("-59s"), "{text}");
         // Braille dots were drawn in the series colours.
         let colours: Vec<Color> = buf
             .content()
@@ -358,6 +371,32 @@ mod tests {
         assert_eq!(v.series.len(), 1);
         assert_eq!(v.series[0].name, "GPU0");
         assert_eq!(v.y_max, (80u64 << 30) as f64);
+    }
+
+    #[test]
+    fn span_is_the_run_so_far_up_to_the_window() {
+        let at = |ts: &[f64]| {
+            let pts = ts
+                .iter()
+                .map(|&t| ChartPoint {
+                    t,
+                    ..points()[0].clone()
+                })
+                .collect();
+            time_span(&pts).1
+        };
+        assert_eq!(at(&[]), MIN_SPAN_SECONDS);
+        assert_eq!(at(&[5.0]), MIN_SPAN_SECONDS);
+        assert_eq!(at(&[0.0, 8.0]), 8.0);
+        assert_eq!(at(&[0.5, 8.4]), 7.9);
+        assert_eq!(at(&[0.0, 3000.0]), CHART_WINDOW_SECONDS);
+        assert_eq!(at(&[0.0, f64::NAN]), MIN_SPAN_SECONDS);
+        assert_eq!(span_label(8.0), "-8s");
+        assert_eq!(span_label(8.44), "-8.4s");
+        assert_eq!(span_label(4.2), "-4.2s");
+        assert_eq!(span_label(37.4), "-37s");
+        assert_eq!(span_label(60.0), "-1m");
+        assert_eq!(span_label(97.0), "-1m37s");
     }
 
     #[test]

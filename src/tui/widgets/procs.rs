@@ -1,7 +1,8 @@
 //! The process table: one row per process of the tree, indented by depth
-//! in tree order, with the fastest-growing process marked. Columns that do
-//! not fit are dropped least useful first; the command column takes the
-//! rest.
+//! in tree order, with the fastest-growing process marked. A process with
+//! children shows its family's growth, marked `Σ` (see `tui::growth`).
+//! Columns that do not fit are dropped least useful first; the command
+//! column takes the rest.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Rect};
@@ -153,6 +154,33 @@ impl ProcTableView {
     }
 }
 
+/// The growth column of row `r`: `Σ` where the figure is the family's,
+/// `▲` on the fastest grower otherwise.
+fn growth_cell(r: &ProcRow, fastest: bool) -> Line<'static> {
+    let Some(g) = r.growth else {
+        return Line::styled("…", Style::new().fg(theme::DIM));
+    };
+    // The fastest grower is the one whose own PSS grows fastest: a family
+    // figure beside its `▲` would read as that rate (the row's colour
+    // still marks it, and the summary line gives its own rate).
+    let mark = match (r.family, fastest) {
+        (true, _) => "Σ",
+        (false, true) => "▲",
+        (false, false) => "",
+    };
+    let text = format!("{mark}{}", theme::signed_bytes(g));
+    if fastest {
+        Line::styled(
+            text,
+            Style::new().fg(theme::CRIT).add_modifier(Modifier::BOLD),
+        )
+    } else if g >= 1024.0 * 1024.0 {
+        Line::styled(text, Style::new().fg(theme::WARN))
+    } else {
+        Line::raw(text)
+    }
+}
+
 impl Widget for &ProcTableView {
     fn render(self, area: Rect, buf: &mut Buffer) {
         if area.height == 0 || area.width == 0 {
@@ -233,17 +261,7 @@ impl Widget for &ProcTableView {
                         Some(b) => Line::raw(theme::bytes(b)),
                         None => Line::styled("-", Style::new().fg(theme::DIM)),
                     },
-                    Col::Growth => match r.growth {
-                        Some(g) if fastest => Line::styled(
-                            format!("▲{}", theme::signed_bytes(g)),
-                            Style::new().fg(theme::CRIT).add_modifier(Modifier::BOLD),
-                        ),
-                        Some(g) if g >= 1024.0 * 1024.0 => {
-                            Line::styled(theme::signed_bytes(g), Style::new().fg(theme::WARN))
-                        }
-                        Some(g) => Line::raw(theme::signed_bytes(g)),
-                        None => Line::styled("…", Style::new().fg(theme::DIM)),
-                    },
+                    Col::Growth => growth_cell(r, fastest),
                 };
                 Cell::from(if c.right_aligned() {
                     text.right_aligned()
@@ -305,6 +323,7 @@ mod tests {
             swap: 0,
             gpu: None,
             growth: Some(growth),
+            family: false,
         }
     }
 
@@ -312,7 +331,10 @@ mod tests {
         ProcTableView {
             rows: vec![
                 row(100, 0, Role::Launcher, 4 << 20, 0.0),
-                row(101, 1, Role::Trainer, 2 << 30, 1024.0),
+                ProcRow {
+                    family: true,
+                    ..row(101, 1, Role::Trainer, 2 << 30, 1024.0)
+                },
                 row(102, 2, Role::Worker, 300 << 20, 50.0 * 1024.0 * 1024.0),
             ],
             sort: SortKey::Tree,
@@ -342,6 +364,9 @@ mod tests {
         assert!(row_text(&buf, 2).contains("└ python"), "{text}");
         assert!(row_text(&buf, 3).contains("  └ python"), "{text}");
         assert!(row_text(&buf, 3).ends_with("▲+50.0 MiB"), "{text}");
+        // The trainer has a child: its figure is its family's.
+        assert!(row_text(&buf, 2).ends_with("Σ+1.0 KiB"), "{text}");
+        assert!(!row_text(&buf, 3).contains('Σ'), "{text}");
         // The fastest row stands out, the selected one is reversed.
         assert_eq!(buf.cell((0, 3)).unwrap().fg, Color::LightRed);
         assert!(
