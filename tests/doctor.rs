@@ -407,6 +407,38 @@ fn a_trainer_that_does_not_catch_sigterm_would_lose_work() {
     assert_gone(pid);
 }
 
+/// Lightning's banner with no companion speaking: the trainer catches
+/// SIGTERM, but Lightning takes it as "stop" and saves nothing — the stop
+/// path's framework warning, also said by the doctor.
+#[test]
+fn lightning_without_its_companion_would_lose_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = common::script(
+        dir.path(),
+        "fake_lightning.py",
+        r#"import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+open("pid", "w").write(str(os.getpid()))
+print("GPU available: False, used: False", flush=True)
+i = 0
+while True:
+    print(f"step {i}/1000", flush=True)
+    i += 1
+    time.sleep(0.05)
+"#,
+    );
+    let (d, pid) = probe(dir.path(), &["python3", t.to_str().unwrap()], &[]);
+    let c = d.check("stop_saves");
+    let err = String::from_utf8_lossy(&d.out.stderr);
+    assert_eq!(c["state"], "warn", "{c}\n{err}");
+    assert!(c["why"].as_str().unwrap().contains("Lightning"), "{c}");
+    assert_eq!(
+        c["details"]["finding"]["verdict"]["deaf"],
+        serde_json::json!([])
+    );
+    assert_gone(pid);
+}
+
 /// The companion (a plain loop with `oomguard.guard()`, in the torch
 /// environment's Python) answers: a stop asks it for a checkpoint.
 #[test]

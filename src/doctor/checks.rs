@@ -839,6 +839,19 @@ pub fn stop_saves(p: &super::probe::Probed) -> Check {
         )
         .details(details);
     }
+    if let (false, Some(why)) = (v.companion, &v.framework) {
+        return Check::new(
+            "stop_saves",
+            State::Warn,
+            format!("a stop would lose the work since the last checkpoint ({when})"),
+        )
+        .why(why.clone())
+        .remedy(
+            "let the companion load (do not pass --no-companion; python3 must import it: see \
+             the python check), or configure the checkpoint signal the trainer saves on",
+        )
+        .details(details);
+    }
     if v.loses_work() {
         let pids: Vec<String> = v.deaf.iter().map(u32::to_string).collect();
         return Check::new(

@@ -573,7 +573,11 @@ impl Actuator {
     /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
     /// handler (save, then requeue) is installed only under SLURM's
     /// auto-requeue. `None` once a companion speaks (it saves on request).
-    fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
+    pub(super) fn framework_loses_work(
+        &self,
+        trainers: &[Ident],
+        sig: &dyn Signaller,
+    ) -> Option<String> {
         if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
         {
             return None;

@@ -1,9 +1,9 @@
 //! `oomguard doctor -- CMD`: the run ends itself once the job shows
-//! progress (or after the doctor's wait), after the same check the stop
-//! path's warning makes ([`stop_saves::stop_verdict`]): would a stop lose the
-//! work? The job is then ended as a SIGTERM to oomguard would end it
-//! (SIGTERM to its process group, SIGKILL after `--kill-after`), so nothing
-//! is left running.
+//! progress (or after the doctor's wait), after the checks the stop path's
+//! warnings make ([`stop_saves::stop_verdict`], and the framework check):
+//! would a stop lose the work? The job is then ended as a SIGTERM to
+//! oomguard would end it (SIGTERM to its process group, SIGKILL after
+//! `--kill-after`), so nothing is left running.
 
 use super::*;
 
@@ -23,13 +23,17 @@ impl Supervisor {
         if step.is_none() && waited < watch.wait {
             return;
         }
-        let verdict = stop_saves::stop_verdict(
+        let mut verdict = stop_saves::stop_verdict(
             &self.sampler.tree,
             self.job.pid,
             self.core.act.cfg.checkpoint_signal,
             self.core.act.companion.connected,
             &self.sig,
         );
+        // The other warning of the stop path: a framework that catches
+        // the signal only to stop.
+        let trainers = act::trainer_idents(&self.sampler.tree, self.job.pid);
+        verdict.framework = self.core.act.framework_loses_work(&trainers, &self.sig);
         watch.conclude(crate::doctor::probe::Finding {
             verdict,
             step,

@@ -22,12 +22,16 @@ pub struct StopVerdict {
     pub unknown: Vec<u32>,
     /// A companion said hello: the stop asks it for a checkpoint.
     pub companion: bool,
+    /// Why the framework the job's output named saves nothing on the
+    /// signal it catches (Lightning without its companion), when so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub framework: Option<String>,
 }
 
 impl StopVerdict {
     /// A stop would lose the work since the last checkpoint.
     pub fn loses_work(&self) -> bool {
-        !self.companion && !self.deaf.is_empty()
+        !self.companion && (!self.deaf.is_empty() || self.framework.is_some())
     }
 }
 
@@ -47,6 +51,7 @@ pub fn stop_verdict(
         deaf: Vec::new(),
         unknown: Vec::new(),
         companion,
+        framework: None,
     };
     for id in &trainers {
         match (sig.catches(*id, wanted), sig.catches(*id, SIG_TERM)) {
