@@ -35,6 +35,10 @@ pub enum Command {
     /// Run a recorded log's samples through a policy: what it would have
     /// done, and when, beside what was done.
     Replay(ReplayArgs),
+    /// What oomguard can do here, what it cannot, why, and the remedy for
+    /// each gap (with `-- CMD`: also whether a stop would lose that
+    /// command's work).
+    Doctor(DoctorArgs),
     /// The demo's job without python3 (started by `oomguard demo`).
     #[command(hide = true)]
     DemoJob {
@@ -131,6 +135,27 @@ pub struct AttachArgs {
 
     #[command(flatten)]
     pub tui: TuiArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ForensicsFormat::Text)]
+    pub format: ForensicsFormat,
+
+    /// The NVML library to check.
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+
+    /// With a command: how long to wait for it to show progress before
+    /// judging it anyway.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "30s")]
+    pub wait: Duration,
+
+    /// A training command to start, watch until it shows progress, judge
+    /// (would a stop lose its work?) and end again (after `--`).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]

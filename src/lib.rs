@@ -21,6 +21,7 @@ pub mod cli;
 pub mod companion;
 pub mod demo;
 pub mod demo_job;
+pub mod doctor;
 pub mod forensics;
 pub mod github;
 pub mod growth;

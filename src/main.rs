@@ -232,6 +232,46 @@ fn replay_score(
     }
 }
 
+/// `oomguard doctor [-- CMD]`: the report on stdout, the exit code from
+/// the required checks. With a command, the command's own output goes to
+/// stderr, so stdout holds the report alone (JSON stays parseable).
+fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
+    use oomguard::doctor;
+    let env = doctor::Env {
+        nvml_lib: args.nvml_lib.clone(),
+        ..doctor::Env::default()
+    };
+    let mut report = doctor::diagnose(&env);
+    if !args.command.is_empty() {
+        let saved = rustix::io::dup(std::io::stdout());
+        if let Err(e) = rustix::stdio::dup2_stdout(std::io::stderr()) {
+            eprintln!("oomguard: cannot send the command's output to stderr: {e}");
+        }
+        let probed = doctor::probe::probe(&args.command, args.wait);
+        if let Ok(fd) = &saved
+            && let Err(e) = rustix::stdio::dup2_stdout(fd)
+        {
+            eprintln!("oomguard: cannot restore stdout: {e}");
+            return 1;
+        }
+        match probed {
+            Ok(p) => doctor::add_probe(&mut report, p),
+            Err(e) => {
+                eprintln!("oomguard: {e}");
+                return 2;
+            }
+        }
+    }
+    let text = match args.format {
+        oomguard::cli::ForensicsFormat::Text => report.render_text(),
+        oomguard::cli::ForensicsFormat::Json => report.render_json(),
+    };
+    match print(&text) {
+        0 => report.exit_code(),
+        e => e,
+    }
+}
+
 /// `oomguard man`: a page on stdout, or every page into a directory.
 fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
     use oomguard::manpage;
@@ -278,6 +318,7 @@ fn main() {
             }
         },
         Command::Report(args) => report(args),
+        Command::Doctor(args) => doctor(args),
         Command::Replay(args) => replay(args),
         Command::DemoJob { role, checkpoints } => match (role.as_str(), checkpoints) {
             ("worker", _) => oomguard::demo_job::worker(),

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-const COMMANDS: [&str; 8] = [
+const COMMANDS: [&str; 9] = [
     "run",
+    "doctor",
     "demo",
     "forensics",
     "report",

@@ -139,14 +139,7 @@ mod tests {
 
     #[test]
     fn meminfo() {
-        let text = "MemTotal:       24000000 kB\nMemFree:        20000000 kB\n\
-            MemAvailable:   22000000 kB\nBuffers: 1 kB\nCached: 1 kB\nSwapCached: 0 kB\n\
-            Active: 1 kB\nInactive: 1 kB\nUnevictable: 0 kB\nMlocked: 0 kB\n\
-            SwapTotal:       2000000 kB\nSwapFree:        1500000 kB\nDirty: 0 kB\n\
-            Writeback: 0 kB\nAnonPages: 1 kB\nMapped: 1 kB\nShmem: 1 kB\nSlab: 1 kB\n\
-            SReclaimable: 1 kB\nSUnreclaim: 1 kB\nKernelStack: 1 kB\nPageTables: 1 kB\n\
-            NFS_Unstable: 0 kB\nBounce: 0 kB\nWritebackTmp: 0 kB\nCommitLimit: 1 kB\n\
-            Committed_AS: 1 kB\nVmallocTotal: 1 kB\nVmallocUsed: 0 kB\nVmallocChunk: 0 kB\n";
+        let text = TEST_MEMINFO;
         let (t, a, st, sf) = parse_meminfo(text).unwrap();
         assert_eq!(t, 24000000 * 1024);
         assert_eq!(a, 22000000 * 1024);
@@ -234,6 +227,17 @@ impl std::os::fd::AsRawFd for PriWake {
         self.file.as_raw_fd()
     }
 }
+
+/// A whole `/proc/meminfo` (procfs wants every field), for tests.
+#[cfg(test)]
+pub const TEST_MEMINFO: &str = "MemTotal:       24000000 kB\nMemFree:        20000000 kB\n\
+            MemAvailable:   22000000 kB\nBuffers: 1 kB\nCached: 1 kB\nSwapCached: 0 kB\n\
+            Active: 1 kB\nInactive: 1 kB\nUnevictable: 0 kB\nMlocked: 0 kB\n\
+            SwapTotal:       2000000 kB\nSwapFree:        1500000 kB\nDirty: 0 kB\n\
+            Writeback: 0 kB\nAnonPages: 1 kB\nMapped: 1 kB\nShmem: 1 kB\nSlab: 1 kB\n\
+            SReclaimable: 1 kB\nSUnreclaim: 1 kB\nKernelStack: 1 kB\nPageTables: 1 kB\n\
+            NFS_Unstable: 0 kB\nBounce: 0 kB\nWritebackTmp: 0 kB\nCommitLimit: 1 kB\n\
+            Committed_AS: 1 kB\nVmallocTotal: 1 kB\nVmallocUsed: 0 kB\nVmallocChunk: 0 kB\n";
 
 #[cfg(test)]
 mod wake_tests {

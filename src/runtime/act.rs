@@ -140,10 +140,7 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Notifier for DesktopNotifier {
     fn notify(&mut self, summary: String, body: String) {
-        let bus = std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
-            || std::env::var_os("XDG_RUNTIME_DIR")
-                .is_some_and(|d| std::path::Path::new(&d).join("bus").exists());
-        if !bus || tokio::runtime::Handle::try_current().is_err() {
+        if !super::sinks::session_bus() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         tokio::spawn(async move {
@@ -562,23 +559,20 @@ impl Actuator {
             return;
         }
         self.stop_checked = true;
-        let trainers = trainer_idents(tree, job_pid);
-        let wanted = self.cfg.checkpoint_signal;
-        let deaf: Vec<String> = trainers
-            .iter()
-            .filter(|id| {
-                sig.catches(**id, wanted) == Some(false)
-                    && sig.catches(**id, SIG_TERM) == Some(false)
-            })
-            .map(|id| id.0.to_string())
-            .collect();
-        if !deaf.is_empty() {
+        let verdict =
+            super::stop_saves::stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
+        if !verdict.deaf.is_empty() {
             self.say(format!(
                 "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
                  since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
                  under oomguard; a plain loop can with python/oomguard)",
-                deaf.join(", "),
-                supervise::signal_name(wanted)
+                verdict
+                    .deaf
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                supervise::signal_name(verdict.signal)
             ));
         }
     }
@@ -588,7 +582,11 @@ impl Actuator {
     /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
     /// handler (save, then requeue) is installed only under SLURM's
     /// auto-requeue. `None` once a companion speaks (it saves on request).
-    fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
+    pub(super) fn framework_loses_work(
+        &self,
+        trainers: &[Ident],
+        sig: &dyn Signaller,
+    ) -> Option<String> {
         if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
         {
             return None;
@@ -1207,7 +1205,7 @@ pub fn signal_all(sig: &mut dyn Signaller, targets: &[Ident], signal: i32) -> Se
 
 /// The identities of the tree's processes that match.
 /// The trainers, or the job's main process when none is named one.
-fn trainer_idents(tree: &[ProcSample], job_pid: u32) -> Vec<Ident> {
+pub(super) fn trainer_idents(tree: &[ProcSample], job_pid: u32) -> Vec<Ident> {
     let trainers = idents(tree, |p| p.role == Role::Trainer);
     if trainers.is_empty() {
         return idents(tree, |p| p.pid == job_pid);

@@ -40,6 +40,7 @@ mod attach;
 mod attempts;
 mod channel;
 mod cheap;
+mod doctor;
 mod ending;
 mod job_output;
 mod oom;
@@ -47,6 +48,7 @@ mod sampler;
 mod screen;
 mod setup;
 mod sinks;
+mod stop_saves;
 mod tick;
 mod wakeups;
 
@@ -55,6 +57,8 @@ use act::{
 };
 use sampler::Sampler;
 use sinks::Sinks;
+pub use sinks::session_bus;
+pub use stop_saves::StopVerdict;
 use tick::{Core, FAST, TickInputs};
 
 /// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
@@ -402,7 +406,7 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
 /// `OOMGUARD_KERNEL_WAKEUPS=off`: no v1 thresholds, PSI triggers or
 /// `memory.events` wake-ups, polling only. For tests that prove the
 /// wake-ups matter, and for ruling them out when debugging.
-fn kernel_wakeups_disabled() -> bool {
+pub fn kernel_wakeups_disabled() -> bool {
     std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
 }
 
@@ -763,6 +767,7 @@ impl Supervisor {
                 .act
                 .check_framework(now, &self.sampler.tree, self.job.pid, &self.sig);
         }
+        self.doctor_watch();
         self.acted(Some(&out.view));
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);

@@ -115,6 +115,9 @@ pub struct Settings {
     /// `--log-every-tick`: a recording for `replay` (every tick logged,
     /// every policy input on each line).
     pub log_every_tick: bool,
+    /// `oomguard doctor -- CMD`: end the job once it shows progress (or
+    /// after a while), recording whether a stop would save its work.
+    pub doctor: Option<crate::doctor::probe::Watch>,
 }
 
 /// What differs between the subcommands: the preset layer under the file,
@@ -395,6 +398,7 @@ impl Settings {
             output_log: cmd.output_log,
             output_drop: cmd.output_drop,
             log_every_tick: cmd.log_every_tick,
+            doctor: None,
         })
     }
 }

@@ -1,0 +1,105 @@
+//! `oomguard doctor -- CMD`: starts the command the way `oomguard run`
+//! starts it (the same supervisor, companion and progress detection, so
+//! the answer is the one a real run would give), waits until it shows
+//! progress or the wait is over, asks whether a stop would lose its work
+//! (the stop path's own check, `runtime::act::stop_verdict`) and ends it
+//! gracefully. The verdict comes back through a [`Watch`] the supervisor
+//! fills in.
+
+use std::ffi::OsString;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::runtime::StopVerdict;
+
+/// The doctor's hold on a supervised run: how long to wait for progress,
+/// and where the supervisor leaves its finding.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub wait: Duration,
+    finding: Arc<Mutex<Option<Finding>>>,
+}
+
+/// What the supervisor saw when it judged the job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub verdict: StopVerdict,
+    /// The step the job had reached; `None` when the wait ran out first.
+    pub step: Option<u64>,
+    /// Seconds from the start to the judgement.
+    pub waited_seconds: f64,
+}
+
+impl Watch {
+    pub fn new(wait: Duration) -> Self {
+        Self {
+            wait,
+            finding: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Whether the supervisor already judged the job.
+    pub fn concluded(&self) -> bool {
+        self.finding.lock().map(|f| f.is_some()).unwrap_or(true)
+    }
+
+    pub fn conclude(&self, finding: Finding) {
+        if let Ok(mut slot) = self.finding.lock() {
+            *slot = Some(finding);
+        }
+    }
+
+    pub fn finding(&self) -> Option<Finding> {
+        self.finding.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+/// The outcome of `doctor -- CMD`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Probed {
+    pub command: Vec<String>,
+    /// `None`: the command ended (or could not start) before it was judged.
+    pub finding: Option<Finding>,
+    /// oomguard's exit code for the run (the job's, mostly).
+    pub run_exit: i32,
+}
+
+/// Runs `argv` under the supervisor until it is judged, then ends it.
+/// Settings come from `./oomguard.toml` as for `run` (the checkpoint
+/// signal above all); the dashboard, notifications, GPUs and the summary
+/// are off.
+pub fn probe(argv: &[OsString], wait: Duration) -> Result<Probed, String> {
+    let mut args: Vec<OsString> = [
+        "oomguard",
+        "run",
+        "--no-tui",
+        "--quiet",
+        "--no-notify",
+        "--no-gpu",
+        "--kill-after",
+        "5s",
+        "--",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    args.extend(argv.iter().cloned());
+    let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(args).map_err(|e| e.to_string())?;
+    let crate::cli::Command::Run(run_args) = cli.command else {
+        return Err("internal: not a run".into());
+    };
+    let mut cfg = crate::settings::Settings::for_run(*run_args).map_err(|e| e.to_string())?;
+    let watch = Watch::new(wait);
+    cfg.doctor = Some(watch.clone());
+    let run_exit = crate::runtime::run(cfg);
+    Ok(Probed {
+        command: argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        finding: watch.finding(),
+        run_exit,
+    })
+}

@@ -1,0 +1,44 @@
+//! `oomguard doctor -- CMD`: the run ends itself once the job shows
+//! progress (or after the doctor's wait), after the checks the stop path's
+//! warnings make ([`stop_saves::stop_verdict`], and the framework check):
+//! would a stop lose the work? The job is then ended as a SIGTERM to
+//! oomguard would end it (SIGTERM to its process group, SIGKILL after
+//! `--kill-after`), so nothing is left running.
+
+use super::*;
+
+impl Supervisor {
+    /// Once per run, on a tick: judges the trainer when progress has been
+    /// shown (signal handlers are installed by then) or the wait is over,
+    /// hands the finding to the doctor and starts the end.
+    pub(super) fn doctor_watch(&mut self) {
+        let Some(watch) = self.cfg.doctor.clone() else {
+            return;
+        };
+        if watch.concluded() || self.shutdown_signal.is_some() || self.main_status.is_some() {
+            return;
+        }
+        let waited = self.attempt_started.elapsed();
+        let step = self.progress.current().and_then(|p| p.step);
+        if step.is_none() && waited < watch.wait {
+            return;
+        }
+        let mut verdict = stop_saves::stop_verdict(
+            &self.sampler.tree,
+            self.job.pid,
+            self.core.act.cfg.checkpoint_signal,
+            self.core.act.companion.connected,
+            &self.sig,
+        );
+        // The other warning of the stop path: a framework that catches
+        // the signal only to stop.
+        let trainers = act::trainer_idents(&self.sampler.tree, self.job.pid);
+        verdict.framework = self.core.act.framework_loses_work(&trainers, &self.sig);
+        watch.conclude(crate::doctor::probe::Finding {
+            verdict,
+            step,
+            waited_seconds: (waited.as_secs_f64() * 10.0).round() / 10.0,
+        });
+        self.on_signal(libc::SIGTERM);
+    }
+}
