@@ -186,6 +186,12 @@ echo "@@ c.exit=$?"
 echo "@@begin c.log"; cat /tmp/c.ndjson; echo "@@end c.log"
 echo "@@begin c.err"; cat /tmp/c.err; echo "@@end c.err"
 echo "@@begin c.out"; cat /tmp/c.out; echo "@@end c.out"
+# D: the doctor, as the user in the same session, says a scope is possible.
+runuser -u user -- env -i $LOGIN XDG_RUNTIME_DIR=/run/user/1000 \
+  DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/1000/bus \
+  timeout 30 oomguard doctor --format json </dev/null >/tmp/d.json 2>/tmp/d.err
+echo "@@ d.exit=$?"
+echo "@@begin d.json"; cat /tmp/d.json; echo "@@end d.json"
 echo "@@ scenario_end_s=$(up)"
 echo "@@scenario-exit=0"
 sync
@@ -290,6 +296,16 @@ fn serial_vm_systemd_user_scope() {
     assert_eq!(get("memory_max"), "314572800", "the ceiling was not set");
 
     // A: a user scope of its own.
+    // D: the doctor's own_cgroup check as the same user: no cgroup can be
+    // made where it stands, but a run asks the user manager for a scope.
+    let doctor: serde_json::Value =
+        serde_json::from_str(&out.section("d.json").join("\n")).expect("doctor's JSON");
+    let own = doctor["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "own_cgroup"))
+        .unwrap_or_else(|| panic!("no own_cgroup check: {doctor}"));
+    assert_eq!(own["details"]["user_scope_possible"], true, "{own}");
+    assert_eq!(own["state"], "ok", "{own}");
     let a = run_start(&out, dir.path(), "a");
     let a_err = out.section("a.err").join("\n");
     let cg = a.cgroup.as_ref().expect("A: no cgroup in run_start");

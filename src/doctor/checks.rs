@@ -203,11 +203,16 @@ pub fn act_in_time(f: &Facts, owned: bool) -> Check {
         .details(details)
 }
 
-/// Whether `systemd-run --user --scope -p Delegate=yes` could give a
-/// normal user a delegated cgroup here: a user bus, cgroup v2, not root.
-/// (A stand-in for the systemd user scope oomguard will ask for itself.)
-pub fn user_scope_possible(version: Option<Version>) -> bool {
-    version == Some(Version::V2) && !is_root() && crate::runtime::session_bus()
+/// Whether `oomguard run` here would ask the user's systemd manager for a
+/// transient scope of its own (`crate::systemd`, the run's own test: not
+/// root, cgroup v2, a cgroup it may leave, a user bus), or why not.
+pub fn user_scope(loc: &cgroup::Location) -> Result<String, String> {
+    if is_root() {
+        return Err("root creates the job's cgroup directly".to_string());
+    }
+    let uid = rustix::process::getuid().as_raw();
+    crate::systemd::may_leave(loc, uid)?;
+    crate::systemd::user_scope_support().map(|bus| format!("{} ({})", bus.address, bus.found_in))
 }
 
 /// Advisory: whether oomguard can create a cgroup for the job, found out
@@ -253,24 +258,40 @@ pub fn own_cgroup(f: &Facts) -> Check {
         .remedy(format!("remove it: rmdir {}", dir.display()))
         .details(details),
         Err(e) => {
-            let scope = user_scope_possible(Some(loc.version));
-            let remedy = own_cgroup_remedy(&e, loc.version, scope);
+            let scope = user_scope(loc);
             let mut details = details;
-            details["user_scope_possible"] = json!(scope);
-            Check::new(
-                "own_cgroup",
-                State::Warn,
-                "no cgroup of its own: the footprint is the PSS sum, the limit chain is still read",
-            )
-            .why(e.to_string())
-            .remedy(remedy)
-            .details(details)
+            details["user_scope_possible"] = json!(scope.is_ok());
+            match scope {
+                Ok(bus) => {
+                    details["user_bus"] = json!(bus);
+                    Check::new(
+                        "own_cgroup",
+                        State::Ok,
+                        "no cgroup can be made here, but `oomguard run` asks the user's systemd \
+                         manager for a scope of its own (exact footprint, memory.high)",
+                    )
+                    .why(e.to_string())
+                    .details(details)
+                }
+                Err(why_not) => {
+                    details["user_scope"] = json!(why_not);
+                    Check::new(
+                        "own_cgroup",
+                        State::Warn,
+                        "no cgroup of its own: the footprint is the PSS sum, the limit chain is \
+                         still read",
+                    )
+                    .why(format!("{e}; no user scope: {why_not}"))
+                    .remedy(own_cgroup_remedy(&e, loc.version))
+                    .details(details)
+                }
+            }
         }
     }
 }
 
 /// What to do when the job's cgroup cannot be created.
-fn own_cgroup_remedy(e: &cgroup::OwnError, version: Version, scope: bool) -> String {
+fn own_cgroup_remedy(e: &cgroup::OwnError, version: Version) -> String {
     use cgroup::OwnError;
     let first = "start oomguard as the first and only process of a delegated cgroup: \
                  `systemd-run --scope -p Delegate=yes oomguard run -- …`, or `srun oomguard run -- …`";
@@ -286,9 +307,6 @@ fn own_cgroup_remedy(e: &cgroup::OwnError, version: Version, scope: bool) -> Str
         (_, Version::V1) => "run oomguard as root, or have an admin create a memory cgroup you \
                              may write (chown its directory, cgroup.procs and \
                              cgroup.event_control) and start oomguard in it"
-            .to_string(),
-        (_, Version::V2) if scope => "start it in a delegated systemd user scope: \
-                                      `systemd-run --user --scope -p Delegate=yes oomguard run -- …`"
             .to_string(),
         (_, Version::V2) => format!(
             "run oomguard as root, or {first} (a container needs a writable cgroup namespace)"
@@ -983,7 +1001,11 @@ mod tests {
 
     #[test]
     fn a_user_scope_needs_cgroup_v2() {
-        assert!(!user_scope_possible(Some(Version::V1)));
-        assert!(!user_scope_possible(None));
+        let v1 = cgroup::Location {
+            version: Version::V1,
+            mount_point: "/sys/fs/cgroup/memory".into(),
+            path: "/".into(),
+        };
+        assert!(user_scope(&v1).is_err());
     }
 }
