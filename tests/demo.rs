@@ -11,7 +11,14 @@ use common::*;
 fn demo(builtin: bool) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("demo.ndjson");
-    let mut cmd = oomguard();
+    // The demo's workers leak without bound: where a memory cgroup can be
+    // made (root, as in CI), a 2 GiB one holds them should oomguard fail;
+    // elsewhere the test's deadline does.
+    let cg = MemCgroup::new("demo", 2 << 30);
+    let mut cmd = match &cg {
+        Some(cg) => cg.command(std::path::Path::new(env!("CARGO_BIN_EXE_oomguard")), &[]),
+        None => oomguard(),
+    };
     if builtin {
         cmd.env("OOMGUARD_DEMO_JOB", "builtin");
     } else {

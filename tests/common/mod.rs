@@ -216,21 +216,33 @@ impl MemCgroup {
         fs::read_to_string(self.dir.join(file)).unwrap_or_default()
     }
 
-    /// The cgroup's OOM kills; a counter that cannot be read fails the test
-    /// (a silent 0 would let "the kernel never killed" pass).
+    /// The OOM kills in this cgroup and every cgroup below it (v1 counts a
+    /// kill only in the victim's own cgroup, which may be oomguard's child);
+    /// a counter that cannot be read fails the test (a silent 0 would let
+    /// "the kernel never killed" pass). A child removed before this is read
+    /// takes its count with it: tests back this with `/proc/vmstat`.
     pub fn oom_kills(&self) -> u64 {
-        let text = self.read("memory.oom_control");
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix("oom_kill ")
-                    .and_then(|v| v.trim().parse().ok())
+        walk(&self.dir)
+            .iter()
+            .map(|dir| {
+                let file = dir.join("memory.oom_control");
+                let text = match fs::read_to_string(&file) {
+                    Ok(t) => t,
+                    // Removed between the walk and the read (oomguard's own
+                    // cgroup at its exit).
+                    Err(_) if !dir.exists() => return 0,
+                    Err(_) => String::new(),
+                };
+                text.lines()
+                    .find_map(|l| {
+                        l.strip_prefix("oom_kill ")
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("no oom_kill counter in {}: {text:?}", file.display())
+                    })
             })
-            .unwrap_or_else(|| {
-                panic!(
-                    "no oom_kill counter in {}/memory.oom_control: {text:?}",
-                    self.dir.display()
-                )
-            })
+            .sum()
     }
 
     /// Kills everything left in the cgroup and its children.
