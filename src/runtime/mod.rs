@@ -742,30 +742,20 @@ impl Supervisor {
             );
             self.core.last_sample = Some(sample);
         }
-        if self.progress.current().is_some_and(|p| p.step.is_some())
-            && self
-                .core
-                .engine
-                .policy()
-                .rules
-                .iter()
-                .any(|r| r.action.is_critical())
-        {
-            self.core
-                .act
-                .check_stop_saves(&self.sampler.tree, self.job.pid, &self.sig);
-        }
-        if self
+        // Whether a stop would save is worth saying only where one can come.
+        let can_stop = self
             .core
             .engine
             .policy()
             .rules
             .iter()
-            .any(|r| r.action.is_critical())
-        {
-            self.core
-                .act
-                .check_framework(now, &self.sampler.tree, self.job.pid, &self.sig);
+            .any(|r| r.action.is_critical());
+        if can_stop {
+            let (tree, pid) = (&self.sampler.tree, self.job.pid);
+            if self.progress.current().is_some_and(|p| p.step.is_some()) {
+                self.core.act.check_stop_saves(tree, pid, &self.sig);
+            }
+            self.core.act.check_framework(now, tree, pid, &self.sig);
         }
         self.doctor_watch();
         self.acted(Some(&out.view));
