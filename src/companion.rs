@@ -120,6 +120,11 @@ pub struct Request {
     pub detail: Option<String>,
     /// Unix seconds by which oomguard stops waiting.
     pub deadline: f64,
+    /// `restart`: the stop ends in a restart of the whole job, so every
+    /// node's oomguard restarts with it (the ranks' rendezvous needs them
+    /// all). Absent for a stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub then: Option<String>,
 }
 
 /// One line of `events`, as a companion wrote it.
@@ -183,6 +188,9 @@ pub enum Record {
         reason: Option<String>,
         #[serde(default)]
         detail: Option<String>,
+        /// `restart` when the node that asked restarts the job after.
+        #[serde(default)]
+        then: Option<String>,
     },
     /// A `relieve` request was served: bytes freed by each step.
     Relieved {
@@ -307,6 +315,19 @@ impl Channel {
         detail: Option<&str>,
         wait: Duration,
     ) -> Result<u64, ChannelError> {
+        self.request_then(kind, reason, detail, wait, false)
+    }
+
+    /// [`Channel::request`] for a stop that ends in a restart of the whole
+    /// job when `restart` (every node's oomguard restarts with it).
+    pub fn request_then(
+        &mut self,
+        kind: Kind,
+        reason: &str,
+        detail: Option<&str>,
+        wait: Duration,
+        restart: bool,
+    ) -> Result<u64, ChannelError> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -319,6 +340,7 @@ impl Channel {
             reason: reason.to_string(),
             detail: detail.map(str::to_string),
             deadline: (now + wait).as_secs_f64(),
+            then: restart.then(|| "restart".to_string()),
         };
         let tmp = self.dir.join(".request.tmp");
         let text = serde_json::to_vec(&req).unwrap_or_default();

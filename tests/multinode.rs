@@ -64,7 +64,7 @@ impl TwoNodes {
     }
 }
 
-fn two_nodes(port: u16, extra_a: &[&str]) -> Option<TwoNodes> {
+fn two_nodes(port: u16, extra_a: &[&str], steps: &str) -> Option<TwoNodes> {
     let venv = common::torch_venv()?;
     let (cg_a, cg_b) = (
         MemCgroup::or_skip("node-a", 4 << 30)?,
@@ -94,7 +94,7 @@ fn two_nodes(port: u16, extra_a: &[&str]) -> Option<TwoNodes> {
             "--rdzv-id",
             "multinode-test",
             plain.to_str().unwrap(),
-            "2000",
+            steps,
         ]);
         cg.command(&bin, &args)
             .env("DIST", "1")
@@ -122,7 +122,7 @@ fn two_nodes(port: u16, extra_a: &[&str]) -> Option<TwoNodes> {
 #[test]
 fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
     let _serial = common::serial();
-    let Some(r) = two_nodes(29687, &[]) else {
+    let Some(r) = two_nodes(29687, &[], "2000") else {
         return;
     };
     let why = r.why();
@@ -165,7 +165,7 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
 #[test]
 fn serial_a_pause_on_one_node_of_a_multinode_job_becomes_a_stop() {
     let _serial = common::serial();
-    let Some(r) = two_nodes(29688, &["--on-critical", "pause"]) else {
+    let Some(r) = two_nodes(29688, &["--on-critical", "pause"], "2000") else {
         return;
     };
     let why = r.why();
@@ -182,4 +182,49 @@ fn serial_a_pause_on_one_node_of_a_multinode_job_becomes_a_stop() {
     assert!(!paused_by_rule, "{why}");
     let step = done_step(&r.logs[0]).unwrap_or_else(|| panic!("no checkpoint_done\n{why}"));
     assert_eq!(done_step(&r.logs[1]), Some(step), "{why}");
+}
+
+/// `--on-critical restart` on the node that runs short: every rank on both
+/// nodes saves the same step, both oomguards restart the job (the other
+/// node because the request said the job restarts: torchrun's rendezvous
+/// needs every node), and all four ranks resume from that step and finish.
+#[test]
+fn serial_a_restart_on_one_node_restarts_every_node_from_the_same_step() {
+    let _serial = common::serial();
+    let Some(r) = two_nodes(
+        29689,
+        &["--on-critical", "restart", "--restart-delay", "1s"],
+        "300",
+    ) else {
+        return;
+    };
+    let why = r.why();
+    assert_eq!(r.out[0].status.code(), Some(0), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(0), "{why}");
+    let step = done_step(&r.logs[0]).unwrap_or_else(|| panic!("node a: no checkpoint_done\n{why}"));
+    assert_eq!(done_step(&r.logs[1]), Some(step), "{why}");
+    for (node, log) in r.logs.iter().enumerate() {
+        assert!(
+            log.iter().any(|l| matches!(&l.event, Event::Restart(_))),
+            "node {node}: no restart\n{why}"
+        );
+    }
+    // Node b restarted because node a's request said so, naming it.
+    let err_b = String::from_utf8_lossy(&r.out[1].stderr);
+    assert!(err_b.contains("restart the job with it"), "{why}");
+    let stdout: String = r
+        .out
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .collect();
+    for rank in 0..4 {
+        assert!(
+            stdout.contains(&format!("rank {rank} resumed from step {step}")),
+            "rank {rank} did not resume from step {step}\n{why}"
+        );
+        assert!(
+            stdout.contains(&format!("rank {rank} finished at step 300")),
+            "rank {rank} did not finish\n{why}"
+        );
+    }
 }

@@ -245,6 +245,10 @@ class Guard:
         if store is None:
             return
         info = {"cause_rank": self.rank, "reason": req.get("reason"), "detail": req.get("detail")}
+        if req.get("then"):
+            # The asking node restarts the job after the save: the others'
+            # oomguards restart with it (the rendezvous needs every node).
+            info["then"] = req["then"]
         try:
             store.set("oomguard/request/%d" % req["id"], json.dumps(info))
         except Exception:

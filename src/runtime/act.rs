@@ -75,6 +75,16 @@ pub trait Notifier {
     fn notify(&mut self, summary: String, body: String);
 }
 
+/// Another node's stop the ranks agreed on, which this node joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteStop {
+    pub id: u64,
+    /// Who asked and why ("node 0 (rank 1): critical-headroom: …").
+    pub why: String,
+    /// The asking node restarts the job after the save: so does this one.
+    pub restart: bool,
+}
+
 /// The real signaller: `kill(2)` after checking the start time under
 /// `proc_root`.
 #[derive(Debug, Clone)]
@@ -328,7 +338,7 @@ pub struct Actuator {
     pub detail: Option<String>,
     /// Another node's request the ranks agreed on: the stop this node
     /// joins (its id, and who asked and why).
-    pub remote_stop: Option<(u64, String)>,
+    pub remote_stop: Option<RemoteStop>,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
     /// This attempt's trainer was checked for a handler of the
@@ -393,12 +403,17 @@ impl Actuator {
 
     /// Joins another node's stop: the ranks already agreed on its request,
     /// so this node waits for the same save instead of asking its own.
-    pub fn join_stop(&mut self, id: u64, why: &str, at: Scene<'_>, sig: &mut dyn Signaller) {
+    pub fn join_stop(&mut self, remote: &RemoteStop, at: Scene<'_>, sig: &mut dyn Signaller) {
         if self.stop.is_some() {
             return;
         }
-        self.joined = Some(id);
-        self.begin_stop(Action::Stop, why, at, sig);
+        self.joined = Some(remote.id);
+        let action = if remote.restart {
+            Action::Restart
+        } else {
+            Action::Stop
+        };
+        self.begin_stop(action, &remote.why, at, sig);
     }
 
     pub fn with_channel(mut self, channel: Option<Channel>) -> Self {
@@ -457,6 +472,7 @@ impl Actuator {
                     cause_rank,
                     reason,
                     detail,
+                    then,
                     ..
                 } => {
                     if *kind != Kind::Relieve && c.pending.is_none_or(|p| p.0 != *id) {
@@ -467,8 +483,11 @@ impl Actuator {
                             .as_deref()
                             .map_or(String::new(), |d| format!(": {d}"));
                         if *kind == Kind::CheckpointAndExit {
-                            self.remote_stop =
-                                Some((*id, format!("node {node}{who}: {why}{what}")));
+                            self.remote_stop = Some(RemoteStop {
+                                id: *id,
+                                why: format!("node {node}{who}: {why}{what}"),
+                                restart: then.as_deref() == Some("restart"),
+                            });
                         }
                     }
                 }
@@ -481,11 +500,18 @@ impl Actuator {
     /// Writes a request to the companion, when one is listening. `None`:
     /// no companion (or the file could not be written: said).
     pub fn ask(&mut self, kind: Kind, reason: &str, now: Instant) -> Option<u64> {
+        self.ask_then(kind, reason, false, now)
+    }
+
+    /// [`Actuator::ask`]; `restart`: the stop ends in a restart of the
+    /// whole job (the other nodes restart with it).
+    fn ask_then(&mut self, kind: Kind, reason: &str, restart: bool, now: Instant) -> Option<u64> {
         if !self.companion.connected {
             return None;
         }
         let ch = self.channel.as_mut()?;
-        match ch.request(kind, reason, self.detail.as_deref(), self.cfg.grace) {
+        let wait = self.cfg.grace;
+        match ch.request_then(kind, reason, self.detail.as_deref(), wait, restart) {
             Ok(id) => {
                 self.companion.pending = Some((id, kind, now, false));
                 self.out.push(Acted::Requested {
@@ -772,7 +798,9 @@ impl Actuator {
         // With a companion listening, the request replaces the signal: the
         // ranks agree on a step, save it together, and leave.
         let joined = self.joined.take();
-        let request = joined.or_else(|| self.ask(Kind::CheckpointAndExit, reason, now));
+        let restart = action == Action::Restart;
+        let request =
+            joined.or_else(|| self.ask_then(Kind::CheckpointAndExit, reason, restart, now));
         // A request (ours, or the other node's we join) goes without a
         // signal; its id is in the `checkpoint_request` line.
         if request.is_some() {

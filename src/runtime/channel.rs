@@ -95,10 +95,12 @@ impl Supervisor {
                 cause_rank,
                 reason,
                 detail,
+                then,
             } => {
                 let body = serde_json::json!({
                     "id": id, "kind": kind.name(), "remote": true, "node": node,
                     "cause_rank": cause_rank, "reason": reason, "detail": detail, "step": step,
+                    "then": then,
                 });
                 self.sinks.log.write("checkpoint_request", &body);
             }

@@ -125,13 +125,19 @@ impl Core {
         for d in decisions {
             self.apply(d, &sample, &view, inp, sig, notifier);
         }
-        if let Some((id, why)) = self.act.remote_stop.take()
+        if let Some(remote) = self.act.remote_stop.take()
             && !inp.ending
             && self.act.stop.is_none()
         {
             if !self.voice.quiet {
+                let then = if remote.restart {
+                    "restart the job with it"
+                } else {
+                    "stop with it"
+                };
                 self.act.push(Acted::Say(format!(
-                    "{why}; this node's ranks save the same step and stop with it"
+                    "{}; this node's ranks save the same step and {then}",
+                    remote.why
                 )));
             }
             let at = Scene {
@@ -140,7 +146,7 @@ impl Core {
                 job_pid: inp.job_pid,
                 now: inp.now,
             };
-            self.act.join_stop(id, &why, at, sig);
+            self.act.join_stop(&remote, at, sig);
         }
         self.act.pause_new(&sample.procs, sig);
         let levels = self.levels();
@@ -922,7 +928,11 @@ mod tests {
     /// A core whose actuator has a control channel in `dir`, and a way to
     /// append what the companion would write.
     fn with_companion(dir: &std::path::Path) -> (Run, std::path::PathBuf) {
-        let mut c = core(Action::Stop, true);
+        with_companion_on(dir, Action::Stop)
+    }
+
+    fn with_companion_on(dir: &std::path::Path, on_critical: Action) -> (Run, std::path::PathBuf) {
+        let mut c = core(on_critical, true);
         let ch = crate::companion::Channel::create(dir, 1).unwrap();
         let events = ch.dir().join("events");
         c.act.channel = Some(ch);
@@ -1061,5 +1071,37 @@ mod tests {
         assert!(run.sig.take().is_empty(), "a joined stop signals nothing");
         assert_eq!(run.core.act.policy_end, Some(Action::Stop));
         assert!(run.core.act.companion.spans_nodes());
+    }
+
+    #[test]
+    fn another_nodes_restart_is_joined_as_a_restart_and_ours_says_so() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        let script = Script::new();
+        say_as_companion(
+            &events,
+            r#"{"type":"hello","pid":100,"rank":0,"world":4,"local_world":2}"#,
+        );
+        run.tick(&script, 0.0, 50.0);
+        say_as_companion(
+            &events,
+            r#"{"type":"remote","id":99,"kind":"checkpoint_and_exit","node":1,"reason":"critical-headroom","then":"restart"}"#,
+        );
+        let acts = run.tick(&script, 1.0, 60.0);
+        assert_eq!(acts[0].0, "restart", "{acts:?}");
+        assert_eq!(run.core.act.policy_end, Some(Action::Restart));
+        // This node's own restart tells the other nodes to restart too.
+        let t2 = tempfile::tempdir().unwrap();
+        let (mut ours, events) = with_companion_on(t2.path(), Action::Restart);
+        say_as_companion(&events, r#"{"type":"hello","pid":100,"rank":0}"#);
+        ours.tick(&script, 0.0, 50.0);
+        let acts = ours.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "restart", "{acts:?}");
+        let req: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(events.with_file_name("request")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(req["then"], "restart");
+        assert_eq!(req["kind"], "checkpoint_and_exit");
     }
 }
