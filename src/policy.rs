@@ -544,6 +544,16 @@ impl Engine {
     /// Counts every start and end of a rule's `for` wait. A tick that
     /// changes it is logged, so a replay starts the wait at the same
     /// sample the run did.
+    /// A rule that only warns or asks (warn, relieve, checkpoint) is
+    /// firing now: the dashboard's WARNING state.
+    pub fn warning(&self) -> bool {
+        self.policy
+            .rules
+            .iter()
+            .zip(&self.states)
+            .any(|(r, s)| r.action.is_advisory() && matches!(s.state, State::Firing))
+    }
+
     pub fn pending_changes(&self) -> u64 {
         self.pending_changes
     }
@@ -710,6 +720,25 @@ mod tests {
             max_pause_seconds: 600.0,
             after_pause: Action::Stop,
         }
+    }
+
+    #[test]
+    fn the_warning_state_lasts_while_a_warn_rule_fires() {
+        let mut e = Engine::new(warn_rule());
+        e.step(&at(1.0, 50.0));
+        assert!(!e.warning());
+        e.step(&at(2.0, 15.0));
+        assert!(e.warning(), "fired");
+        e.step(&at(3.0, 22.0));
+        assert!(e.warning(), "not yet cleared (clears at 25 %)");
+        e.step(&at(4.0, 30.0));
+        assert!(!e.warning(), "cleared");
+        // A stop is not a warning.
+        let mut stop = warn_rule();
+        stop.rules[0].action = Action::Stop;
+        let mut e = Engine::new(stop);
+        e.step(&at(1.0, 15.0));
+        assert!(!e.warning());
     }
 
     #[test]

@@ -207,8 +207,6 @@ struct Supervisor {
     pty: Option<crate::tui::PtyMaster>,
     /// Holds the dashboard's pty in case oomguard dies (see `keeper`).
     pty_keeper: Option<crate::keeper::Keeper>,
-    /// A warning rule is firing (for the dashboard's state).
-    warning: bool,
     /// The dashboard's terminal hung up (handled once).
     hung_up: bool,
     /// oomguard itself failed after the job started (exit 70).

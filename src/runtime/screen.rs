@@ -95,7 +95,7 @@ impl Supervisor {
             Some(_) => PolicyState::Stopping,
             None if self.relaunch_at.is_some() => PolicyState::Restarting,
             None if !self.core.act.paused.is_empty() => PolicyState::Paused,
-            None if self.warning => PolicyState::Warning,
+            None if self.core.engine.warning() => PolicyState::Warning,
             None => PolicyState::Normal,
         };
         app.set_policy_state(state);

@@ -795,7 +795,6 @@ impl Supervisor {
             tui: screen.tui,
             pty: screen.pty,
             pty_keeper: None,
-            warning: false,
             hung_up: false,
             internal_error: None,
             relay: output.relay,
