@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::cli::DemoArgs;
-use crate::runtime::{EXIT_POLICY, run};
+use crate::exit::POLICY as EXIT_POLICY;
+use crate::runtime::run;
 use crate::settings::Settings;
 
 const SCRIPT: &str = include_str!("demo.py");

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::log::{Outcome, Peak};
 use crate::model::Ceiling;
-use crate::runtime::EXIT_FAIL_ABOVE;
+use crate::exit::FAIL_ABOVE as EXIT_FAIL_ABOVE;
 use crate::units::{HumanBytes, human_duration};
 
 /// The severity of an annotation.

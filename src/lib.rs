@@ -22,6 +22,7 @@ pub mod companion;
 pub mod demo;
 pub mod demo_job;
 pub mod doctor;
+pub mod exit;
 pub mod forensics;
 pub mod github;
 pub mod growth;

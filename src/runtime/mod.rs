@@ -61,17 +61,10 @@ pub use sinks::session_bus;
 pub use stop_saves::StopVerdict;
 use tick::{Core, FAST, TickInputs};
 
-/// Exit code when oomguard's policy ended the job (EX_TEMPFAIL: requeue).
-pub const EXIT_POLICY: i32 = 75;
-/// Exit code when the job succeeded but its peak footprint exceeded
-/// `--fail-above` (a memory regression).
-pub const EXIT_FAIL_ABOVE: i32 = 76;
-/// Exit code for oomguard's own failure after the job started.
-pub const EXIT_INTERNAL: i32 = 70;
-/// Exit code when the job succeeded but its output could not all be
-/// written where oomguard's went (EX_IOERR: a full disk, an I/O error; a
-/// reader that went away is not one).
-pub const EXIT_OUTPUT_LOST: i32 = 74;
+pub use crate::exit::{
+    FAIL_ABOVE as EXIT_FAIL_ABOVE, INTERNAL as EXIT_INTERNAL, OUTPUT_LOST as EXIT_OUTPUT_LOST,
+    POLICY as EXIT_POLICY,
+};
 
 /// The settings of one supervised job (`settings::Settings`), under the
 /// name the loop has always used.
