@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use oomguard::probe::output::OutputScanner;
+use oomguard::relay::OutputScanner;
 
 mod inputs;
 use inputs::{median, tqdm_bar, training_log};

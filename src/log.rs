@@ -1254,7 +1254,7 @@ mod tests {
 
     #[test]
     fn output_events_carry_the_figures_and_advice_and_read_back() {
-        let mut s = crate::probe::output::OutputScanner::new();
+        let mut s = crate::relay::OutputScanner::new();
         s.feed(b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 11.06 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory in use. Of the allocated memory 22.90 GiB is allocated by PyTorch, and 194.87 MiB is reserved by PyTorch but unallocated.\n");
         s.feed(b"DataLoader worker (pid 4) is killed by signal: Killed.\n");
         s.finish();

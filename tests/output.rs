@@ -1,4 +1,4 @@
-//! The output relay (`probe::output`) with real processes: the job writes
+//! The output relay (`relay`) with real processes: the job writes
 //! into the relay's pipes or pty, the relay passes the bytes on to
 //! destinations the test holds (pipes, a pty standing for the user's
 //! terminal) and scans them for PyTorch's messages. Plus the end-to-end
@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use oomguard::forensics::torch::{CudaOom, TorchEvent, WorkerDied, size_to_bytes};
-use oomguard::probe::output::{OutputError, OutputRelay, Pumped, RelayOptions, RelayStats, Stream};
+use oomguard::relay::{OutputError, OutputRelay, Pumped, RelayOptions, RelayStats, Stream};
 
 const MIB: u64 = 1 << 20;
 

@@ -7,54 +7,11 @@
 //! fills in.
 
 use std::ffi::OsString;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::runtime::StopVerdict;
-
-/// The doctor's hold on a supervised run: how long to wait for progress,
-/// and where the supervisor leaves its finding.
-#[derive(Debug, Clone)]
-pub struct Watch {
-    pub wait: Duration,
-    finding: Arc<Mutex<Option<Finding>>>,
-}
-
-/// What the supervisor saw when it judged the job.
-#[derive(Debug, Clone, Serialize)]
-pub struct Finding {
-    pub verdict: StopVerdict,
-    /// The step the job had reached; `None` when the wait ran out first.
-    pub step: Option<u64>,
-    /// Seconds from the start to the judgement.
-    pub waited_seconds: f64,
-}
-
-impl Watch {
-    pub fn new(wait: Duration) -> Self {
-        Self {
-            wait,
-            finding: Arc::new(Mutex::new(None)),
-        }
-    }
-
-    /// Whether the supervisor already judged the job.
-    pub fn concluded(&self) -> bool {
-        self.finding.lock().map(|f| f.is_some()).unwrap_or(true)
-    }
-
-    pub fn conclude(&self, finding: Finding) {
-        if let Ok(mut slot) = self.finding.lock() {
-            *slot = Some(finding);
-        }
-    }
-
-    pub fn finding(&self) -> Option<Finding> {
-        self.finding.lock().ok().and_then(|f| f.clone())
-    }
-}
+pub use crate::verdict::{Finding, Watch};
 
 /// The outcome of `doctor -- CMD`.
 #[derive(Debug, Clone, Serialize)]

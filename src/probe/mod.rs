@@ -4,7 +4,6 @@
 
 pub mod cgroup;
 pub mod gpu;
-pub mod output;
 pub mod proc;
 pub mod pss;
 pub mod system;

@@ -34,7 +34,7 @@ impl Supervisor {
         // the signal only to stop.
         let trainers = act::trainer_idents(&self.sampler.tree, self.job.pid);
         verdict.framework = self.core.act.framework_loses_work(&trainers, &self.sig);
-        watch.conclude(crate::doctor::probe::Finding {
+        watch.conclude(crate::verdict::Finding {
             verdict,
             step,
             waited_seconds: (waited.as_secs_f64() * 10.0).round() / 10.0,

@@ -130,7 +130,7 @@ impl Supervisor {
     /// The job's last output, passed on before oomguard's own lines (unless
     /// oomguard was told to stop waiting for it), scanned, and what could
     /// not be passed on said. Returns the relay's final figures.
-    fn drain_output(&mut self) -> Option<crate::probe::output::RelayStats> {
+    fn drain_output(&mut self) -> Option<crate::relay::RelayStats> {
         // The job's last bytes come before oomguard's own lines (unless
         // oomguard was told to stop waiting for them).
         if let Some(r) = self.relay.as_mut() {

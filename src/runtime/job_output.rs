@@ -120,7 +120,7 @@ impl Supervisor {
         for e in errors {
             let broken_pipe = matches!(
                 &e,
-                crate::probe::output::OutputError::Write { source, .. }
+                crate::relay::OutputError::Write { source, .. }
                     if source.kind() == std::io::ErrorKind::BrokenPipe
             );
             if !self.cfg.quiet && !broken_pipe {

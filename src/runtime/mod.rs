@@ -30,7 +30,7 @@ use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEn
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
-use crate::probe::output::{JobStdio, OutputRelay, OutputScanner, Pumped};
+use crate::relay::{JobStdio, OutputRelay, OutputScanner, Pumped};
 use crate::restart::Budget;
 use crate::supervise::{self, Job, SpawnSpec, Status};
 use crate::units::{HumanBytes, human_duration};
@@ -1040,7 +1040,7 @@ impl Supervisor {
             }
             Err(e) => {
                 self.pty_keeper = None;
-                let e = crate::probe::output::OutputError::Keeper(e);
+                let e = crate::relay::OutputError::Keeper(e);
                 self.say(e.to_string());
             }
         }

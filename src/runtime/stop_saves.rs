@@ -6,34 +6,7 @@
 
 use super::act::{SIG_TERM, Signaller, trainer_idents};
 use crate::model::ProcSample;
-
-/// Whether a stop would save the trainer's work: the check behind
-/// [`Actuator::check_stop_saves`]'s warning, also run by `oomguard doctor
-/// -- CMD`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct StopVerdict {
-    /// The trainers checked (the job's process when no trainer is known).
-    pub trainers: Vec<u32>,
-    /// The checkpoint signal.
-    pub signal: i32,
-    /// Trainers known to catch neither the checkpoint signal nor SIGTERM.
-    pub deaf: Vec<u32>,
-    /// Trainers whose handlers could not be read (gone, or not ours).
-    pub unknown: Vec<u32>,
-    /// A companion said hello: the stop asks it for a checkpoint.
-    pub companion: bool,
-    /// Why the framework the job's output named saves nothing on the
-    /// signal it catches (Lightning without its companion), when so.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub framework: Option<String>,
-}
-
-impl StopVerdict {
-    /// A stop would lose the work since the last checkpoint.
-    pub fn loses_work(&self) -> bool {
-        !self.companion && (!self.deaf.is_empty() || self.framework.is_some())
-    }
-}
+pub use crate::verdict::StopVerdict;
 
 /// The trainers of `tree` (or the job's process) and which of them a stop
 /// would reach with no handler: neither `wanted` nor SIGTERM caught.

@@ -117,7 +117,7 @@ pub struct Settings {
     pub log_every_tick: bool,
     /// `oomguard doctor -- CMD`: end the job once it shows progress (or
     /// after a while), recording whether a stop would save its work.
-    pub doctor: Option<crate::doctor::probe::Watch>,
+    pub doctor: Option<crate::verdict::Watch>,
 }
 
 /// What differs between the subcommands: the preset layer under the file,
