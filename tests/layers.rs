@@ -3,6 +3,8 @@
 //! outside `#[cfg(test)]` code), and no modules use each other in a circle.
 //! A new module must be given its layer here.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::Path;
