@@ -17,9 +17,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::exit::FAIL_ABOVE as EXIT_FAIL_ABOVE;
 use crate::log::{Outcome, Peak};
 use crate::model::Ceiling;
-use crate::exit::FAIL_ABOVE as EXIT_FAIL_ABOVE;
 use crate::units::{HumanBytes, human_duration};
 
 /// The severity of an annotation.

@@ -1550,12 +1550,9 @@ impl OutputRelay {
     }
 
     /// `Ready(None)` when a channel used up its budget and more is waiting.
-    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<Option<Pumped>> {
-        if self.is_closed() {
-            return Poll::Pending;
-        }
-        // The resize first: a job that prints without pause must not keep
-        // its terminal at the old size.
+    /// Whether the terminal's size changed (SIGWINCH, or the size poll for
+    /// a terminal that sends none) and the job's pty took the new one.
+    fn poll_resize(&mut self, cx: &mut Context<'_>) -> bool {
         let pty_open = self.channels.iter().any(|c| c.pty && c.open);
         let mut check_size = false;
         if pty_open {
@@ -1570,7 +1567,16 @@ impl OutputRelay {
                 }
             }
         }
-        let resized = check_size && self.follow_window_size();
+        check_size && self.follow_window_size()
+    }
+
+    fn poll_pump(&mut self, cx: &mut Context<'_>) -> Poll<Option<Pumped>> {
+        if self.is_closed() {
+            return Poll::Pending;
+        }
+        // The resize first: a job that prints without pause must not keep
+        // its terminal at the old size.
+        let resized = self.poll_resize(cx);
         let Self {
             channels,
             sinks,
@@ -1586,112 +1592,16 @@ impl OutputRelay {
         let mut exhausted = false;
         let mut ended = false;
         for ch in channels.iter_mut().filter(|c| c.open) {
-            let mut budget = PUMP_BUDGET;
-            while budget > 0 {
-                // Backpressure: while the destination's queue is full the
-                // channel is left unread, so the job's writes block.
-                if !sinks[ch.sink].ready(cx) {
-                    break;
-                }
-                if !sinks[ch.sink].drop_when_full && sinks[ch.sink].failed() {
-                    // As a pipe would: the reader is gone, so the job's
-                    // next write fails with EPIPE (or SIGPIPE). What the
-                    // job wrote that is still in its pipe is lost with it
-                    // (scanned bytes are counted as read already).
-                    let pending = rustix::io::ioctl_fionread(ch.fd.get_ref()).unwrap_or(0);
-                    let scanned = ch.tee.as_ref().map_or(0, |t| t.pending) as u64;
-                    sinks[ch.sink].count_unread_loss(pending.saturating_sub(scanned));
-                    ch.open = false;
-                    ch.closed = true;
-                    ended = true;
-                    // Its copy of the channel would keep the job from
-                    // getting EPIPE.
-                    *keeper = None;
-                    break;
-                }
-                let sink = &sinks[ch.sink];
-                // Scanned bytes still in the job's pipe go first.
-                if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
-                    match tee.pass_on(sink, cx, ch.fd.get_ref()) {
-                        Poll::Ready(n) => budget = budget.saturating_sub(n),
-                        // Full: the job's pipe stays unread, so its writes
-                        // block until the reader takes more.
-                        Poll::Pending => break,
-                    }
-                    continue;
-                }
-                let mut guard = match ch.fd.poll_read_ready(cx) {
-                    Poll::Ready(Ok(guard)) => guard,
-                    Poll::Ready(Err(source)) => {
-                        ch.unreadable(errors, source);
-                        ended = true;
-                        break;
-                    }
-                    Poll::Pending => break,
-                };
-                let pty = ch.pty;
-                let tee = ch.tee.as_mut().filter(|_| sink.can_splice());
-                let res = guard.try_io(|fd| match &tee {
-                    Some(t) => t.duplicate(fd.get_ref(), buf.len()),
-                    None => read_some(fd.get_ref(), buf, pty),
-                });
-                drop(guard);
-                match res {
-                    Ok(Ok(Some(n))) => {
-                        let passed_on = if let Some(t) = tee {
-                            t.pending = n;
-                            sink.count_read(n);
-                            // Passed on before the scan, so the reader and
-                            // the job get on while the duplicate is scanned.
-                            if let Poll::Ready(moved) = t.pass_on(sink, cx, ch.fd.get_ref()) {
-                                budget = budget.saturating_sub(moved);
-                            }
-                            match t.read_duplicate(&mut buf[..n]) {
-                                Ok(got) => observe(&buf[..got], log, &mut ch.scanner, errors),
-                                Err(source) => {
-                                    ch.unreadable(errors, source);
-                                    ended = true;
-                                    break;
-                                }
-                            }
-                            t.pending == 0
-                        } else {
-                            budget = budget.saturating_sub(n);
-                            sink.push(&buf[..n]);
-                            observe(&buf[..n], log, &mut ch.scanner, errors);
-                            true
-                        };
-                        // Every read counts for the pace, passed on or not.
-                        let nap = ch.pace.nap_after(n, Instant::now());
-                        // A sleep, not a timer: the job's pipe would stay in
-                        // the reactor, and each of its writes would wake the
-                        // loop all the same. The rest of the loop waits at
-                        // most one NAP per read, less than a large read's
-                        // scan takes, and only while output streams.
-                        if nap && passed_on {
-                            std::thread::sleep(NAP);
-                        }
-                    }
-                    // A kernel without tee for this pipe: copy from now on.
-                    Ok(Err(e)) if tee.is_some() && e.raw_os_error() == Some(libc::EINVAL) => {
-                        ch.tee = None;
-                    }
-                    Ok(Ok(None)) => {
-                        ch.open = false;
-                        ended = true;
-                        break;
-                    }
-                    Ok(Err(source)) => {
-                        ch.unreadable(errors, source);
-                        ended = true;
-                        break;
-                    }
-                    // Not readable after all; readiness was cleared, so the
-                    // next poll registers the waker.
-                    Err(_would_block) => {}
-                }
-            }
-            exhausted |= budget == 0;
+            let mut io = PumpIo {
+                sinks,
+                log,
+                errors,
+                buf,
+                keeper,
+            };
+            let (budget_used_up, channel_ended) = pump_channel(ch, &mut io, cx);
+            exhausted |= budget_used_up;
+            ended |= channel_ended;
             if !ch.open {
                 // Nothing more can come: an unfinished last line and a held
                 // message are complete now, not only at `finish`.
@@ -1725,6 +1635,134 @@ impl OutputRelay {
         }
         Poll::Pending
     }
+}
+
+/// What one channel's pump works with, besides the channel.
+struct PumpIo<'a> {
+    sinks: &'a mut [Sink],
+    log: &'a mut Option<OutputLog>,
+    errors: &'a mut Vec<OutputError>,
+    buf: &'a mut [u8],
+    keeper: &'a mut Option<Keeper>,
+}
+
+/// Reads one channel until its budget is used up, its destination is full
+/// or it has nothing more: (the budget ran out, the channel ended).
+fn pump_channel(ch: &mut Channel, io: &mut PumpIo<'_>, cx: &mut Context<'_>) -> (bool, bool) {
+    let PumpIo {
+        sinks,
+        log,
+        errors,
+        buf,
+        keeper,
+    } = io;
+    let mut ended = false;
+    let mut budget = PUMP_BUDGET;
+    while budget > 0 {
+        // Backpressure: while the destination's queue is full the
+        // channel is left unread, so the job's writes block.
+        if !sinks[ch.sink].ready(cx) {
+            break;
+        }
+        if !sinks[ch.sink].drop_when_full && sinks[ch.sink].failed() {
+            // As a pipe would: the reader is gone, so the job's
+            // next write fails with EPIPE (or SIGPIPE). What the
+            // job wrote that is still in its pipe is lost with it
+            // (scanned bytes are counted as read already).
+            let pending = rustix::io::ioctl_fionread(ch.fd.get_ref()).unwrap_or(0);
+            let scanned = ch.tee.as_ref().map_or(0, |t| t.pending) as u64;
+            sinks[ch.sink].count_unread_loss(pending.saturating_sub(scanned));
+            ch.open = false;
+            ch.closed = true;
+            ended = true;
+            // Its copy of the channel would keep the job from
+            // getting EPIPE.
+            **keeper = None;
+            break;
+        }
+        let sink = &sinks[ch.sink];
+        // Scanned bytes still in the job's pipe go first.
+        if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
+            match tee.pass_on(sink, cx, ch.fd.get_ref()) {
+                Poll::Ready(n) => budget = budget.saturating_sub(n),
+                // Full: the job's pipe stays unread, so its writes
+                // block until the reader takes more.
+                Poll::Pending => break,
+            }
+            continue;
+        }
+        let mut guard = match ch.fd.poll_read_ready(cx) {
+            Poll::Ready(Ok(guard)) => guard,
+            Poll::Ready(Err(source)) => {
+                ch.unreadable(errors, source);
+                ended = true;
+                break;
+            }
+            Poll::Pending => break,
+        };
+        let pty = ch.pty;
+        let tee = ch.tee.as_mut().filter(|_| sink.can_splice());
+        let res = guard.try_io(|fd| match &tee {
+            Some(t) => t.duplicate(fd.get_ref(), buf.len()),
+            None => read_some(fd.get_ref(), buf, pty),
+        });
+        drop(guard);
+        match res {
+            Ok(Ok(Some(n))) => {
+                let passed_on = if let Some(t) = tee {
+                    t.pending = n;
+                    sink.count_read(n);
+                    // Passed on before the scan, so the reader and
+                    // the job get on while the duplicate is scanned.
+                    if let Poll::Ready(moved) = t.pass_on(sink, cx, ch.fd.get_ref()) {
+                        budget = budget.saturating_sub(moved);
+                    }
+                    match t.read_duplicate(&mut buf[..n]) {
+                        Ok(got) => observe(&buf[..got], log, &mut ch.scanner, errors),
+                        Err(source) => {
+                            ch.unreadable(errors, source);
+                            ended = true;
+                            break;
+                        }
+                    }
+                    t.pending == 0
+                } else {
+                    budget = budget.saturating_sub(n);
+                    sink.push(&buf[..n]);
+                    observe(&buf[..n], log, &mut ch.scanner, errors);
+                    true
+                };
+                // Every read counts for the pace, passed on or not.
+                let nap = ch.pace.nap_after(n, Instant::now());
+                // A sleep, not a timer: the job's pipe would stay in
+                // the reactor, and each of its writes would wake the
+                // loop all the same. The rest of the loop waits at
+                // most one NAP per read, less than a large read's
+                // scan takes, and only while output streams.
+                if nap && passed_on {
+                    std::thread::sleep(NAP);
+                }
+            }
+            // A kernel without tee for this pipe: copy from now on.
+            Ok(Err(e)) if tee.is_some() && e.raw_os_error() == Some(libc::EINVAL) => {
+                ch.tee = None;
+            }
+            Ok(Ok(None)) => {
+                ch.open = false;
+                ended = true;
+                break;
+            }
+            Ok(Err(source)) => {
+                ch.unreadable(errors, source);
+                ended = true;
+                break;
+            }
+            // Not readable after all; readiness was cleared, so the
+            // next poll registers the waker.
+            Err(_would_block) => {}
+        }
+    }
+    (budget == 0, ended)
 }
 
 /// The destination for `stream`: the given fd, or a copy of oomguard's own.
