@@ -191,24 +191,15 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
         progress: None,
         progress_changed: false,
     };
+    let seconds = round3(started.elapsed().as_secs_f64());
     w.write(
         "run_end",
-        &RunEnd {
-            outcome: Outcome::InternalError,
-            exit_code: 70,
-            peak: Peak::default(),
-            restarts: 0,
-            actions: Default::default(),
-            duration_seconds: round3(started.elapsed().as_secs_f64()),
-            error: Some(error.to_string()),
-            fail_above: None,
-            output_dropped_bytes: None,
-            exit_code_known: None,
-            detached_reason: None,
-            still_running_pids: None,
-            cheap_loop: None,
-            reused_pids_refused: None,
-        },
+        &RunEnd::without_a_run(
+            Outcome::InternalError,
+            crate::exit::INTERNAL,
+            seconds,
+            error,
+        ),
     );
 }
 
@@ -661,6 +652,35 @@ pub struct RunEnd {
     /// stranger spared. Absent when there was none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reused_pids_refused: Option<u64>,
+}
+
+impl RunEnd {
+    /// The `run_end` of a run that ended before its job ran (it could not
+    /// be started, or oomguard failed first): nothing measured, the error
+    /// said.
+    pub fn without_a_run(
+        outcome: Outcome,
+        exit_code: i32,
+        duration_seconds: f64,
+        error: &str,
+    ) -> Self {
+        Self {
+            outcome,
+            exit_code,
+            peak: Peak::default(),
+            restarts: 0,
+            actions: BTreeMap::new(),
+            duration_seconds,
+            error: Some(error.to_string()),
+            fail_above: None,
+            output_dropped_bytes: None,
+            exit_code_known: None,
+            detached_reason: None,
+            still_running_pids: None,
+            cheap_loop: None,
+            reused_pids_refused: None,
+        }
+    }
 }
 
 /// `run_end.cheap_loop`.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, Peak, RunEnd, RunStart};
+use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
@@ -509,22 +509,7 @@ fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 
     start_without_a_job(log, cfg);
     log.write(
         "run_end",
-        &RunEnd {
-            outcome: Outcome::InternalError,
-            exit_code: EXIT_INTERNAL,
-            peak: Peak::default(),
-            restarts: 0,
-            actions: BTreeMap::new(),
-            duration_seconds: 0.0,
-            error: Some(error),
-            fail_above: None,
-            output_dropped_bytes: None,
-            exit_code_known: None,
-            detached_reason: None,
-            still_running_pids: None,
-            cheap_loop: None,
-            reused_pids_refused: None,
-        },
+        &RunEnd::without_a_run(Outcome::InternalError, EXIT_INTERNAL, 0.0, &error),
     );
     EXIT_INTERNAL
 }
@@ -564,22 +549,7 @@ fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError)
     start_without_a_job(log, cfg);
     log.write(
         "run_end",
-        &RunEnd {
-            outcome: Outcome::Exited,
-            exit_code: code,
-            peak: Peak::default(),
-            restarts: 0,
-            actions: BTreeMap::new(),
-            duration_seconds: 0.0,
-            error: Some(e.to_string()),
-            fail_above: None,
-            output_dropped_bytes: None,
-            exit_code_known: None,
-            detached_reason: None,
-            still_running_pids: None,
-            cheap_loop: None,
-            reused_pids_refused: None,
-        },
+        &RunEnd::without_a_run(Outcome::Exited, code, 0.0, &e.to_string()),
     );
     code
 }
