@@ -293,15 +293,32 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
     // the ceiling to the critical level (94 % of 300 MiB, less what else
     // the ceiling's cgroup holds), and the kernel throttled the 2 GB/s leak
     // there (high events) with it and never without it.
-    let high = c.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes);
+    let high = c
+        .run_start()
+        .cgroup
+        .as_ref()
+        .and_then(|g| g.memory_high_bytes);
     let ceiling = 300u64 << 20;
     assert!(
         high.is_some_and(|h| h <= ceiling * 94 / 100 && h >= ceiling * 85 / 100),
         "C: memory.high {high:?}, not ~94 % of 300 MiB"
     );
-    assert_eq!(c0.run_start().cgroup.as_ref().and_then(|g| g.memory_high_bytes), None);
-    assert!(c.num("high_events") > 0, "C: no high events with memory.high");
-    assert_eq!(c0.num("high_events"), 0, "C0: high events without memory.high");
+    assert_eq!(
+        c0.run_start()
+            .cgroup
+            .as_ref()
+            .and_then(|g| g.memory_high_bytes),
+        None
+    );
+    assert!(
+        c.num("high_events") > 0,
+        "C: no high events with memory.high"
+    );
+    assert_eq!(
+        c0.num("high_events"),
+        0,
+        "C0: high events without memory.high"
+    );
 
     let d = get("d");
     assert!(d.owned());
@@ -546,6 +563,15 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
     assert!(fired, "S: the swap_in_rate rule did not fire");
     assert_eq!(s.num("oom_kill"), 0);
     s.assert_clean();
+    // `RECORD_FIXTURES=DIR`: keep this real swapping run's log as
+    // DIR/swap.ndjson (how tests/fixtures/logs/swap.ndjson was recorded).
+    if let Some(keep) = std::env::var_os("RECORD_FIXTURES") {
+        std::fs::copy(
+            dir.path().join("s.ndjson"),
+            Path::new(&keep).join("swap.ndjson"),
+        )
+        .unwrap();
+    }
     // The report's swap part, from real swapping.
     let report = common::oomguard()
         .arg("report")
