@@ -2,7 +2,10 @@
 //! OOM-killed run (`tests/fixtures/logs/`): the HTML is well-formed and
 //! self-contained, its SVG is strict XML with every series and one marker
 //! per event, the advice names the leaking workers and a worker count that
-//! fits, and headless Chromium renders a picture that is not blank.
+//! fits, and headless Chromium renders a picture that is not blank. Three
+//! more recordings, a GPU run (fake NVML), a swapping run (the v2 VM) and
+//! an `attach` that ended `detached`, are drawn in text, HTML and JSON, and
+//! the three agree on their GPU, swap and detached figures.
 //!
 //! The fixtures may be replaced by recorded logs, so every expectation is
 //! computed from the log itself, never written down as bytes.
