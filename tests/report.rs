@@ -2,7 +2,10 @@
 //! OOM-killed run (`tests/fixtures/logs/`): the HTML is well-formed and
 //! self-contained, its SVG is strict XML with every series and one marker
 //! per event, the advice names the leaking workers and a worker count that
-//! fits, and headless Chromium renders a picture that is not blank.
+//! fits, and headless Chromium renders a picture that is not blank. Three
+//! more recordings, a GPU run (fake NVML), a swapping run (the v2 VM) and
+//! an `attach` that ended `detached`, are drawn in text, HTML and JSON, and
+//! the three agree on their GPU, swap and detached figures.
 //!
 //! The fixtures may be replaced by recorded logs, so every expectation is
 //! computed from the log itself, never written down as bytes.
@@ -57,9 +60,21 @@ fn html_of(name: &str) -> String {
     render_html(&log, &diagnose(&log))
 }
 
+/// Recorded runs with what the three above lack: GPU devices (the fake
+/// NVML), machine swap in use (the v2 VM), and an `attach` that ended
+/// `detached` (`--watch-for`).
+const GPU_FIXTURE: &str = "gpu-fake-nvml";
+const SWAP_FIXTURE: &str = "swap";
+const DETACHED_FIXTURE: &str = "attach-detached";
+
 #[test]
 fn fixtures_follow_the_log_schema() {
-    for name in FIXTURES {
+    for name in FIXTURES.into_iter().chain([
+        "cuda-oom-restarted",
+        GPU_FIXTURE,
+        SWAP_FIXTURE,
+        DETACHED_FIXTURE,
+    ]) {
         let text = fixture(name);
         let parsed: Vec<_> = text
             .lines()
@@ -950,4 +965,199 @@ fn a_real_run_with_progress_gets_a_step_axis_with_epoch_starts() {
         "no epoch start at {first_epoch_2}"
     );
     assert!(page.contains(">epoch 2</text>"));
+}
+
+// ------------------------------------------- GPU, swap and detached runs ---
+
+/// The fixture drawn three ways: text, HTML, JSON.
+fn three_ways(name: &str) -> (String, String, Value) {
+    let log = load(&fixture(name)).unwrap();
+    let findings = diagnose(&log);
+    (
+        render_text(&log, &findings),
+        render_html(&log, &findings),
+        render_json(&log, &findings),
+    )
+}
+
+/// The largest of `run_end.peak[key]` and `per_sample` over the samples,
+/// read from the raw lines (not through `report::load`).
+fn raw_peak(name: &str, key: &str, per_sample: impl Fn(&Value) -> Option<u64>) -> u64 {
+    let all = lines(&fixture(name));
+    let from_samples = all
+        .iter()
+        .filter(|l| l["event"] == "sample")
+        .filter_map(&per_sample)
+        .max()
+        .unwrap_or(0);
+    let end = all.last().unwrap();
+    assert_eq!(end["event"], "run_end", "{name}: no run_end last");
+    end["peak"][key].as_u64().unwrap_or(0).max(from_samples)
+}
+
+/// An HTML figure card, as `report` draws it.
+fn card_html(key: &str, value: &str) -> String {
+    format!(r#"<div class="k">{key}</div><div class="v">{value}</div>"#)
+}
+
+#[test]
+fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
+    let name = GPU_FIXTURE;
+    let gpu_peak = raw_peak(name, "gpu_used_bytes", |s| {
+        let g = s["gpus"].as_array()?;
+        Some(g.iter().map(|d| d["used_bytes"].as_u64().unwrap()).sum())
+    });
+    assert!(gpu_peak > 0, "{name}: no GPU memory in the recording");
+    let human = oomguard::units::HumanBytes(gpu_peak).to_string();
+    let (text, html, json) = three_ways(name);
+    assert_eq!(
+        json["peak"]["gpu_used_bytes"], gpu_peak,
+        "{name}: JSON peak"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("peak") && l.ends_with(&format!("GPU {human}"))),
+        "{name}: the text's peak line lacks GPU {human}:\n{text}"
+    );
+    assert!(
+        html.contains(&card_html("Peak GPU", &human)),
+        "{name}: no Peak GPU card of {human}"
+    );
+    // One series and one legend entry per device the samples saw, and the
+    // GPU panel with each device's total.
+    let devices: BTreeMap<u64, (String, u64)> = lines(&fixture(name))
+        .iter()
+        .filter(|l| l["event"] == "sample")
+        .flat_map(|s| s["gpus"].as_array().cloned().unwrap_or_default())
+        .map(|d| {
+            (
+                d["index"].as_u64().unwrap(),
+                (
+                    d["name"].as_str().unwrap().to_string(),
+                    d["total_bytes"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    assert!(devices.len() >= 2, "{name}: want two devices: {devices:?}");
+    let svg = svg_of(&html);
+    assert!(svg.contains("panel-gpu"), "{name}: no GPU panel");
+    let groups = svg_groups(svg);
+    for (i, (dev, total)) in &devices {
+        assert!(
+            groups.contains_key(&format!("series-gpu-{i}")),
+            "{name}: no series for GPU {i}: {:?}",
+            groups.keys().collect::<Vec<_>>()
+        );
+        let short = dev.trim_start_matches("NVIDIA ");
+        assert!(
+            html.contains(&format!("GPU {i} used ({short})")),
+            "{name}: no legend for GPU {i} ({short})"
+        );
+        let total = oomguard::units::HumanBytes(*total).to_string();
+        assert!(
+            svg.contains(&format!("GPU {i} {total}")),
+            "{name}: GPU {i}'s total {total} is not drawn"
+        );
+    }
+    // The GPU card takes the place of "Least headroom" only: the memory
+    // figures are the same run's in every format.
+    let pss = json["peak"]["tree_pss_bytes"].as_u64().unwrap();
+    assert!(text.contains(&format!("PSS {}", oomguard::units::HumanBytes(pss))));
+    assert!(html.contains(&card_html(
+        "Peak PSS",
+        &oomguard::units::HumanBytes(pss).to_string()
+    )));
+}
+
+#[test]
+fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
+    let name = SWAP_FIXTURE;
+    let swap_peak = raw_peak(name, "swap_used_bytes", |s| {
+        s["system"]["swap_used_bytes"].as_u64()
+    });
+    assert!(swap_peak > 0, "{name}: no swap in use in the recording");
+    // Real swapping: pages came back in while the job ran.
+    assert!(
+        lines(&fixture(name)).iter().any(|l| l["event"] == "sample"
+            && l["system"]["swap_in_bytes_per_s"].as_f64().unwrap_or(0.0) > 0.0),
+        "{name}: nothing was swapped in"
+    );
+    let human = oomguard::units::HumanBytes(swap_peak).to_string();
+    let (text, html, json) = three_ways(name);
+    assert_eq!(
+        json["peak"]["swap_used_bytes"], swap_peak,
+        "{name}: JSON peak"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("peak") && l.contains(&format!("swap {human}"))),
+        "{name}: the text's peak line lacks swap {human}:\n{text}"
+    );
+    assert!(
+        html.contains(&card_html("Peak swap", &human)),
+        "{name}: no Peak swap card of {human}"
+    );
+    // The swap finding, named alike in all three.
+    let swap: Vec<&Value> = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "swap_growth")
+        .collect();
+    assert_eq!(swap.len(), 1, "{name}: {}", json["findings"]);
+    let title = swap[0]["title"].as_str().unwrap();
+    assert!(text.contains(title), "{name}: text lacks {title}");
+    assert!(
+        html.contains(
+            &title
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        ),
+        "{name}: HTML lacks {title}"
+    );
+    // The swap series is drawn.
+    let svg = svg_of(&html);
+    assert!(
+        svg_groups(svg).keys().any(|k| k.contains("swap")),
+        "{name}: no swap series: {:?}",
+        svg_groups(svg).keys().collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn attach_run_report_says_detached_in_text_html_and_json() {
+    let name = DETACHED_FIXTURE;
+    let end = lines(&fixture(name)).pop().unwrap();
+    assert_eq!(
+        end["outcome"], "detached",
+        "{name}: not a detached recording"
+    );
+    let (text, html, json) = three_ways(name);
+    assert_eq!(json["outcome"], "detached");
+    let attempts = json["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0]["ended_by"], "detached");
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("outcome") && l.contains("detached")),
+        "{name}:\n{text}"
+    );
+    assert!(
+        html.contains("Stopped watching (job still running)"),
+        "{name}: the HTML does not say the job was left running"
+    );
+    // Not drawn as a death or a kill anywhere.
+    for word in ["killed", "OOM", "crashed"] {
+        assert!(
+            !text.contains(word),
+            "{name}: the text says {word}:\n{text}"
+        );
+    }
+    let pss = end["peak"]["tree_pss_bytes"].as_u64().unwrap();
+    assert_eq!(json["peak"]["tree_pss_bytes"], pss);
+    let human = oomguard::units::HumanBytes(pss).to_string();
+    assert!(text.contains(&format!("PSS {human}")), "{name}:\n{text}");
+    assert!(html.contains(&card_html("Peak PSS", &human)));
 }

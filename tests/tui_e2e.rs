@@ -16,6 +16,51 @@ use common::*;
 struct Session(String);
 
 impl Session {
+    /// A detached tmux session of `w`×`h` running a bare bash.
+    fn start(name: String, w: u16, h: u16) -> Session {
+        let s = Session(name);
+        s.tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            &s.0,
+            "-x",
+            &w.to_string(),
+            "-y",
+            &h.to_string(),
+            "bash --norc --noprofile",
+        ]);
+        std::thread::sleep(Duration::from_millis(300));
+        s
+    }
+
+    /// Waits up to `secs` for `f(screen)`, failing with the screen.
+    fn wait_screen(&self, secs: u64, what: &str, f: impl Fn(&str) -> bool) {
+        assert!(
+            wait_for(Duration::from_secs(secs), || f(&self.screen())),
+            "{what}:\n{}",
+            self.screen()
+        );
+    }
+
+    /// `q` then `s` on the dashboard, and the shell's `EXIT=` line (a line
+    /// of its own: the echoed command line also contains "EXIT="). Returns
+    /// the screen then.
+    fn quit_with_stop(&self) -> String {
+        self.keys("q");
+        self.wait_screen(3, "no stop prompt", |sc| sc.contains("stop it gracefully"));
+        self.keys("s");
+        self.wait_screen(30, "oomguard did not end", |sc| {
+            sc.lines().any(|l| l.starts_with("EXIT="))
+        });
+        let screen = self.screen();
+        assert!(
+            screen.contains("stopped by oomguard (manual stop (dashboard))"),
+            "{screen}"
+        );
+        screen
+    }
+
     fn tmux(&self, args: &[&str]) -> String {
         let out = Command::new("tmux").args(args).output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -66,19 +111,7 @@ fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
     }
     let dir = tempfile::tempdir().unwrap();
     let stty = dir.path().join("stty.txt");
-    let s = Session(format!("oomguard-test-{}", std::process::id()));
-    s.tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &s.0,
-        "-x",
-        "160",
-        "-y",
-        "48",
-        "bash --norc --noprofile",
-    ]);
-    std::thread::sleep(Duration::from_millis(300));
+    let s = Session::start(format!("oomguard-test-{}", std::process::id()), 160, 48);
     let cmd = format!(
         "{} demo --tui; echo EXIT=$?; stty -a > {}",
         env!("CARGO_BIN_EXE_oomguard"),
@@ -140,30 +173,8 @@ fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
         s.screen()
     );
 
-    s.keys("q");
-    assert!(
-        wait_for(Duration::from_secs(3), || s
-            .screen()
-            .contains("stop it gracefully")),
-        "{}",
-        s.screen()
-    );
-    s.keys("s");
-    assert!(
-        // A line of its own: the echoed command line also contains "EXIT=".
-        wait_for(Duration::from_secs(30), || s
-            .screen()
-            .lines()
-            .any(|l| l.starts_with("EXIT="))),
-        "{}",
-        s.screen()
-    );
-    let screen = s.screen();
+    let screen = s.quit_with_stop();
     assert!(screen.lines().any(|l| l.trim() == "EXIT=0"), "{screen}");
-    assert!(
-        screen.contains("stopped by oomguard (manual stop (dashboard))"),
-        "{screen}"
-    );
     // The terminal is back in cooked mode with echo.
     assert!(wait_for(Duration::from_secs(5), || stty.exists()));
     let modes = std::fs::read_to_string(&stty).unwrap();
@@ -212,19 +223,7 @@ fn dashboard_under_a_shell(
     let job = script(dir, "job.py", job);
     let pid_file = dir.join("job.pid");
     let log = dir.join("run.ndjson");
-    let s = Session(format!("oomguard-{name}-{}", std::process::id()));
-    s.tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &s.0,
-        "-x",
-        "140",
-        "-y",
-        "40",
-        "bash --norc --noprofile",
-    ]);
-    std::thread::sleep(Duration::from_millis(300));
+    let s = Session::start(format!("oomguard-{name}-{}", std::process::id()), 140, 40);
     let cmd = format!(
         "{} run --tui --kill-after 2s --log {} {extra} -- python3 {} {}",
         env!("CARGO_BIN_EXE_oomguard"),
@@ -361,4 +360,91 @@ fn a_killed_dashboard_leaves_the_trainer_its_terminal_to_checkpoint() {
             .is_none_or(|s| s == 'Z')),
         "the keeper outlived the job"
     );
+}
+
+/// A job that says it is ready, then waits for the test to stop it (at
+/// most 30 s).
+const READY_THEN_WAITS: &str = r#"
+import sys, time
+print("JOB-READY", flush=True)
+time.sleep(float(sys.argv[1]))
+"#;
+
+/// `oomguard run` with neither `--tui` nor `--no-tui`, typed into a bash in
+/// a tmux pane (a real terminal), its environment cleared of `CI` and of
+/// every `OOMGUARD_*` variable (the tmux server's environment is not the
+/// test's: the shell unsets them, whatever they are) and then given
+/// `ci_env`. Returns the session once the job has printed its marker or
+/// the dashboard is up, with the pane's alternate-screen flag seen then.
+fn default_run(dir: &std::path::Path, name: &str, ci_env: &str, job_s: u32) -> (Session, bool) {
+    let job = script(dir, "job.py", READY_THEN_WAITS);
+    let s = Session::start(format!("oomguard-{name}-{}", std::process::id()), 140, 40);
+    let cmd = format!(
+        "for v in $(compgen -e | grep '^OOMGUARD_'); do unset $v; done; \
+         env -u CI {ci_env} {} run -- python3 {} {job_s}; echo EXIT=$?",
+        env!("CARGO_BIN_EXE_oomguard"),
+        job.display()
+    );
+    s.keys(&cmd);
+    s.keys("Enter");
+    let mut alt = false;
+    let up = wait_for(Duration::from_secs(15), || {
+        let sc = s.screen();
+        alt = s
+            .tmux(&["display-message", "-p", "-t", &s.0, "#{alternate_on}"])
+            .trim()
+            == "1";
+        (sc.contains("Processes") && sc.contains("q quit"))
+            || sc.lines().any(|l| l.trim() == "JOB-READY")
+    });
+    assert!(
+        up,
+        "neither the dashboard nor the job's output:\n{}",
+        s.screen()
+    );
+    (s, alt)
+}
+
+#[test]
+fn default_dashboard_on_a_terminal_without_ci() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    common::deadline::arm_for(Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alt) = default_run(dir.path(), "default-tui", "", 30);
+    let screen = s.screen();
+    assert!(
+        alt && screen.contains("Processes") && screen.contains("q quit"),
+        "no dashboard by default on a terminal without CI (alternate screen: {alt}):\n{screen}"
+    );
+    // The job's own output goes to the dashboard's Output pane, not over it.
+    s.wait_screen(10, "the job's output is not in the Output pane", |sc| {
+        sc.lines().any(|l| l.contains("│JOB-READY"))
+    });
+    s.quit_with_stop();
+}
+
+#[test]
+fn default_with_ci_set_is_plain_output_on_a_terminal() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    common::deadline::arm_for(Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let (s, alt) = default_run(dir.path(), "default-ci", "CI=true", 2);
+    s.wait_screen(20, "oomguard did not end", |sc| {
+        sc.lines().any(|l| l.starts_with("EXIT="))
+    });
+    let screen = s.screen();
+    assert!(!alt, "alternate screen with CI=true:\n{screen}");
+    assert!(
+        screen.lines().any(|l| l.trim() == "JOB-READY"),
+        "the job's output is not on the terminal:\n{screen}"
+    );
+    assert!(
+        !screen.contains("Processes") && !screen.contains('█'),
+        "a dashboard with CI=true:\n{screen}"
+    );
+    assert!(screen.lines().any(|l| l.trim() == "EXIT=0"), "{screen}");
 }

@@ -586,6 +586,15 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
     assert!(fired, "S: the swap_in_rate rule did not fire");
     assert_eq!(s.num("oom_kill"), 0);
     s.assert_clean();
+    // `RECORD_FIXTURES=DIR`: keep this real swapping run's log as
+    // DIR/swap.ndjson (how tests/fixtures/logs/swap.ndjson was recorded).
+    if let Some(keep) = std::env::var_os("RECORD_FIXTURES") {
+        std::fs::copy(
+            dir.path().join("s.ndjson"),
+            Path::new(&keep).join("swap.ndjson"),
+        )
+        .unwrap();
+    }
     // The report's swap part, from real swapping.
     let report = common::oomguard()
         .arg("report")
