@@ -146,7 +146,9 @@ echo "@@ vm_oom_before=$(grep '^oom_kill ' /proc/vmstat | cut -d' ' -f2)"
 # memory.high of the job's cgroup, read while it runs.
 ( while :; do
     for f in $U/app.slice/oomguard-*.scope/oomguard-*/memory.high; do
-      case $f in *-supervisor/*) ;; *) [ -r "$f" ] && cat "$f" > /tmp/high.txt ;; esac
+      # Kept only when read whole: the cgroup goes away at the run's end,
+      # and a failed read must not wipe what an earlier one saw.
+      case $f in *-supervisor/*) ;; *) v=$(cat "$f" 2>/dev/null) && [ -n "$v" ] && echo "$v" > /tmp/high.txt ;; esac
     done
     sleep 0.1
   done ) &
@@ -323,6 +325,12 @@ fn serial_vm_systemd_user_scope() {
     assert!(
         high > 200 << 20 && high < 300 << 20,
         "A: memory.high {high}"
+    );
+    // What the kernel held is what oomguard says it wrote.
+    assert_eq!(
+        a.cgroup.as_ref().and_then(|c| c.memory_high_bytes),
+        Some(high),
+        "A: run_start's memory_high_bytes"
     );
     assert_eq!(get("a.exit"), "75", "A: not stopped: {a_err}");
     assert_eq!(
