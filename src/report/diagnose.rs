@@ -1518,8 +1518,10 @@ mod tests {
             let procs: Vec<String> = (101..104)
                 .map(|pid| {
                     format!(
-                        r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{w},"pss_bytes":{w},"uss_bytes":{w}}}"#,
-                        w = 70 * MIB
+                        r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{w},"pss_bytes":{p},"uss_bytes":{w}}}"#,
+                        w = 70 * MIB,
+                        // Read: it shares pages with the trainer.
+                        p = 80 * MIB
                     )
                 })
                 .collect();

@@ -24,10 +24,14 @@ use super::diagnose::{
 };
 use super::load::{RunLog, SamplePoint};
 use crate::growth;
-use crate::model::{ETA_WINDOW_SECONDS, Role, least_squares_slope};
+use crate::model::{ETA_WINDOW_SECONDS, Role};
 use crate::units::HumanBytes;
 
 const MIB: u64 = 1 << 20;
+
+/// Share of the trainer's peak RSS that it must gather and give back to
+/// be called an accumulation.
+const ACCUMULATION_SHARE: f64 = 0.2;
 
 /// A rise smaller than this (and than a quarter of where it started) is
 /// not worth a finding: allocator slack, a worker's first batches.
@@ -211,6 +215,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
                 seconds,
                 level,
                 settled: true,
+                rss: p.peak_rss_bytes as f64,
             }),
             Growth::Continuing {
                 bytes,
@@ -224,6 +229,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
                 seconds: p.last_t - p.first_t,
                 level: rss,
                 settled: false,
+                rss,
             }),
             _ => None,
         })
@@ -342,6 +348,8 @@ struct Copied<'a> {
     seconds: f64,
     level: f64,
     settled: bool,
+    /// Its RSS at the last reading: the most it can copy.
+    rss: f64,
 }
 
 /// What the per-process lists missed: copying goes on between readings
@@ -370,10 +378,17 @@ fn settle<'a>(
             .iter()
             .find(|s| s.attempt == c.p.attempt && s.t >= c.p.last_t)
             .map_or(0, |s| s.procs.len() as u64);
-        let after: Vec<&SamplePoint> = log
+        // From the sample before the reading (the footprint is read every
+        // tick, the reading fell between two).
+        let ours: Vec<&SamplePoint> = log
             .samples
             .iter()
-            .filter(|s| s.attempt == c.p.attempt && s.t >= last.read_t)
+            .filter(|s| s.attempt == c.p.attempt)
+            .collect();
+        let from = ours.iter().rposition(|s| s.t <= last.read_t).unwrap_or(0);
+        let after: Vec<&SamplePoint> = ours[from..]
+            .iter()
+            .copied()
             .take_while(|s| s.procs.unwrap_or(0) >= alive)
             .collect();
         if after.len() < growth::TAIL {
@@ -389,12 +404,12 @@ fn settle<'a>(
             .collect();
         let n = per_attempt.get(&c.p.attempt).copied().unwrap_or(1.0);
         let extra = (copied[copied.len() - 1].1 - copied[0].1).max(0.0) / n;
-        c.level = if c.settled { c.level } else { last.uss } + extra;
         c.bytes += extra;
         c.settled = !matches!(
             growth::shape(&copied, ETA_WINDOW_SECONDS),
             growth::Shape::Growing { .. }
         );
+        c.level = if c.settled { last.uss + extra } else { c.rss };
     }
     cow
 }
@@ -585,9 +600,49 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
         let Some(pts) = series.get(&(p.attempt, p.pid)) else {
             continue;
         };
-        match growth_of(pts) {
+        let mut growth = growth_of(pts);
+        // The lists are seconds apart: growth that ended between the last
+        // two still spans their tail. With one trainer in its attempt, the
+        // trainer's PSS on every sample line (it follows RSS between
+        // readings) answers the policy's question at the policy's cadence.
+        let sole = procs
+            .iter()
+            .filter(|q| q.attempt == p.attempt && q.role == Role::Trainer)
+            .count()
+            == 1;
+        if let (true, Growth::Continuing { .. }) = (sole, growth) {
+            let role: Vec<(f64, f64)> = log
+                .samples
+                .iter()
+                .filter(|s| s.attempt == p.attempt && s.t <= p.last_t + 0.5)
+                .filter_map(|s| {
+                    let pss = s.role_pss.iter().find(|r| r.0 == Role::Trainer)?.1;
+                    Some((s.t, pss as f64))
+                })
+                .collect();
+            if role.len() >= growth::TAIL {
+                match growth::shape(&role, ETA_WINDOW_SECONDS) {
+                    growth::Shape::Growing { rate } => {
+                        if let Growth::Continuing { rate: r, .. } = &mut growth {
+                            *r = rate;
+                        }
+                    }
+                    growth::Shape::Ramp { bytes, seconds } => {
+                        let level = pts.last().map_or(0.0, |r| r.uss);
+                        growth = Growth::Ramp {
+                            bytes,
+                            seconds,
+                            level,
+                            rss_rise: 0.0,
+                        };
+                    }
+                    growth::Shape::Flat => growth = Growth::Flat,
+                }
+            }
+        }
+        match growth {
             Growth::Continuing { rate, .. } if p.leaks() && allocating(pts) => {
-                out.push(trainer_leak(p, pts, rate));
+                out.push(trainer_leak(p, rate));
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
@@ -641,19 +696,15 @@ fn released(pts: &[Reading]) -> Option<(f64, f64)> {
         return None;
     }
     let rise = peak - base;
-    (rise >= RISE_MIN_BYTES && freed >= RISE_MIN_BYTES && freed >= rise / 2.0)
-        .then_some((rise, freed))
+    // Smaller swings are the DataLoader's own buffers, freed with its
+    // iterator at the end of each epoch.
+    let worth = RISE_MIN_BYTES.max(ACCUMULATION_SHARE * peak);
+    (rise >= worth && freed >= worth && freed >= rise / 2.0).then_some((rise, freed))
 }
 
-fn trainer_leak(p: &ProcSummary, pts: &[Reading], rate: f64) -> Finding {
-    // The rate over the whole run would count the start-up (imports, a
-    // data set read in): the trend of the growth window is the leak's.
-    let t_last = pts.last().map_or(0.0, |r| r.t);
-    let recent = pts
-        .iter()
-        .filter(|r| t_last - r.t <= ETA_WINDOW_SECONDS)
-        .map(|r| (r.t, r.uss));
-    let rate = least_squares_slope(recent).unwrap_or(rate);
+/// `rate`: the trend of the last window (the role series, or the lists),
+/// not the run's average, which would count the start-up.
+fn trainer_leak(p: &ProcSummary, rate: f64) -> Finding {
     Finding {
         kind: "trainer_growth",
         severity: Severity::Warning,
