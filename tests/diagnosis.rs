@@ -343,11 +343,18 @@ fn figures(c: &Case) {
             close("trainer load", v, peak(trainer, |x| x.uss) - trainer[0].uss);
         }
         if let Some(v) = number(f, "released_bytes") {
-            close(
-                "trainer released",
-                v,
-                peak(trainer, |x| x.rss) - trainer[trainer.len() - 1].rss,
-            );
+            // From the peak to the lowest level after it.
+            let top = trainer
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.rss.total_cmp(&b.1.rss))
+                .unwrap()
+                .0;
+            let low = trainer[top..]
+                .iter()
+                .map(|p| p.rss)
+                .fold(f64::MAX, f64::min);
+            close("trainer released", v, trainer[top].rss - low);
         }
         if let Some(v) = number(f, "growth_bytes_per_second") {
             let end = trainer[trainer.len() - 1].t;

@@ -975,6 +975,22 @@ pub fn worker_fit_numbers(log: &RunLog) -> Option<WorkerFit> {
     if per_worker == 0 {
         return None;
     }
+    // The lists are a minute apart (or a few seconds while memory moves):
+    // the trainer's peak before its fork (when its PSS is its USS) may fall
+    // between two. Every sample line carries PSS by role.
+    let fixed_pss = log
+        .samples
+        .iter()
+        .map(|s| {
+            s.role_pss
+                .iter()
+                .filter(|(r, _)| *r != Role::Worker)
+                .map(|(_, b)| *b)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let trainer = trainer.max(fixed_pss);
     let budget = ceiling as f64 * FIT_SHARE - trainer as f64 - shared as f64;
     let fits = if budget <= 0.0 {
         0
@@ -1030,14 +1046,10 @@ fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
     // Copy-on-write growth between readings, measured from the footprint
     // (`workers::settle`), raises the per-worker peak, and accounts for the
     // growth after the newest list.
-    let cow = out
-        .iter()
-        .find(|f| f.kind == "worker_cow")
-        .filter(|f| {
-            f.numbers
-                .iter()
-                .any(|n| n.name == "per_worker_settled_bytes")
-        })
+    let cow_finding = out.iter().find(|f| f.kind == "worker_cow");
+    let still_copying =
+        cow_finding.is_some_and(|f| f.numbers.iter().any(|n| n.name == "per_worker_bound_bytes"));
+    let cow = cow_finding
         .and_then(|f| {
             f.numbers
                 .iter()
@@ -1153,6 +1165,11 @@ fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
         " Assumed: every worker holds the largest private memory measured in one ({}), the trainer's private and the shared memory stay at their measured peaks, and nothing else is charged to the ceiling.",
         HumanBytes(fit.per_worker_bytes)
     ));
+    if still_copying {
+        advice.push_str(
+            " The workers were still copying shared pages when they exited: each could reach its RSS, so this count holds only for workers that live as long as these did.",
+        );
+    }
     if leaking {
         advice.push_str(
             " The workers leak, so their peak depends on how long they ran: this count holds for a run as long as this one, and fixing the leak matters more.",

@@ -216,6 +216,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
                 level,
                 settled: true,
                 rss: p.peak_rss_bytes as f64,
+                reached: level,
             }),
             Growth::Continuing {
                 bytes,
@@ -230,6 +231,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
                 level: rss,
                 settled: false,
                 rss,
+                reached: p.last_uss_bytes as f64,
             }),
             _ => None,
         })
@@ -350,6 +352,9 @@ struct Copied<'a> {
     settled: bool,
     /// Its RSS at the last reading: the most it can copy.
     rss: f64,
+    /// The private memory it reached: its last reading plus its share of
+    /// the copying seen after it (see [`settle`]).
+    reached: f64,
 }
 
 /// What the per-process lists missed: copying goes on between readings
@@ -409,7 +414,8 @@ fn settle<'a>(
             growth::shape(&copied, ETA_WINDOW_SECONDS),
             growth::Shape::Growing { .. }
         );
-        c.level = if c.settled { last.uss + extra } else { c.rss };
+        c.reached = last.uss + extra;
+        c.level = if c.settled { c.reached } else { c.rss };
     }
     cow
 }
@@ -436,10 +442,7 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize) -> Finding {
     // What the lists missed between readings counts in the peak too.
     let peak = cow
         .iter()
-        .map(|c| {
-            let level = if c.settled { c.level as u64 } else { 0 };
-            c.p.peak_uss_bytes.max(level)
-        })
+        .map(|c| c.p.peak_uss_bytes.max(c.reached as u64))
         .max()
         .unwrap_or(0);
     let gens = generations(log, cow.len());
@@ -684,17 +687,19 @@ fn released(pts: &[Reading]) -> Option<(f64, f64)> {
         .enumerate()
         .max_by(|a, b| a.1.rss.total_cmp(&b.1.rss))
         .map(|(i, r)| (i, r.rss))?;
-    let end = pts.last()?.rss;
+    // The level it fell to: the lowest after the peak (a last reading
+    // taken while Python tears down may sit above it).
+    let after = &pts[i_peak + 1..];
+    let end = after.iter().map(|r| r.rss).fold(f64::INFINITY, f64::min);
     let freed = peak - end;
-    let low = end + (RISE_MIN_BYTES).max(0.1 * freed);
-    let base = pts[..i_peak].iter().rev().find(|r| r.rss <= low)?.rss;
-    // Held at the lower level for two readings: a process that frees its
+    let low = end + RISE_MIN_BYTES.max(0.1 * freed);
+    // Held at that level for two readings: a process that frees its
     // memory only as it exits (Python tearing down its globals) released
     // nothing while it ran.
-    let before_last = pts.len().checked_sub(2).filter(|&i| i > i_peak)?;
-    if pts[before_last].rss > low {
+    if after.iter().filter(|r| r.rss <= low).count() < 2 {
         return None;
     }
+    let base = pts[..i_peak].iter().rev().find(|r| r.rss <= low)?.rss;
     let rise = peak - base;
     // Smaller swings are the DataLoader's own buffers, freed with its
     // iterator at the end of each epoch.
@@ -702,8 +707,6 @@ fn released(pts: &[Reading]) -> Option<(f64, f64)> {
     (rise >= worth && freed >= worth && freed >= rise / 2.0).then_some((rise, freed))
 }
 
-/// `rate`: the trend of the last window (the role series, or the lists),
-/// not the run's average, which would count the start-up.
 fn trainer_leak(p: &ProcSummary, rate: f64) -> Finding {
     Finding {
         kind: "trainer_growth",
