@@ -425,7 +425,7 @@ fn serial_copy_on_read_of_a_python_list_is_named_and_measured() {
             "--pause",
             "0.003",
             "--epoch-seconds",
-            "9",
+            "6",
         ],
     ) else {
         return;
