@@ -96,20 +96,20 @@ impl Truth {
             .expect("the reader saw the trainer")
     }
 
-    /// Per round: (sum of the trainer's USS, PSS sum − USS sum).
-    fn rounds(&self) -> BTreeMap<i64, (f64, f64, f64)> {
-        let mut by: BTreeMap<i64, (f64, f64, f64)> = BTreeMap::new();
+    /// Per round: what does not scale with the workers, PSS sum − the
+    /// workers' USS sum (the trainer's own and every shared page, once).
+    fn fixed(&self) -> f64 {
+        let mut by: BTreeMap<i64, f64> = BTreeMap::new();
         for (comm, pts) in self.procs.values() {
             for p in pts {
                 let e = by.entry((p.t * 1000.0).round() as i64).or_default();
-                if comm == "python" {
-                    e.0 += p.uss;
+                *e += p.pss;
+                if comm == "pt_data_worker" {
+                    *e -= p.uss;
                 }
-                e.1 += p.pss;
-                e.2 += p.uss;
             }
         }
-        by
+        by.values().copied().fold(0.0, f64::max)
     }
 }
 
@@ -366,14 +366,11 @@ fn figures(c: &Case) {
             close("trainer growth per second", v, slope(&pts));
         }
         if let Some(fit) = number(f, "workers_fit") {
-            let rounds = c.truth.rounds();
-            let trainer_uss = rounds.values().map(|r| r.0).fold(0.0, f64::max);
-            let shared = rounds.values().map(|r| r.1 - r.2).fold(0.0, f64::max);
             let worker = workers
                 .iter()
                 .map(|(_, p)| peak(p, |x| x.uss))
                 .fold(0.0, f64::max);
-            let allowed = ((c.ceiling * 0.9 - trainer_uss - shared) / worker).floor();
+            let allowed = ((c.ceiling * 0.9 - c.truth.fixed()) / worker).floor();
             eprintln!("  workers fit: advised {fit}, the true peaks allow {allowed}");
             assert!(fit <= allowed, "{fit} workers advised, {allowed} fit");
         }

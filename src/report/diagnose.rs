@@ -991,6 +991,14 @@ pub fn worker_fit_numbers(log: &RunLog) -> Option<WorkerFit> {
         .max()
         .unwrap_or(0);
     let trainer = trainer.max(fixed_pss);
+    // Sharing is largest right after the workers are first read, and
+    // shrinks as they copy: the tree's totals on every sample see it.
+    let shared = log
+        .samples
+        .iter()
+        .filter(|s| s.uss_bytes > 0)
+        .map(|s| s.pss_bytes.saturating_sub(s.uss_bytes))
+        .fold(shared, u64::max);
     let budget = ceiling as f64 * FIT_SHARE - trainer as f64 - shared as f64;
     let fits = if budget <= 0.0 {
         0

@@ -81,11 +81,14 @@ fn readings(log: &RunLog) -> BTreeMap<(u32, u32), Vec<Reading>> {
             // The same reading listed again (the family was not re-read
             // since the last list): no news, and counting it as a new point
             // would make growth that stopped look ongoing, or the reverse.
-            let again = pts.last().is_some_and(|r: &Reading| {
-                r.uss == p.uss_bytes as f64
-                    && r.rss == p.rss_bytes as f64
-                    && snap.pss_age_seconds.unwrap_or(0.0) >= snap.t - r.t
-            });
+            // A trainer's figures follow its RSS between readings (read on
+            // every tick): listed again, they are still news.
+            let again = p.role == Role::Worker
+                && pts.last().is_some_and(|r: &Reading| {
+                    r.uss == p.uss_bytes as f64
+                        && r.rss == p.rss_bytes as f64
+                        && snap.pss_age_seconds.unwrap_or(0.0) >= snap.t - r.t
+                });
             if !was_held(p.pid, snap.t) && !again {
                 pts.push(Reading {
                     t: snap.t,
