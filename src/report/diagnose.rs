@@ -1035,8 +1035,7 @@ fn stale_peak(log: &RunLog) -> Option<(f64, u64)> {
     let fp = |s: &SamplePoint| s.footprint_bytes.unwrap_or(s.pss_bytes);
     let ours = || log.samples.iter().filter(|s| s.attempt == snap.attempt);
     let at_read = ours()
-        .filter(|s| s.t <= read)
-        .last()
+        .rfind(|s| s.t <= read)
         .or_else(|| ours().next())
         .map(fp)?;
     let (t_max, max) = ours()
@@ -1071,11 +1070,14 @@ fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
             - fit.shared_bytes as f64;
         fit.fits = (budget.max(0.0) / peak as f64).floor() as u64;
     }
-    if let Some((age, grew)) = stale_peak(log).filter(|_| cow.is_none()) {
+    // Leaking workers' peak depends on how long they ran anyway: their
+    // advice says so below.
+    let leaking = out.iter().any(|f| f.kind == "worker_leak");
+    if let Some((age, grew)) = stale_peak(log).filter(|_| cow.is_none() && !leaking) {
         out.push(Finding {
             kind: "num_workers",
             severity: Severity::Info,
-            title: "No worker count advised: the per-worker peak was read before the job's memory last grew".to_string(),
+            title: "No worker count: the per-worker peak predates the job's last growth".to_string(),
             advice: format!(
                 "The largest private memory measured in a worker was {}, but the per-process readings behind it are {} older than the job's peak, and the job grew by {} after them: the workers may have grown too (copying shared pages does not show in RSS), so a count from this figure could be too high. Rerun with a shorter --pss-interval or --procs-interval to measure it.",
                 HumanBytes(fit.per_worker_bytes),
@@ -1103,7 +1105,6 @@ fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
         .max()
         .unwrap_or(0) as u64;
     let last = log.attempts.last().map_or(0, |a| a.max_workers) as u64;
-    let leaking = out.iter().any(|f| f.kind == "worker_leak");
     let trouble = log.events.iter().any(|e| {
         matches!(
             e.kind,

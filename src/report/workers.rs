@@ -472,10 +472,7 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize) -> Finding {
         )
     } else {
         (
-            format!(
-                "still copying at the end (at most {} each)",
-                HumanBytes(level as u64)
-            ),
+            format!("still copying at the end (≤ {})", HumanBytes(level as u64)),
             format!(
                 "They were still copying when the run ended; it stops once a worker has touched the whole data set, at most at its RSS ({} per worker here): a bounded cost of every worker, not a leak.",
                 HumanBytes(level as u64)
@@ -491,7 +488,7 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize) -> Finding {
         kind: "worker_cow",
         severity: Severity::Warning,
         title: format!(
-            "Copy-on-read: each DataLoader worker copied +{} of the trainer's memory, {title_end}",
+            "Copy-on-read in DataLoader workers: +{} each, {title_end}",
             HumanBytes(growth as u64),
         ),
         advice: format!(
