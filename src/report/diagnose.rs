@@ -21,7 +21,7 @@ const MIB: u64 = 1 << 20;
 pub const FIT_SHARE: f64 = 0.9;
 
 /// A process first seen this early in its attempt loaded "at start-up".
-const EARLY_SECONDS: f64 = 15.0;
+pub(super) const EARLY_SECONDS: f64 = 15.0;
 
 /// How urgent a finding is. Ordered from most to least urgent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -75,7 +75,7 @@ pub struct Cited {
 }
 
 impl Cited {
-    fn bytes(name: &str, label: &str, v: u64) -> Self {
+    pub(super) fn bytes(name: &str, label: &str, v: u64) -> Self {
         Self {
             name: name.into(),
             label: label.into(),
@@ -85,7 +85,7 @@ impl Cited {
         }
     }
 
-    fn rate(name: &str, label: &str, v: f64) -> Self {
+    pub(super) fn rate(name: &str, label: &str, v: f64) -> Self {
         Self {
             name: name.into(),
             label: label.into(),
@@ -95,7 +95,7 @@ impl Cited {
         }
     }
 
-    fn seconds(name: &str, label: &str, v: f64) -> Self {
+    pub(super) fn seconds(name: &str, label: &str, v: f64) -> Self {
         Self {
             name: name.into(),
             label: label.into(),
@@ -105,7 +105,7 @@ impl Cited {
         }
     }
 
-    fn percent(name: &str, label: &str, v: f64) -> Self {
+    pub(super) fn percent(name: &str, label: &str, v: f64) -> Self {
         Self {
             name: name.into(),
             label: label.into(),
@@ -115,7 +115,7 @@ impl Cited {
         }
     }
 
-    fn count(name: &str, label: &str, v: u64) -> Self {
+    pub(super) fn count(name: &str, label: &str, v: u64) -> Self {
         Self {
             name: name.into(),
             label: label.into(),
@@ -185,7 +185,7 @@ impl ProcSummary {
 /// a process's memory does not move, so readings taken then would dilute
 /// its growth (a worker leaking 50 MiB/s, frozen at the edge for 5 s
 /// before the kill, read as 3 MiB/s).
-fn held_spans(log: &RunLog) -> BTreeMap<u32, Vec<(f64, f64)>> {
+pub(super) fn held_spans(log: &RunLog) -> BTreeMap<u32, Vec<(f64, f64)>> {
     let mut open: BTreeMap<u32, f64> = BTreeMap::new();
     let mut spans: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     for e in &log.events {
@@ -253,8 +253,12 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
                     Vec::new(),
                 )
             });
-            // A process that has not been swept yet reports zeros.
-            if p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0 {
+            // A process that has not been swept yet reports zeros; a worker
+            // not read since its fork, what it gained as both its PSS and
+            // USS (a worker that was read shares pages with its parent).
+            if (p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0)
+                || (p.role == Role::Worker && p.pss_bytes == p.uss_bytes)
+            {
                 continue;
             }
             // Another program now (a launcher's shell that exec'd python):
@@ -318,9 +322,9 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     cuda_ooms(log, &mut out);
     worker_deaths(log, &mut out);
     what_oomguard_did(log, &mut out);
-    worker_growth(&procs, &mut out);
-    trainer_growth(&procs, &mut out);
-    worker_fit(log, &procs, &mut out);
+    super::workers::worker_growth(log, &procs, &mut out);
+    super::workers::trainer_growth(log, &procs, &mut out);
+    worker_fit(log, &mut out);
     prefetch_share(log, &mut out);
     swap_growth(log, &mut out);
     log_integrity(log, &mut out);
@@ -905,186 +909,12 @@ fn describe_actions(actions: &[(f64, &str, Option<&str>)], restarts: &[Restart<'
     format!("oomguard: {}.", parts.join("; "))
 }
 
-fn worker_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
-    let workers: Vec<&ProcSummary> = procs
-        .iter()
-        .filter(|p| p.role == Role::Worker && p.snapshots >= 2 && p.last_t > p.first_t)
-        .collect();
-    if workers.is_empty() {
-        return;
-    }
-    let leaking: Vec<&&ProcSummary> = workers.iter().filter(|p| p.leaks()).collect();
-    if leaking.is_empty() {
-        let peak = workers.iter().map(|p| p.peak_uss_bytes).max().unwrap_or(0);
-        let drift = workers
-            .iter()
-            .map(|p| p.uss_slope.unwrap_or(0.0))
-            .fold(0.0_f64, |a, b| a.max(b));
-        out.push(Finding {
-            kind: "worker_flat",
-            severity: Severity::Info,
-            title: "Worker memory is flat: no leak in the workers".to_string(),
-            advice: format!(
-                "Each of the {} workers observed held at most {} of private memory and did not grow. Their cost is a fixed amount per worker: the number of workers, not a leak, decides whether they fit.",
-                workers.len(),
-                HumanBytes(peak)
-            ),
-            numbers: vec![
-                Cited::count("workers", "workers observed", workers.len() as u64),
-                Cited::bytes("per_worker_private_peak_bytes", "per-worker private peak", peak),
-                Cited::rate("max_growth_bytes_per_second", "largest drift", drift),
-            ],
-        });
-        return;
-    }
-    let rates: Vec<f64> = leaking.iter().filter_map(|p| p.uss_slope).collect();
-    let mean = rates.iter().sum::<f64>() / rates.len().max(1) as f64;
-    // The tree's growth: the leaking workers of one attempt run together.
-    let mut per_attempt: BTreeMap<u32, f64> = BTreeMap::new();
-    for p in &leaking {
-        *per_attempt.entry(p.attempt).or_default() += p.uss_slope.unwrap_or(0.0);
-    }
-    let together = per_attempt.values().copied().fold(0.0, f64::max);
-    let first = leaking.iter().map(|p| p.first_uss_bytes).min().unwrap_or(0);
-    let peak = leaking.iter().map(|p| p.peak_uss_bytes).max().unwrap_or(0);
-    let names = name_workers(&leaking);
-    out.push(Finding {
-        kind: "worker_leak",
-        severity: Severity::Warning,
-        title: format!(
-            "{} of {} DataLoader workers leak: +{} each",
-            leaking.len(),
-            workers.len(),
-            rate_text(mean)
-        ),
-        advice: format!(
-            "The private memory (USS) of {names} grew steadily, from {} to {} per worker, at {} each: {} for the job while they ran together. Memory that grows in every worker is a leak in the dataset or a cache it fills (a dict or list of samples, decoded images, a Python object per item touched; reference counts also un-share copy-on-write pages). Bound the cache or keep it in the trainer, store samples as numpy arrays rather than Python lists, or set persistent_workers=False so workers are recycled each epoch. Fewer workers only postpones the kill.",
-            HumanBytes(first),
-            HumanBytes(peak),
-            rate_text(mean),
-            rate_text(together),
-        ),
-        numbers: vec![
-            Cited::count("leaking_workers", "leaking workers", leaking.len() as u64),
-            Cited::count("workers", "workers observed", workers.len() as u64),
-            Cited::rate("per_worker_growth_bytes_per_second", "growth per worker", mean),
-            Cited::bytes("first_private_bytes", "private memory at first sight", first),
-            Cited::bytes("peak_private_bytes", "private peak of a worker", peak),
-        ],
-    });
-}
-
-/// `workers 4110, 4111 (attempt 1) and 4210 (attempt 2), all
-/// pt_data_worker`, capped so the sentence stays readable with 32 workers.
-fn name_workers(ws: &[&&ProcSummary]) -> String {
-    let mut by: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for w in ws {
-        by.entry(w.attempt).or_default().push(w.pid);
-    }
-    let several = by.len() > 1;
-    let groups: Vec<String> = by
-        .into_iter()
-        .map(|(a, mut pids)| {
-            pids.sort_unstable();
-            let n = pids.len();
-            let mut names: Vec<String> = pids.iter().take(8).map(u32::to_string).collect();
-            if n > 8 {
-                names.push(format!("{} more", n - 8));
-            }
-            let list = and_list(&names);
-            if several {
-                format!("{list} (attempt {a})")
-            } else {
-                list
-            }
-        })
-        .collect();
-    let plural = if ws.len() == 1 { "worker" } else { "workers" };
-    let mut comms: Vec<&str> = ws.iter().map(|w| w.comm.as_str()).collect();
-    comms.sort_unstable();
-    comms.dedup();
-    let comm = match comms.as_slice() {
-        [one] if ws.len() > 1 => format!(", all {one},"),
-        [one] => format!(" ({one})"),
-        _ => String::new(),
-    };
-    let joined = if several {
-        groups.join("; ")
-    } else {
-        groups.concat()
-    };
-    format!("{plural} {joined}{comm}")
-}
-
 /// `a`, `a and b`, `a, b and c`.
-fn and_list(items: &[String]) -> String {
+pub(super) fn and_list(items: &[String]) -> String {
     match items {
         [] => String::new(),
         [one] => one.clone(),
         [init @ .., last] => format!("{} and {last}", init.join(", ")),
-    }
-}
-
-fn trainer_growth(procs: &[ProcSummary], out: &mut Vec<Finding>) {
-    for p in procs
-        .iter()
-        .filter(|p| p.role == Role::Trainer && p.leaks())
-    {
-        if let Some((bytes, seconds)) = p.ramp {
-            out.push(trainer_load(p, bytes, seconds));
-            continue;
-        }
-        let rate = p.uss_slope.unwrap_or(0.0);
-        out.push(Finding {
-            kind: "trainer_growth",
-            severity: Severity::Warning,
-            title: format!(
-                "The trainer ({} {}) grew +{}",
-                p.pid,
-                p.comm,
-                rate_text(rate)
-            ),
-            advice: format!(
-                "The training process's private memory went from {} to {}. Growth in the trainer itself usually means something accumulates across steps: losses or outputs kept with their autograd graph (use loss.item() / detach()), a growing list of metrics, or a cache in the model code.",
-                HumanBytes(p.first_uss_bytes),
-                HumanBytes(p.peak_uss_bytes)
-            ),
-            numbers: vec![
-                Cited::count("pid", "trainer pid", u64::from(p.pid)),
-                Cited::rate("growth_bytes_per_second", "growth", rate),
-                Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
-            ],
-        });
-    }
-}
-
-/// A trainer whose memory rose and then stayed: a load, not a leak.
-fn trainer_load(p: &ProcSummary, bytes: f64, seconds: f64) -> Finding {
-    let when = if p.first_t < EARLY_SECONDS {
-        " at start-up"
-    } else {
-        ""
-    };
-    Finding {
-        kind: "trainer_load",
-        severity: Severity::Info,
-        title: format!(
-            "The trainer ({} {}) loaded {} in {:.0} s{when}, then stayed level",
-            p.pid,
-            p.comm,
-            HumanBytes(bytes as u64),
-            seconds.max(1.0)
-        ),
-        advice: format!(
-            "Its private memory rose from {} to {} and then stopped growing: a data set, a checkpoint or a cache read in once, not a leak. It is part of the job's fixed cost; if it is too large, load it lazily, memory-map it, or keep it as numpy arrays shared with the workers.",
-            HumanBytes(p.first_uss_bytes),
-            HumanBytes(p.peak_uss_bytes)
-        ),
-        numbers: vec![
-            Cited::count("pid", "trainer pid", u64::from(p.pid)),
-            Cited::bytes("loaded_bytes", "loaded", bytes as u64),
-            Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
-        ],
     }
 }
 
@@ -1145,6 +975,30 @@ pub fn worker_fit_numbers(log: &RunLog) -> Option<WorkerFit> {
     if per_worker == 0 {
         return None;
     }
+    // The lists are a minute apart (or a few seconds while memory moves):
+    // the trainer's peak before its fork (when its PSS is its USS) may fall
+    // between two. Every sample line carries PSS by role.
+    let fixed_pss = log
+        .samples
+        .iter()
+        .map(|s| {
+            s.role_pss
+                .iter()
+                .filter(|(r, _)| *r != Role::Worker)
+                .map(|(_, b)| *b)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let trainer = trainer.max(fixed_pss);
+    // Sharing is largest right after the workers are first read, and
+    // shrinks as they copy: the tree's totals on every sample see it.
+    let shared = log
+        .samples
+        .iter()
+        .filter(|s| s.uss_bytes > 0)
+        .map(|s| s.pss_bytes.saturating_sub(s.uss_bytes))
+        .fold(shared, u64::max);
     let budget = ceiling as f64 * FIT_SHARE - trainer as f64 - shared as f64;
     let fits = if budget <= 0.0 {
         0
@@ -1165,10 +1019,84 @@ fn workers(n: u64, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
-fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
-    let Some(fit) = worker_fit_numbers(log) else {
+/// When the newest per-process list with workers was read (its time less
+/// the age of its readings) and how much the job's footprint grew after
+/// that, in its attempt: `(seconds, bytes)` when it grew by more than
+/// 16 MiB and 5 %. A per-worker peak read before such growth may be far
+/// below the real one (workers copying what they share grow without any
+/// RSS change), so no worker count is given from it.
+fn stale_peak(log: &RunLog) -> Option<(f64, u64)> {
+    let snap = log
+        .snapshots
+        .iter()
+        .rev()
+        .find(|s| s.procs.iter().any(|p| p.role == Role::Worker))?;
+    let read = snap.t - snap.pss_age_seconds.unwrap_or(0.0);
+    let fp = |s: &SamplePoint| s.footprint_bytes.unwrap_or(s.pss_bytes);
+    let ours = || log.samples.iter().filter(|s| s.attempt == snap.attempt);
+    let at_read = ours()
+        .rfind(|s| s.t <= read)
+        .or_else(|| ours().next())
+        .map(fp)?;
+    let (t_max, max) = ours()
+        .filter(|s| s.t > read)
+        .map(|s| (s.t, fp(s)))
+        .max_by_key(|&(_, b)| b)?;
+    let grew = max.saturating_sub(at_read);
+    (grew > (16 * MIB).max(at_read / 20)).then_some((t_max - read, grew))
+}
+
+fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
+    let Some(mut fit) = worker_fit_numbers(log) else {
         return;
     };
+    // Copy-on-write growth between readings, measured from the footprint
+    // (`workers::settle`), raises the per-worker peak, and accounts for the
+    // growth after the newest list.
+    let cow_finding = out.iter().find(|f| f.kind == "worker_cow");
+    let still_copying =
+        cow_finding.is_some_and(|f| f.numbers.iter().any(|n| n.name == "per_worker_bound_bytes"));
+    let cow = cow_finding
+        .and_then(|f| {
+            f.numbers
+                .iter()
+                .find(|n| n.name == "per_worker_private_peak_bytes")
+        })
+        .map(|n| n.value as u64);
+    if let Some(peak) = cow.filter(|&p| p > fit.per_worker_bytes) {
+        fit.per_worker_bytes = peak;
+        let budget = fit.ceiling_bytes as f64 * FIT_SHARE
+            - fit.trainer_bytes as f64
+            - fit.shared_bytes as f64;
+        fit.fits = (budget.max(0.0) / peak as f64).floor() as u64;
+    }
+    // Leaking workers' peak depends on how long they ran anyway: their
+    // advice says so below.
+    let leaking = out.iter().any(|f| f.kind == "worker_leak");
+    if let Some((age, grew)) = stale_peak(log).filter(|_| cow.is_none() && !leaking) {
+        out.push(Finding {
+            kind: "num_workers",
+            severity: Severity::Info,
+            title: "No worker count: the per-worker peak predates the job's last growth".to_string(),
+            advice: format!(
+                "The largest private memory measured in a worker was {}, but the per-process readings behind it are {} older than the job's peak, and the job grew by {} after them: the workers may have grown too (copying shared pages does not show in RSS), so a count from this figure could be too high. Rerun with a shorter --pss-interval or --procs-interval to measure it.",
+                HumanBytes(fit.per_worker_bytes),
+                time_text(age),
+                HumanBytes(grew)
+            ),
+            numbers: vec![
+                Cited::bytes("ceiling_bytes", "ceiling", fit.ceiling_bytes),
+                Cited::bytes(
+                    "per_worker_private_peak_bytes",
+                    "per-worker private peak (as read)",
+                    fit.per_worker_bytes,
+                ),
+                Cited::seconds("readings_age_seconds", "readings older than the peak by", age),
+                Cited::bytes("growth_since_bytes", "growth after the readings", grew),
+            ],
+        });
+        return;
+    }
     let source = nearest_ceiling(log).map_or_else(String::new, |(s, _)| s);
     let used = log
         .attempts
@@ -1177,7 +1105,6 @@ fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
         .max()
         .unwrap_or(0) as u64;
     let last = log.attempts.last().map_or(0, |a| a.max_workers) as u64;
-    let leaking = procs.iter().any(|p| p.role == Role::Worker && p.leaks());
     let trouble = log.events.iter().any(|e| {
         matches!(
             e.kind,
@@ -1243,6 +1170,15 @@ fn worker_fit(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<Finding>) {
     if last != used && last > 0 {
         advice.push_str(&format!(" The last attempt ran with {last}."));
     }
+    advice.push_str(&format!(
+        " Assumed: every worker holds the largest private memory measured in one ({}), the trainer's private and the shared memory stay at their measured peaks, and nothing else is charged to the ceiling.",
+        HumanBytes(fit.per_worker_bytes)
+    ));
+    if still_copying {
+        advice.push_str(
+            " The workers were still copying shared pages when they exited: each could reach its RSS, so this count holds only for workers that live as long as these did.",
+        );
+    }
     if leaking {
         advice.push_str(
             " The workers leak, so their peak depends on how long they ran: this count holds for a run as long as this one, and fixing the leak matters more.",
@@ -1283,6 +1219,17 @@ fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
     let mut attempts: BTreeMap<u32, Vec<(f64, u64, u64)>> = BTreeMap::new();
     for snap in &log.snapshots {
         if !snap.procs.iter().any(|p| p.role == Role::Worker) {
+            continue;
+        }
+        // A worker not read since its fork is listed with PSS = USS (what
+        // it gained): the trainer's reading still counts their shared pages
+        // as its own, and the first full reading would look like shared
+        // memory appearing (the fork's sharing, not batches).
+        if snap
+            .procs
+            .iter()
+            .any(|p| p.role == Role::Worker && p.pss_bytes == p.uss_bytes)
+        {
             continue;
         }
         let pss: u64 = snap.procs.iter().map(|p| p.pss_bytes).sum();
@@ -1597,8 +1544,10 @@ mod tests {
             let procs: Vec<String> = (101..104)
                 .map(|pid| {
                     format!(
-                        r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{w},"pss_bytes":{w},"uss_bytes":{w}}}"#,
-                        w = 70 * MIB
+                        r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{w},"pss_bytes":{p},"uss_bytes":{w}}}"#,
+                        w = 70 * MIB,
+                        // Read: it shares pages with the trainer.
+                        p = 80 * MIB
                     )
                 })
                 .collect();

@@ -164,6 +164,10 @@ pub struct Snapshot {
     pub t: f64,
     pub attempt: u32,
     pub procs: Vec<ProcPoint>,
+    /// Age of the oldest `smaps_rollup` reading behind the list (the
+    /// sample's `tree.pss_age_seconds`), when its line says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pss_age_seconds: Option<f64>,
 }
 
 /// One process in a [`Snapshot`].
@@ -482,11 +486,11 @@ impl Reader {
                 .unwrap_or_default()
                 .procs
         };
-        self.snapshot(procs.as_deref(), t, attempt);
+        self.snapshot(procs.as_deref(), t, attempt, None);
         match event_kind(&event, &raw, head.attempt) {
             Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
             Ok(Read::Sample(s)) => {
-                self.snapshot(s.procs.as_deref(), t, attempt);
+                self.snapshot(s.procs.as_deref(), t, attempt, Some(s.tree.pss_age_seconds));
                 let mut point = sample_point(&s, t, attempt);
                 // Per-GPU detail is written less often than the totals: a
                 // line without it carries the last one forward.
@@ -527,11 +531,12 @@ impl Reader {
         Ok(())
     }
 
-    fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32) {
+    fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32, age: Option<f64>) {
         if let Some(procs) = procs {
             self.log.snapshots.push(Snapshot {
                 t,
                 attempt,
+                pss_age_seconds: age,
                 procs: procs.iter().map(proc_point).collect(),
             });
         }

@@ -11,6 +11,7 @@ mod html;
 mod load;
 mod svg;
 mod text;
+mod workers;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! Actions annotations, the dashboard, stderr and desktop notifications,
 //! and into the run's totals for `run_end` and the summary.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::act::Notifier;
@@ -46,6 +46,14 @@ pub struct Sinks {
     pub early_procs_list: Option<f64>,
     /// Unforced lines with the process list written so far.
     pub procs_lists: u32,
+    /// Each process's private memory (USS) on the last process list, and
+    /// when the attempt started: see [`MOVED_SHARE`].
+    pub logged_uss: HashMap<u32, u64>,
+    pub attempt_t: f64,
+    /// After a list for memory that moved, one more is due then: it shows
+    /// whether the memory kept moving or levelled off (the report tells a
+    /// leak from a ramp by the newest readings).
+    pub confirm_at: Option<f64>,
     /// Stops the metrics endpoint when dropped (the runtime ending does too).
     pub _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -58,12 +66,44 @@ pub struct Sinks {
 /// holds, see `log.rs`).
 pub const EARLY_PROCS_LIST: f64 = 10.0;
 
+/// A process list is also written when a process's private memory moved
+/// this much (share of what the last list showed, and at least
+/// [`MOVED_MIN_BYTES`]) since the last list: the PSS sweep renews a family
+/// when its memory moves, and without a list the report would only see the
+/// readings from around the fork (a worker copying its parent's pages
+/// doubles its private memory without any RSS change). Spaced by at least
+/// [`MOVED_SPACING`] and by a thirtieth of the attempt's age, so such lists
+/// grow with the logarithm of the run's length (about 250 in a day of
+/// memory that never stops moving): the log-size bound holds.
+pub const MOVED_SHARE: f64 = 0.1;
+pub const MOVED_MIN_BYTES: u64 = 8 << 20;
+pub const MOVED_SPACING: f64 = 2.0;
+
 impl Sinks {
     /// The next attempt starts at `t`: a line at its first sample, and its
     /// early process list.
     pub fn start_attempt(&mut self, t: f64) {
         self.last_logged = None;
         self.early_procs_list = Some(t + EARLY_PROCS_LIST);
+        self.attempt_t = t;
+    }
+
+    fn moved_spacing(&self, t: f64) -> f64 {
+        MOVED_SPACING.max((t - self.attempt_t) / 30.0)
+    }
+
+    /// Whether a process's private memory moved enough since the last list
+    /// for a list of its own (see [`MOVED_SHARE`]).
+    fn moved(&self, sample: &Sample) -> bool {
+        let since = self.last_procs_log.map_or(f64::INFINITY, |l| sample.t - l);
+        if since < self.moved_spacing(sample.t) {
+            return false;
+        }
+        sample.procs.iter().any(|p| {
+            let was = self.logged_uss.get(&p.pid).copied().unwrap_or(0);
+            let d = p.uss_bytes.abs_diff(was);
+            d >= MOVED_MIN_BYTES && d as f64 >= MOVED_SHARE * was as f64
+        })
     }
 
     /// One tick's sample to every sink: metrics and the dashboard always,
@@ -126,13 +166,19 @@ impl Sinks {
             self.textfile = None;
         }
         let early = self.early_procs_list.is_some_and(|due| sample.t >= due);
+        let moved = self.moved(sample);
+        let confirm = self.confirm_at.is_some_and(|at| sample.t >= at);
         let with_procs = force
             || early
+            || moved
+            || confirm
             || self
                 .last_procs_log
                 .is_none_or(|last| sample.t - last >= self.procs_interval.as_secs_f64());
         if with_procs {
             self.last_procs_log = Some(sample.t);
+            self.confirm_at = moved.then(|| sample.t + 1.5 * self.moved_spacing(sample.t));
+            self.logged_uss = sample.procs.iter().map(|p| (p.pid, p.uss_bytes)).collect();
             if early {
                 self.early_procs_list = None;
             }
