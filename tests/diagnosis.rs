@@ -438,7 +438,7 @@ fn serial_copy_on_read_of_a_python_list_is_named_and_measured() {
             "--workers",
             "3",
             "--pause",
-            "0.003",
+            "0.006",
             "--epoch-seconds",
             "6",
         ],
