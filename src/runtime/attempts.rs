@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// The least delay before a job that spans nodes is started again (see
+/// [`Supervisor::plan_restart`]).
+const MULTINODE_SETTLE: Duration = Duration::from_secs(5);
+
 impl Supervisor {
     /// Whether a kernel OOM kill leads to a restart: with
     /// `--on-critical restart` (the policy meant to restart anyway) or
@@ -66,6 +70,17 @@ impl Supervisor {
                 ));
             }
             return false;
+        };
+        // Every node's old launcher must be gone before this node's new one
+        // starts: torchrun's c10d backend joins whatever store answers on
+        // the rendezvous endpoint, and the old attempt's store (hosted by
+        // another node's launcher, still exiting) holds a closed
+        // rendezvous. Those launchers leave their exit barrier together,
+        // so a few seconds cover them, whatever --restart-delay says.
+        let delay = if self.core.act.companion.spans_nodes() {
+            delay.max(MULTINODE_SETTLE)
+        } else {
+            delay
         };
         let r = self.cfg.restart.clone();
         if let Some(dir) = &r.checkpoint_dir
