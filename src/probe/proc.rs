@@ -254,7 +254,31 @@ pub struct TreeScanner {
     /// Top-level processes beyond the root's children for the next walk
     /// (members of the owned cgroup that are not descendants).
     extra_roots: Vec<u32>,
+    /// The last walk of the children lists: the machine's newest pid then,
+    /// where it started, and the pids it found (see [`Self::walk_children`]).
+    last_walk: Option<LastWalk>,
+    /// Each tree process's `stat`, kept open and read again from offset 0:
+    /// the path lookup, open and close were half of each read. A file
+    /// kept open follows its process, not its pid: once the process is
+    /// gone it reads nothing and the pid's path is opened again.
+    stat_files: HashMap<u32, fs::File>,
 }
+
+/// At most this many `stat` files are kept open (a larger tree opens the
+/// rest each time).
+const STAT_FILES_MAX: usize = 256;
+
+#[derive(Debug)]
+struct LastWalk {
+    newest_pid: u32,
+    starts: Vec<(u32, bool)>,
+    found: Vec<u32>,
+    reused: u32,
+}
+
+/// A walk the newest pid says is unneeded is still taken after this many
+/// reuses: pids wrap around (`pid_max` can be as low as 301).
+const WALK_REUSE_MAX: u32 = 15;
 
 impl TreeScanner {
     pub fn new(proc_root: impl Into<PathBuf>, root: TreeRoot) -> Self {
@@ -268,6 +292,8 @@ impl TreeScanner {
             known: HashMap::new(),
             buf: String::with_capacity(512),
             extra_roots: Vec::new(),
+            last_walk: None,
+            stat_files: HashMap::new(),
         }
     }
 
@@ -476,6 +502,8 @@ impl TreeScanner {
             });
         }
         self.known.retain(|_, k| k.seen);
+        let kept: HashSet<u32> = out.iter().map(|f| f.stat.pid).collect();
+        self.stat_files.retain(|pid, _| kept.contains(pid));
         out.sort_by_key(|f| f.stat.pid);
         out
     }
@@ -519,6 +547,13 @@ impl TreeScanner {
     /// from the root down: the cost follows the tree, not every process on
     /// the machine. False (nothing read) where the kernel has no such lists
     /// (CONFIG_PROC_CHILDREN), and the caller walks all of /proc.
+    ///
+    /// Most of a walk's cost is the children lists (a directory and a file
+    /// per process), and they can only name a process the tree has not
+    /// seen if a pid was handed out since: while the newest pid on the
+    /// machine (`/proc/loadavg`) stays the same, the last walk's processes
+    /// are re-read instead (those that exited drop out; one reparented
+    /// away leaves the tree through its ppid in [`Self::build`]).
     fn walk_children(&mut self, stats: &mut HashMap<u32, StatLine>) -> bool {
         // Where the walk starts, and whether the start is in the tree.
         let starts: Vec<(u32, bool)> = match self.root {
@@ -527,6 +562,21 @@ impl TreeScanner {
             // A job known by its members: each member and what it forked.
             TreeRoot::Members => self.extra_roots.iter().map(|&p| (p, true)).collect(),
         };
+        let newest = self.newest_pid();
+        if let Some(last) = self.last_walk.as_mut()
+            && newest == Some(last.newest_pid)
+            && last.starts == starts
+            && last.reused < WALK_REUSE_MAX
+        {
+            last.reused += 1;
+            let found = last.found.clone();
+            for pid in found {
+                if let Some(st) = self.read_stat(pid) {
+                    stats.insert(pid, st);
+                }
+            }
+            return true;
+        }
         let mut queue = Vec::new();
         for (i, &(start, include)) in starts.iter().enumerate() {
             if !self.children_of(start, &mut queue) && i == 0 {
@@ -545,23 +595,31 @@ impl TreeScanner {
                 self.children_of(pid, &mut queue);
             }
         }
+        self.last_walk = newest.map(|newest_pid| LastWalk {
+            newest_pid,
+            starts,
+            found: stats.keys().copied().collect(),
+            reused: 0,
+        });
         true
+    }
+
+    /// The pid handed out last in this pid namespace (the last field of
+    /// `/proc/loadavg`); None where it cannot be read.
+    fn newest_pid(&mut self) -> Option<u32> {
+        read_small(&self.proc_root.join("loadavg"), &mut self.buf).ok()?;
+        self.buf.split_ascii_whitespace().nth(4)?.parse().ok()
     }
 
     /// Appends the children of every thread of `pid`; false when the first
     /// thread's list cannot be read.
     fn children_of(&mut self, pid: u32, out: &mut Vec<u32>) -> bool {
-        use std::io::Read;
         let Ok(tasks) = fs::read_dir(self.proc_root.join(pid.to_string()).join("task")) else {
             return false;
         };
         let mut any = false;
         for task in tasks.flatten() {
-            self.buf.clear();
-            let read = fs::File::open(task.path().join("children"))
-                .and_then(|mut f| f.read_to_string(&mut self.buf))
-                .is_ok();
-            if read {
+            if read_small(&task.path().join("children"), &mut self.buf).is_ok() {
                 any = true;
                 out.extend(
                     self.buf
@@ -574,14 +632,22 @@ impl TreeScanner {
     }
 
     fn read_stat(&mut self, pid: u32) -> Option<StatLine> {
-        use std::io::Read;
-        self.buf.clear();
+        if let Some(f) = self.stat_files.get(&pid) {
+            if reread(f, &mut self.buf).is_ok()
+                && let Some(st) = parse_stat(&self.buf)
+            {
+                return Some(st);
+            }
+            self.stat_files.remove(&pid);
+        }
         let path = self.proc_root.join(pid.to_string()).join("stat");
-        fs::File::open(path)
-            .ok()?
-            .read_to_string(&mut self.buf)
-            .ok()?;
-        parse_stat(&self.buf)
+        let f = fs::File::open(path).ok()?;
+        reread(&f, &mut self.buf).ok()?;
+        let st = parse_stat(&self.buf)?;
+        if self.stat_files.len() < STAT_FILES_MAX {
+            self.stat_files.insert(pid, f);
+        }
+        Some(st)
     }
 
     fn launcher(&mut self, st: &StatLine) -> bool {
@@ -614,6 +680,37 @@ impl TreeScanner {
         );
         launcher
     }
+}
+
+/// Reads a small /proc file into `buf` with plain reads: `read_to_string`
+/// first asks the file's size (a `statx` and an `lseek` per file, which
+/// /proc answers with 0 anyway), and the tree scan reads a few files per
+/// process every tick. Bytes that are not UTF-8 (a `comm` can hold any)
+/// are replaced, not a reason to lose the process.
+fn read_small(path: &Path, buf: &mut String) -> std::io::Result<()> {
+    reread(&fs::File::open(path)?, buf)
+}
+
+/// Reads an open /proc file from its start into `buf` (see
+/// [`read_small`]); a file whose process is gone reads as empty, an error.
+fn reread(f: &fs::File, buf: &mut String) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    // The String's allocation is reused from one file to the next.
+    let mut bytes = std::mem::take(buf).into_bytes();
+    bytes.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = f.read_at(&mut chunk, bytes.len() as u64)?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+    *buf = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
+    Ok(())
 }
 
 /// oomguard's own children and their descendants, by (pid, start time),
@@ -725,6 +822,104 @@ mod tests {
             fs::write(d.join("stat"), stat).unwrap();
             fs::write(d.join("cmdline"), cmd.replace(' ', "\0")).unwrap();
         }
+    }
+
+    /// `fake_proc` plus each process's `task/PID/children` (the kernel's
+    /// lists the walk follows) and the newest pid in `loadavg`.
+    fn fake_walkable(dir: &Path, procs: &[(u32, u32, &str, u64, &str)], newest: u32) {
+        fake_proc(dir, procs);
+        let mut all: Vec<u32> = procs.iter().map(|p| p.0).collect();
+        all.push(100);
+        for pid in all {
+            let kids: Vec<String> = procs
+                .iter()
+                .filter(|p| p.1 == pid)
+                .map(|p| p.0.to_string())
+                .collect();
+            let task = dir.join(format!("{pid}/task/{pid}"));
+            fs::create_dir_all(&task).unwrap();
+            fs::write(task.join("children"), kids.join(" ")).unwrap();
+        }
+        fs::write(
+            dir.join("loadavg"),
+            format!("0.00 0.00 0.00 1/99 {newest}\n"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn the_children_lists_are_walked_again_only_after_a_new_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = |found: &[Found]| found.iter().map(|f| f.stat.pid).collect::<Vec<_>>();
+        let job = [
+            (101, 100, "python3", 100, "python3 train.py"),
+            (102, 101, "python3", 100, "python3 train.py"),
+        ];
+        fake_walkable(dir.path(), &job, 102);
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::ChildrenOf(100));
+        sc.set_job(Some(101));
+        assert_eq!(pids(&sc.scan(None)), [101, 102]);
+        // Lists that name a process no pid was handed out for (only a test
+        // can make them) are not read: the last walk's processes are.
+        let more = [
+            job[0],
+            job[1],
+            (103, 101, "python3", 100, "python3 train.py"),
+        ];
+        fake_walkable(dir.path(), &more, 102);
+        assert_eq!(pids(&sc.scan(None)), [101, 102]);
+        // A process that exited drops out without a walk (its `stat`, kept
+        // open, reads as nothing from then on, as /proc's does).
+        fs::write(dir.path().join("102/stat"), "").unwrap();
+        fs::remove_dir_all(dir.path().join("102")).unwrap();
+        assert_eq!(pids(&sc.scan(None)), [101]);
+        // A new pid: the lists are walked and the newcomer found.
+        fake_walkable(dir.path(), &more, 103);
+        assert_eq!(pids(&sc.scan(None)), [101, 102, 103]);
+        // Without a newest pid (no loadavg) every scan walks.
+        fs::remove_file(dir.path().join("loadavg")).unwrap();
+        let more = [more[0], more[1], more[2], (104, 103, "sh", 1, "sh")];
+        fake_walkable(dir.path(), &more, 103);
+        fs::remove_file(dir.path().join("loadavg")).unwrap();
+        assert_eq!(pids(&sc.scan(None)), [101, 102, 103, 104]);
+    }
+
+    #[test]
+    fn an_unchanged_newest_pid_still_walks_every_sixteenth_scan() {
+        // Pids wrap around: after a full cycle the newest pid can read the
+        // same while new processes exist.
+        let dir = tempfile::tempdir().unwrap();
+        let job = [(101, 100, "python3", 100, "python3 train.py")];
+        fake_walkable(dir.path(), &job, 101);
+        let mut sc = TreeScanner::new(dir.path(), TreeRoot::ChildrenOf(100));
+        sc.set_job(Some(101));
+        assert_eq!(sc.scan(None).len(), 1);
+        let more = [job[0], (102, 101, "python3", 100, "python3 train.py")];
+        fake_walkable(dir.path(), &more, 101);
+        let counts: Vec<usize> = (0..WALK_REUSE_MAX + 1)
+            .map(|_| sc.scan(None).len())
+            .collect();
+        assert_eq!(
+            counts[..WALK_REUSE_MAX as usize],
+            [1; WALK_REUSE_MAX as usize]
+        );
+        assert_eq!(counts[WALK_REUSE_MAX as usize], 2);
+    }
+
+    #[test]
+    fn a_stat_file_kept_open_reads_the_process_as_it_is_now() {
+        let f = fs::File::open("/proc/self/stat").unwrap();
+        let mut buf = String::new();
+        reread(&f, &mut buf).unwrap();
+        let before = parse_stat(&buf).unwrap().rss_pages;
+        let grown = vec![1u8; 64 << 20];
+        reread(&f, &mut buf).unwrap();
+        let after = parse_stat(&buf).unwrap().rss_pages;
+        assert!(
+            (after - before) * page_size() >= 60 << 20,
+            "{before} -> {after} pages"
+        );
+        drop(grown);
     }
 
     #[test]
