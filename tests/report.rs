@@ -1183,6 +1183,18 @@ fn attach_run_report_says_detached_in_text_html_and_json() {
         html.contains("Stopped watching (job still running)"),
         "{name}: the HTML does not say the job was left running"
     );
+    // Why the watch ended and what was left running; no exit code (the
+    // run_end's 0 is oomguard's own, the job's was never seen).
+    let outcome = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("outcome"))
+        .unwrap();
+    assert!(
+        outcome.contains("--watch-for 4.0s elapsed") && outcome.contains("pids 8263 8305"),
+        "{name}: {outcome}"
+    );
+    assert!(!text.contains("(exit 0)"), "{name}:\n{text}");
+    assert!(html.contains("--watch-for 4.0s elapsed"), "{name}");
     // Not drawn as a death or a kill anywhere.
     for word in ["killed", "OOM", "crashed"] {
         assert!(

@@ -1436,11 +1436,25 @@ pub fn time_text(seconds: f64) -> String {
 /// The outcome in words: `stopped by policy (exit 75)`.
 pub(super) fn outcome_text(log: &RunLog) -> String {
     match &log.end {
+        // A detached watch: the job was still running, its exit code is
+        // not oomguard's to know (run_end's 0 is oomguard's own).
+        Some(end) if end.outcome.as_deref() == Some("detached") => {
+            let mut s = "detached: the job was still running".to_string();
+            if let Some(why) = &end.detached_reason {
+                s.push_str(&format!(" ({why})"));
+            }
+            if !end.still_running_pids.is_empty() {
+                let pids: Vec<String> =
+                    end.still_running_pids.iter().map(u32::to_string).collect();
+                s.push_str(&format!(", pids {}", pids.join(" ")));
+            }
+            s
+        }
         Some(end) => {
             let o = end.outcome.as_deref().unwrap_or("ended").replace('_', " ");
             match end.exit_code {
-                Some(c) => format!("{o} (exit {c})"),
-                None => o,
+                Some(c) if end.exit_code_known != Some(false) => format!("{o} (exit {c})"),
+                _ => o,
             }
         }
         None => "unknown: the log has no run_end".to_string(),

@@ -301,6 +301,11 @@ pub struct EndInfo {
     pub actions: BTreeMap<String, u64>,
     pub duration_seconds: Option<f64>,
     pub error: Option<String>,
+    /// `attach`: false (the job's exit code was never seen).
+    pub exit_code_known: Option<bool>,
+    /// `attach` that ended `detached`: why, and what was still running.
+    pub detached_reason: Option<String>,
+    pub still_running_pids: Vec<u32>,
 }
 
 /// `run_end.peak`.
@@ -949,6 +954,9 @@ fn end_info(e: &RunEnd, t: f64) -> EndInfo {
             .collect(),
         duration_seconds: Some(e.duration_seconds),
         error: e.error.clone(),
+        exit_code_known: e.exit_code_known,
+        detached_reason: e.detached_reason.clone(),
+        still_running_pids: e.still_running_pids.clone().unwrap_or_default(),
     }
 }
 
