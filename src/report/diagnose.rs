@@ -1444,8 +1444,7 @@ pub(super) fn outcome_text(log: &RunLog) -> String {
                 s.push_str(&format!(" ({why})"));
             }
             if !end.still_running_pids.is_empty() {
-                let pids: Vec<String> =
-                    end.still_running_pids.iter().map(u32::to_string).collect();
+                let pids: Vec<String> = end.still_running_pids.iter().map(u32::to_string).collect();
                 s.push_str(&format!(", pids {}", pids.join(" ")));
             }
             s
