@@ -1379,6 +1379,7 @@ mod size_tests {
                 pss_bytes: 1_234_567_890,
                 uss_bytes: 1_234_567_890,
                 swap_bytes: 123_456_789,
+                rss_peak_bytes: None,
                 gpu_bytes: None,
                 torch: None,
                 start_time: 0,

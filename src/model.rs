@@ -70,6 +70,11 @@ pub struct ProcSample {
     pub uss_bytes: u64,
     #[serde(default)]
     pub swap_bytes: u64,
+    /// On a process list: the most RSS any tick saw since the process's
+    /// previous list, when more than `rss_bytes` (memory that rose and fell
+    /// between two lists, such as evaluation outputs gathered and freed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rss_peak_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_bytes: Option<u64>,
     /// PyTorch's caching allocator per device (`--torch-stats`).
@@ -785,6 +790,7 @@ mod tests {
                     pss_bytes: a * MIB,
                     uss_bytes: a * MIB,
                     swap_bytes: 0,
+                    rss_peak_bytes: None,
                     gpu_bytes: None,
                     torch: None,
                     start_time: 5,
@@ -798,6 +804,7 @@ mod tests {
                     pss_bytes: b * MIB,
                     uss_bytes: b * MIB,
                     swap_bytes: 0,
+                    rss_peak_bytes: None,
                     gpu_bytes: None,
                     torch: None,
                     start_time: 6,

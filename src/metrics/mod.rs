@@ -619,6 +619,7 @@ mod tests {
             pss_bytes: pss,
             uss_bytes: pss / 2,
             swap_bytes: 0,
+            rss_peak_bytes: None,
             gpu_bytes: None,
             torch: None,
             start_time: u64::from(pid),

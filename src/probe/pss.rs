@@ -838,6 +838,7 @@ mod tests {
             pss_bytes: 0,
             uss_bytes: 0,
             swap_bytes: 0,
+            rss_peak_bytes: None,
             gpu_bytes: None,
             torch: None,
             start_time: m.start_time,

@@ -282,7 +282,10 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
             s.comm.clone_from(&p.comm);
             s.peak_pss_bytes = s.peak_pss_bytes.max(p.pss_bytes);
             s.peak_uss_bytes = s.peak_uss_bytes.max(p.uss_bytes);
-            s.peak_rss_bytes = s.peak_rss_bytes.max(p.rss_bytes);
+            s.peak_rss_bytes = s
+                .peak_rss_bytes
+                .max(p.rss_bytes)
+                .max(p.rss_peak_bytes.unwrap_or(0));
             s.peak_swap_bytes = s.peak_swap_bytes.max(p.swap_bytes);
             if !was_held(p.pid, snap.t) {
                 pts.push((snap.t, p.uss_bytes as f64));

@@ -178,6 +178,9 @@ pub struct ProcPoint {
     pub role: Role,
     pub comm: String,
     pub rss_bytes: u64,
+    /// The most RSS a tick saw since the previous list (see
+    /// `ProcSample::rss_peak_bytes`), when more than `rss_bytes`.
+    pub rss_peak_bytes: Option<u64>,
     pub pss_bytes: u64,
     pub uss_bytes: u64,
     pub swap_bytes: u64,
@@ -967,6 +970,7 @@ fn proc_point(p: &ProcSample) -> ProcPoint {
         role: p.role,
         comm: nonempty(p.comm.clone()).unwrap_or_else(|| "?".into()),
         rss_bytes: p.rss_bytes,
+        rss_peak_bytes: p.rss_peak_bytes,
         pss_bytes: p.pss_bytes,
         uss_bytes: p.uss_bytes,
         swap_bytes: p.swap_bytes,

@@ -46,6 +46,8 @@ struct Reading {
     read_t: f64,
     uss: f64,
     rss: f64,
+    /// The most RSS a tick saw since the previous list (at least `rss`).
+    rss_peak: f64,
 }
 
 /// Each process's readings, keyed by attempt and pid, oldest first; those
@@ -95,6 +97,7 @@ fn readings(log: &RunLog) -> BTreeMap<(u32, u32), Vec<Reading>> {
                     read_t: snap.t - snap.pss_age_seconds.unwrap_or(0.0),
                     uss: p.uss_bytes as f64,
                     rss: p.rss_bytes as f64,
+                    rss_peak: p.rss_peak_bytes.unwrap_or(p.rss_bytes).max(p.rss_bytes) as f64,
                 });
             }
         }
@@ -682,14 +685,21 @@ fn allocating(pts: &[Reading]) -> bool {
 /// The RSS, not the USS, and the trainer's own: evaluation outputs are
 /// plain allocations, and all of them show in RSS.
 fn released(pts: &[Reading]) -> Option<(f64, f64)> {
+    // The peak a tick saw, also between two lists: a list after the peak
+    // carries it, and its own RSS is already the level after it.
     let (i_peak, peak) = pts
         .iter()
         .enumerate()
-        .max_by(|a, b| a.1.rss.total_cmp(&b.1.rss))
-        .map(|(i, r)| (i, r.rss))?;
+        .max_by(|a, b| a.1.rss_peak.total_cmp(&b.1.rss_peak))
+        .map(|(i, r)| (i, r.rss_peak))?;
+    let first_after = if pts[i_peak].rss_peak > pts[i_peak].rss {
+        i_peak
+    } else {
+        i_peak + 1
+    };
     // The level it fell to: the lowest after the peak (a last reading
     // taken while Python tears down may sit above it).
-    let after = &pts[i_peak + 1..];
+    let after = &pts[first_after..];
     let end = after.iter().map(|r| r.rss).fold(f64::INFINITY, f64::min);
     let freed = peak - end;
     let low = end + RISE_MIN_BYTES.max(0.1 * freed);
@@ -865,6 +875,7 @@ mod tests {
                 read_t: t,
                 uss: m * MIB as f64,
                 rss: m * MIB as f64,
+                rss_peak: m * MIB as f64,
             })
             .collect();
         assert_eq!(released(&pts), None);
@@ -874,6 +885,7 @@ mod tests {
             read_t: 5.0,
             uss: 300.0 * MIB as f64,
             rss: 300.0 * MIB as f64,
+            rss_peak: 300.0 * MIB as f64,
         });
         assert!(released(&held).is_some(), "given back while it ran");
         // 300 → 700 over a loop, back to 300, held.
@@ -885,9 +897,15 @@ mod tests {
                 read_t: i as f64,
                 uss: m * MIB as f64,
                 rss: m * MIB as f64,
+                rss_peak: m * MIB as f64,
             })
             .collect();
         let mib = MIB as f64;
         assert_eq!(released(&eval), Some((400.0 * mib, 400.0 * mib)));
+        // The lists missed the top (900 between the lists at 700 and at
+        // 300): the list after it carries the peak a tick saw.
+        let mut missed = eval.clone();
+        missed[4].rss_peak = 900.0 * mib;
+        assert_eq!(released(&missed), Some((600.0 * mib, 600.0 * mib)));
     }
 }

@@ -410,6 +410,7 @@ mod tests {
             pss_bytes: rss,
             uss_bytes: rss,
             swap_bytes: 0,
+            rss_peak_bytes: None,
             gpu_bytes: None,
             torch: None,
             start_time: u64::from(pid),

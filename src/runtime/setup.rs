@@ -719,6 +719,7 @@ impl Supervisor {
                 last_procs_log: None,
                 early_procs_list: Some(super::sinks::EARLY_PROCS_LIST),
                 logged_uss: Default::default(),
+                rss_max: Default::default(),
                 attempt_t: 0.0,
                 confirm_at: None,
                 procs_lists: 0,

@@ -54,6 +54,10 @@ pub struct Sinks {
     /// whether the memory kept moving or levelled off (the report tells a
     /// leak from a ramp by the newest readings).
     pub confirm_at: Option<f64>,
+    /// Each process's highest RSS at any tick since its last list: lists
+    /// are seconds apart, and memory gathered and freed between two of
+    /// them would otherwise leave no trace of its peak.
+    pub rss_max: HashMap<u32, u64>,
     /// Stops the metrics endpoint when dropped (the runtime ending does too).
     pub _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -127,6 +131,10 @@ impl Sinks {
             app.on_sample(sample, view);
         }
         self.metrics.set_paused(paused);
+        for p in &sample.procs {
+            let m = self.rss_max.entry(p.pid).or_default();
+            *m = (*m).max(p.rss_bytes);
+        }
         self.stats.samples += 1;
         let s = &mut self.stats;
         if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
@@ -184,6 +192,16 @@ impl Sinks {
             }
         }
         let mut event = SampleEvent::new(sample, view, with_procs);
+        if let Some(procs) = event.procs.as_mut() {
+            for p in procs.iter_mut() {
+                p.rss_peak_bytes = self
+                    .rss_max
+                    .get(&p.pid)
+                    .copied()
+                    .filter(|&m| m > p.rss_bytes);
+            }
+            self.rss_max = sample.procs.iter().map(|p| (p.pid, p.rss_bytes)).collect();
+        }
         if let Some((policy, r)) = inputs {
             event = event.with_policy_inputs(policy, r, self.every_tick);
         }

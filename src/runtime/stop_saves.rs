@@ -72,6 +72,7 @@ mod tests {
             pss_bytes: 0,
             uss_bytes: 0,
             swap_bytes: 0,
+            rss_peak_bytes: None,
             gpu_bytes: None,
             torch: None,
             start_time: u64::from(pid),

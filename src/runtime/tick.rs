@@ -511,6 +511,7 @@ mod tests {
                     pss_bytes: rss,
                     uss_bytes: rss,
                     swap_bytes: 0,
+                    rss_peak_bytes: None,
                     gpu_bytes: None,
                     torch: None,
                     start_time: self.start_time(pid),

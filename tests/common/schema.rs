@@ -255,6 +255,8 @@ pub struct Proc {
     pub uss_bytes: u64,
     pub swap_bytes: u64,
     #[serde(default)]
+    pub rss_peak_bytes: Option<u64>,
+    #[serde(default)]
     pub gpu_bytes: Option<u64>,
     #[serde(default)]
     pub torch: Option<Vec<TorchDevice>>,
