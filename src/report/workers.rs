@@ -36,6 +36,11 @@ const ACCUMULATION_SHARE: f64 = 0.2;
 /// A rise smaller than this (and than a quarter of where it started) is
 /// not worth a finding: allocator slack, a worker's first batches.
 const RISE_MIN_BYTES: f64 = (8 * MIB) as f64;
+/// Copying between readings that the footprint shows (see `settle`) is
+/// only added from this much per worker, and this share of its last
+/// reading: below it, the footprint's own drift.
+const EXTRA_MIN_BYTES: f64 = (8 * MIB) as f64;
+const EXTRA_MIN_SHARE: f64 = 0.1;
 
 /// One reading of one process: run time, USS, RSS.
 #[derive(Debug, Clone, Copy)]
@@ -415,6 +420,17 @@ fn settle<'a>(
             .collect();
         let n = per_attempt.get(&c.p.attempt).copied().unwrap_or(1.0);
         let extra = (copied[copied.len() - 1].1 - copied[0].1).max(0.0) / n;
+        // Footprint less RSS also drifts for reasons of its own (kernel
+        // memory, batches passed through shared memory): a few MiB per
+        // worker is that, not copying the readings missed.
+        if extra < EXTRA_MIN_BYTES.max(EXTRA_MIN_SHARE * last.uss) {
+            // Nothing worth the name was copied after its last reading: it
+            // had settled there.
+            c.settled = true;
+            c.reached = last.uss;
+            c.level = last.uss;
+            continue;
+        }
         c.bytes += extra;
         c.settled = !matches!(
             growth::shape(&copied, ETA_WINDOW_SECONDS),
