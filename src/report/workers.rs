@@ -37,10 +37,10 @@ const ACCUMULATION_SHARE: f64 = 0.2;
 /// not worth a finding: allocator slack, a worker's first batches.
 const RISE_MIN_BYTES: f64 = (8 * MIB) as f64;
 /// Copying between readings that the footprint shows (see `settle`) is
-/// only added from this much per worker, and this share of its last
-/// reading: below it, the footprint's own drift.
-const EXTRA_MIN_BYTES: f64 = (8 * MIB) as f64;
-const EXTRA_MIN_SHARE: f64 = 0.1;
+/// only added from this much per worker: below it, the footprint's own
+/// drift (3-4 MiB per worker was measured on workers truly flat; copying
+/// the readings missed came to 7 MiB and more).
+const EXTRA_MIN_BYTES: f64 = (6 * MIB) as f64;
 
 /// One reading of one process: run time, USS, RSS.
 #[derive(Debug, Clone, Copy)]
@@ -264,7 +264,10 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
         out.push(worker_leak(&leaking, workers.len()));
     }
     if !cow.is_empty() {
-        out.push(worker_cow(log, &cow, workers.len()));
+        // Every worker the lists named, also one listed once: a set of
+        // workers that copied before its first reading was still started.
+        let started = procs.iter().filter(|p| p.role == Role::Worker).count();
+        out.push(worker_cow(log, &cow, workers.len(), started));
     }
     if !loads.is_empty() {
         out.push(worker_load(&loads, workers.len()));
@@ -423,7 +426,7 @@ fn settle<'a>(
         // Footprint less RSS also drifts for reasons of its own (kernel
         // memory, batches passed through shared memory): a few MiB per
         // worker is that, not copying the readings missed.
-        if extra < EXTRA_MIN_BYTES.max(EXTRA_MIN_SHARE * last.uss) {
+        if extra < EXTRA_MIN_BYTES {
             // Nothing worth the name was copied after its last reading: it
             // had settled there.
             c.settled = true;
@@ -456,18 +459,24 @@ fn generations(log: &RunLog, n: usize) -> usize {
     n.div_ceil(at_once).max(1)
 }
 
-fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize) -> Finding {
+fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize, started: usize) -> Finding {
     let growth = median(cow.iter().map(|c| c.bytes).collect());
     let seconds = median(cow.iter().map(|c| c.seconds).collect());
     let settled = cow.iter().all(|c| c.settled);
-    let level = median(cow.iter().map(|c| c.level).collect());
+    // Settled: the level they reached; otherwise the bound of the copying
+    // (their RSS), also for those of them that had settled.
+    let level = if settled {
+        median(cow.iter().map(|c| c.level).collect())
+    } else {
+        median(cow.iter().map(|c| c.rss).collect())
+    };
     // What the lists missed between readings counts in the peak too.
     let peak = cow
         .iter()
         .map(|c| c.p.peak_uss_bytes.max(c.reached as u64))
         .max()
         .unwrap_or(0);
-    let gens = generations(log, cow.len());
+    let gens = generations(log, started.max(cow.len()));
     let names = name_workers(&cow.iter().map(|c| c.p).collect::<Vec<_>>());
     let again = if gens > 1 {
         format!(
