@@ -564,18 +564,17 @@ impl TreeScanner {
             TreeRoot::Members => self.extra_roots.iter().map(|&p| (p, true)).collect(),
         };
         let newest = self.newest_pid();
-        if let Some(last) = self.last_walk.as_mut()
-            && newest == Some(last.newest_pid)
-            && last.starts == starts
-            && last.reused < WALK_REUSE_MAX
-        {
+        let reuse = self.last_walk.as_ref().is_some_and(|last| {
+            newest == Some(last.newest_pid) && last.starts == starts && last.reused < WALK_REUSE_MAX
+        });
+        if reuse && let Some(mut last) = self.last_walk.take() {
             last.reused += 1;
-            let found = last.found.clone();
-            for pid in found {
+            for &pid in &last.found {
                 if let Some(st) = self.read_stat(pid) {
                     stats.insert(pid, st);
                 }
             }
+            self.last_walk = Some(last);
             return true;
         }
         let mut queue = Vec::new();
