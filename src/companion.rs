@@ -24,6 +24,7 @@ pub const ENV_CONTROL: &str = "OOMGUARD_CONTROL";
 pub const PROTOCOL: u32 = 1;
 const REQUEST: &str = "request";
 const EVENTS: &str = "events";
+const FAULT: &str = "fault";
 /// Bytes read from `events` per poll: one poll stays short.
 const READ_BUDGET: usize = 1 << 20;
 /// A line longer than this is not the companion's: dropped.
@@ -127,6 +128,27 @@ pub struct Request {
     pub then: Option<String>,
 }
 
+/// A fault of this node for the other nodes: a rank that cannot take part
+/// in the job's collectives any more.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fault {
+    pub cause_rank: Option<u32>,
+    /// Machine-readable: `rank-stopped`, `oom-kill`.
+    pub reason: String,
+    pub detail: String,
+    /// `restart` when this node restarts the job after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub then: Option<String>,
+}
+
+/// Another node's cause as this node's log and messages say it:
+/// `node 1 (rank 3): REASON: DETAIL`.
+pub fn remote_cause(node: u32, rank: Option<u32>, reason: &str, detail: Option<&str>) -> String {
+    let who = rank.map_or(String::new(), |r| format!(" (rank {r})"));
+    let what = detail.map_or(String::new(), |d| format!(": {d}"));
+    format!("node {node}{who}: {reason}{what}")
+}
+
 /// One line of `events`, as a companion wrote it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -192,6 +214,25 @@ pub enum Record {
         #[serde(default)]
         then: Option<String>,
     },
+    /// Another node's fault (a rank there stopped or killed, so the vote
+    /// cannot run), brought from the job's rendezvous store by this node's
+    /// local rank 0.
+    Fault {
+        id: u64,
+        node: u32,
+        #[serde(default)]
+        cause_rank: Option<u32>,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        detail: Option<String>,
+        /// `restart` when that node restarts the job.
+        #[serde(default)]
+        then: Option<String>,
+    },
+    /// This node's fault `id` is in the rendezvous store: the other nodes
+    /// can learn it.
+    FaultPublished { id: u64 },
     /// A `relieve` request was served: bytes freed by each step.
     Relieved {
         id: u64,
@@ -328,11 +369,10 @@ impl Channel {
         wait: Duration,
         restart: bool,
     ) -> Result<u64, ChannelError> {
+        let id = self.next_id();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
-        let id = (now.as_millis() as u64).max(self.last_id + 1);
-        self.last_id = id;
         let req = Request {
             v: PROTOCOL,
             id,
@@ -342,18 +382,46 @@ impl Channel {
             deadline: (now + wait).as_secs_f64(),
             then: restart.then(|| "restart".to_string()),
         };
-        let tmp = self.dir.join(".request.tmp");
-        let text = serde_json::to_vec(&req).unwrap_or_default();
+        self.replace(REQUEST, &serde_json::to_vec(&req).unwrap_or_default())?;
+        Ok(id)
+    }
+
+    /// Writes this node's fault for the companion to put in the job's
+    /// rendezvous store (replacing any earlier one); returns its id. The
+    /// companion answers [`Record::FaultPublished`] once it is there.
+    pub fn fault(&mut self, fault: &Fault) -> Result<u64, ChannelError> {
+        let id = self.next_id();
+        let mut body = serde_json::to_value(fault).unwrap_or_default();
+        body["id"] = id.into();
+        body["v"] = PROTOCOL.into();
+        self.replace(FAULT, &serde_json::to_vec(&body).unwrap_or_default())?;
+        Ok(id)
+    }
+
+    /// Ids grow with the clock (a restarted oomguard's requests stay newer
+    /// than its last run's) and never repeat.
+    fn next_id(&mut self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let id = (now.as_millis() as u64).max(self.last_id + 1);
+        self.last_id = id;
+        id
+    }
+
+    /// Replaces `name` atomically: a temporary file renamed over it, so the
+    /// companion never reads half a file.
+    fn replace(&self, name: &str, text: &[u8]) -> Result<(), ChannelError> {
+        let tmp = self.dir.join(format!(".{name}.tmp"));
         let written = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
-            .and_then(|mut f| f.write_all(&text))
-            .and_then(|()| fs::rename(&tmp, self.dir.join(REQUEST)));
-        written.map_err(|source| ChannelError::Write { path: tmp, source })?;
-        Ok(id)
+            .and_then(|mut f| f.write_all(text))
+            .and_then(|()| fs::rename(&tmp, self.dir.join(name)));
+        written.map_err(|source| ChannelError::Write { path: tmp, source })
     }
 
     /// The records appended since the last poll (complete lines only; a

@@ -1383,6 +1383,7 @@ mod size_tests {
                 gpu_bytes: None,
                 torch: None,
                 start_time: 0,
+                stopped: false,
             })
             .collect();
         Sample {

@@ -84,6 +84,9 @@ pub struct ProcSample {
     /// process (pids are reused).
     #[serde(skip)]
     pub start_time: u64,
+    /// Stopped by a signal (state `T`; not a debugger's trace stop).
+    #[serde(skip)]
+    pub stopped: bool,
 }
 
 /// Sums over the tree. The footprint is the PSS sum, never the RSS sum.
@@ -794,6 +797,7 @@ mod tests {
                     gpu_bytes: None,
                     torch: None,
                     start_time: 5,
+                    stopped: false,
                 },
                 ProcSample {
                     pid: 11,
@@ -808,6 +812,7 @@ mod tests {
                     gpu_bytes: None,
                     torch: None,
                     start_time: 6,
+                    stopped: false,
                 },
             ];
             s

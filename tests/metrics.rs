@@ -65,6 +65,7 @@ fn full_sample() -> Sample {
         gpu_bytes: None,
         torch: None,
         start_time: u64::from(pid),
+        stopped: false,
     };
     let procs = vec![
         proc(10, Role::Launcher, MIB),

@@ -12,6 +12,7 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
 
 use common::MemCgroup;
 use common::schema::Event;
@@ -39,6 +40,10 @@ struct TwoNodes {
     out: [std::process::Output; 2],
     logs: [Vec<common::schema::Line>; 2],
     dir: tempfile::TempDir,
+    /// When each oomguard had exited.
+    ended: [Instant; 2],
+    /// What `during` returned.
+    marked: Option<Instant>,
 }
 
 impl TwoNodes {
@@ -65,9 +70,38 @@ impl TwoNodes {
 }
 
 fn two_nodes(port: u16, extra_a: &[&str], steps: &str) -> Option<TwoNodes> {
+    let mut a_args = vec!["--budget", "1600M"];
+    a_args.extend(extra_a);
+    let a = NodeA {
+        leak: "1",
+        limit: 4 << 30,
+        env: &[],
+    };
+    two_nodes_during(port, &a_args, &[], &a, steps, |_| None)
+}
+
+/// How node A differs from node B, besides its flags.
+struct NodeA<'a> {
+    /// The local rank that leaks (`"99"`: none).
+    leak: &'a str,
+    /// Its memory cgroup's limit.
+    limit: u64,
+    env: &'a [(&'a str, &'a str)],
+}
+
+/// [`two_nodes`] with each node's flags given whole, node A's differences,
+/// and `during` run (with the checkpoint directory) while both jobs run.
+fn two_nodes_during(
+    port: u16,
+    a_args: &[&str],
+    b_args: &[&str],
+    node_a: &NodeA<'_>,
+    steps: &str,
+    during: impl FnOnce(&Path) -> Option<Instant>,
+) -> Option<TwoNodes> {
     let venv = common::torch_venv()?;
     let (cg_a, cg_b) = (
-        MemCgroup::or_skip("node-a", 4 << 30)?,
+        MemCgroup::or_skip("node-a", node_a.limit)?,
         MemCgroup::or_skip("node-b", 4 << 30)?,
     );
     let dir = tempfile::tempdir().unwrap();
@@ -76,47 +110,85 @@ fn two_nodes(port: u16, extra_a: &[&str], steps: &str) -> Option<TwoNodes> {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_oomguard"));
     let endpoint = format!("localhost:{port}");
-    let start = |cg: &MemCgroup, name: &str, extra: &[&str], leak: &str| -> Child {
-        let log = dir.path().join(format!("{name}.ndjson"));
-        let mut args = vec!["run", "--no-tui", "--log", log.to_str().unwrap()];
-        args.extend(extra);
-        args.extend([
-            "--",
-            torchrun.to_str().unwrap(),
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-backend",
-            "c10d",
-            "--rdzv-endpoint",
-            &endpoint,
-            "--rdzv-id",
-            "multinode-test",
-            plain.to_str().unwrap(),
-            steps,
-        ]);
-        cg.command(&bin, &args)
-            .env("DIST", "1")
-            .env("LEAK_LOCAL_RANK", leak)
-            .env("CKPT_DIR", dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+    let start =
+        |cg: &MemCgroup, name: &str, extra: &[&str], leak: &str, env: &[(&str, &str)]| -> Child {
+            let log = dir.path().join(format!("{name}.ndjson"));
+            let mut args = vec!["run", "--no-tui", "--log", log.to_str().unwrap()];
+            args.extend(extra);
+            args.extend([
+                "--",
+                torchrun.to_str().unwrap(),
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                &endpoint,
+                "--rdzv-id",
+                "multinode-test",
+                plain.to_str().unwrap(),
+                steps,
+            ]);
+            cg.command(&bin, &args)
+                .envs(env.iter().copied())
+                .env("TEST_NODE", name)
+                .env("NUM_WORKERS", "4")
+                .env("DIST", "1")
+                .env("LEAK_LOCAL_RANK", leak)
+                .env("CKPT_DIR", dir.path())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+    let a = start(&cg_a, "a", a_args, node_a.leak, node_a.env);
+    let b = start(&cg_b, "b", b_args, "99", &[]);
+    let waiter = |c: Child| {
+        std::thread::spawn(move || {
+            let out = c.wait_with_output().unwrap();
+            (out, Instant::now())
+        })
     };
-    let mut a_args = vec!["--budget", "1600M"];
-    a_args.extend(extra_a);
-    let a = start(&cg_a, "a", &a_args, "1");
-    let b = start(&cg_b, "b", &[], "99");
-    let out = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let (a, b) = (waiter(a), waiter(b));
+    let marked = during(dir.path());
+    let ((out_a, end_a), (out_b, end_b)) = (a.join().unwrap(), b.join().unwrap());
+    let (out, ended) = ([out_a, out_b], [end_a, end_b]);
     cg_a.kill_all();
     cg_b.kill_all();
     let logs = [
         common::read_log(&dir.path().join("a.ndjson")),
         common::read_log(&dir.path().join("b.ndjson")),
     ];
-    Some(TwoNodes { out, logs, dir })
+    Some(TwoNodes {
+        out,
+        logs,
+        dir,
+        ended,
+        marked,
+    })
+}
+
+/// All four ranks resumed from `step` and finished at `last`.
+fn every_rank_resumed(r: &TwoNodes, step: u64, last: u64) {
+    let stdout: String = r
+        .out
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .collect();
+    for rank in 0..4 {
+        assert!(
+            stdout.contains(&format!("rank {rank} resumed from step {step}")),
+            "rank {rank} did not resume from step {step}\n{}",
+            r.why()
+        );
+        assert!(
+            stdout.contains(&format!("rank {rank} finished at step {last}")),
+            "rank {rank} did not finish\n{}",
+            r.why()
+        );
+    }
 }
 
 #[test]
@@ -219,19 +291,174 @@ fn serial_a_restart_on_one_node_restarts_every_node_from_the_same_step() {
     // Node b restarted because node a's request said so, naming it.
     let err_b = String::from_utf8_lossy(&r.out[1].stderr);
     assert!(err_b.contains("restart the job with it"), "{why}");
-    let stdout: String = r
-        .out
-        .iter()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .collect();
-    for rank in 0..4 {
+    every_rank_resumed(&r, step, 300);
+}
+
+/// The pid of `node`'s rank with local rank `local` (found by its
+/// environment), once it runs.
+fn rank_pid(node: &str, local: u32) -> Option<u32> {
+    for e in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(env) = fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+        let has = |v: &str| vars.contains(&v.as_bytes());
+        if has(&format!("TEST_NODE={node}")) && has(&format!("LOCAL_RANK={local}")) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// A rank stopped by a signal (not by oomguard) on node A: every rank of
+/// every node would wait for it in its next collective until the
+/// collective's timeout. Node A's oomguard tells node B through the job's
+/// rendezvous store, both end within `--grace` + 10 s of the stop, exit 75,
+/// and node B names node A's rank and why.
+#[test]
+fn serial_a_rank_stopped_on_one_node_ends_every_node_within_the_grace() {
+    let _serial = common::serial();
+    let grace = ["--grace", "10s"];
+    let a = NodeA {
+        leak: "99",
+        limit: 4 << 30,
+        env: &[],
+    };
+    let Some(r) = two_nodes_during(29690, &grace, &grace, &a, "100000", |dir| {
+        // Training runs once every rank has said hello on both nodes.
+        let hellos = |name: &str| {
+            fs::read_to_string(dir.join(format!("{name}.ndjson")))
+                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
+        };
         assert!(
-            stdout.contains(&format!("rank {rank} resumed from step {step}")),
-            "rank {rank} did not resume from step {step}\n{why}"
+            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
+                && hellos("b") >= 2),
+            "the ranks never said hello"
         );
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = rank_pid("a", 1).expect("node a's local rank 1");
+        common::send(pid, "STOP");
+        Some(Instant::now())
+    }) else {
+        return;
+    };
+    let why = r.why();
+    assert_eq!(r.out[0].status.code(), Some(75), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let stopped_at = r.marked.unwrap();
+    for (node, ended) in r.ended.iter().enumerate() {
+        let took = *ended - stopped_at;
+        eprintln!("node {node} ended {took:?} after the SIGSTOP");
         assert!(
-            stdout.contains(&format!("rank {rank} finished at step 300")),
-            "rank {rank} did not finish\n{why}"
+            took <= Duration::from_secs(20),
+            "node {node} ended {took:?} after the SIGSTOP\n{why}"
         );
     }
+    let (a, b) = (stop_reasons(&r.logs[0]), stop_reasons(&r.logs[1]));
+    assert!(
+        a.iter().any(|x| x.starts_with("rank-stopped: rank ")),
+        "{a:?}\n{why}"
+    );
+    assert!(
+        b.iter()
+            .any(|x| x.starts_with("node ") && x.contains("rank-stopped: rank ")),
+        "{b:?}\n{why}"
+    );
+    let published = r.logs[0]
+        .iter()
+        .any(|l| matches!(&l.event, Event::FaultPublished(_)));
+    assert!(published, "{why}");
+}
+
+/// The kernel OOM-kills a rank on node A (`--policy none`, inside node A's
+/// memory cgroup): node B's ranks fail in their next collective, and node
+/// B's oomguard names node A's rank and the kill as the cause, not a crash
+/// of its own, and exits 75.
+#[test]
+fn serial_a_kernel_oom_kill_on_one_node_is_named_on_the_other() {
+    let _serial = common::serial();
+    let a = NodeA {
+        leak: "1",
+        limit: 1536 << 20,
+        env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
+    };
+    let Some(r) = two_nodes_during(29691, &["--policy", "none"], &[], &a, "100000", |_| None)
+    else {
+        return;
+    };
+    let why = r.why();
+    let killed = r.logs[0]
+        .iter()
+        .any(|l| matches!(&l.event, Event::OomKill(_)));
+    assert!(killed, "no kernel OOM kill on node a\n{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let b = stop_reasons(&r.logs[1]);
+    assert!(
+        b.iter()
+            .any(|x| x.starts_with("node ") && x.contains("oom-kill: rank ")),
+        "{b:?}\n{why}"
+    );
+}
+
+/// The kernel OOM-kills a rank on node A, which restarts on a kernel kill
+/// (`--restart-on oom-kill`); a `checkpoint` rule had every rank save the
+/// same step before. Node B restarts with node A (its
+/// fault says the job restarts), both apply the same degradation step,
+/// node B's included though it never ran short, and all four ranks resume
+/// from that step and finish.
+#[test]
+fn serial_a_kernel_oom_kill_on_one_node_restarts_every_node_from_the_last_save() {
+    let _serial = common::serial();
+    let a = NodeA {
+        leak: "1",
+        limit: 1536 << 20,
+        env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
+    };
+    // Only a checkpoint rule: the kernel, not oomguard, ends node a's ranks.
+    let conf = tempfile::tempdir().unwrap();
+    let save = conf.path().join("save.toml");
+    fs::write(
+        &save,
+        "include_defaults = false\n[[rule]]\nname = \"save-early\"\n\
+         metric = \"headroom_percent\"\nbelow = \"30%\"\naction = \"checkpoint\"\n",
+    )
+    .unwrap();
+    let degrade = ["--degrade", "NUM_WORKERS=half,min=1"];
+    let mut a_args = vec![
+        "--config",
+        save.to_str().unwrap(),
+        "--restart-on",
+        "oom-kill",
+    ];
+    a_args.extend(degrade);
+    let Some(r) = two_nodes_during(29692, &a_args, &degrade, &a, "400", |_| None) else {
+        return;
+    };
+    let why = r.why();
+    assert!(
+        r.logs[0]
+            .iter()
+            .any(|l| matches!(&l.event, Event::OomKill(_))),
+        "no kernel OOM kill on node a\n{why}"
+    );
+    assert_eq!(r.out[0].status.code(), Some(0), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(0), "{why}");
+    let step = done_step(&r.logs[0]).unwrap_or_else(|| panic!("node a: no checkpoint_done\n{why}"));
+    assert_eq!(done_step(&r.logs[1]), Some(step), "{why}");
+    for (node, log) in r.logs.iter().enumerate() {
+        let restart = log.iter().find_map(|l| match &l.event {
+            Event::Restart(v) => Some(v.clone()),
+            _ => None,
+        });
+        let restart = restart.unwrap_or_else(|| panic!("node {node} did not restart\n{why}"));
+        assert_eq!(
+            restart["degraded"]["NUM_WORKERS"],
+            serde_json::json!(["4", "2"]),
+            "node {node}: {restart}\n{why}"
+        );
+    }
+    every_rank_resumed(&r, step, 400);
 }

@@ -10,7 +10,12 @@ checkpoint and exit, relieve); the trainer answers at its next step boundary:
   same step, and no rank waits for a vote another skips (the vote happens
   on every step of every rank);
 * all ranks save, then meet in a barrier; local rank 0 of each node writes
-  the ``done`` record its node's oomguard waits for.
+  the ``done`` record its node's oomguard waits for;
+* in a job across nodes, threads of each rank carry *faults* the vote
+  cannot (a rank stopped by a signal or killed, so no step comes): they
+  put their node's fault (the ``fault`` file) in the job's store, and local
+  rank 0 brings the other nodes' faults to its oomguard. The threads run
+  while the training thread waits in a collective.
 
 Outside ``oomguard run`` (no ``OOMGUARD_CONTROL``) every call is a cheap
 no-op. Nothing here prints, and a failure of the channel never stops
@@ -23,6 +28,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 
 __all__ = ["Guard", "guard", "PROTOCOL"]
@@ -31,6 +37,12 @@ PROTOCOL = 1
 ENV_CONTROL = "OOMGUARD_CONTROL"
 REQUEST = "request"
 EVENTS = "events"
+FAULT = "fault"
+# How often each rank looks for its node's fault file: a node whose rank
+# was killed has well under a second before its launcher ends the others.
+_FAULT_POLL = 0.05
+# A wait for the next fault is renewed this often (seconds).
+_FAULT_WAIT = 600
 # Vote codes: the larger one wins when ranks hold different requests.
 _KIND_CODE = {"checkpoint": 1, "checkpoint_and_exit": 2}
 _CODE_KIND = {1: "checkpoint", 2: "checkpoint_and_exit"}
@@ -90,6 +102,7 @@ class Guard:
         self._work = None
         self._group = None
         self._published_id = None
+        self._faults = None
         # torchrun's node rank (GROUP_RANK), else SLURM's.
         self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
 
@@ -311,15 +324,21 @@ class Guard:
         self._said_hello = True
         # The last step is reported even when the rate limit held it back.
         atexit.register(self._progress)
+        world = _world_size()
+        local_world = _env_int("LOCAL_WORLD_SIZE", world)
         self._emit(
             {
                 "type": "hello",
                 "framework": self.framework,
-                "world": _world_size(),
-                "local_world": _env_int("LOCAL_WORLD_SIZE", _world_size()),
+                "world": world,
+                "local_world": local_world,
                 "local_rank": self.local_rank,
             }
         )
+        addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT", 0)
+        if world > local_world and addr and port and _dist() is not None:
+            self._faults = _Faults(self, addr, port)
+            self._faults.start()
 
     def _emit(self, record):
         record = dict(record, v=PROTOCOL, pid=os.getpid(), rank=self.rank, t=round(time.time(), 3))
@@ -333,6 +352,109 @@ class Guard:
             os.write(self._fd, line)
         except OSError:
             pass
+
+
+class _Faults:
+    """One rank's carrier of faults between its node's oomguard and the
+    other nodes (see the module's docstring), on two daemon threads with
+    their own connections to the job's store (``MASTER_ADDR``:
+    ``MASTER_PORT``), so that a blocking wait never holds the training
+    thread's. Keys: ``oomguard/faults`` counts the faults put, and
+    ``oomguard/fault/<n>`` is the n-th. Every rank carries its node's fault
+    out (the first rank of the node that still lives does it; a killed
+    rank's node has moments before its launcher ends the rest); local rank
+    0 brings the other nodes' in, woken by the store the moment one is put."""
+
+    def __init__(self, owner, addr, port):
+        self.owner = owner
+        self.addr, self.port = addr, port
+        self.key = None
+        self.put = 0
+
+    def start(self):
+        threading.Thread(target=self._carry_out, name="oomguard-fault-out", daemon=True).start()
+        if self.owner.local_rank == 0:
+            threading.Thread(target=self._bring_in, name="oomguard-fault-in", daemon=True).start()
+
+    def _connect(self):
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        return TCPStore(
+            host_name=self.addr,
+            port=self.port,
+            is_master=False,
+            timeout=timedelta(seconds=_FAULT_WAIT),
+            wait_for_workers=False,
+        )
+
+    def _carry_out(self):
+        # A `stat` every 50 ms: the fault file is written when a rank of
+        # this node was killed, and the others are ended soon after.
+        path = os.path.join(self.owner.control, FAULT)
+        store = None
+        while True:
+            time.sleep(_FAULT_POLL)
+            fault = self._new_fault(path)
+            if fault is None:
+                continue
+            try:
+                store = store or self._connect()
+                info = {k: fault.get(k) for k in ("id", "cause_rank", "reason", "detail", "then")}
+                info["node"] = self.owner.node
+                n = store.add("oomguard/faults", 1)
+                store.set("oomguard/fault/%d" % n, json.dumps(info))
+                self.owner._emit({"type": "fault_published", "id": fault["id"]})
+            except Exception:
+                store = None
+
+    def _new_fault(self, path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self.key:
+            return None
+        self.key = key
+        try:
+            with open(path) as f:
+                fault = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(fault, dict) or not isinstance(fault.get("id"), int) or fault["id"] <= self.put:
+            return None
+        self.put = fault["id"]
+        return fault
+
+    def _bring_in(self):
+        store, n, refused = None, None, 0
+        while refused < 10:
+            try:
+                if store is None:
+                    store = self._connect()
+                    refused = 0
+                if n is None:
+                    n = store.add("oomguard/faults", 0) + 1
+                key = "oomguard/fault/%d" % n
+                # Returns once the key is put; raises at the timeout.
+                store.wait([key])
+                info = json.loads(store.get(key))
+                n += 1
+            except Exception:
+                # A timeout (wait again on a new connection), or the store
+                # is gone: the job is ending, and after a few refusals in a
+                # row there is nothing left to hear.
+                if store is None:
+                    refused += 1
+                store = None
+                time.sleep(0.2)
+                continue
+            if isinstance(info, dict) and info.get("node") != self.owner.node:
+                record = {"type": "fault"}
+                record.update({k: info.get(k) for k in ("id", "node", "cause_rank", "reason", "detail", "then")})
+                self.owner._emit(record)
 
 
 def relieve():

@@ -220,6 +220,7 @@ impl From<Found> for ProcSample {
             gpu_bytes: None,
             torch: None,
             start_time: f.stat.start_time,
+            stopped: f.stat.state == 'T',
         }
     }
 }
@@ -1094,6 +1095,7 @@ mod tests {
             gpu_bytes: None,
             torch: None,
             start_time: 0,
+            stopped: false,
         };
         let t = totals(&[p(20), p(30)]);
         assert_eq!(

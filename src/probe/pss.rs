@@ -842,6 +842,7 @@ mod tests {
             gpu_bytes: None,
             torch: None,
             start_time: m.start_time,
+            stopped: false,
         }
     }
 

@@ -193,6 +193,12 @@ pub enum Acted {
     GaveUp,
     /// A request was written to the companion.
     Requested { id: u64, kind: Kind, reason: String },
+    /// This node's fault went to the companion for the other nodes (`id`:
+    /// none when it could not be written).
+    Fault {
+        id: Option<u64>,
+        fault: crate::companion::Fault,
+    },
     /// The companion said something (progress, an acknowledgement, a
     /// finished save), for the log and the progress tracker.
     Companion(Record),
@@ -339,6 +345,8 @@ pub struct Actuator {
     /// Another node's request the ranks agreed on: the stop this node
     /// joins (its id, and who asked and why).
     pub remote_stop: Option<RemoteStop>,
+    /// Faults of a job across nodes (`peers.rs`).
+    pub peers: super::peers::Peers,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
     /// This attempt's trainer was checked for a handler of the
@@ -366,6 +374,7 @@ impl Actuator {
             channel: None,
             detail: None,
             remote_stop: None,
+            peers: super::peers::Peers::default(),
             joined: None,
             stop_checked: false,
             framework: None,
@@ -427,6 +436,7 @@ impl Actuator {
             return;
         };
         for r in ch.poll() {
+            self.peers.note(&r, now);
             let c = &mut self.companion;
             match &r {
                 Record::Hello {
@@ -477,21 +487,21 @@ impl Actuator {
                 } => {
                     if *kind != Kind::Relieve && c.pending.is_none_or(|p| p.0 != *id) {
                         c.pending = Some((*id, *kind, now, true));
-                        let who = cause_rank.map_or(String::new(), |r| format!(" (rank {r})"));
-                        let why = reason.as_deref().unwrap_or("a stop");
-                        let what = detail
-                            .as_deref()
-                            .map_or(String::new(), |d| format!(": {d}"));
                         if *kind == Kind::CheckpointAndExit {
                             self.remote_stop = Some(RemoteStop {
                                 id: *id,
-                                why: format!("node {node}{who}: {why}{what}"),
+                                why: crate::companion::remote_cause(
+                                    *node,
+                                    *cause_rank,
+                                    reason.as_deref().unwrap_or("a stop"),
+                                    detail.as_deref(),
+                                ),
                                 restart: then.as_deref() == Some("restart"),
                             });
                         }
                     }
                 }
-                Record::Relieved { .. } => {}
+                Record::Relieved { .. } | Record::Fault { .. } | Record::FaultPublished { .. } => {}
             }
             self.out.push(Acted::Companion(r));
         }
@@ -538,6 +548,7 @@ impl Actuator {
         self.kill_at = None;
         self.companion = CompanionState::default();
         self.remote_stop = None;
+        self.peers = super::peers::Peers::default();
         self.joined = None;
         self.stop_checked = false;
         self.framework = None;
@@ -840,6 +851,48 @@ impl Actuator {
             done_at: None,
             fell_back: false,
             joined: joined.is_some(),
+        });
+    }
+
+    /// Ends this node's part without a save, for a fault of a job across
+    /// nodes: a rank cannot take part, so a vote would never finish.
+    /// SIGTERM and SIGCONT to the whole tree (a stopped rank must run to
+    /// take its SIGTERM), then the ladder's `--kill-after`.
+    pub fn end_for_fault(
+        &mut self,
+        action: Action,
+        reason: &str,
+        tree: &[ProcSample],
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        self.policy_end = Some(action);
+        self.policy_reason = Some(reason.to_string());
+        self.paused.clear();
+        let all = idents(tree, |_| true);
+        let sent = signal_all(sig, &all, SIG_TERM);
+        signal_all(sig, &all, SIG_CONT);
+        self.record(action.name(), reason, sent, SIG_TERM);
+        self.stop = Some(Stop {
+            reason: reason.to_string(),
+            action,
+            grace_end: now,
+            step: StopStep::Terminate {
+                until: now + self.cfg.kill_after,
+            },
+            throttled: HashSet::new(),
+            announced: HashSet::new(),
+            throttle_running: false,
+            throttle_switch: now,
+            frozen_all: false,
+            frozen_since: None,
+            signalled: all,
+            watch: None,
+            began: now,
+            request: None,
+            done_at: None,
+            fell_back: false,
+            joined: true,
         });
     }
 

@@ -33,6 +33,9 @@ impl Supervisor {
         // The companion's last words (its final step, written at exit, or
         // a done that came after the last tick) belong to this attempt.
         self.core.act.poll_channel(Instant::now());
+        // Another node's fault that came after this node's ranks had
+        // already failed in their collectives is still why they did.
+        self.core.act.adopt_remote_fault();
         self.core.act.conclude_checkpoint(Instant::now());
         self.acted(None);
         let sample = self.sample(true);
@@ -41,7 +44,8 @@ impl Supervisor {
         self.check_oom_kills(&sample);
         let end = crate::restart::AttemptEnd {
             policy_end: self.core.act.policy_end,
-            stop_reason: self.core.act.stop.as_ref().map(|st| st.reason.clone()),
+            stop_reason: (self.core.act.stop.as_ref().map(|st| st.reason.clone()))
+                .or_else(|| self.core.act.policy_reason.clone()),
             kernel_killed: self.oom.kernel_killed(&sample),
             memory_death: self.memory_death,
             cuda_oom: self.cuda_oom,

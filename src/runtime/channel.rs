@@ -104,6 +104,25 @@ impl Supervisor {
                 });
                 self.sinks.log.write("checkpoint_request", &body);
             }
+            Record::Fault {
+                id,
+                node,
+                cause_rank,
+                reason,
+                detail,
+                then,
+            } => {
+                let body = serde_json::json!({
+                    "id": id, "remote": true, "node": node, "cause_rank": cause_rank,
+                    "reason": reason, "detail": detail, "then": then,
+                });
+                self.sinks.log.write("fault", &body);
+            }
+            Record::FaultPublished { id } => {
+                self.sinks
+                    .log
+                    .write("fault_published", &serde_json::json!({"id": id}));
+            }
             Record::Relieved { id, rank, freed } => {
                 let body = serde_json::json!({"id": id, "rank": rank, "freed_bytes": freed});
                 self.sinks.log.write("relieved", &body);

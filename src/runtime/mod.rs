@@ -44,6 +44,7 @@ mod doctor;
 mod ending;
 mod job_output;
 mod oom;
+mod peers;
 mod sampler;
 mod screen;
 mod setup;
@@ -833,6 +834,12 @@ impl Supervisor {
                 Acted::GaveUp => self.core.engine.reset(),
                 Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
                 Acted::Companion(r) => self.companion_said(r),
+                Acted::Fault { id, fault } => {
+                    let mut body = serde_json::to_value(&fault).unwrap_or_default();
+                    body["id"] = id.into();
+                    body["remote"] = false.into();
+                    self.sinks.log.write("fault", &body);
+                }
                 Acted::Rule(r) => self.sinks.log.write("rule", &r),
                 Acted::Hook {
                     cmd,

@@ -334,12 +334,22 @@ impl super::Supervisor {
             ..crate::log::OomKillEvent::default()
         };
         self.sinks.log.write_at("oom_kill", t, &event);
+        self.tell_peers_of_kill(v.pid, &v.comm);
         if !self.cfg.quiet {
             self.say(format!(
                 "the kernel OOM killer killed {} (pid {}, {}), by the OOM-kill counter and the process list ({why})",
                 v.comm, v.pid, v.place
             ));
         }
+    }
+
+    /// A job across nodes: the other nodes learn of the kill (peers.rs).
+    fn tell_peers_of_kill(&mut self, pid: u32, comm: &str) {
+        let restart = self.restart_enabled() && self.cfg.attach.is_none();
+        self.core
+            .act
+            .raise_kill(pid, comm, restart, std::time::Instant::now());
+        self.acted(None);
     }
 
     pub(super) fn write_oom_kill(&mut self, t: f64, finding: Finding) {
@@ -377,6 +387,7 @@ impl super::Supervisor {
             reason: None,
         };
         self.sinks.log.write_at("oom_kill", t, &event);
+        self.tell_peers_of_kill(e.kill.pid, &e.comm);
         if !self.cfg.quiet {
             self.say(format!(
                 "the kernel OOM killer killed {} (pid {}, {}){}",
@@ -414,6 +425,7 @@ mod tests {
             gpu_bytes: None,
             torch: None,
             start_time: u64::from(pid),
+            stopped: false,
         }
     }
 

@@ -76,6 +76,7 @@ mod tests {
             gpu_bytes: None,
             torch: None,
             start_time: u64::from(pid),
+            stopped: false,
         }
     }
 

@@ -112,6 +112,8 @@ impl Core {
         notifier: &mut dyn Notifier,
     ) -> TickOut {
         self.act.poll_channel(inp.now);
+        self.act
+            .watch_peers(&sample.procs, inp.ending, inp.now, sig);
         let view = self.history.push(&sample);
         let readings = Readings::from_sample(&sample, &view, inp.gpu_eta, inp.torch_fragmentation);
         let waits_before = self.engine.pending_changes();
@@ -515,6 +517,7 @@ mod tests {
                     gpu_bytes: None,
                     torch: None,
                     start_time: self.start_time(pid),
+                    stopped: false,
                 })
                 .collect();
             let used: u64 = procs.iter().map(|p| p.pss_bytes).sum();

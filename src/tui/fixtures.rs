@@ -67,6 +67,7 @@ fn proc(pid: u32, ppid: u32, role: Role, comm: &str, pss: u64, shared: u64) -> P
         gpu_bytes: None,
         torch: None,
         start_time: u64::from(pid) * 10,
+        stopped: false,
     }
 }
 
@@ -114,6 +115,7 @@ pub fn bare_proc(pid: u32, ppid: u32, pss: u64) -> ProcSample {
         gpu_bytes: None,
         torch: None,
         start_time: u64::from(pid),
+        stopped: false,
     }
 }
 

@@ -85,6 +85,8 @@ pub enum Event {
     CheckpointAck(serde_json::Value),
     CheckpointDone(serde_json::Value),
     Relieved(serde_json::Value),
+    Fault(serde_json::Value),
+    FaultPublished(serde_json::Value),
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,470 @@
+//! A job whose ranks span nodes, when one rank cannot take part any more.
+//!
+//! The checkpoint vote needs every rank to reach its next step. A rank that
+//! is stopped by a signal (not by oomguard) never does, and every other
+//! rank of every node waits for it in its next collective until the
+//! collective's timeout (10–30 minutes with NCCL). This part notices such a
+//! rank on this node, tells the other nodes through the companion's fault
+//! channel (the job's rendezvous store), and ends this node's part once
+//! they have had time to learn why; and it ends this node's part when
+//! another node reports a fault. A save is not possible then (the vote
+//! cannot finish), so the end goes straight to SIGTERM: the point is that
+//! every node ends within seconds, names the cause, and exits "stopped by
+//! policy" for its scheduler to requeue.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::act::{Acted, Actuator, Ident, Signaller};
+use crate::companion::{Fault, Record};
+use crate::model::{ProcSample, Role};
+use crate::policy::Action;
+use crate::units::human_duration;
+
+/// How long a rank may stay stopped before it counts as a fault: a short
+/// ^Z passes, and the other nodes still end well inside `--grace` + 10 s.
+pub const STALL_AFTER: Duration = Duration::from_secs(5);
+/// The most this node waits for the store to have its fault before it
+/// ends its part anyway (the companion's thread polls every 0.5 s).
+const TELL_WAIT: Duration = Duration::from_secs(3);
+/// Once the store has the fault: time for the other nodes' companions (who
+/// poll every 0.5 s) to read it before this node's ranks go and the other
+/// nodes' collectives fail.
+const AFTER_TOLD: Duration = Duration::from_millis(1500);
+
+/// What the job's other nodes and this node's ranks have said about faults.
+#[derive(Debug, Default)]
+pub struct Peers {
+    /// This node's ranks seen stopped by someone else, since when.
+    stopped_since: HashMap<Ident, Instant>,
+    /// This node's fault, once raised.
+    raised: Option<Raised>,
+    /// Another node's fault this node has not yet acted on.
+    remote: Option<RemoteFault>,
+    /// pid → global rank, from the companions' hellos.
+    ranks: HashMap<u32, u32>,
+}
+
+#[derive(Debug)]
+struct Raised {
+    /// The fault's id in the channel (none: it could not be written).
+    id: Option<u64>,
+    why: String,
+    at: Instant,
+    /// When the companion reported it in the store.
+    told: Option<Instant>,
+    ended: bool,
+}
+
+/// Another node's fault: why (naming the node), and whether that node
+/// restarts the job (then this node restarts with it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteFault {
+    pub why: String,
+    pub restart: bool,
+}
+
+impl Peers {
+    /// Takes in one companion record.
+    pub fn note(&mut self, r: &Record, now: Instant) {
+        match r {
+            Record::Hello { pid, rank, .. } => {
+                self.ranks.insert(*pid, *rank);
+            }
+            Record::FaultPublished { id } => {
+                if let Some(raised) = self.raised.as_mut().filter(|x| x.id == Some(*id)) {
+                    raised.told.get_or_insert(now);
+                }
+            }
+            Record::Fault {
+                node,
+                cause_rank,
+                reason,
+                detail,
+                then,
+                ..
+            } => {
+                self.remote.get_or_insert(RemoteFault {
+                    why: crate::companion::remote_cause(
+                        *node,
+                        *cause_rank,
+                        reason.as_deref().unwrap_or("fault"),
+                        detail.as_deref(),
+                    ),
+                    restart: then.as_deref() == Some("restart"),
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// The rank pid's global rank, when its companion said hello.
+    pub fn rank_of(&self, pid: u32) -> Option<u32> {
+        self.ranks.get(&pid).copied()
+    }
+
+    /// Follows this node's ranks (the processes whose companion said hello,
+    /// and the trainers): the first one stopped by someone other than
+    /// oomguard (`held`) for [`STALL_AFTER`], with how long.
+    fn stalled(
+        &mut self,
+        tree: &[ProcSample],
+        held: &HashSet<Ident>,
+        now: Instant,
+    ) -> Option<(u32, Duration)> {
+        let is_rank = |p: &ProcSample| p.role == Role::Trainer || self.ranks.contains_key(&p.pid);
+        let stopped: Vec<Ident> = tree
+            .iter()
+            .filter(|p| p.stopped && is_rank(p) && !held.contains(&(p.pid, p.start_time)))
+            .map(|p| (p.pid, p.start_time))
+            .collect();
+        self.stopped_since.retain(|id, _| stopped.contains(id));
+        for id in &stopped {
+            self.stopped_since.entry(*id).or_insert(now);
+        }
+        self.stopped_since
+            .iter()
+            .map(|(id, since)| (id.0, now - *since))
+            .filter(|(_, d)| *d >= STALL_AFTER)
+            .max_by_key(|(_, d)| *d)
+    }
+
+    /// Whether this node's raised fault has been out long enough.
+    fn due(&self, now: Instant) -> Option<String> {
+        let r = self.raised.as_ref().filter(|r| !r.ended)?;
+        let due = match r.told {
+            Some(t) => now >= t + AFTER_TOLD,
+            None => now >= r.at + TELL_WAIT,
+        };
+        due.then(|| r.why.clone())
+    }
+}
+
+impl Actuator {
+    /// Once per tick, for a job across nodes: acts on another node's
+    /// fault, raises this node's when a rank stalls, and ends this node's
+    /// part once the others know. `ending`: the job is ending anyway.
+    pub fn watch_peers(
+        &mut self,
+        tree: &[ProcSample],
+        ending: bool,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        if !self.companion.spans_nodes() || ending || self.stop.is_some() {
+            return;
+        }
+        if let Some(remote) = self.peers.remote.take() {
+            let then = if remote.restart {
+                "restart the job with it"
+            } else {
+                "stop with it"
+            };
+            self.push(Acted::Say(format!(
+                "{}; this node's ranks cannot go on without it, and {then} (no save is possible: the vote needs every rank)",
+                remote.why
+            )));
+            let action = if remote.restart {
+                Action::Restart
+            } else {
+                Action::Stop
+            };
+            self.end_for_fault(action, &remote.why, tree, now, sig);
+            return;
+        }
+        if self.peers.raised.is_none()
+            && let Some((pid, stalled)) = self.peers.stalled(tree, &self.paused, now)
+        {
+            self.raise_stall(pid, stalled, now);
+        }
+        if let Some(why) = self.peers.due(now) {
+            if let Some(r) = self.peers.raised.as_mut() {
+                r.ended = true;
+            }
+            self.end_for_fault(Action::Stop, &why, tree, now, sig);
+        }
+    }
+
+    fn raise_stall(&mut self, pid: u32, stalled: Duration, now: Instant) {
+        let rank = self.peers.rank_of(pid);
+        let who = rank.map_or(format!("pid {pid}"), |r| format!("rank {r} (pid {pid})"));
+        let detail = format!("{who} stopped by a signal for {}", human_duration(stalled));
+        let fault = Fault {
+            cause_rank: rank,
+            reason: "rank-stopped".into(),
+            detail: detail.clone(),
+            then: None,
+        };
+        let id = match self.channel.as_mut().map(|ch| ch.fault(&fault)) {
+            Some(Ok(id)) => Some(id),
+            Some(Err(e)) => {
+                self.push(Acted::Say(format!("cannot tell the other nodes: {e}")));
+                None
+            }
+            None => None,
+        };
+        let why = format!("rank-stopped: {detail}");
+        self.push(Acted::Say(format!(
+            "{detail} (not by oomguard): every node's ranks wait for it in their next collective; \
+             telling the other nodes and ending this node's part"
+        )));
+        self.push(Acted::Fault { id, fault });
+        self.peers.raised = Some(Raised {
+            id,
+            why,
+            at: now,
+            told: None,
+            ended: false,
+        });
+    }
+
+    /// The kernel OOM killer took a process of this node's part of a job
+    /// across nodes: this node's ranks fail now, and so will the other
+    /// nodes' in their next collective. Tells them why (best effort: a
+    /// rank of this node must still live to carry it to the store), and
+    /// whether this node restarts the job (`restart`). Nothing to end: the
+    /// kill ends this node's part.
+    pub fn raise_kill(&mut self, pid: u32, what: &str, restart: bool, now: Instant) {
+        if !self.companion.spans_nodes() || self.peers.raised.is_some() {
+            return;
+        }
+        let rank = self.peers.rank_of(pid);
+        let who = rank.map_or(format!("{what} (pid {pid})"), |r| {
+            format!("rank {r} (pid {pid})")
+        });
+        let fault = Fault {
+            cause_rank: rank,
+            reason: "oom-kill".into(),
+            detail: format!("{who} killed by the kernel OOM killer"),
+            then: restart.then(|| "restart".to_string()),
+        };
+        let id = self.channel.as_mut().and_then(|ch| ch.fault(&fault).ok());
+        self.push(Acted::Fault {
+            id,
+            fault: fault.clone(),
+        });
+        self.peers.raised = Some(Raised {
+            id,
+            why: format!("oom-kill: {}", fault.detail),
+            at: now,
+            told: None,
+            ended: true,
+        });
+    }
+
+    /// At the attempt's end: another node's fault that came too late to
+    /// act on (this node's ranks had already failed in their collectives)
+    /// still says why the attempt ended. True when it did.
+    pub fn adopt_remote_fault(&mut self) -> bool {
+        if self.policy_end.is_some() {
+            return false;
+        }
+        let Some(remote) = self.peers.remote.take() else {
+            return false;
+        };
+        let action = if remote.restart {
+            Action::Restart
+        } else {
+            Action::Stop
+        };
+        self.policy_end = Some(action);
+        self.policy_reason = Some(remote.why.clone());
+        self.push(Acted::Action {
+            action: action.name(),
+            reason: remote.why,
+            pids: Vec::new(),
+            signal: None,
+            result: "the ranks had already ended".into(),
+        });
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::act::{ActConfig, SIG_CONT, SIG_TERM};
+    use crate::supervise::SignalError;
+
+    #[derive(Default)]
+    struct Rec(Vec<(u32, i32)>);
+    impl Signaller for Rec {
+        fn signal(&mut self, id: Ident, sig: i32) -> Result<(), SignalError> {
+            self.0.push((id.0, sig));
+            Ok(())
+        }
+        fn is_alive(&self, _: Ident) -> bool {
+            true
+        }
+        fn signal_group(&mut self, _: u32, _: i32) -> Result<(), SignalError> {
+            Ok(())
+        }
+    }
+
+    fn rank(pid: u32, stopped: bool) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid: 1,
+            role: Role::Trainer,
+            comm: "python".into(),
+            rss_bytes: 0,
+            pss_bytes: 0,
+            uss_bytes: 0,
+            swap_bytes: 0,
+            rss_peak_bytes: None,
+            gpu_bytes: None,
+            torch: None,
+            start_time: u64::from(pid),
+            stopped,
+        }
+    }
+
+    fn cfg() -> ActConfig {
+        ActConfig {
+            checkpoint_signal: libc::SIGUSR1,
+            grace: Duration::from_secs(30),
+            kill_after: Duration::from_secs(10),
+            may_kill: true,
+            quiet: false,
+            checkpoint_dir: None,
+            checkpoint_glob: "*".into(),
+        }
+    }
+
+    fn across_nodes() -> Actuator {
+        let mut a = Actuator::new(cfg());
+        a.companion.world = Some((4, 2));
+        let hello = Record::Hello {
+            pid: 11,
+            rank: 3,
+            framework: "plain".into(),
+            world: Some(4),
+            local_world: Some(2),
+        };
+        a.peers.note(&hello, Instant::now());
+        a
+    }
+
+    #[test]
+    fn a_rank_stopped_for_five_seconds_raises_a_fault_and_ends_the_node() {
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        let t0 = Instant::now();
+        let tree = [rank(10, false), rank(11, true)];
+        a.watch_peers(&tree, false, t0, &mut sig);
+        a.watch_peers(&tree, false, t0 + Duration::from_secs(4), &mut sig);
+        assert!(a.peers.raised.is_none(), "4 s is not a stall yet");
+        a.watch_peers(&tree, false, t0 + STALL_AFTER, &mut sig);
+        let raised = a.peers.raised.as_ref().expect("a fault after 5 s");
+        assert!(raised.why.contains("rank 3 (pid 11)"), "{}", raised.why);
+        assert!(sig.0.is_empty(), "nothing ends before the others know");
+        // No channel: the others cannot confirm, so the node ends at the wait.
+        a.watch_peers(&tree, false, t0 + STALL_AFTER + TELL_WAIT, &mut sig);
+        assert_eq!(a.policy_end, Some(Action::Stop));
+        assert!(sig.0.contains(&(11, SIG_TERM)) && sig.0.contains(&(11, SIG_CONT)));
+        assert!(sig.0.contains(&(10, SIG_TERM)));
+    }
+
+    #[test]
+    fn a_confirmed_fault_ends_the_node_soon_after_the_store_has_it() {
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        let t0 = Instant::now();
+        let tree = [rank(11, true)];
+        a.watch_peers(&tree, false, t0, &mut sig);
+        a.watch_peers(&tree, false, t0 + STALL_AFTER, &mut sig);
+        a.peers.raised.as_mut().unwrap().id = Some(7);
+        let told = t0 + STALL_AFTER + Duration::from_millis(500);
+        a.peers.note(&Record::FaultPublished { id: 7 }, told);
+        a.watch_peers(&tree, false, told + Duration::from_secs(1), &mut sig);
+        assert!(a.stop.is_none());
+        a.watch_peers(&tree, false, told + AFTER_TOLD, &mut sig);
+        assert_eq!(a.policy_end, Some(Action::Stop));
+    }
+
+    #[test]
+    fn ranks_paused_by_oomguard_and_single_node_jobs_are_not_faults() {
+        let t0 = Instant::now();
+        let tree = [rank(11, true)];
+        let mut a = across_nodes();
+        a.paused.insert((11, 11));
+        let mut sig = Rec::default();
+        a.watch_peers(&tree, false, t0, &mut sig);
+        a.watch_peers(&tree, false, t0 + STALL_AFTER * 2, &mut sig);
+        assert!(a.peers.raised.is_none());
+        let mut one = Actuator::new(cfg());
+        one.companion.world = Some((2, 2));
+        one.watch_peers(&tree, false, t0, &mut sig);
+        one.watch_peers(&tree, false, t0 + STALL_AFTER * 2, &mut sig);
+        assert!(one.peers.raised.is_none());
+    }
+
+    #[test]
+    fn a_rank_that_runs_again_is_forgiven() {
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        let t0 = Instant::now();
+        a.watch_peers(&[rank(11, true)], false, t0, &mut sig);
+        a.watch_peers(
+            &[rank(11, false)],
+            false,
+            t0 + Duration::from_secs(3),
+            &mut sig,
+        );
+        a.watch_peers(
+            &[rank(11, true)],
+            false,
+            t0 + Duration::from_secs(4),
+            &mut sig,
+        );
+        a.watch_peers(
+            &[rank(11, true)],
+            false,
+            t0 + Duration::from_secs(8),
+            &mut sig,
+        );
+        assert!(a.peers.raised.is_none(), "stopped 4 s, not 8");
+    }
+
+    #[test]
+    fn another_nodes_fault_ends_this_node_and_names_it() {
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        let fault = Record::Fault {
+            id: 5,
+            node: 1,
+            cause_rank: Some(3),
+            reason: Some("rank-stopped".into()),
+            detail: Some("rank 3 (pid 11) stopped by a signal for 5 s".into()),
+            then: None,
+        };
+        let now = Instant::now();
+        a.peers.note(&fault, now);
+        a.watch_peers(&[rank(20, false)], false, now, &mut sig);
+        assert_eq!(a.policy_end, Some(Action::Stop));
+        let why = a.policy_reason.clone().unwrap();
+        assert!(why.starts_with("node 1 (rank 3): rank-stopped"), "{why}");
+        assert!(sig.0.contains(&(20, SIG_TERM)));
+    }
+
+    #[test]
+    fn a_fault_that_comes_after_the_ranks_failed_still_names_the_cause() {
+        let mut a = across_nodes();
+        let fault = Record::Fault {
+            id: 5,
+            node: 0,
+            cause_rank: Some(1),
+            reason: Some("oom-kill".into()),
+            detail: None,
+            then: Some("restart".into()),
+        };
+        a.peers.note(&fault, Instant::now());
+        assert!(a.adopt_remote_fault());
+        assert_eq!(a.policy_end, Some(Action::Restart));
+        assert_eq!(
+            a.policy_reason.as_deref(),
+            Some("node 0 (rank 1): oom-kill")
+        );
+        assert!(!a.adopt_remote_fault());
+    }
+}
