@@ -182,7 +182,10 @@ pub enum ForensicsFormat {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// The NDJSON log written by `oomguard run --log`, or `-` for stdin.
-    pub log: PathBuf,
+    /// Several logs (or a directory of them), one per node of one job: one
+    /// report for the whole job.
+    #[arg(required = true, value_name = "LOG")]
+    pub logs: Vec<PathBuf>,
 
     /// Where to write the report.
     #[arg(short, long, value_name = "FILE")]

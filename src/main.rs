@@ -130,8 +130,8 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
 }
 
 fn report(args: oomguard::cli::ReportArgs) -> i32 {
-    use oomguard::report::{Destination, run_report};
-    match run_report(&args.log, args.output.as_deref(), args.format) {
+    use oomguard::report::{Destination, run_reports};
+    match run_reports(&args.logs, args.output.as_deref(), args.format) {
         Ok(out) => {
             for w in &out.warnings {
                 eprintln!("oomguard: {w}");

@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "support/screenshot.rs"]
+mod screenshot;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -228,6 +230,69 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
         stop_reasons(&r.logs[0])
             .iter()
             .all(|r| !r.starts_with("node "))
+    );
+    merged_report_names_the_cause(&r, step);
+}
+
+/// `oomguard report` of both logs: one report, both nodes on one clock,
+/// node a as the one that ran short, the step both saved; and its HTML in
+/// headless Chromium without a console error.
+fn merged_report_names_the_cause(r: &TwoNodes, step: u64) {
+    let logs = [r.dir.path().join("a.ndjson"), r.dir.path().join("b.ndjson")];
+    let out = common::oomguard()
+        .arg("report")
+        .args(&logs)
+        .args(["--format", "text"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("oomguard job report: 2 nodes"), "{text}");
+    assert!(text.contains("node a (ranks "), "{text}");
+    assert!(text.contains("ran short first"), "{text}");
+    assert!(
+        text.contains(&format!("step {step} saved on 2 of 2 nodes")),
+        "{text}"
+    );
+    // A directory of logs is the same job.
+    let html = r.dir.path().join("job.html");
+    let out = common::oomguard()
+        .arg("report")
+        .arg(r.dir.path())
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    if let Some(keep) = std::env::var_os("OOMGUARD_MULTINODE_KEEP") {
+        let _ = fs::copy(&html, Path::new(&keep).join("job.html"));
+    }
+    let Some(chrome) = screenshot::chromium() else {
+        assert!(!common::in_ci(), "chromium not installed");
+        return;
+    };
+    let out = std::process::Command::new(chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+        ])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(dom.matches("<polyline").count(), 2, "one lane per node");
+    assert!(dom.contains("mark-Cause"), "no cause marker");
+    assert!(dom.contains("ran short first"), "{dom}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("CONSOLE") && l.contains("ERROR")),
+        "console errors: {log}"
     );
 }
 

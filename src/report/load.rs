@@ -49,6 +49,9 @@ pub struct RunLog {
     pub unlisted_warnings: usize,
     /// Every line that carried the job's training `progress`, in log order.
     pub progress: Vec<ProgressPoint>,
+    /// The job's global ranks whose companion said hello (`companion`
+    /// lines), sorted, each once.
+    pub ranks: Vec<u32>,
 }
 
 impl RunLog {
@@ -267,6 +270,15 @@ pub enum EventKind {
         path: Option<String>,
         ok: bool,
     },
+    /// A job across nodes lost a rank (`fault`): this node's (`remote`
+    /// false) or another node's, named by `node`.
+    Fault {
+        remote: bool,
+        node: Option<u32>,
+        cause_rank: Option<u32>,
+        reason: Option<String>,
+        detail: Option<String>,
+    },
 }
 
 impl EventKind {
@@ -283,6 +295,7 @@ impl EventKind {
             EventKind::RankFailed(_) => "rank_failed",
             EventKind::PhaseMemory(_) => "phase_memory",
             EventKind::CheckpointDone { .. } => "checkpoint_done",
+            EventKind::Fault { .. } => "fault",
         }
     }
 
@@ -525,6 +538,13 @@ impl Reader {
                     kind,
                 });
             }
+            Ok(Read::Rank(rank)) => {
+                if let Some(r) = rank
+                    && let Err(at) = self.log.ranks.binary_search(&r)
+                {
+                    self.log.ranks.insert(at, r);
+                }
+            }
             Ok(Read::Unknown) => {}
             Err(e) => {
                 self.warn(format!("line {n}: {event} not readable, skipped ({e})"));
@@ -613,6 +633,8 @@ enum Read {
     Sample(Box<SampleEvent>),
     End(Box<RunEnd>),
     Event(EventKind),
+    /// A companion's hello, with its global rank.
+    Rank(Option<u32>),
     /// An event added later within `oomguard/1`: not ours to interpret.
     Unknown,
 }
@@ -705,6 +727,24 @@ fn event_kind(event: &str, raw: &str, attempt: Option<u64>) -> Result<Read, serd
         }
         "rank_failed" => EventKind::RankFailed(serde_json::from_str::<RankFailedEvent>(raw)?),
         "phase_memory" => EventKind::PhaseMemory(serde_json::from_str::<PhaseMemoryEvent>(raw)?),
+        "fault" => {
+            let v = serde_json::from_str::<Value>(raw)?;
+            let num = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+            let text = |k: &str| v[k].as_str().map(str::to_string);
+            EventKind::Fault {
+                remote: v["remote"].as_bool().unwrap_or(false),
+                node: num("node"),
+                cause_rank: num("cause_rank"),
+                reason: text("reason"),
+                detail: text("detail"),
+            }
+        }
+        "companion" => {
+            let v = serde_json::from_str::<Value>(raw)?;
+            return Ok(Read::Rank(
+                v["rank"].as_u64().and_then(|n| u32::try_from(n).ok()),
+            ));
+        }
         "checkpoint_done" => {
             let v = serde_json::from_str::<Value>(raw)?;
             EventKind::CheckpointDone {

@@ -8,6 +8,7 @@
 
 mod diagnose;
 mod html;
+mod job;
 mod load;
 mod svg;
 mod text;
@@ -20,6 +21,7 @@ pub use diagnose::{
     processes, worker_fit_numbers,
 };
 pub use html::render_html;
+pub use job::{JobReport, job_report, render_job_html, render_job_json, render_job_text};
 pub use load::{
     Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, LISTED_WARNINGS, LoadError,
     PeakInfo, PolicyRule, ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, load, load_from,
@@ -106,6 +108,80 @@ pub fn run_report(
     output: Option<&Path>,
     format: Format,
 ) -> Result<ReportOutput, ReportError> {
+    let log = load_path(input)?;
+    let findings = diagnose(&log);
+    let body = match format {
+        Format::Html => render_html(&log, &findings),
+        Format::Text => render_text(&log, &findings),
+        Format::Json => json_text(&render_json(&log, &findings)),
+    };
+    let mut warnings = log.warnings;
+    if log.unlisted_warnings > 0 {
+        warnings.push(format!(
+            "… and {} more line{} skipped",
+            log.unlisted_warnings,
+            if log.unlisted_warnings == 1 { "" } else { "s" }
+        ));
+    }
+    let html_path = || default_html_path(input);
+    deliver(body, output, format, html_path, warnings)
+}
+
+/// `oomguard report` of several inputs: logs, or directories whose
+/// `*.ndjson` files are the logs (one per node of one job). One log is the
+/// single-run report; several make the job report (`job.html` next to
+/// the first log when HTML has no `output`).
+pub fn run_reports(
+    inputs: &[PathBuf],
+    output: Option<&Path>,
+    format: Format,
+) -> Result<ReportOutput, ReportError> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let read = std::fs::read_dir(input).map_err(|source| ReportError::Read {
+                path: input.clone(),
+                source,
+            })?;
+            let mut found: Vec<PathBuf> = read
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "ndjson"))
+                .collect();
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(input.clone());
+        }
+    }
+    match files.as_slice() {
+        [] => Err(ReportError::Empty),
+        [one] => run_report(one, output, format),
+        _ => {
+            let mut logs = Vec::new();
+            let mut warnings = Vec::new();
+            for f in &files {
+                let log = load_path(f)?;
+                let name = f
+                    .file_stem()
+                    .map_or_else(|| f.display().to_string(), |s| s.to_string_lossy().into());
+                warnings.extend(log.warnings.iter().map(|w| format!("{name}: {w}")));
+                logs.push((name, log));
+            }
+            let report = job_report(&logs);
+            let body = match format {
+                Format::Html => render_job_html(&report),
+                Format::Text => render_job_text(&report),
+                Format::Json => json_text(&render_job_json(&report)),
+            };
+            let html_path = || files[0].with_file_name("job.html");
+            deliver(body, output, format, html_path, warnings)
+        }
+    }
+}
+
+/// Reads one log (`-`: stdin), errors naming the file.
+fn load_path(input: &Path) -> Result<RunLog, ReportError> {
     let err = |source| ReportError::Read {
         path: input.to_path_buf(),
         source,
@@ -116,28 +192,34 @@ pub fn run_report(
         let file = std::fs::File::open(input).map_err(err)?;
         load_from(std::io::BufReader::with_capacity(1 << 16, file))
     };
-    let log = loaded.map_err(|e| match e {
+    loaded.map_err(|e| match e {
         LoadError::Read(source) => err(source),
         LoadError::Log(e) => ReportError::InLog {
             path: input.to_path_buf(),
             source: Box::new(e),
         },
-    })?;
-    let findings = diagnose(&log);
-    let body = match format {
-        Format::Html => render_html(&log, &findings),
-        Format::Text => render_text(&log, &findings),
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(&render_json(&log, &findings))
-                .unwrap_or_else(|_| "{}".to_string());
-            s.push('\n');
-            s
-        }
-    };
+    })
+}
+
+fn json_text(v: &serde_json::Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_else(|_| "{}".to_string());
+    s.push('\n');
+    s
+}
+
+/// Writes `body` where `output` says (HTML without one: `html_path`), or
+/// hands it back for stdout.
+fn deliver(
+    body: String,
+    output: Option<&Path>,
+    format: Format,
+    html_path: impl FnOnce() -> PathBuf,
+    warnings: Vec<String>,
+) -> Result<ReportOutput, ReportError> {
     let target = match (output, format) {
         (Some(p), _) if p == Path::new("-") => None,
         (Some(p), _) => Some(p.to_path_buf()),
-        (None, Format::Html) => Some(default_html_path(input)),
+        (None, Format::Html) => Some(html_path()),
         (None, _) => None,
     };
     let destination = match target {
@@ -150,14 +232,6 @@ pub fn run_report(
         }
         None => Destination::Stdout(body),
     };
-    let mut warnings = log.warnings;
-    if log.unlisted_warnings > 0 {
-        warnings.push(format!(
-            "… and {} more line{} skipped",
-            log.unlisted_warnings,
-            if log.unlisted_warnings == 1 { "" } else { "s" }
-        ));
-    }
     Ok(ReportOutput {
         destination,
         warnings,

@@ -75,6 +75,27 @@ pub(super) fn event_summary(e: &Event) -> String {
             let failed = if *ok { "" } else { " (failed)" };
             format!("checkpoint{at}{to}{failed}")
         }
+        EventKind::Fault {
+            remote,
+            node,
+            cause_rank,
+            reason,
+            detail,
+        } => {
+            let reason = reason.as_deref().unwrap_or("fault");
+            match (remote, node) {
+                (true, Some(n)) => format!(
+                    "another node's fault: {}",
+                    crate::companion::remote_cause(*n, *cause_rank, reason, detail.as_deref())
+                ),
+                _ => {
+                    let what = detail
+                        .as_deref()
+                        .map_or(String::new(), |d| format!(": {d}"));
+                    format!("fault of this node, told to the others: {reason}{what}")
+                }
+            }
+        }
     }
 }
 

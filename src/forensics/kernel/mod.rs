@@ -40,6 +40,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use line::days_from_civil;
 use line::{KMSG_DICT, KMSG_RECORD, logical_lines};
 use report::Parser;
 

@@ -78,6 +78,7 @@ fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
         EventKind::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
         EventKind::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
         EventKind::CheckpointDone { .. } => ("#009E73", "#1a1a1a", Shape::Up),
+        EventKind::Fault { .. } => ("#D55E00", "#ffffff", Shape::Hexagon),
     }
 }
 
