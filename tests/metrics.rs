@@ -125,6 +125,8 @@ fn full_metrics(constant: ConstantLabels) -> Metrics {
     };
     m.update(&s, &view);
     m.action("warn");
+    m.stopped("stop", "node 1 (rank 3): critical-headroom: headroom 1 GiB");
+    m.saved(245);
     m
 }
 
@@ -426,9 +428,15 @@ fn check_scraped(prom: &Prometheus, gpu: bool) {
     }
 }
 
-/// Every dashboard expression has data in `prom`.
+/// Every dashboard expression has data in `prom`; every annotation's
+/// query is one Prometheus takes.
 fn check_dashboards_have_data(prom: &Prometheus, gpu: bool) {
     let vars = dashboard_vars(&prom.job);
+    for (_, d) in prometheus::dashboards() {
+        for (_, expr) in prometheus::annotation_exprs(&d) {
+            prom.query(&prometheus::substitute(&expr, &vars));
+        }
+    }
     let empty = prometheus::empty_dashboard_queries(prom, &vars, |expr| {
         !gpu && expr.contains("oomguard_gpu_")
     });
@@ -548,6 +556,20 @@ fn dashboards_are_provisioning_ready() {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), n, "{file}: duplicate panel ids");
+        // The stop (with its cause node) and the checkpoint as
+        // annotations at the time the series holds.
+        let notes = prometheus::annotation_exprs(d);
+        assert_eq!(notes.len(), 2, "{file}: annotations {notes:?}");
+        for (name, expr) in &notes {
+            prometheus::substitute(expr, &var_names);
+            for m in metric_re.find_iter(expr) {
+                assert!(
+                    known.iter().any(|k| k == m.as_str()),
+                    "{file}: annotation {name}: {} is not an exported metric",
+                    m.as_str()
+                );
+            }
+        }
     }
     uids.sort();
     uids.dedup();
@@ -608,7 +630,7 @@ fn promtool_accepts_the_endpoint_and_the_textfile() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("content-type"), Some(CONTENT_TYPE));
     let names = metric_names(&r.body);
-    assert_eq!(names.len(), 20, "every metric of design.md §4.4: {names:?}");
+    assert_eq!(names.len(), 22, "every metric of design.md §4.4: {names:?}");
     prometheus::promtool_check_metrics(&r.body).unwrap();
     assert_eq!(
         prometheus::http_get(endpoint.addr, "/").unwrap().status,

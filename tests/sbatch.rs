@@ -36,7 +36,7 @@ const SRUN: &str = r#"#!/bin/sh
 node=0
 pids=""
 for cg in $FAKE_SLURM_CGROUPS; do
-  SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 \
+  SLURM_NODEID=$node SLURM_PROCID=$node SLURM_LOCALID=0 SLURM_STEP_ID=0 \
     sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@" > "$FAKE_SLURM_OUT/task-$node.out" 2>&1 &
   pids="$pids $!"
   node=$((node + 1))
@@ -153,4 +153,23 @@ fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() 
         matches!(&l.event, Event::Action(a) if a.action == "stop" && a.reason.starts_with("node "))
     });
     assert!(named, "no node names the other as the cause\n{why}");
+    // Each log says which run of which job it is.
+    for (n, log) in logs.iter().enumerate() {
+        let ids = log.iter().find_map(|l| match &l.event {
+            Event::RunStart(s) => Some(s.ids.clone()),
+            _ => None,
+        });
+        let ids = ids.unwrap_or_else(|| panic!("node {n}: no run_start\n{why}"));
+        assert_eq!(
+            ids.get("job_id").map(String::as_str),
+            Some("4242"),
+            "{ids:?}"
+        );
+        assert_eq!(ids.get("rank"), Some(&n.to_string()), "{ids:?}");
+        assert_eq!(
+            ids.get("slurm_step").map(String::as_str),
+            Some("0"),
+            "{ids:?}"
+        );
+    }
 }

@@ -92,6 +92,19 @@ where
     labels
 }
 
+/// What `run_start.ids` records: the constant labels, plus the SLURM job
+/// step (`SLURM_STEP_ID`) when there is one.
+pub fn run_ids() -> BTreeMap<String, String> {
+    let mut ids = constant_labels();
+    if let Some(step) = std::env::var("SLURM_STEP_ID")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
+        ids.insert("slurm_step".into(), step.trim().to_string());
+    }
+    ids
+}
+
 /// [`constant_labels_from_env`] for this process: its environment and the
 /// kernel's host name.
 pub fn constant_labels() -> ConstantLabels {
@@ -105,6 +118,11 @@ pub fn constant_labels() -> ConstantLabels {
 }
 
 /// The host name (`/proc/sys/kernel/hostname`, what `uname -n` prints), or
+fn unix_now() -> f64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    (now.map_or(0.0, |d| d.as_secs_f64()) * 1000.0).round() / 1000.0
+}
+
 /// `None` when it cannot be read.
 pub fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -133,6 +151,13 @@ struct State {
     paused: bool,
     /// The job's printed (step, total), when it prints progress.
     progress: (Option<u64>, Option<u64>),
+    /// The newest stop, restart or kill: its labels and when (Unix s).
+    stop: Option<(Vec<(&'static str, String)>, f64)>,
+    /// A stop was marked in this attempt (the ladder's later steps are not
+    /// new stops).
+    stop_marked: bool,
+    /// The newest save the companion reported: step, when (Unix s).
+    saved: Option<(u64, f64)>,
 }
 
 /// What one tick contributed, already reduced to metric values.
@@ -169,6 +194,9 @@ impl Metrics {
                 restarts: 0,
                 paused: false,
                 progress: (None, None),
+                stop: None,
+                stop_marked: false,
+                saved: None,
             })),
         }
     }
@@ -230,7 +258,53 @@ impl Metrics {
 
     /// Counts one restart of the job (a new attempt).
     pub fn restart(&self) {
-        self.lock().restarts += 1;
+        let mut st = self.lock();
+        st.restarts += 1;
+        st.stop_marked = false;
+    }
+
+    /// The attempt's stop, restart or kill began now, for `reason` (its
+    /// action line's): `oomguard_stop_timestamp_seconds`, labelled with
+    /// the node that caused it (`self`, or the number in `node N (rank
+    /// R): …`), that rank, and the rule or fault. Once per attempt.
+    pub fn stopped(&self, action: &str, reason: &str) {
+        let mut st = self.lock();
+        if st.stop_marked {
+            return;
+        }
+        st.stop_marked = true;
+        let (cause_node, rest) = match reason.strip_prefix("node ") {
+            Some(r) => {
+                let (n, rest) = r.split_once(' ').unwrap_or((r, ""));
+                (n.trim_end_matches(':').to_string(), rest)
+            }
+            None => ("self".to_string(), reason),
+        };
+        let (cause_rank, rest) = match rest.strip_prefix("(rank ") {
+            Some(r) => {
+                let (n, rest) = r.split_once(')').unwrap_or((r, ""));
+                (n.to_string(), rest.trim_start_matches(':').trim_start())
+            }
+            None => (String::new(), rest.trim_start_matches(':').trim_start()),
+        };
+        let rule = rest
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let mut labels = vec![("action", action.to_string()), ("cause_node", cause_node)];
+        if !cause_rank.is_empty() {
+            labels.push(("cause_rank", cause_rank));
+        }
+        labels.push(("reason", rule));
+        st.stop = Some((labels, unix_now()));
+    }
+
+    /// The companion reported a save of `step`: the
+    /// `oomguard_checkpoint_timestamp_seconds{step}` series.
+    pub fn saved(&self, step: u64) {
+        self.lock().saved = Some((step, unix_now()));
     }
 
     /// Whether oomguard holds the job paused (`oomguard_paused` 1 / 0).
@@ -454,6 +528,22 @@ impl State {
             "The total of the job's progress bar (the number after '/').",
             self.progress.1.map(Value::Int),
         );
+        if let Some((labels, at)) = &self.stop {
+            b.many(
+                "oomguard_stop_timestamp_seconds",
+                Gauge,
+                "When the newest stop, restart or kill began (Unix seconds), with the node and rank that caused it and why: a Grafana annotation (useValueForTime).",
+                vec![(labels.clone(), Value::Float(*at))],
+            );
+        }
+        if let Some((step, at)) = self.saved {
+            b.many(
+                "oomguard_checkpoint_timestamp_seconds",
+                Gauge,
+                "When the companion's newest save finished (Unix seconds), with its step.",
+                vec![(vec![("step", step.to_string())], Value::Float(at))],
+            );
+        }
         b.many(
             "oomguard_build_info",
             Gauge,
@@ -950,5 +1040,41 @@ oomguard_tree_uss_bytes{job_id="42",node="n1",rank="3"} 375500
         let text = m.render();
         assert!(text.contains("oomguard_actions_total{action=\"kill\"} 1\n"));
         assert!(text.contains("oomguard_paused 1\n"));
+    }
+
+    #[test]
+    fn a_stop_is_marked_once_per_attempt_with_its_cause_node() {
+        let m = Metrics::new(ConstantLabels::new(), "1");
+        m.stopped(
+            "stop",
+            "node 1 (rank 3): critical-eta: headroom 261 MiB (16.3%)",
+        );
+        // The ladder's SIGTERM later in the same stop is not a new stop.
+        m.stopped("stop", "critical-eta: terminating the rest of the tree");
+        m.saved(245);
+        let text = m.render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("oomguard_stop_timestamp_seconds{"))
+            .unwrap();
+        assert!(
+            line.starts_with(
+                r#"oomguard_stop_timestamp_seconds{action="stop",cause_node="1",cause_rank="3",reason="critical-eta"} "#
+            ),
+            "{line}"
+        );
+        assert!(text.contains(r#"oomguard_checkpoint_timestamp_seconds{step="245"} "#));
+        m.restart();
+        m.stopped(
+            "restart",
+            "rank-stopped: rank 1 (pid 9) stopped by a signal for 5s",
+        );
+        let text = m.render();
+        assert!(
+            text.contains(
+                r#"oomguard_stop_timestamp_seconds{action="restart",cause_node="self",reason="rank-stopped"} "#
+            ),
+            "{text}"
+        );
     }
 }

@@ -67,6 +67,9 @@ impl Supervisor {
                     "save_seconds": seconds,
                 });
                 self.sinks.log.write("checkpoint_done", &body);
+                if let Some(step) = step.filter(|_| ok) {
+                    self.sinks.metrics.saved(step);
+                }
                 if step.is_some() {
                     let u = ProgressUpdate {
                         step,

@@ -538,6 +538,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
         interval_seconds: cfg.interval.as_secs_f64(),
         pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
         every_tick: cfg.log_every_tick,
+        ids: crate::metrics::run_ids(),
     };
     log.write("run_start", &start);
 }
@@ -637,6 +638,7 @@ impl Supervisor {
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
             every_tick: self.cfg.log_every_tick,
+            ids: crate::metrics::run_ids(),
         };
         self.sinks.log.write_at("run_start", sample.t, &start);
         self.core.last_sample = Some(sample);

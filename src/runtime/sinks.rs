@@ -232,6 +232,9 @@ impl Sinks {
         if !idle {
             self.count(action);
         }
+        if matches!(action, "stop" | "restart" | "kill") {
+            self.metrics.stopped(action, reason);
+        }
         let kind = match action {
             _ if idle => None,
             "warn" => Some(crate::tui::ActionKind::Warn),

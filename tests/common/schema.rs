@@ -111,6 +111,9 @@ pub struct RunStart {
     /// `--log-every-tick` recordings only.
     #[serde(default)]
     pub every_tick: bool,
+    /// The run within its job (absent when nothing identifies it).
+    #[serde(default)]
+    pub ids: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -309,6 +309,22 @@ pub fn dashboards() -> Vec<(String, Value)> {
         .collect()
 }
 
+/// The dashboard's Prometheus annotations: (name, expr).
+pub fn annotation_exprs(dashboard: &Value) -> Vec<(String, String)> {
+    dashboard["annotations"]["list"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| a["datasource"]["uid"] == "${datasource}")
+        .filter_map(|a| {
+            let name = a["name"].as_str()?.to_string();
+            assert_eq!(a["useValueForTime"], true, "{name}: at the series' time");
+            Some((name, a["expr"].as_str()?.to_string()))
+        })
+        .collect()
+}
+
 /// Every panel, rows' nested panels included.
 pub fn panels(dashboard: &Value) -> Vec<&Value> {
     fn walk<'a>(list: &'a Value, out: &mut Vec<&'a Value>) {
