@@ -527,3 +527,33 @@ fn serial_a_kernel_oom_kill_on_one_node_restarts_every_node_from_the_last_save()
     }
     every_rank_resumed(&r, step, 400);
 }
+
+/// A rank on node A fails with a CUDA OOM (its real message, printed by a
+/// CPU-only rank: there is no GPU here): node B's oomguard names node A and
+/// the CUDA OOM as the cause, not a crash of its own, and exits 75. (The
+/// message comes through torchrun's shared stderr, which names no pid, so
+/// no rank.)
+#[test]
+fn serial_a_cuda_oom_on_one_node_is_named_on_the_other() {
+    let _serial = common::serial();
+    let a = NodeA {
+        leak: "1",
+        limit: 4 << 30,
+        env: &[("LEAK_MB", "0"), ("FAKE_CUDA_OOM_STEP", "40")],
+    };
+    let Some(r) = two_nodes_during(29693, &[], &[], &a, "100000", |_| None) else {
+        return;
+    };
+    let why = r.why();
+    let seen = r.logs[0]
+        .iter()
+        .any(|l| matches!(&l.event, Event::CudaOom(_)));
+    assert!(seen, "node a did not see the CUDA OOM\n{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let b = stop_reasons(&r.logs[1]);
+    assert!(
+        b.iter()
+            .any(|x| x.starts_with("node ") && x.contains("cuda-oom: CUDA out of memory")),
+        "{b:?}\n{why}"
+    );
+}

@@ -85,6 +85,7 @@ impl Supervisor {
                     self.note_rank_failed(r);
                 }
                 self.sinks.log.write(record.name(), &record);
+                self.tell_peers_of_death(&record);
                 let t = self.started.elapsed().as_secs_f64();
                 let ui = match &record {
                     crate::log::OutputEvent::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
@@ -127,6 +128,50 @@ impl Supervisor {
                 self.say(e.to_string());
             }
         }
+    }
+
+    /// A job across nodes: a CUDA OOM or a dead worker on this node is
+    /// news for the other nodes, whose ranks fail next (peers.rs).
+    fn tell_peers_of_death(&mut self, record: &crate::log::OutputEvent) {
+        let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
+        let (reason, detail, pid, restart) = match record {
+            crate::log::OutputEvent::CudaOom(e) => {
+                let tried = e.tried_bytes.map_or(String::new(), |b| {
+                    format!(" trying to allocate {}", crate::units::HumanBytes(b))
+                });
+                (
+                    "cuda-oom",
+                    format!("CUDA out of memory{tried}"),
+                    e.pid,
+                    on("cuda-oom"),
+                )
+            }
+            crate::log::OutputEvent::WorkerDied(e) => {
+                let how = e.signal.clone().unwrap_or_else(|| {
+                    e.exit_code
+                        .map_or("an unknown cause".into(), |c| format!("exit code {c}"))
+                });
+                let restart = self.memory_death && self.restart_enabled();
+                (
+                    "worker-died",
+                    format!("a DataLoader worker died ({how})"),
+                    e.pid,
+                    restart,
+                )
+            }
+            crate::log::OutputEvent::RankFailed(_) => return,
+        };
+        let rank = pid.and_then(|p| self.core.act.peers.rank_of(p));
+        let detail = match (rank, pid) {
+            (Some(r), _) => format!("rank {r}: {detail}"),
+            (None, Some(p)) => format!("pid {p}: {detail}"),
+            (None, None) => detail,
+        };
+        let restart = restart && self.cfg.attach.is_none();
+        self.core
+            .act
+            .raise_death(reason, detail, rank, restart, std::time::Instant::now());
+        self.acted(None);
     }
 
     /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and

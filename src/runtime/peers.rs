@@ -154,6 +154,11 @@ impl Actuator {
         if !self.companion.spans_nodes() || ending || self.stop.is_some() {
             return;
         }
+        if self.peers.raised.is_some() {
+            // This node's own fault came first: another node's (a
+            // consequence of it, as a rank there failed) is not the cause.
+            self.peers.remote = None;
+        }
         if let Some(remote) = self.peers.remote.take() {
             let then = if remote.restart {
                 "restart the job with it"
@@ -225,27 +230,43 @@ impl Actuator {
     /// whether this node restarts the job (`restart`). Nothing to end: the
     /// kill ends this node's part.
     pub fn raise_kill(&mut self, pid: u32, what: &str, restart: bool, now: Instant) {
-        if !self.companion.spans_nodes() || self.peers.raised.is_some() {
-            return;
-        }
         let rank = self.peers.rank_of(pid);
         let who = rank.map_or(format!("{what} (pid {pid})"), |r| {
             format!("rank {r} (pid {pid})")
         });
+        let detail = format!("{who} killed by the kernel OOM killer");
+        self.raise_death("oom-kill", detail, rank, restart, now);
+    }
+
+    /// A process of this node's part of a job across nodes died another
+    /// way the job's output named (`reason`: `cuda-oom`, `worker-died`):
+    /// the other nodes learn it as [`Actuator::raise_kill`] tells a kill.
+    pub fn raise_death(
+        &mut self,
+        reason: &str,
+        detail: String,
+        rank: Option<u32>,
+        restart: bool,
+        now: Instant,
+    ) {
+        // Only the first trouble of a node that is not already ending for
+        // another reason (its own, or another node's) is news.
+        if !self.companion.spans_nodes() || self.peers.raised.is_some() || self.policy_end.is_some()
+        {
+            return;
+        }
         let fault = Fault {
             cause_rank: rank,
-            reason: "oom-kill".into(),
-            detail: format!("{who} killed by the kernel OOM killer"),
+            reason: reason.into(),
+            detail,
             then: restart.then(|| "restart".to_string()),
         };
         let id = self.channel.as_mut().and_then(|ch| ch.fault(&fault).ok());
-        self.push(Acted::Fault {
-            id,
-            fault: fault.clone(),
-        });
+        let why = format!("{reason}: {}", fault.detail);
+        self.push(Acted::Fault { id, fault });
         self.peers.raised = Some(Raised {
             id,
-            why: format!("oom-kill: {}", fault.detail),
+            why,
             at: now,
             told: None,
             ended: true,
@@ -256,7 +277,7 @@ impl Actuator {
     /// act on (this node's ranks had already failed in their collectives)
     /// still says why the attempt ended. True when it did.
     pub fn adopt_remote_fault(&mut self) -> bool {
-        if self.policy_end.is_some() {
+        if self.policy_end.is_some() || self.peers.raised.is_some() {
             return false;
         }
         let Some(remote) = self.peers.remote.take() else {
@@ -466,5 +487,28 @@ mod tests {
             Some("node 0 (rank 1): oom-kill")
         );
         assert!(!a.adopt_remote_fault());
+    }
+
+    #[test]
+    fn a_node_whose_own_rank_died_first_does_not_take_the_others_fault_as_its_cause() {
+        let mut a = across_nodes();
+        let now = Instant::now();
+        a.raise_kill(11, "python", false, now);
+        assert!(a.peers.raised.is_some(), "the kill is raised");
+        let echo = Record::Fault {
+            id: 9,
+            node: 1,
+            cause_rank: Some(2),
+            reason: Some("worker-died".into()),
+            detail: None,
+            then: None,
+        };
+        a.peers.note(&echo, now);
+        assert!(!a.adopt_remote_fault());
+        assert_eq!(a.policy_end, None);
+        let mut sig = Rec::default();
+        a.peers.note(&echo, now);
+        a.watch_peers(&[rank(10, false)], false, now, &mut sig);
+        assert!(a.stop.is_none() && sig.0.is_empty());
     }
 }
