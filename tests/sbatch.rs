@@ -5,6 +5,10 @@
 //! rank leaking until its node's cgroup ceiling is near. Every rank saves the
 //! same step, both oomguards exit 75, each node's log lands in its own file
 //! (`--log logs/%j/run-%N.ndjson`), and the script requeues the job.
+//!
+//! The same recipe also runs under a real SLURM (Debian's `slurm-wlm`): one
+//! `slurmctld` and two `slurmd -N` on this machine, each `slurmd` (and so
+//! each node's job step) in its own memory cgroup.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,6 +17,8 @@ mod common;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use common::MemCgroup;
 use common::schema::Event;
@@ -172,4 +178,251 @@ fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() 
             "{ids:?}"
         );
     }
+}
+
+/// A SLURM cluster of two "nodes" on this machine, in `dir`: the first node
+/// is named after this host (so the recipe's rendezvous endpoint, the first
+/// node's name, resolves), the second `<host>-2`; both `slurmd` bind
+/// loopback. Dropping it stops the daemons.
+struct Slurm {
+    conf: std::path::PathBuf,
+    daemons: Vec<Child>,
+}
+
+impl Slurm {
+    fn start(dir: &Path, cgroups: [&MemCgroup; 2]) -> Slurm {
+        let host = fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap()
+            .trim()
+            .to_string();
+        for d in ["state", "spool", "log"] {
+            fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let d = dir.display();
+        let conf = dir.join("slurm.conf");
+        fs::write(
+            &conf,
+            format!(
+                "ClusterName=oomguardtest\nSlurmctldHost=localhost\nSlurmctldPort=17817\n\
+                 AuthType=auth/munge\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 JobAcctGatherType=jobacct_gather/none\nSelectType=select/cons_tres\n\
+                 SelectTypeParameters=CR_Core\nSlurmUser=root\nSlurmdUser=root\nMpiDefault=none\n\
+                 StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
+                 SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
+                 SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
+                 ReturnToService=2\n\
+                 NodeName={host} NodeHostname=localhost NodeAddr=127.0.0.1 Port=17818 CPUs=2 RealMemory=4000\n\
+                 NodeName={host}-2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17819 CPUs=2 RealMemory=4000\n\
+                 PartitionName=debug Nodes={host},{host}-2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n"
+            ),
+        )
+        .unwrap();
+        start_munge();
+        let quiet = |mut c: Command| {
+            c.stdout(Stdio::null()).stderr(Stdio::null());
+            c.spawn().unwrap()
+        };
+        let mut ctld = Command::new("slurmctld");
+        ctld.arg("-D").arg("-f").arg(&conf);
+        let mut daemons = vec![quiet(ctld)];
+        std::thread::sleep(Duration::from_secs(1));
+        for (cg, name) in cgroups.iter().zip([host.clone(), format!("{host}-2")]) {
+            let slurmd = which("slurmd");
+            let c = cg.command(&slurmd, &["-D", "-f", conf.to_str().unwrap(), "-N", &name]);
+            daemons.push(quiet(c));
+        }
+        let slurm = Slurm { conf, daemons };
+        let idle = common::wait_for(Duration::from_secs(60), || {
+            let out = slurm
+                .cmd("sinfo")
+                .args(["-h", "-o", "%T %D"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim() == "idle 2"
+        });
+        assert!(idle, "the two slurmd never came up: see {d}/log");
+        slurm
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+
+    /// `scontrol show job ID`'s `KEY=value`.
+    fn job_field(&self, id: &str, key: &str) -> Option<String> {
+        let out = self
+            .cmd("scontrol")
+            .args(["show", "job", id])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")).map(str::to_string))
+    }
+}
+
+impl Drop for Slurm {
+    fn drop(&mut self) {
+        for d in self.daemons.iter_mut().rev() {
+            let _ = d.kill();
+            let _ = d.wait();
+        }
+    }
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn which(program: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| program.into())
+}
+
+/// munge authenticates SLURM's messages: started (as its own user, with a
+/// key made on first use) unless one answers already.
+fn start_munge() {
+    let works = || {
+        Command::new("munge")
+            .arg("-n")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if works() {
+        return;
+    }
+    if !Path::new("/etc/munge/munge.key").exists() {
+        let _ = Command::new(which("mungekey")).arg("--create").status();
+    }
+    let _ = fs::create_dir_all("/run/munge");
+    for path in ["/etc/munge/munge.key", "/run/munge"] {
+        let _ = Command::new("chown").args(["munge:munge", path]).status();
+    }
+    let munged = which("munged");
+    let _ = Command::new("su")
+        .args(["-s", "/bin/sh", "munge", "-c"])
+        .arg(munged)
+        .status();
+    assert!(
+        common::wait_for(Duration::from_secs(10), works),
+        "munged did not start"
+    );
+}
+
+#[test]
+fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
+    let _serial = common::serial();
+    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
+        .iter()
+        .all(|t| which(t).is_file());
+    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
+        return;
+    }
+    if !common::require(is_root(), "a SLURM of its own needs root") {
+        return;
+    }
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("slurm-0", 1600 << 20),
+        MemCgroup::or_skip("slurm-1", 1600 << 20),
+    ) else {
+        return;
+    };
+    common::deadline::arm();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = Slurm::start(dir.path(), [&cg0, &cg1]);
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let script = work.join("train.sbatch");
+    executable(
+        &script,
+        &recipe().replace("train.py", &format!("{} 600", plain.display())),
+    );
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = slurm
+        .cmd("sbatch")
+        .arg("--parsable")
+        .arg("-o")
+        .arg(work.join("slurm-%j.out"))
+        .arg(&script)
+        .current_dir(&work)
+        .env("PATH", path)
+        .env("DIST", "1")
+        .env("LEAK_RANK", "1")
+        .env("CKPT_DIR", &work)
+        .env_remove("OOMGUARD_CONTROL")
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    // The script requeues the job after the stop: SLURM counts a restart.
+    let requeued = common::wait_for(Duration::from_secs(240), || {
+        slurm.job_field(&id, "Restarts").as_deref() == Some("1")
+    });
+    let _ = slurm.cmd("scancel").arg(&id).status();
+    let output = fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    let why = format!(
+        "job {id}\n{output}\nslurmctld log:\n{}",
+        fs::read_to_string(dir.path().join("log/slurmctld.log")).unwrap_or_default()
+    );
+    assert!(requeued, "the job was not requeued\n{why}");
+    assert_eq!(
+        output.matches("Exited with exit code 75").count(),
+        2,
+        "both nodes' oomguards exit 75\n{why}"
+    );
+    let logs: Vec<_> = (0..2)
+        .map(|n| common::read_log(&work.join(format!("logs/{id}/run-{n}.ndjson"))))
+        .collect();
+    let stop_step = |log: &[common::schema::Line]| {
+        log.iter().rev().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => v["step"].as_u64(),
+            _ => None,
+        })
+    };
+    let step = stop_step(&logs[0]).unwrap_or_else(|| panic!("node 0: no save\n{why}"));
+    assert_eq!(stop_step(&logs[1]), Some(step), "{why}");
+    for rank in 0..4 {
+        assert!(
+            work.join(format!("ckpt-r{rank}-{step}.json")).exists(),
+            "rank {rank} did not save step {step}\n{why}"
+        );
+    }
+    for (n, log) in logs.iter().enumerate() {
+        let ids = log.iter().find_map(|l| match &l.event {
+            Event::RunStart(s) => Some(s.ids.clone()),
+            _ => None,
+        });
+        let ids = ids.unwrap_or_else(|| panic!("node {n}: no run_start\n{why}"));
+        assert_eq!(ids.get("job_id"), Some(&id), "{ids:?}");
+        assert_eq!(
+            ids.get("slurm_step").map(String::as_str),
+            Some("0"),
+            "{ids:?}"
+        );
+    }
+    drop(slurm);
+    cg0.kill_all();
+    cg1.kill_all();
 }
