@@ -126,6 +126,10 @@ pub struct Request {
     /// all). Absent for a stop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub then: Option<String>,
+    /// The rank behind this node's fastest-growing process, when known:
+    /// the other nodes name it as the cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause_rank: Option<u32>,
 }
 
 /// A fault of this node for the other nodes: a rank that cannot take part
@@ -356,11 +360,12 @@ impl Channel {
         detail: Option<&str>,
         wait: Duration,
     ) -> Result<u64, ChannelError> {
-        self.request_then(kind, reason, detail, wait, false)
+        self.request_then(kind, reason, detail, wait, false, None)
     }
 
     /// [`Channel::request`] for a stop that ends in a restart of the whole
-    /// job when `restart` (every node's oomguard restarts with it).
+    /// job when `restart` (every node's oomguard restarts with it), naming
+    /// the rank that grew fastest (`cause_rank`) for the other nodes.
     pub fn request_then(
         &mut self,
         kind: Kind,
@@ -368,6 +373,7 @@ impl Channel {
         detail: Option<&str>,
         wait: Duration,
         restart: bool,
+        cause_rank: Option<u32>,
     ) -> Result<u64, ChannelError> {
         let id = self.next_id();
         let now = SystemTime::now()
@@ -381,6 +387,7 @@ impl Channel {
             detail: detail.map(str::to_string),
             deadline: (now + wait).as_secs_f64(),
             then: restart.then(|| "restart".to_string()),
+            cause_rank,
         };
         self.replace(REQUEST, &serde_json::to_vec(&req).unwrap_or_default())?;
         Ok(id)

@@ -218,12 +218,18 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
                 .collect::<Vec<_>>()
         );
     }
-    // The healthy node says which node ran short and why.
+    // The healthy node says which node ran short, its fastest-growing
+    // rank (the one that leaks), and why.
+    let out_a = String::from_utf8_lossy(&r.out[0].stdout);
+    let leaker = out_a
+        .lines()
+        .find_map(|l| l.strip_prefix("rank ")?.strip_suffix(" leaks"))
+        .unwrap_or_else(|| panic!("node a's leaking rank did not say so\n{why}"));
     let reasons = stop_reasons(&r.logs[1]);
     assert!(
-        reasons
-            .iter()
-            .any(|r| r.starts_with("node ") && r.contains("critical")),
+        reasons.iter().any(|r| r.starts_with("node ")
+            && r.contains(&format!("(rank {leaker}): "))
+            && r.contains("critical")),
         "{reasons:?}\n{why}"
     );
     assert!(

@@ -257,7 +257,14 @@ class Guard:
         store = _store()
         if store is None:
             return
-        info = {"cause_rank": self.rank, "reason": req.get("reason"), "detail": req.get("detail")}
+        # oomguard names the rank behind its fastest-growing process; else
+        # the rank that holds the request says it.
+        cause = req.get("cause_rank")
+        info = {
+            "cause_rank": cause if isinstance(cause, int) else self.rank,
+            "reason": req.get("reason"),
+            "detail": req.get("detail"),
+        }
         if req.get("then"):
             # The asking node restarts the job after the save: the others'
             # oomguards restart with it (the rendezvous needs every node).

@@ -342,6 +342,8 @@ pub struct Actuator {
     /// What the deciding tick saw (headroom under which ceiling), for the
     /// request's `detail`.
     pub detail: Option<String>,
+    /// The rank behind the fastest-growing process at the deciding tick.
+    pub cause_rank: Option<u32>,
     /// Another node's request the ranks agreed on: the stop this node
     /// joins (its id, and who asked and why).
     pub remote_stop: Option<RemoteStop>,
@@ -373,6 +375,7 @@ impl Actuator {
             kill_at: None,
             channel: None,
             detail: None,
+            cause_rank: None,
             remote_stop: None,
             peers: super::peers::Peers::default(),
             joined: None,
@@ -521,7 +524,8 @@ impl Actuator {
         }
         let ch = self.channel.as_mut()?;
         let wait = self.cfg.grace;
-        match ch.request_then(kind, reason, self.detail.as_deref(), wait, restart) {
+        let cause = self.cause_rank;
+        match ch.request_then(kind, reason, self.detail.as_deref(), wait, restart, cause) {
             Ok(id) => {
                 self.companion.pending = Some((id, kind, now, false));
                 self.out.push(Acted::Requested {

@@ -103,6 +103,19 @@ impl Peers {
         self.ranks.get(&pid).copied()
     }
 
+    /// The rank `pid` is, or works for (a DataLoader worker's trainer):
+    /// the nearest ancestor in `tree` whose companion said hello.
+    pub fn rank_above(&self, pid: Option<u32>, tree: &[ProcSample]) -> Option<u32> {
+        let mut pid = pid?;
+        for _ in 0..tree.len() + 1 {
+            if let Some(r) = self.rank_of(pid) {
+                return Some(r);
+            }
+            pid = tree.iter().find(|p| p.pid == pid)?.ppid;
+        }
+        None
+    }
+
     /// Follows this node's ranks (the processes whose companion said hello,
     /// and the trainers): the first one stopped by someone other than
     /// oomguard (`held`) for [`STALL_AFTER`], with how long.
@@ -418,6 +431,18 @@ mod tests {
         one.watch_peers(&tree, false, t0, &mut sig);
         one.watch_peers(&tree, false, t0 + STALL_AFTER * 2, &mut sig);
         assert!(one.peers.raised.is_none());
+    }
+
+    #[test]
+    fn a_workers_growth_is_put_on_its_rank() {
+        let a = across_nodes();
+        let mut worker = rank(30, false);
+        worker.ppid = 11;
+        let tree = [rank(11, false), worker];
+        assert_eq!(a.peers.rank_above(Some(30), &tree), Some(3));
+        assert_eq!(a.peers.rank_above(Some(11), &tree), Some(3));
+        assert_eq!(a.peers.rank_above(Some(99), &tree), None);
+        assert_eq!(a.peers.rank_above(None, &tree), None);
     }
 
     #[test]

@@ -233,11 +233,13 @@ impl Core {
             }),
             Action::Relieve | Action::Checkpoint => {
                 self.act.detail = headroom_text(view);
+                self.act.cause_rank = self.act.peers.rank_above(view.fastest.map(|f| f.0), tree);
                 self.act.request(action, &reason, inp.now);
             }
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
                 self.act.detail = headroom_text(view);
+                self.act.cause_rank = self.act.peers.rank_above(view.fastest.map(|f| f.0), tree);
                 let at = Scene {
                     tree,
                     prev: self.last_sample.as_ref(),
