@@ -229,14 +229,9 @@ pub struct RunStart {
     /// derives the growth estimates from the samples themselves.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub every_tick: bool,
-    /// Who this run is within a larger job, as the metrics label it
-    /// (`job_id`, `rank`, `local_rank`, `node`) plus `slurm_step`: what
-    /// tells one node's log from another's.
-    #[serde(
-        skip_serializing_if = "BTreeMap::is_empty",
-        deserialize_with = "lenient_map"
-    )]
-    pub ids: BTreeMap<String, String>,
+    /// The run within its job: the metrics' labels plus `slurm_step`.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub ids: Option<BTreeMap<String, String>>,
 }
 
 /// `run_start.policy` as a reader takes it.
@@ -1110,14 +1105,6 @@ where
 {
     let v = serde_json::Value::deserialize(d)?;
     Ok(serde_json::from_value(v).ok())
-}
-
-/// A map of strings, empty when it is not one.
-fn lenient_map<'de, D>(d: D) -> Result<BTreeMap<String, String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(lenient(d)?.unwrap_or_default())
 }
 
 /// A list that keeps the entries that read, and is empty when it is not a

@@ -45,6 +45,7 @@ mod ending;
 mod job_output;
 mod oom;
 mod peers;
+mod requests;
 mod sampler;
 mod screen;
 mod setup;
@@ -538,7 +539,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
         interval_seconds: cfg.interval.as_secs_f64(),
         pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
         every_tick: cfg.log_every_tick,
-        ids: crate::metrics::run_ids(),
+        ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
     };
     log.write("run_start", &start);
 }
@@ -638,7 +639,7 @@ impl Supervisor {
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
             every_tick: self.cfg.log_every_tick,
-            ids: crate::metrics::run_ids(),
+            ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
         self.sinks.log.write_at("run_start", sample.t, &start);
         self.core.last_sample = Some(sample);

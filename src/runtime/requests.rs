@@ -1,0 +1,161 @@
+//! The actuator's side of the companion channel: what this attempt's
+//! companion has said (hello, progress, acknowledgements, saves, another
+//! node's request the ranks agreed on) and the requests written to it. The
+//! stop that waits on them is the ladder's (`act.rs`); the log lines they
+//! become are the supervisor's (`channel.rs`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::act::{Acted, Actuator, RemoteStop};
+use crate::companion::{Kind, Record};
+
+/// What the companion of this attempt has said.
+#[derive(Debug, Default)]
+pub struct CompanionState {
+    /// A companion said hello: requests reach the trainer.
+    pub connected: bool,
+    /// The newest training step it reported.
+    pub step: Option<u64>,
+    /// The outstanding request: id, kind, when, acknowledged.
+    pub(super) pending: Option<(u64, Kind, Instant, bool)>,
+    /// The last finished save: step, seconds after its request, paths.
+    pub done: Option<Saved>,
+    /// The job's ranks in all, and on this node, as the companion says.
+    pub world: Option<(u32, u32)>,
+}
+
+impl CompanionState {
+    /// The job has ranks on other nodes: holding this node's ranks would
+    /// stall every node in its next collective.
+    pub fn spans_nodes(&self) -> bool {
+        self.world.is_some_and(|(all, here)| all > here)
+    }
+}
+
+/// A checkpoint the companion reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Saved {
+    pub id: u64,
+    pub step: Option<u64>,
+    pub after_request_seconds: f64,
+    pub paths: Vec<PathBuf>,
+    pub ok: bool,
+}
+
+impl Actuator {
+    /// Reads what the companion appended since the last tick.
+    pub fn poll_channel(&mut self, now: Instant) {
+        let Some(ch) = self.channel.as_mut() else {
+            return;
+        };
+        for r in ch.poll() {
+            self.peers.note(&r, now);
+            let c = &mut self.companion;
+            match &r {
+                Record::Hello {
+                    world, local_world, ..
+                } => {
+                    c.connected = true;
+                    if let Some(w) = *world {
+                        c.world = Some((w, local_world.unwrap_or(w)));
+                    }
+                }
+                Record::Progress { step, .. } => {
+                    c.connected = true;
+                    c.step = step.or(c.step);
+                }
+                Record::Ack { id, .. } => {
+                    if let Some(p) = c.pending.as_mut().filter(|p| p.0 == *id) {
+                        p.3 = true;
+                    }
+                }
+                Record::Done {
+                    id,
+                    step,
+                    paths,
+                    ok,
+                    ..
+                } => {
+                    if let Some((pid, _, at, _)) = c.pending.filter(|p| p.0 == *id) {
+                        c.pending = None;
+                        c.done = Some(Saved {
+                            id: pid,
+                            step: *step,
+                            after_request_seconds: (now - at).as_secs_f64(),
+                            paths: paths.clone(),
+                            ok: *ok,
+                        });
+                    }
+                    c.step = (*step).max(c.step);
+                }
+                Record::Remote {
+                    id,
+                    kind,
+                    node,
+                    cause_rank,
+                    reason,
+                    detail,
+                    then,
+                    ..
+                } => {
+                    if *kind != Kind::Relieve && c.pending.is_none_or(|p| p.0 != *id) {
+                        c.pending = Some((*id, *kind, now, true));
+                        if *kind == Kind::CheckpointAndExit {
+                            self.remote_stop = Some(RemoteStop {
+                                id: *id,
+                                why: crate::companion::remote_cause(
+                                    *node,
+                                    *cause_rank,
+                                    reason.as_deref().unwrap_or("a stop"),
+                                    detail.as_deref(),
+                                ),
+                                restart: then.as_deref() == Some("restart"),
+                            });
+                        }
+                    }
+                }
+                Record::Relieved { .. } | Record::Fault { .. } | Record::FaultPublished { .. } => {}
+            }
+            self.push(Acted::Companion(r));
+        }
+    }
+
+    /// Writes a request to the companion, when one is listening. `None`:
+    /// no companion (or the file could not be written: said).
+    pub fn ask(&mut self, kind: Kind, reason: &str, now: Instant) -> Option<u64> {
+        self.ask_then(kind, reason, false, now)
+    }
+
+    /// [`Actuator::ask`]; `restart`: the stop ends in a restart of the
+    /// whole job (the other nodes restart with it).
+    pub(super) fn ask_then(
+        &mut self,
+        kind: Kind,
+        reason: &str,
+        restart: bool,
+        now: Instant,
+    ) -> Option<u64> {
+        if !self.companion.connected {
+            return None;
+        }
+        let ch = self.channel.as_mut()?;
+        let wait = self.cfg.grace;
+        let cause = self.cause_rank;
+        match ch.request_then(kind, reason, self.detail.as_deref(), wait, restart, cause) {
+            Ok(id) => {
+                self.companion.pending = Some((id, kind, now, false));
+                self.push(Acted::Requested {
+                    id,
+                    kind,
+                    reason: reason.to_string(),
+                });
+                Some(id)
+            }
+            Err(e) => {
+                self.say(format!("cannot ask the companion for a checkpoint: {e}"));
+                None
+            }
+        }
+    }
+}
