@@ -7,6 +7,7 @@
 //! nothing here prints: the caller decides where output goes.
 
 mod diagnose;
+mod fit;
 mod html;
 mod job;
 mod load;
