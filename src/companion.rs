@@ -237,6 +237,12 @@ pub enum Record {
     /// This node's fault `id` is in the rendezvous store: the other nodes
     /// can learn it.
     FaultPublished { id: u64 },
+    /// The job's store (at `addr`, hosted by node 0's launcher under
+    /// torchrun) stopped answering while this rank still ran.
+    StoreLost {
+        #[serde(default)]
+        addr: Option<String>,
+    },
     /// A `relieve` request was served: bytes freed by each step.
     Relieved {
         id: u64,

@@ -25,6 +25,7 @@ only when the job itself has initialised ``torch.distributed``.
 
 import atexit
 import gc
+from datetime import timedelta
 import json
 import os
 import sys
@@ -43,6 +44,8 @@ FAULT = "fault"
 _FAULT_POLL = 0.05
 # A wait for the next fault is renewed this often (seconds).
 _FAULT_WAIT = 600
+# A store that takes longer than this to answer a connection is gone.
+_STORE_GONE = 5
 # Vote codes: the larger one wins when ranks hold different requests.
 _KIND_CODE = {"checkpoint": 1, "checkpoint_and_exit": 2}
 _CODE_KIND = {1: "checkpoint", 2: "checkpoint_and_exit"}
@@ -383,31 +386,34 @@ class _Faults:
         if self.owner.local_rank == 0:
             threading.Thread(target=self._bring_in, name="oomguard-fault-in", daemon=True).start()
 
-    def _connect(self):
-        from datetime import timedelta
-
+    def _connect(self, seconds=_FAULT_WAIT):
         from torch.distributed import TCPStore
 
         return TCPStore(
             host_name=self.addr,
             port=self.port,
             is_master=False,
-            timeout=timedelta(seconds=_FAULT_WAIT),
+            timeout=timedelta(seconds=seconds),
             wait_for_workers=False,
         )
 
     def _carry_out(self):
-        # A `stat` every 50 ms: the fault file is written when a rank of
-        # this node was killed, and the others are ended soon after.
+        # A `stat` every 50 ms, on a connection made beforehand: the fault
+        # file is written when a rank of this node was killed, and the
+        # launcher ends the others (and with node 0's launcher, the store)
+        # within a fraction of a second.
         path = os.path.join(self.owner.control, FAULT)
         store = None
         while True:
             time.sleep(_FAULT_POLL)
+            try:
+                store = store or self._connect(_STORE_GONE)
+            except Exception:
+                store = None
             fault = self._new_fault(path)
-            if fault is None:
+            if fault is None or store is None:
                 continue
             try:
-                store = store or self._connect()
                 info = {k: fault.get(k) for k in ("id", "cause_rank", "reason", "detail", "then")}
                 info["node"] = self.owner.node
                 n = store.add("oomguard/faults", 1)
@@ -436,27 +442,31 @@ class _Faults:
         return fault
 
     def _bring_in(self):
-        store, n, refused = None, None, 0
-        while refused < 10:
+        store, n = None, None
+        while True:
             try:
                 if store is None:
-                    store = self._connect()
-                    refused = 0
+                    store = self._connect(_STORE_GONE)
                 if n is None:
                     n = store.add("oomguard/faults", 0) + 1
                 key = "oomguard/fault/%d" % n
                 # Returns once the key is put; raises at the timeout.
-                store.wait([key])
+                store.wait([key], timedelta(seconds=_FAULT_WAIT))
                 info = json.loads(store.get(key))
                 n += 1
             except Exception:
                 # A timeout (wait again on a new connection), or the store
-                # is gone: the job is ending, and after a few refusals in a
-                # row there is nothing left to hear.
-                if store is None:
-                    refused += 1
+                # is gone. Under torchrun the store lives in node 0's
+                # launcher until every node has finished, so losing it while
+                # this rank still runs means node 0's part of the job ended:
+                # this node's ranks would wait for it in their next
+                # collective. Said once; nothing is left to hear.
                 store = None
-                time.sleep(0.2)
+                try:
+                    store = self._connect(_STORE_GONE)
+                except Exception:
+                    self.owner._emit({"type": "store_lost", "addr": "%s:%d" % (self.addr, self.port)})
+                    return
                 continue
             if isinstance(info, dict) and info.get("node") != self.owner.node:
                 record = {"type": "fault"}

@@ -35,7 +35,8 @@ impl Supervisor {
         self.core.act.poll_channel(Instant::now());
         // Another node's fault that came after this node's ranks had
         // already failed in their collectives is still why they did.
-        self.core.act.adopt_remote_fault();
+        let failed = self.main_status.is_some_and(|s| s != Status::Exited(0));
+        self.core.act.adopt_remote_fault(failed);
         self.core.act.conclude_checkpoint(Instant::now());
         self.acted(None);
         let sample = self.sample(true);

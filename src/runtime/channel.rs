@@ -121,6 +121,11 @@ impl Supervisor {
                 });
                 self.sinks.log.write("fault", &body);
             }
+            Record::StoreLost { addr } => {
+                self.sinks
+                    .log
+                    .write("store_lost", &serde_json::json!({"addr": addr}));
+            }
             Record::FaultPublished { id } => {
                 self.sinks
                     .log

@@ -27,10 +27,15 @@ pub const STALL_AFTER: Duration = Duration::from_secs(5);
 /// The most this node waits for the store to have its fault before it
 /// ends its part anyway (the companion's thread polls every 0.5 s).
 const TELL_WAIT: Duration = Duration::from_secs(3);
-/// Once the store has the fault: time for the other nodes' companions (who
-/// poll every 0.5 s) to read it before this node's ranks go and the other
-/// nodes' collectives fail.
+/// Once the store has the fault: time for the other nodes' companions to
+/// read it before this node's ranks go and the other nodes' collectives
+/// fail.
 const AFTER_TOLD: Duration = Duration::from_millis(1500);
+/// After the job's store went away with no fault: how long this node's
+/// ranks may still be finishing on their own before they are taken to be
+/// waiting for a node that is gone (a job whose store lives in rank 0's
+/// process, outside torchrun, can lose it at a normal end).
+pub const STORE_LOST_WAIT: Duration = Duration::from_secs(10);
 
 /// What the job's other nodes and this node's ranks have said about faults.
 #[derive(Debug, Default)]
@@ -43,6 +48,8 @@ pub struct Peers {
     remote: Option<RemoteFault>,
     /// pid → global rank, from the companions' hellos.
     ranks: HashMap<u32, u32>,
+    /// The job's store stopped answering: when, and where it was.
+    store_lost: Option<(Instant, String)>,
 }
 
 #[derive(Debug)]
@@ -71,6 +78,10 @@ impl Peers {
             Record::Hello { pid, rank, .. } => {
                 self.ranks.insert(*pid, *rank);
             }
+            Record::StoreLost { addr } => {
+                let addr = addr.clone().unwrap_or_else(|| "?".into());
+                self.store_lost.get_or_insert((now, addr));
+            }
             Record::FaultPublished { id } => {
                 if let Some(raised) = self.raised.as_mut().filter(|x| x.id == Some(*id)) {
                     raised.told.get_or_insert(now);
@@ -96,6 +107,15 @@ impl Peers {
             }
             _ => {}
         }
+    }
+
+    /// Why the attempt ends when the job's store went away with no fault.
+    fn store_lost_why(&self) -> Option<String> {
+        self.store_lost.as_ref().map(|(_, addr)| {
+            format!(
+                "store-lost: the job's store at {addr} (hosted by node 0's launcher) went away while this node's ranks still ran: node 0's part of the job ended"
+            )
+        })
     }
 
     /// The rank pid's global rank, when its companion said hello.
@@ -171,6 +191,22 @@ impl Actuator {
             // This node's own fault came first: another node's (a
             // consequence of it, as a rank there failed) is not the cause.
             self.peers.remote = None;
+        }
+        if self.peers.remote.is_none()
+            && self.peers.raised.is_none()
+            && let Some(why) = self.peers.store_lost_why()
+            && self
+                .peers
+                .store_lost
+                .as_ref()
+                .is_some_and(|(at, _)| now >= *at + STORE_LOST_WAIT)
+        {
+            self.push(Acted::Say(format!(
+                "{why}; this node's ranks would wait for it in their next collective: stopping"
+            )));
+            self.peers.store_lost = None;
+            self.end_for_fault(Action::Stop, &why, tree, now, sig);
+            return;
         }
         if let Some(remote) = self.peers.remote.take() {
             let then = if remote.restart {
@@ -289,11 +325,15 @@ impl Actuator {
     /// At the attempt's end: another node's fault that came too late to
     /// act on (this node's ranks had already failed in their collectives)
     /// still says why the attempt ended. True when it did.
-    pub fn adopt_remote_fault(&mut self) -> bool {
-        if self.policy_end.is_some() || self.peers.raised.is_some() {
+    pub fn adopt_remote_fault(&mut self, failed: bool) -> bool {
+        if !failed || self.policy_end.is_some() || self.peers.raised.is_some() {
             return false;
         }
-        let Some(remote) = self.peers.remote.take() else {
+        let lost = self.peers.store_lost_why().map(|why| RemoteFault {
+            why,
+            restart: false,
+        });
+        let Some(remote) = self.peers.remote.take().or(lost) else {
             return false;
         };
         let action = if remote.restart {
@@ -446,6 +486,50 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_store_ends_the_node_only_after_its_ranks_had_time_to_finish() {
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        let t0 = Instant::now();
+        let lost = Record::StoreLost {
+            addr: Some("n0:29500".into()),
+        };
+        a.peers.note(&lost, t0);
+        a.watch_peers(
+            &[rank(10, false)],
+            false,
+            t0 + Duration::from_secs(9),
+            &mut sig,
+        );
+        assert!(a.stop.is_none(), "ranks may still be finishing");
+        a.watch_peers(&[rank(10, false)], false, t0 + STORE_LOST_WAIT, &mut sig);
+        assert_eq!(a.policy_end, Some(Action::Stop));
+        assert!(
+            a.policy_reason
+                .clone()
+                .unwrap()
+                .starts_with("store-lost: the job's store at n0:29500")
+        );
+        // A fault that names the cause wins over a lost store.
+        let mut b = across_nodes();
+        b.peers.note(&lost, t0);
+        let fault = Record::Fault {
+            id: 1,
+            node: 0,
+            cause_rank: Some(1),
+            reason: Some("oom-kill".into()),
+            detail: None,
+            then: None,
+        };
+        b.peers.note(&fault, t0);
+        b.watch_peers(&[rank(10, false)], false, t0 + STORE_LOST_WAIT, &mut sig);
+        assert!(
+            b.policy_reason
+                .unwrap()
+                .starts_with("node 0 (rank 1): oom-kill")
+        );
+    }
+
+    #[test]
     fn a_rank_that_runs_again_is_forgiven() {
         let mut a = across_nodes();
         let mut sig = Rec::default();
@@ -505,13 +589,17 @@ mod tests {
             then: Some("restart".into()),
         };
         a.peers.note(&fault, Instant::now());
-        assert!(a.adopt_remote_fault());
+        assert!(
+            !a.adopt_remote_fault(false),
+            "a job that succeeded keeps its end"
+        );
+        assert!(a.adopt_remote_fault(true));
         assert_eq!(a.policy_end, Some(Action::Restart));
         assert_eq!(
             a.policy_reason.as_deref(),
             Some("node 0 (rank 1): oom-kill")
         );
-        assert!(!a.adopt_remote_fault());
+        assert!(!a.adopt_remote_fault(true));
     }
 
     #[test]
@@ -529,7 +617,7 @@ mod tests {
             then: None,
         };
         a.peers.note(&echo, now);
-        assert!(!a.adopt_remote_fault());
+        assert!(!a.adopt_remote_fault(true));
         assert_eq!(a.policy_end, None);
         let mut sig = Rec::default();
         a.peers.note(&echo, now);

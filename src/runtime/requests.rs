@@ -115,7 +115,10 @@ impl Actuator {
                         }
                     }
                 }
-                Record::Relieved { .. } | Record::Fault { .. } | Record::FaultPublished { .. } => {}
+                Record::Relieved { .. }
+                | Record::Fault { .. }
+                | Record::FaultPublished { .. }
+                | Record::StoreLost { .. } => {}
             }
             self.push(Acted::Companion(r));
         }

@@ -87,6 +87,7 @@ pub enum Event {
     Relieved(serde_json::Value),
     Fault(serde_json::Value),
     FaultPublished(serde_json::Value),
+    StoreLost(serde_json::Value),
 }
 
 #[derive(Debug, Deserialize)]
