@@ -452,20 +452,7 @@ fn serial_copy_on_read_of_a_python_list_is_named_and_measured() {
     // Headless Chromium shows the finding with its numbers, without a
     // console error.
     if let Some(chrome) = screenshot::chromium() {
-        let out = Command::new(chrome)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--enable-logging=stderr",
-                "--v=0",
-                "--dump-dom",
-            ])
-            .arg(format!("file://{}", c.html_path.display()))
-            .output()
-            .unwrap();
-        let dom = String::from_utf8_lossy(&out.stdout);
-        let log = String::from_utf8_lossy(&out.stderr);
+        let (dom, console_errors) = screenshot::dump_dom(&chrome, &c.html_path);
         assert!(dom.contains("Copy-on-read"), "the DOM lacks the finding");
         let shown = cow["numbers"]
             .as_array()
@@ -477,11 +464,7 @@ fn serial_copy_on_read_of_a_python_list_is_named_and_measured() {
             .unwrap()
             .to_string();
         assert!(dom.contains(&shown), "DOM lacks {shown}");
-        assert!(
-            !log.lines()
-                .any(|l| l.contains("CONSOLE") && l.contains("ERROR")),
-            "console errors: {log}"
-        );
+        assert!(!console_errors, "console errors");
     }
 }
 

@@ -278,28 +278,11 @@ fn merged_report_names_the_cause(r: &TwoNodes, step: u64) {
         assert!(!common::in_ci(), "chromium not installed");
         return;
     };
-    let out = std::process::Command::new(chrome)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--dump-dom",
-        ])
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
+    let (dom, console_errors) = screenshot::dump_dom(&chrome, &html);
     assert_eq!(dom.matches("<polyline").count(), 2, "one lane per node");
     assert!(dom.contains("mark-Cause"), "no cause marker");
     assert!(dom.contains("ran short first"), "{dom}");
-    assert!(
-        !log.lines()
-            .any(|l| l.contains("CONSOLE") && l.contains("ERROR")),
-        "console errors: {log}"
-    );
+    assert!(!console_errors, "console errors");
 }
 
 /// `--on-critical pause` on a node of a job that spans nodes: never a

@@ -393,6 +393,25 @@ mod tests {
         }
     }
 
+    /// Another node's `fault` record.
+    fn fault(
+        id: u64,
+        node: u32,
+        rank: u32,
+        reason: &str,
+        detail: Option<&str>,
+        restart: bool,
+    ) -> Record {
+        Record::Fault {
+            id,
+            node,
+            cause_rank: Some(rank),
+            reason: Some(reason.into()),
+            detail: detail.map(str::to_string),
+            then: restart.then(|| "restart".into()),
+        }
+    }
+
     fn cfg() -> ActConfig {
         ActConfig {
             checkpoint_signal: libc::SIGUSR1,
@@ -512,14 +531,7 @@ mod tests {
         // A fault that names the cause wins over a lost store.
         let mut b = across_nodes();
         b.peers.note(&lost, t0);
-        let fault = Record::Fault {
-            id: 1,
-            node: 0,
-            cause_rank: Some(1),
-            reason: Some("oom-kill".into()),
-            detail: None,
-            then: None,
-        };
+        let fault = fault(1, 0, 1, "oom-kill", None, false);
         b.peers.note(&fault, t0);
         b.watch_peers(&[rank(10, false)], false, t0 + STORE_LOST_WAIT, &mut sig);
         assert!(
@@ -560,14 +572,14 @@ mod tests {
     fn another_nodes_fault_ends_this_node_and_names_it() {
         let mut a = across_nodes();
         let mut sig = Rec::default();
-        let fault = Record::Fault {
-            id: 5,
-            node: 1,
-            cause_rank: Some(3),
-            reason: Some("rank-stopped".into()),
-            detail: Some("rank 3 (pid 11) stopped by a signal for 5 s".into()),
-            then: None,
-        };
+        let fault = fault(
+            5,
+            1,
+            3,
+            "rank-stopped",
+            Some("rank 3 (pid 11) stopped by a signal for 5 s"),
+            false,
+        );
         let now = Instant::now();
         a.peers.note(&fault, now);
         a.watch_peers(&[rank(20, false)], false, now, &mut sig);
@@ -580,14 +592,7 @@ mod tests {
     #[test]
     fn a_fault_that_comes_after_the_ranks_failed_still_names_the_cause() {
         let mut a = across_nodes();
-        let fault = Record::Fault {
-            id: 5,
-            node: 0,
-            cause_rank: Some(1),
-            reason: Some("oom-kill".into()),
-            detail: None,
-            then: Some("restart".into()),
-        };
+        let fault = fault(5, 0, 1, "oom-kill", None, true);
         a.peers.note(&fault, Instant::now());
         assert!(
             !a.adopt_remote_fault(false),
@@ -608,14 +613,7 @@ mod tests {
         let now = Instant::now();
         a.raise_kill(11, "python", false, now);
         assert!(a.peers.raised.is_some(), "the kill is raised");
-        let echo = Record::Fault {
-            id: 9,
-            node: 1,
-            cause_rank: Some(2),
-            reason: Some("worker-died".into()),
-            detail: None,
-            then: None,
-        };
+        let echo = fault(9, 1, 2, "worker-died", None, false);
         a.peers.note(&echo, now);
         assert!(!a.adopt_remote_fault(true));
         assert_eq!(a.policy_end, None);

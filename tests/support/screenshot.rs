@@ -7,6 +7,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The page's DOM after Chromium ran it, and whether its console logged an
+/// error.
+pub fn dump_dom(chrome: &Path, html: &Path) -> (String, bool) {
+    let out = Command::new(chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+        ])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let errors = log
+        .lines()
+        .any(|l| l.contains("CONSOLE") && l.contains("ERROR"));
+    (String::from_utf8_lossy(&out.stdout).into_owned(), errors)
+}
+
 /// The Chromium binary, if installed (Debian's `chromium`).
 pub fn chromium() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
