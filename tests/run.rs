@@ -417,7 +417,9 @@ fn dev_full() -> fs::File {
 /// Output that could not be written (a full disk: /dev/full) fails a run
 /// whose job succeeded, with exit 74, as `cat` in the same place would,
 /// and every byte lost is counted, including those still in the job's
-/// pipe. A reader that goes away (`| head`) is not such a failure.
+/// pipe. A reader that goes away (`| head`) is not such a failure. The
+/// job is not ended for it: it still writes after the destination failed
+/// (the pause), and finishes.
 #[test]
 fn output_that_cannot_be_written_fails_the_run_with_74() {
     let dir = tempfile::tempdir().unwrap();
@@ -425,7 +427,7 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
     let out = oomguard()
         .args(["run", "--log"])
         .arg(&log)
-        .args(["--", "seq", "1", "100000"])
+        .args(["--", "sh", "-c", "seq 1 50000; sleep 0.5; seq 50001 100000"])
         .stdout(dev_full())
         .output()
         .unwrap();

@@ -29,7 +29,9 @@
 //! job; and bytes alone never wake it (the pump relays them and returns
 //! only for what the loop must act on). A destination that is gone (EPIPE)
 //! closes the job's channel, so the job gets EPIPE (or SIGPIPE) as it
-//! would have.
+//! would have. A destination that fails otherwise (a full disk, an I/O
+//! error) does not end the job: the rest is read, discarded and counted,
+//! and the run exits 74 if the job succeeded.
 //!
 //! `--output-drop` asks for the opposite trade, for a run watched on the
 //! dashboard or in the log only: the job is never slowed, the oldest queued
@@ -960,7 +962,31 @@ fn pump_channel(ch: &mut Channel, io: &mut PumpIo<'_>, cx: &mut Context<'_>) -> 
         if !sinks[ch.sink].ready(cx) {
             break;
         }
-        if !sinks[ch.sink].drop_when_full && sinks[ch.sink].failed() {
+        let failed = sinks[ch.sink].failed();
+        if failed && sinks[ch.sink].broken() {
+            // A full disk or an I/O error is not a reader that left: the
+            // job is not ended for it (a SIGPIPE would kill a training run
+            // over its log's disk). The rest is read and discarded, and
+            // counted, so the run fails with 74 once the job is done.
+            if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
+                // Already counted as lost when the splice failed.
+                let n = tee.pending.min(buf.len());
+                match rustix::io::read(ch.fd.get_ref(), &mut buf[..n]) {
+                    Ok(0) | Err(rustix::io::Errno::AGAIN) => tee.pending = 0,
+                    Ok(k) => {
+                        tee.pending -= k.min(tee.pending);
+                        budget = budget.saturating_sub(k);
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => {
+                        ch.unreadable(errors, e.into());
+                        ended = true;
+                        break;
+                    }
+                }
+                continue;
+            }
+        } else if !sinks[ch.sink].drop_when_full && failed {
             // As a pipe would: the reader is gone, so the job's
             // next write fails with EPIPE (or SIGPIPE). What the
             // job wrote that is still in its pipe is lost with it

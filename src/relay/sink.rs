@@ -125,6 +125,11 @@ impl Sink {
         self.shared.lock().failed
     }
 
+    /// The destination failed with something other than EPIPE.
+    pub(super) fn broken(&self) -> bool {
+        self.shared.lock().broken
+    }
+
     /// Queues bytes for the writer; never waits for the destination. Only
     /// with `--output-drop` does a full queue lose its oldest bytes;
     /// otherwise the caller stops reading while [`Sink::ready`] says so,
