@@ -448,3 +448,43 @@ fn default_with_ci_set_is_plain_output_on_a_terminal() {
     );
     assert!(screen.lines().any(|l| l.trim() == "EXIT=0"), "{screen}");
 }
+
+/// Holds 150 MiB (written, so resident) and waits to be stopped.
+const HOLDS_150_MIB: &str = r#"
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+held = b"x" * (150 << 20)
+time.sleep(120)
+"#;
+
+/// The dashboard says WARNING while a warn rule fires, through the real
+/// loop: a job that holds 150 MiB under a 200 MiB budget is past the 50 %
+/// warning and short of the 95 % critical level, so nothing else happens.
+#[test]
+fn the_dashboard_shows_warning_while_the_warn_rule_fires() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _og, _job, log) = dashboard_under_a_shell(
+        dir.path(),
+        "warning",
+        "--budget 200MiB --warn-at 50% --critical-at 95%",
+        HOLDS_150_MIB,
+    );
+    s.wait_screen(20, "the dashboard never said WARNING", |sc| {
+        sc.contains("WARNING")
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains(r#""event":"rule""#) && l.contains("firing")),
+        "no warn rule fired:\n{text}"
+    );
+    s.keys("q");
+    s.wait_screen(3, "no stop prompt", |sc| sc.contains("stop it gracefully"));
+    s.keys("s");
+    s.wait_screen(30, "oomguard did not end", |sc| {
+        sc.contains("stopped by oomguard (manual stop (dashboard))")
+    });
+}

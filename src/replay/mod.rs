@@ -13,12 +13,10 @@
 use std::fmt::Write as _;
 use std::io::BufRead;
 
-use serde::Deserialize;
-
 pub mod score;
 
-use crate::log::PolicyInfo;
-use crate::log::{ActionEvent, RunEnd, RunStart, SCHEMA, SampleEvent};
+use crate::log::read::{Item, LogLines};
+use crate::log::{Event, PolicyInfo, SampleEvent};
 use crate::model::{CeilingState, GpuSample, History};
 use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
 
@@ -115,19 +113,6 @@ impl Replay {
     }
 }
 
-#[derive(Deserialize)]
-struct Envelope {
-    schema: Option<String>,
-    event: String,
-    t: f64,
-    #[serde(default = "first")]
-    attempt: u32,
-}
-
-fn first() -> u32 {
-    1
-}
-
 /// Reads a log and replays it under `policy` (`None`: the recorded one).
 pub fn replay(
     path: &str,
@@ -146,55 +131,58 @@ pub fn replay(
         line,
         message,
     };
-    for (i, line) in input.split(b'\n').enumerate() {
-        let line = line.map_err(|source| ReplayError::Read {
+    for item in LogLines::new(input) {
+        let item = item.map_err(|source| ReplayError::Read {
             path: path.to_string(),
             source,
         })?;
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim();
-        if !text.starts_with('{') {
-            continue;
-        }
-        let Ok(env) = serde_json::from_str::<Envelope>(text) else {
-            continue; // not one of ours (a job's stray output, a cut line)
+        // Not one of ours (a job's stray output, a cut line, another
+        // schema): not for the engine.
+        let Item::Line(line) = item else { continue };
+        let attempt = line
+            .head
+            .attempt
+            .map_or(1, |a| u32::try_from(a).unwrap_or(u32::MAX));
+        let Some(t) = line.head.t else { continue };
+        let name = line.head.event.as_deref().unwrap_or_default();
+        let event = match line.event {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            // The engine's inputs must read; the ends of the job count
+            // whatever their bodies say.
+            Err(e) if matches!(name, "run_start" | "sample" | "action") => {
+                return Err(line_err(line.n, format!("bad {name} line: {e}")));
+            }
+            Err(_) => {
+                match name {
+                    "oom_kill" => oom_kills.push((attempt, t)),
+                    "run_end" | "child_exit" => job_ended.push((attempt, t)),
+                    _ => {}
+                }
+                continue;
+            }
         };
-        if env.schema.as_deref() != Some(SCHEMA) {
-            continue;
-        }
-        let body =
-            |what: &str, e: serde_json::Error| line_err(i + 1, format!("bad {what} line: {e}"));
-        match env.event.as_str() {
-            "run_start" => {
-                let start: RunStart =
-                    serde_json::from_str(text).map_err(|e| body("run_start", e))?;
+        match event {
+            Event::RunStart(start) => {
                 recorded_policy = start.policy.as_ref().and_then(PolicyInfo::to_policy);
                 every_tick = start.every_tick;
             }
-            "sample" => {
-                let s: SampleEvent = serde_json::from_str(text).map_err(|e| body("sample", e))?;
-                samples.push((env.attempt, env.t, s));
+            Event::Sample(s) => samples.push((attempt, t, *s)),
+            Event::Action(a) => actions.push((
+                Act {
+                    t,
+                    attempt,
+                    action: a.action,
+                    reason: a.reason,
+                },
+                a.result != "ok",
+            )),
+            Event::OomKill(_) => oom_kills.push((attempt, t)),
+            Event::RunEnd(end) => {
+                job_ended.push((attempt, t));
+                exit_code = Some(end.exit_code);
             }
-            "action" => {
-                let a: ActionEvent = serde_json::from_str(text).map_err(|e| body("action", e))?;
-                actions.push((
-                    Act {
-                        t: env.t,
-                        attempt: env.attempt,
-                        action: a.action,
-                        reason: a.reason,
-                    },
-                    a.result != "ok",
-                ));
-            }
-            "oom_kill" => oom_kills.push((env.attempt, env.t)),
-            "run_end" => {
-                job_ended.push((env.attempt, env.t));
-                if let Ok(end) = serde_json::from_str::<RunEnd>(text) {
-                    exit_code = Some(end.exit_code);
-                }
-            }
-            "child_exit" => job_ended.push((env.attempt, env.t)),
+            Event::ChildExit(_) => job_ended.push((attempt, t)),
             _ => {}
         }
     }

@@ -12,7 +12,6 @@
 //! file with no oomguard line at all, is an error, since reading it as
 //! `oomguard/1` would mislead.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -20,10 +19,9 @@ use serde_json::Value;
 
 use super::ReportError;
 use crate::forensics::progress::Progress;
+use crate::log::read::{Item, Line, LogLines, Skip};
 use crate::log::{
-    ActionEvent, ChildExit, CudaOomEvent, LineHead, LineProcs, OomKillEvent, PhaseMemoryEvent,
-    RankFailedEvent, RestartEvent, RuleEvent, RunEnd, RunStart, SCHEMA, SampleEvent,
-    WorkerDiedEvent,
+    Event as Logged, LineProcs, PhaseMemoryEvent, RankFailedEvent, RunEnd, RunStart, SampleEvent,
 };
 use crate::model::{Ceiling, ProcSample, Role, SystemSample};
 
@@ -388,44 +386,13 @@ pub enum LoadError {
 /// starts with a smaller `t` than the previous one (a writer that restarts
 /// its clock per attempt); then the attempt is shifted to follow on, so the
 /// timeline never runs backwards.
-pub fn load_from(mut input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
+pub fn load_from(input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
     let mut r = Reader::default();
-    // The last non-blank line is held back one line (whether it is the
-    // log's last one decides how a parse failure is reported); the two
-    // buffers trade places, so no line is copied.
-    let (mut buf, mut held) = (Vec::new(), Vec::new());
-    let mut held_n = None;
-    let mut n = 0;
-    loop {
-        let (read, cut) = crate::forensics::read_line_capped(
-            &mut input,
-            &mut buf,
-            crate::forensics::MAX_LINE_BYTES,
-        )
-        .map_err(LoadError::Read)?;
-        if read == 0 {
-            break;
+    for item in LogLines::new(input) {
+        match item.map_err(LoadError::Read)? {
+            Item::Line(line) => r.line(*line),
+            Item::Skipped { n, why } => r.skipped(n, why).map_err(LoadError::Log)?,
         }
-        n += 1;
-        if cut {
-            r.warn(format!(
-                "line {n}: longer than {} MiB, skipped",
-                crate::forensics::MAX_LINE_BYTES >> 20
-            ));
-            continue;
-        }
-        if buf.trim_ascii().is_empty() {
-            continue;
-        }
-        if let Some(i) = held_n.replace(n) {
-            r.line(i, String::from_utf8_lossy(&held).trim(), false)
-                .map_err(LoadError::Log)?;
-        }
-        std::mem::swap(&mut buf, &mut held);
-    }
-    if let Some(i) = held_n {
-        r.line(i, String::from_utf8_lossy(&held).trim(), true)
-            .map_err(LoadError::Log)?;
     }
     if !r.parsed_any {
         return Err(LoadError::Log(match r.first_foreign {
@@ -474,15 +441,18 @@ impl Reader {
         }
     }
 
-    /// Takes line `n`; `last` when no other line follows it.
-    fn line(&mut self, n: usize, raw: &str, last: bool) -> Result<(), ReportError> {
-        let Some((raw, head)) = self.envelope(n, raw, last)? else {
-            return Ok(());
-        };
+    /// Takes a line of ours.
+    fn line(&mut self, line: Line) {
+        let Line {
+            n,
+            head,
+            raw,
+            event: read,
+        } = line;
         self.parsed_any = true;
         let Some(event) = head.event.clone() else {
             self.warn(format!("line {n}: no \"event\" field, skipped"));
-            return Ok(());
+            return;
         };
         let attempt = head.attempt.map_or(self.clock.attempt.max(1), |a| {
             u32::try_from(a).unwrap_or(u32::MAX).max(1)
@@ -508,7 +478,7 @@ impl Reader {
                 .procs
         };
         self.snapshot(procs.as_deref(), t, attempt, None);
-        match event_kind(&event, &raw, head.attempt) {
+        match read.map(|e| e.map_or(Read::Unknown, |e| event_kind(e, head.attempt))) {
             Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
             Ok(Read::Sample(s)) => {
                 self.snapshot(s.procs.as_deref(), t, attempt, Some(s.tree.pss_age_seconds));
@@ -556,7 +526,6 @@ impl Reader {
                 }
             }
         }
-        Ok(())
     }
 
     fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32, age: Option<f64>) {
@@ -570,60 +539,29 @@ impl Reader {
         }
     }
 
-    /// The line as JSON and its envelope, or `None` (with a warning) when
-    /// it is not an oomguard line; an error when it names another schema.
-    fn envelope<'a>(
-        &mut self,
-        n: usize,
-        raw: &'a str,
-        last: bool,
-    ) -> Result<Option<(Cow<'a, str>, LineHead)>, ReportError> {
-        // The envelope is read straight from the text (every field of it
-        // reads whatever its value), so a failure is the text's: not JSON,
-        // or JSON that is not an object.
-        let mut raw = Cow::Borrowed(raw);
-        let head = if raw.starts_with('{') {
-            serde_json::from_str::<LineHead>(&raw).or_else(|e| {
-                // A key given twice (valid JSON; the last one counts) is
-                // the one thing a typed reader refuses: read it once.
-                if e.classify() != serde_json::error::Category::Data {
-                    return Err(e);
-                }
-                let once = serde_json::from_str::<Value>(&raw)?.to_string();
-                let head = serde_json::from_str::<LineHead>(&once)?;
-                raw = Cow::Owned(once);
-                Ok(head)
-            })
-        } else {
-            serde_json::from_str::<serde::de::IgnoredAny>(&raw).map(|_| LineHead::default())
-        };
-        let head = match head {
-            Ok(h) if raw.starts_with('{') => h,
-            Ok(_) => {
-                self.warn(format!("line {n}: not a JSON object, skipped"));
-                return Ok(None);
+    /// A line that is not ours: a warning, or an error when it names
+    /// another schema (reading it as `oomguard/1` would mislead).
+    fn skipped(&mut self, n: usize, why: Skip) -> Result<(), ReportError> {
+        let text = match why {
+            Skip::TooLong => format!(
+                "line {n}: longer than {} MiB, skipped",
+                crate::forensics::MAX_LINE_BYTES >> 20
+            ),
+            Skip::NotAnObject => format!("line {n}: not a JSON object, skipped"),
+            Skip::NotJson { error, last: true } => {
+                format!("line {n}: incomplete last line skipped (the log was cut short: {error})")
             }
-            Err(e) => {
-                self.warn(if last {
-                    format!("line {n}: incomplete last line skipped (the log was cut short: {e})")
-                } else {
-                    format!("line {n}: not valid JSON, skipped ({e})")
-                });
-                return Ok(None);
+            Skip::NotJson { error, last: false } => {
+                format!("line {n}: not valid JSON, skipped ({error})")
             }
-        };
-        match &head.schema {
-            Some(Value::String(s)) if s == SCHEMA => Ok(Some((raw, head))),
-            Some(Value::String(s)) => Err(ReportError::Schema {
-                line: n,
-                found: s.clone(),
-            }),
-            Some(_) | None => {
+            Skip::NoSchema => {
                 self.first_foreign.get_or_insert(n);
-                self.warn(format!("line {n}: no \"schema\" string, skipped"));
-                Ok(None)
+                format!("line {n}: no \"schema\" string, skipped")
             }
-        }
+            Skip::OtherSchema(found) => return Err(ReportError::Schema { line: n, found }),
+        };
+        self.warn(text);
+        Ok(())
     }
 }
 
@@ -639,122 +577,87 @@ enum Read {
     Unknown,
 }
 
-/// Reads the body of a line whose event is `event`. `attempt` is the
-/// line's `attempt`, which on a `restart` names the attempt that starts.
-fn event_kind(event: &str, raw: &str, attempt: Option<u64>) -> Result<Read, serde_json::Error> {
-    Ok(Read::Event(match event {
-        "run_start" => {
-            return Ok(Read::Start(Box::new(serde_json::from_str::<RunStart>(
-                raw,
-            )?)));
-        }
-        "sample" => {
-            return Ok(Read::Sample(Box::new(serde_json::from_str::<SampleEvent>(
-                raw,
-            )?)));
-        }
-        "run_end" => return Ok(Read::End(Box::new(serde_json::from_str::<RunEnd>(raw)?))),
-        "rule" => {
-            let r = serde_json::from_str::<RuleEvent>(raw)?;
-            EventKind::Rule {
-                rule: nonempty(r.rule).unwrap_or_else(|| "?".into()),
-                metric: r.metric,
-                value: r.value.filter(|x| x.is_finite()),
-                threshold: r.threshold.filter(|x| x.is_finite()),
-                state: r.state,
-            }
-        }
-        "action" => {
-            let a = serde_json::from_str::<ActionEvent>(raw)?;
-            EventKind::Action {
-                action: nonempty(a.action).unwrap_or_else(|| "?".into()),
-                reason: nonempty(a.reason),
-                pids: a.pids,
-                signal: a.signal,
-                result: nonempty(a.result),
-            }
-        }
-        "child_exit" => {
-            let c = serde_json::from_str::<ChildExit>(raw)?;
-            EventKind::ChildExit {
-                pid: Some(c.pid).filter(|&p| p > 0),
-                code: c.code.map(i64::from),
-                signal: c.signal,
-            }
-        }
-        "restart" => {
-            let r = serde_json::from_str::<RestartEvent>(raw)?;
-            EventKind::Restart {
-                next_attempt: attempt.and_then(|a| u32::try_from(a).ok()),
-                reason: r.reason,
-                checkpoint: r.checkpoint.map(|p| p.display().to_string()),
-                degraded: degraded(r.degraded),
-                delay_seconds: r.delay_seconds.filter(|x| x.is_finite()),
-            }
-        }
-        "oom_kill" => {
-            let k = serde_json::from_str::<OomKillEvent>(raw)?;
-            EventKind::OomKill {
-                pid: k.pid,
-                comm: k.comm,
-                role: k.role,
-                anon_rss_bytes: k.anon_rss_bytes,
-                constraint: k.constraint,
-            }
-        }
-        "cuda_oom" => {
-            let c = serde_json::from_str::<CudaOomEvent>(raw)?;
-            EventKind::CudaOom {
-                device: c.device.map(|d| d.to_string()),
-                pid: c.pid,
-                tried_bytes: c.tried_bytes,
-                total_bytes: c.total_bytes,
-                free_bytes: c.free_bytes,
-                allocated_bytes: c.allocated_bytes,
-                reserved_unallocated_bytes: c.reserved_unallocated_bytes,
-                reserved_bytes: c.reserved_bytes,
-                advice: c.advice.into_iter().next(),
-            }
-        }
-        "worker_died" => {
-            let w = serde_json::from_str::<WorkerDiedEvent>(raw)?;
-            EventKind::WorkerDied {
-                pid: w.pid,
-                signal: w.signal,
-                exit_code: w.exit_code.map(i64::from),
-                shm_hint: w.shm_hint,
-            }
-        }
-        "rank_failed" => EventKind::RankFailed(serde_json::from_str::<RankFailedEvent>(raw)?),
-        "phase_memory" => EventKind::PhaseMemory(serde_json::from_str::<PhaseMemoryEvent>(raw)?),
-        "fault" => {
-            let v = serde_json::from_str::<Value>(raw)?;
-            let num = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
-            let text = |k: &str| v[k].as_str().map(str::to_string);
-            EventKind::Fault {
-                remote: v["remote"].as_bool().unwrap_or(false),
-                node: num("node"),
-                cause_rank: num("cause_rank"),
-                reason: text("reason"),
-                detail: text("detail"),
-            }
-        }
-        "companion" => {
-            let v = serde_json::from_str::<Value>(raw)?;
-            return Ok(Read::Rank(
-                v["rank"].as_u64().and_then(|n| u32::try_from(n).ok()),
-            ));
-        }
-        "checkpoint_done" => {
-            let v = serde_json::from_str::<Value>(raw)?;
-            EventKind::CheckpointDone {
-                step: v["step"].as_u64(),
-                path: v["paths"][0].as_str().map(str::to_string),
-                ok: v["ok"].as_bool().unwrap_or(false),
-            }
-        }
-        _ => return Ok(Read::Unknown),
-    }))
+/// What a line's event means to the report. `attempt` is the line's
+/// `attempt`, which on a `restart` names the attempt that starts.
+fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
+    Read::Event(match event {
+        Logged::RunStart(s) => return Read::Start(s),
+        Logged::Sample(s) => return Read::Sample(s),
+        Logged::RunEnd(e) => return Read::End(e),
+        Logged::Companion(c) => return Read::Rank(Some(c.rank)),
+        Logged::Rule(r) => EventKind::Rule {
+            rule: nonempty(r.rule).unwrap_or_else(|| "?".into()),
+            metric: r.metric,
+            value: r.value.filter(|x| x.is_finite()),
+            threshold: r.threshold.filter(|x| x.is_finite()),
+            state: r.state,
+        },
+        Logged::Action(a) => EventKind::Action {
+            action: nonempty(a.action).unwrap_or_else(|| "?".into()),
+            reason: nonempty(a.reason),
+            pids: a.pids,
+            signal: a.signal,
+            result: nonempty(a.result),
+        },
+        Logged::ChildExit(c) => EventKind::ChildExit {
+            pid: Some(c.pid).filter(|&p| p > 0),
+            code: c.code.map(i64::from),
+            signal: c.signal,
+        },
+        Logged::Restart(r) => EventKind::Restart {
+            next_attempt: attempt.and_then(|a| u32::try_from(a).ok()),
+            reason: r.reason,
+            checkpoint: r.checkpoint.map(|p| p.display().to_string()),
+            degraded: degraded(r.degraded),
+            delay_seconds: r.delay_seconds.filter(|x| x.is_finite()),
+        },
+        Logged::OomKill(k) => EventKind::OomKill {
+            pid: k.pid,
+            comm: k.comm,
+            role: k.role,
+            anon_rss_bytes: k.anon_rss_bytes,
+            constraint: k.constraint,
+        },
+        Logged::CudaOom(c) => EventKind::CudaOom {
+            device: c.device.map(|d| d.to_string()),
+            pid: c.pid,
+            tried_bytes: c.tried_bytes,
+            total_bytes: c.total_bytes,
+            free_bytes: c.free_bytes,
+            allocated_bytes: c.allocated_bytes,
+            reserved_unallocated_bytes: c.reserved_unallocated_bytes,
+            reserved_bytes: c.reserved_bytes,
+            advice: c.advice.into_iter().next(),
+        },
+        Logged::WorkerDied(w) => EventKind::WorkerDied {
+            pid: w.pid,
+            signal: w.signal,
+            exit_code: w.exit_code.map(i64::from),
+            shm_hint: w.shm_hint,
+        },
+        Logged::RankFailed(r) => EventKind::RankFailed(r),
+        Logged::PhaseMemory(p) => EventKind::PhaseMemory(p),
+        Logged::Fault(f) => EventKind::Fault {
+            remote: f.remote,
+            node: f.node,
+            cause_rank: f.cause_rank,
+            reason: f.reason,
+            detail: f.detail,
+        },
+        Logged::CheckpointDone(d) => EventKind::CheckpointDone {
+            step: d.step,
+            path: d.paths.first().map(|p| p.display().to_string()),
+            ok: d.ok,
+        },
+        // Not drawn: the requests and acks are told by the saves they
+        // lead to, and the store's state by the faults.
+        Logged::Checkpoint(_)
+        | Logged::CheckpointRequest(_)
+        | Logged::CheckpointAck(_)
+        | Logged::FaultPublished(_)
+        | Logged::StoreLost(_)
+        | Logged::Relieved(_) => return Read::Unknown,
+    })
 }
 
 fn nonempty(s: String) -> Option<String> {

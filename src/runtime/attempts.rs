@@ -171,9 +171,9 @@ impl Supervisor {
                 .map(|(k, _, new)| (k.clone(), new.clone()))
                 .collect(),
         });
-        self.sinks.log.write(
-            "restart",
-            &crate::log::RestartEvent {
+        self.sinks
+            .log
+            .write(&crate::log::Event::Restart(crate::log::RestartEvent {
                 reason: Some(reason.to_string()),
                 checkpoint: self.checkpoint.clone(),
                 degraded: changes
@@ -181,8 +181,7 @@ impl Supervisor {
                     .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
                     .collect(),
                 delay_seconds: Some(delay.as_secs_f64()),
-            },
-        );
+            }));
         if self.cfg.quiet {
             return;
         }

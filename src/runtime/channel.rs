@@ -5,14 +5,24 @@
 
 use crate::companion::{Channel, Kind, Record};
 use crate::forensics::progress::{Phase, ProgressUpdate};
+use crate::log::{
+    CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
+    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent,
+};
 
 use super::Supervisor;
 
 impl Supervisor {
     /// A request went to the companion.
     pub(super) fn log_request(&mut self, id: u64, kind: Kind, reason: &str) {
-        let body = serde_json::json!({"id": id, "kind": kind.name(), "reason": reason});
-        self.sinks.log.write("checkpoint_request", &body);
+        self.sinks
+            .log
+            .write(&Event::CheckpointRequest(CheckpointRequestEvent {
+                id,
+                kind: kind.name().into(),
+                reason: Some(reason.into()),
+                ..CheckpointRequestEvent::default()
+            }));
     }
 
     /// One record of the companion.
@@ -25,10 +35,12 @@ impl Supervisor {
                 world,
                 ..
             } => {
-                let body = serde_json::json!({
-                    "pid": pid, "rank": rank, "framework": framework, "world": world,
-                });
-                self.sinks.log.write("companion", &body);
+                self.sinks.log.write(&Event::Companion(CompanionEvent {
+                    pid,
+                    rank,
+                    framework,
+                    world,
+                }));
             }
             Record::Progress {
                 step, epoch, phase, ..
@@ -51,8 +63,8 @@ impl Supervisor {
                 self.publish_progress();
             }
             Record::Ack { id, rank, step } => {
-                let body = serde_json::json!({"id": id, "rank": rank, "step": step});
-                self.sinks.log.write("checkpoint_ack", &body);
+                let ack = CheckpointAckEvent { id, rank, step };
+                self.sinks.log.write(&Event::CheckpointAck(ack));
             }
             Record::Done {
                 id,
@@ -62,11 +74,16 @@ impl Supervisor {
                 ok,
                 seconds,
             } => {
-                let body = serde_json::json!({
-                    "id": id, "rank": rank, "step": step, "paths": paths, "ok": ok,
-                    "save_seconds": seconds,
-                });
-                self.sinks.log.write("checkpoint_done", &body);
+                self.sinks
+                    .log
+                    .write(&Event::CheckpointDone(CheckpointDoneEvent {
+                        id,
+                        rank,
+                        step,
+                        paths: paths.clone(),
+                        ok,
+                        save_seconds: seconds,
+                    }));
                 if let Some(step) = step.filter(|_| ok) {
                     self.sinks.metrics.saved(step);
                 }
@@ -100,12 +117,19 @@ impl Supervisor {
                 detail,
                 then,
             } => {
-                let body = serde_json::json!({
-                    "id": id, "kind": kind.name(), "remote": true, "node": node,
-                    "cause_rank": cause_rank, "reason": reason, "detail": detail, "step": step,
-                    "then": then,
-                });
-                self.sinks.log.write("checkpoint_request", &body);
+                self.sinks
+                    .log
+                    .write(&Event::CheckpointRequest(CheckpointRequestEvent {
+                        id,
+                        kind: kind.name().into(),
+                        reason,
+                        remote: true,
+                        node: Some(node),
+                        cause_rank,
+                        detail,
+                        step,
+                        then,
+                    }));
             }
             Record::Fault {
                 id,
@@ -115,25 +139,32 @@ impl Supervisor {
                 detail,
                 then,
             } => {
-                let body = serde_json::json!({
-                    "id": id, "remote": true, "node": node, "cause_rank": cause_rank,
-                    "reason": reason, "detail": detail, "then": then,
-                });
-                self.sinks.log.write("fault", &body);
+                self.sinks.log.write(&Event::Fault(FaultEvent {
+                    id: Some(id),
+                    remote: true,
+                    node: Some(node),
+                    cause_rank,
+                    reason,
+                    detail,
+                    then,
+                }));
             }
             Record::StoreLost { addr } => {
                 self.sinks
                     .log
-                    .write("store_lost", &serde_json::json!({"addr": addr}));
+                    .write(&Event::StoreLost(StoreLostEvent { addr }));
             }
             Record::FaultPublished { id } => {
                 self.sinks
                     .log
-                    .write("fault_published", &serde_json::json!({"id": id}));
+                    .write(&Event::FaultPublished(FaultPublishedEvent { id }));
             }
             Record::Relieved { id, rank, freed } => {
-                let body = serde_json::json!({"id": id, "rank": rank, "freed_bytes": freed});
-                self.sinks.log.write("relieved", &body);
+                self.sinks.log.write(&Event::Relieved(RelievedEvent {
+                    id,
+                    rank,
+                    freed_bytes: freed,
+                }));
             }
         }
     }

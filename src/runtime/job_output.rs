@@ -80,33 +80,31 @@ impl Supervisor {
                 let frag = crate::forensics::torch::is_fragmentation(e);
                 self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
             }
-            if let Some(mut record) = crate::log::OutputEvent::from_torch(&event, critical) {
-                if let crate::log::OutputEvent::RankFailed(r) = &mut record {
+            if let Some(mut record) = crate::log::output_event(&event, critical) {
+                if let crate::log::Event::RankFailed(r) = &mut record {
                     self.note_rank_failed(r);
                 }
-                self.sinks.log.write(record.name(), &record);
+                self.sinks.log.write(&record);
                 self.tell_peers_of_death(&record);
                 let t = self.started.elapsed().as_secs_f64();
                 let ui = match &record {
-                    crate::log::OutputEvent::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
+                    crate::log::Event::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
                         t,
                         pid: e.pid,
                         device: e.device,
                         tried_bytes: e.tried_bytes,
                     }),
-                    crate::log::OutputEvent::WorkerDied(e) => {
-                        Some(crate::tui::UiEvent::WorkerDied {
-                            t,
-                            pid: e.pid.unwrap_or(0),
-                            comm: String::new(),
-                            how: match (&e.signal, e.exit_code) {
-                                (Some(s), _) => format!("killed by {s}"),
-                                (None, Some(code)) => format!("exit code {code}"),
-                                (None, None) => "exit code unknown".to_string(),
-                            },
-                        })
-                    }
-                    crate::log::OutputEvent::RankFailed(_) => None,
+                    crate::log::Event::WorkerDied(e) => Some(crate::tui::UiEvent::WorkerDied {
+                        t,
+                        pid: e.pid.unwrap_or(0),
+                        comm: String::new(),
+                        how: match (&e.signal, e.exit_code) {
+                            (Some(s), _) => format!("killed by {s}"),
+                            (None, Some(code)) => format!("exit code {code}"),
+                            (None, None) => "exit code unknown".to_string(),
+                        },
+                    }),
+                    _ => None,
                 };
                 if let Some(ev) = ui {
                     self.sinks.ui(ev);
@@ -132,10 +130,10 @@ impl Supervisor {
 
     /// A job across nodes: a CUDA OOM or a dead worker on this node is
     /// news for the other nodes, whose ranks fail next (peers.rs).
-    fn tell_peers_of_death(&mut self, record: &crate::log::OutputEvent) {
+    fn tell_peers_of_death(&mut self, record: &crate::log::Event) {
         let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
         let (reason, detail, pid, restart) = match record {
-            crate::log::OutputEvent::CudaOom(e) => {
+            crate::log::Event::CudaOom(e) => {
                 let tried = e.tried_bytes.map_or(String::new(), |b| {
                     format!(" trying to allocate {}", crate::units::HumanBytes(b))
                 });
@@ -146,7 +144,7 @@ impl Supervisor {
                     on("cuda-oom"),
                 )
             }
-            crate::log::OutputEvent::WorkerDied(e) => {
+            crate::log::Event::WorkerDied(e) => {
                 let how = e.signal.clone().unwrap_or_else(|| {
                     e.exit_code
                         .map_or("an unknown cause".into(), |c| format!("exit code {c}"))
@@ -159,7 +157,7 @@ impl Supervisor {
                     restart,
                 )
             }
-            crate::log::OutputEvent::RankFailed(_) => return,
+            _ => return,
         };
         let rank = pid.and_then(|p| self.core.act.peers.rank_of(p));
         let detail = match (rank, pid) {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use crate::log::{CgroupInfo, ChildExit, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
+use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
@@ -509,10 +509,12 @@ fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
 fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 {
     eprintln!("oomguard: {error}");
     start_without_a_job(log, cfg);
-    log.write(
-        "run_end",
-        &RunEnd::without_a_run(Outcome::InternalError, EXIT_INTERNAL, 0.0, &error),
-    );
+    log.write(&Event::RunEnd(Box::new(RunEnd::without_a_run(
+        Outcome::InternalError,
+        EXIT_INTERNAL,
+        0.0,
+        &error,
+    ))));
     EXIT_INTERNAL
 }
 
@@ -541,7 +543,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
         every_tick: cfg.log_every_tick,
         ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
     };
-    log.write("run_start", &start);
+    log.write(&Event::RunStart(Box::new(start)));
 }
 
 fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError) -> i32 {
@@ -550,10 +552,12 @@ fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError)
     };
     eprintln!("oomguard: {e}");
     start_without_a_job(log, cfg);
-    log.write(
-        "run_end",
-        &RunEnd::without_a_run(Outcome::Exited, code, 0.0, &e.to_string()),
-    );
+    log.write(&Event::RunEnd(Box::new(RunEnd::without_a_run(
+        Outcome::Exited,
+        code,
+        0.0,
+        &e.to_string(),
+    ))));
     code
 }
 
@@ -593,7 +597,7 @@ impl Supervisor {
             code: None,
             signal: None,
         };
-        self.sinks.log.write("child_exit", &exit);
+        self.sinks.log.write(&Event::ChildExit(exit));
         self.say(why);
     }
 
@@ -641,7 +645,9 @@ impl Supervisor {
             every_tick: self.cfg.log_every_tick,
             ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
-        self.sinks.log.write_at("run_start", sample.t, &start);
+        self.sinks
+            .log
+            .write_at(sample.t, &Event::RunStart(Box::new(start)));
         self.core.last_sample = Some(sample);
     }
 
@@ -778,8 +784,10 @@ impl Supervisor {
                 .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes))
             {
                 let event = crate::log::PhaseMemoryEvent::new(&flag);
-                self.sinks.log.write_at("phase_memory", sample.t, &event);
-                let advice = event.advice;
+                let advice = event.advice.clone();
+                self.sinks
+                    .log
+                    .write_at(sample.t, &Event::PhaseMemory(event));
                 if !self.cfg.quiet {
                     self.say(advice);
                 }
@@ -822,14 +830,13 @@ impl Supervisor {
                     path,
                     waited_seconds,
                 } => {
-                    self.sinks.log.write(
-                        "checkpoint",
-                        &crate::log::CheckpointEvent {
+                    self.sinks
+                        .log
+                        .write(&Event::Checkpoint(crate::log::CheckpointEvent {
                             confirmed: path.is_some(),
                             path: path.clone(),
                             waited_seconds,
-                        },
-                    );
+                        }));
                     if path.is_some() {
                         self.checkpoint = path;
                     }
@@ -838,12 +845,17 @@ impl Supervisor {
                 Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
                 Acted::Companion(r) => self.companion_said(r),
                 Acted::Fault { id, fault } => {
-                    let mut body = serde_json::to_value(&fault).unwrap_or_default();
-                    body["id"] = id.into();
-                    body["remote"] = false.into();
-                    self.sinks.log.write("fault", &body);
+                    self.sinks.log.write(&Event::Fault(crate::log::FaultEvent {
+                        id,
+                        remote: false,
+                        node: None,
+                        cause_rank: fault.cause_rank,
+                        reason: Some(fault.reason),
+                        detail: Some(fault.detail),
+                        then: fault.then,
+                    }));
                 }
-                Acted::Rule(r) => self.sinks.log.write("rule", &r),
+                Acted::Rule(r) => self.sinks.log.write(&Event::Rule(r)),
                 Acted::Hook {
                     cmd,
                     action,
@@ -961,14 +973,11 @@ impl Supervisor {
                     pid: r.pid,
                     how,
                 });
-                self.sinks.log.write(
-                    "child_exit",
-                    &ChildExit {
-                        pid: r.pid,
-                        code,
-                        signal,
-                    },
-                );
+                self.sinks.log.write(&Event::ChildExit(ChildExit {
+                    pid: r.pid,
+                    code,
+                    signal,
+                }));
                 self.on_main_exit();
             }
         }

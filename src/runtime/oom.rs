@@ -333,7 +333,9 @@ impl super::Supervisor {
             reason: Some(reason),
             ..crate::log::OomKillEvent::default()
         };
-        self.sinks.log.write_at("oom_kill", t, &event);
+        self.sinks
+            .log
+            .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(v.pid, &v.comm);
         if !self.cfg.quiet {
             self.say(format!(
@@ -360,7 +362,9 @@ impl super::Supervisor {
                     reason: Some(why),
                     ..crate::log::OomKillEvent::default()
                 };
-                self.sinks.log.write_at("oom_kill", t, &event);
+                self.sinks
+                    .log
+                    .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
                 return;
             }
             Finding::Attributed { victim, why } => {
@@ -386,7 +390,9 @@ impl super::Supervisor {
             memory: super::memory_points(&e.memory),
             reason: None,
         };
-        self.sinks.log.write_at("oom_kill", t, &event);
+        self.sinks
+            .log
+            .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(e.kill.pid, &e.comm);
         if !self.cfg.quiet {
             self.say(format!(

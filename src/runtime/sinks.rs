@@ -212,7 +212,8 @@ impl Sinks {
                 event = event.without_gpus();
             }
         }
-        self.log.write_at("sample", sample.t, &event);
+        self.log
+            .write_at(sample.t, &crate::log::Event::Sample(Box::new(event)));
     }
 
     /// An `action`: counted, shown on the dashboard, annotated on GitHub
@@ -272,16 +273,14 @@ impl Sinks {
                 &msg,
             );
         }
-        self.log.write(
-            "action",
-            &crate::log::ActionEvent {
+        self.log
+            .write(&crate::log::Event::Action(crate::log::ActionEvent {
                 action: action.to_string(),
                 reason: reason.to_string(),
                 pids,
                 signal: signal.map(supervise::signal_name),
                 result,
-            },
-        );
+            }));
     }
 
     pub fn ui(&mut self, ev: crate::tui::UiEvent) {

@@ -23,6 +23,14 @@ use crate::model::{
 };
 use crate::policy::{Metric, Policy, Readings};
 
+mod event;
+pub mod read;
+
+pub use event::{
+    CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
+    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent,
+};
+
 /// The schema name every line carries.
 pub const SCHEMA: &str = "oomguard/1";
 
@@ -128,13 +136,19 @@ impl LogWriter {
     }
 
     /// Writes one event line and flushes it.
-    pub fn write<T: Serialize>(&mut self, event: &str, body: &T) {
+    pub fn write(&mut self, event: &Event) {
         let t = self.t();
-        self.write_at(event, t, body);
+        self.write_at(t, event);
     }
 
     /// Writes one event line stamped with a given run time.
-    pub fn write_at<T: Serialize>(&mut self, event: &str, t: f64, body: &T) {
+    pub fn write_at(&mut self, t: f64, event: &Event) {
+        if self.out.is_some() {
+            event.visit_body(Put { log: self, t });
+        }
+    }
+
+    fn put<T: Serialize>(&mut self, event: &'static str, t: f64, body: &T) {
         let Some(out) = self.out.as_mut() else { return };
         let progress = if event == "sample" {
             std::mem::take(&mut self.progress_changed)
@@ -161,6 +175,18 @@ impl LogWriter {
             );
             self.out = None;
         }
+    }
+}
+
+/// Puts an event's body on a line of the log, beside the envelope.
+struct Put<'a> {
+    log: &'a mut LogWriter,
+    t: f64,
+}
+
+impl event::BodyVisitor for Put<'_> {
+    fn visit<T: Serialize>(self, name: &'static str, body: &T) {
+        self.log.put(name, self.t, body);
     }
 }
 
@@ -192,15 +218,12 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
         progress_changed: false,
     };
     let seconds = round3(started.elapsed().as_secs_f64());
-    w.write(
-        "run_end",
-        &RunEnd::without_a_run(
-            Outcome::InternalError,
-            crate::exit::INTERNAL,
-            seconds,
-            error,
-        ),
-    );
+    w.write(&Event::RunEnd(Box::new(RunEnd::without_a_run(
+        Outcome::InternalError,
+        crate::exit::INTERNAL,
+        seconds,
+        error,
+    ))));
 }
 
 fn round3(x: f64) -> f64 {
@@ -208,7 +231,7 @@ fn round3(x: f64) -> f64 {
 }
 
 /// `run_start`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RunStart {
     #[serde(deserialize_with = "lenient_vec")]
@@ -235,7 +258,7 @@ pub struct RunStart {
 }
 
 /// `run_start.policy` as a reader takes it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PolicyInfo {
     #[serde(deserialize_with = "lenient_vec")]
@@ -327,7 +350,7 @@ impl PolicyInfo {
 }
 
 /// One rule of `run_start.policy.rules`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PolicyRuleInfo {
     pub name: String,
@@ -351,7 +374,7 @@ pub struct PolicyRuleInfo {
 }
 
 /// `also` of a rule in `run_start.policy.rules`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PolicyGuardInfo {
     pub metric: String,
@@ -362,7 +385,7 @@ pub struct PolicyGuardInfo {
 }
 
 /// The job's cgroup as `run_start` reports it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CgroupInfo {
     #[serde(default)]
     pub version: u8,
@@ -397,7 +420,7 @@ pub struct CgroupInfo {
 }
 
 /// Whether GPUs are being watched, and why not.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuInfo {
     pub available: bool,
@@ -405,7 +428,7 @@ pub struct GpuInfo {
 }
 
 /// `sample`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SampleEvent {
     #[serde(default, deserialize_with = "lenient")]
     pub headroom_bytes: Option<u64>,
@@ -461,7 +484,7 @@ pub struct SampleEvent {
 }
 
 /// One process's PyTorch allocator figures.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TorchProc {
     pub pid: u32,
     pub devices: Vec<crate::probe::torch_stats::TorchDeviceStats>,
@@ -546,7 +569,7 @@ impl SampleEvent {
 }
 
 /// `action`: something oomguard did (or was refused) and why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ActionEvent {
     #[serde(default)]
     pub action: String,
@@ -575,7 +598,7 @@ impl SampleEvent {
 }
 
 /// `child_exit`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChildExit {
     #[serde(default)]
     pub pid: u32,
@@ -594,7 +617,7 @@ pub struct ChildExit {
 }
 
 /// Peaks over the run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Peak {
     pub tree_pss_bytes: u64,
@@ -612,7 +635,7 @@ pub struct Peak {
 }
 
 /// `run_end`: always the last line.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunEnd {
     pub outcome: Outcome,
     pub exit_code: i32,
@@ -694,7 +717,7 @@ pub struct CheapLoopStats {
 }
 
 /// The CI memory gate's verdict.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FailAbove {
     pub limit_bytes: u64,
     pub exceeded: bool,
@@ -1050,46 +1073,26 @@ impl PhaseMemoryEvent {
     }
 }
 
-/// What the job's output said, as a log line: the event's name and body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(untagged)]
-pub enum OutputEvent {
-    CudaOom(CudaOomEvent),
-    WorkerDied(WorkerDiedEvent),
-    RankFailed(RankFailedEvent),
-}
-
-impl OutputEvent {
-    /// The log line for an event read from the job's output.
-    /// `host_memory_critical` says whether host or cgroup memory was near
-    /// its ceiling when the event came (it is what tells the kernel OOM
-    /// killer apart from another SIGKILL). `None` for progress updates
-    /// (they ride on other lines as `progress`).
-    pub fn from_torch(
-        event: &crate::forensics::torch::TorchEvent,
-        host_memory_critical: bool,
-    ) -> Option<Self> {
-        use crate::forensics::torch::TorchEvent;
-        match event {
-            TorchEvent::CudaOom(e) => Some(OutputEvent::CudaOom(CudaOomEvent::new(e))),
-            TorchEvent::WorkerDied(e) => Some(OutputEvent::WorkerDied(WorkerDiedEvent::new(
-                e,
-                host_memory_critical,
-            ))),
-            TorchEvent::RankFailed(e) => {
-                RankFailedEvent::new(e, host_memory_critical).map(OutputEvent::RankFailed)
-            }
-            TorchEvent::Progress(_) | TorchEvent::Framework(_) => None,
+/// The log line for an event read from the job's output.
+/// `host_memory_critical` says whether host or cgroup memory was near its
+/// ceiling when the event came (it is what tells the kernel OOM killer
+/// apart from another SIGKILL). `None` for progress updates (they ride on
+/// other lines as `progress`).
+pub fn output_event(
+    event: &crate::forensics::torch::TorchEvent,
+    host_memory_critical: bool,
+) -> Option<Event> {
+    use crate::forensics::torch::TorchEvent;
+    match event {
+        TorchEvent::CudaOom(e) => Some(Event::CudaOom(CudaOomEvent::new(e))),
+        TorchEvent::WorkerDied(e) => Some(Event::WorkerDied(WorkerDiedEvent::new(
+            e,
+            host_memory_critical,
+        ))),
+        TorchEvent::RankFailed(e) => {
+            RankFailedEvent::new(e, host_memory_critical).map(Event::RankFailed)
         }
-    }
-
-    /// The event name the line carries.
-    pub fn name(&self) -> &'static str {
-        match self {
-            OutputEvent::CudaOom(_) => "cuda_oom",
-            OutputEvent::WorkerDied(_) => "worker_died",
-            OutputEvent::RankFailed(_) => "rank_failed",
-        }
+        TorchEvent::Progress(_) | TorchEvent::Framework(_) => None,
     }
 }
 
@@ -1193,13 +1196,17 @@ where
 mod tests {
     use super::*;
 
+    fn sample() -> Event {
+        Event::Sample(Box::default())
+    }
+
     #[test]
     fn a_log_left_unfinished_gets_run_end_once() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.ndjson");
         let mut w = LogWriter::create(&path, Instant::now()).unwrap();
         w.set_attempt(2);
-        w.write("sample", &serde_json::json!({}));
+        w.write(&sample());
         drop(w);
         end_after_failure(&path, Instant::now(), "oomguard panicked: boom");
         end_after_failure(&path, Instant::now(), "again");
@@ -1222,14 +1229,11 @@ mod tests {
         let path = dir.path().join("run.ndjson");
         let mut w = LogWriter::create(&path, Instant::now()).unwrap();
         w.set_attempt(2);
-        w.write(
-            "child_exit",
-            &ChildExit {
-                pid: 7,
-                code: Some(1),
-                signal: None,
-            },
-        );
+        w.write(&Event::ChildExit(ChildExit {
+            pid: 7,
+            code: Some(1),
+            signal: None,
+        }));
         // Flushed without dropping the writer.
         let text = std::fs::read_to_string(&path).unwrap();
         let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
@@ -1249,7 +1253,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.ndjson");
         let mut log = LogWriter::create(&path, Instant::now()).unwrap();
-        log.write("sample", &serde_json::json!({}));
+        log.write(&sample());
         let p = crate::forensics::progress::Progress {
             step: Some(580),
             total: Some(1288),
@@ -1258,10 +1262,13 @@ mod tests {
             ..Default::default()
         };
         log.set_progress(Some(&p), true);
-        log.write("sample", &serde_json::json!({}));
-        log.write("sample", &serde_json::json!({}));
-        log.write("action", &serde_json::json!({"action": "kill"}));
-        log.write("run_start", &serde_json::json!({}));
+        log.write(&sample());
+        log.write(&sample());
+        log.write(&Event::Action(ActionEvent {
+            action: "kill".into(),
+            ..ActionEvent::default()
+        }));
+        log.write(&Event::RunStart(Box::default()));
         drop(log);
         let lines: Vec<serde_json::Value> = std::fs::read_to_string(&path)
             .unwrap()
@@ -1282,7 +1289,7 @@ mod tests {
         s.feed(b"DataLoader worker (pid 4) is killed by signal: Killed.\n");
         s.finish();
         let events = s.take_events();
-        let oom = OutputEvent::from_torch(&events[0], false).unwrap();
+        let oom = output_event(&events[0], false).unwrap();
         assert_eq!(oom.name(), "cuda_oom");
         let v = serde_json::to_value(&oom).unwrap();
         assert_eq!(v["device"], 0);
@@ -1296,8 +1303,8 @@ mod tests {
                 .contains("expandable_segments:True")
         );
         let back: CudaOomEvent = serde_json::from_value(v).unwrap();
-        assert_eq!(OutputEvent::CudaOom(back), oom);
-        let w = OutputEvent::from_torch(&events[1], true).unwrap();
+        assert_eq!(Event::CudaOom(back), oom);
+        let w = output_event(&events[1], true).unwrap();
         assert_eq!(w.name(), "worker_died");
         let v = serde_json::to_value(&w).unwrap();
         assert_eq!(v["pid"], 4);
@@ -1306,7 +1313,7 @@ mod tests {
         assert_eq!(v["shm_hint"], false);
         assert!(v["advice"].as_array().is_some_and(|a| !a.is_empty()));
         let back: WorkerDiedEvent = serde_json::from_value(v).unwrap();
-        assert_eq!(OutputEvent::WorkerDied(back), w);
+        assert_eq!(Event::WorkerDied(back), w);
     }
 
     #[test]
