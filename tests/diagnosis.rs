@@ -22,7 +22,7 @@ mod screenshot;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -162,7 +162,7 @@ fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
     let log = dir.path().join("run.ndjson");
     let truth_path = dir.path().join("truth.ndjson");
     // The reader stays outside the cgroup: it is not part of the job.
-    let started = Instant::now();
+
     let mut reader = Command::new(&python)
         .arg(jobs().join("truth.py"))
         .arg(&cg.dir)
@@ -181,7 +181,11 @@ fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
     ];
     argv.extend(args);
     let og = Path::new(env!("CARGO_BIN_EXE_oomguard"));
-    let og_started = started.elapsed().as_secs_f64();
+    // The reader's clock (CLOCK_MONOTONIC) when oomguard starts.
+    let og_started = {
+        let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    };
     let out = cg.command(og, &argv).output().unwrap();
     let _ = reader.kill();
     let _ = reader.wait();
@@ -323,34 +327,24 @@ fn figures(c: &Case) {
             close("per-worker RSS (the bound of its copying)", v, t);
         }
         if let Some(v) = number(f, "per_worker_growth_bytes") {
-            if number(f, "worker_generations").unwrap_or(1.0) > 1.0 {
-                // One first-reading time cannot stand for several sets of
-                // workers: the stated growth may not exceed the true one.
-                let t = median(
-                    workers
-                        .iter()
-                        .map(|(_, p)| peak(p, |x| x.uss) - p[0].uss)
-                        .collect(),
-                );
-                eprintln!(
-                    "  per-worker growth: stated {:.1} MiB, at most {:.1} MiB",
-                    v / MIB,
-                    t / MIB
-                );
-                assert!(v <= t * (1.0 + TOLERANCE));
-            } else {
-                let t = median(
-                    workers
-                        .iter()
-                        .filter_map(|(pid, p)| {
-                            let when =
-                                number(f, "first_read_seconds").or(first_t.get(pid).copied())?;
-                            Some(peak(p, |x| x.uss) - at(p, when).uss)
-                        })
-                        .collect(),
-                );
-                close("per-worker growth since first read", v, t);
-            }
+            // Growth since oomguard first read each worker: with one set of
+            // workers they were all first read at the finding's time; with
+            // several, each set at its own (the report's `first_t`).
+            let gens = number(f, "worker_generations").unwrap_or(1.0);
+            let t = median(
+                workers
+                    .iter()
+                    .filter_map(|(pid, p)| {
+                        let when = if gens > 1.0 {
+                            first_t.get(pid).copied()?
+                        } else {
+                            number(f, "first_read_seconds").or(first_t.get(pid).copied())?
+                        };
+                        Some(peak(p, |x| x.uss) - at(p, when).uss)
+                    })
+                    .collect(),
+            );
+            close("per-worker growth since first read", v, t);
         }
         if kind.starts_with("trainer_")
             && let Some(v) = number(f, "peak_private_bytes")
@@ -375,10 +369,19 @@ fn figures(c: &Case) {
             close("trainer released", v, trainer[top].rss - low);
         }
         if let Some(v) = number(f, "growth_bytes_per_second") {
-            let end = trainer[trainer.len() - 1].t;
+            // The trend of the 10 s before oomguard's last reading of the
+            // trainer (what the finding states), not of the reader's last
+            // ones: Python's teardown frees what leaked.
+            let end = c.json["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["pid"].as_f64() == number(f, "pid"))
+                .and_then(|p| p["last_t"].as_f64())
+                .unwrap_or(trainer[trainer.len() - 1].t);
             let pts: Vec<(f64, f64)> = trainer
                 .iter()
-                .filter(|p| end - p.t <= 10.0)
+                .filter(|p| p.t <= end && end - p.t <= 10.0)
                 .map(|p| (p.t, p.uss))
                 .collect();
             close("trainer growth per second", v, slope(&pts));
