@@ -904,8 +904,20 @@ fn fail_above_catches_a_spike_between_samples() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(76), "{name}: {err}");
-        assert!(err.contains("kernel's high-water mark"), "{name}: {err}");
         let lines = read_log(&log);
+        // The short job lives 0.4 s: on a loaded machine the first sample
+        // can land after its allocation (seen in a full run), and then the
+        // sample, not the high-water mark, is what the summary names. The
+        // high-water mark is read all the same (`largest_process_rss_bytes`
+        // below); the burst falls between samples by construction.
+        let sampled = lines
+            .iter()
+            .filter_map(schema::Line::sample)
+            .any(|s| s.tree.footprint_bytes > 100 << 20);
+        assert!(
+            err.contains("kernel's high-water mark") || (name == "short" && sampled),
+            "{name}: {err}"
+        );
         let end = schema::run_end(&lines);
         assert!(end.fail_above.as_ref().unwrap().exceeded, "{name}");
         assert!(
