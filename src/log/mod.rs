@@ -778,8 +778,30 @@ pub struct RuleEvent {
     pub value: Option<f64>,
     #[serde(default, deserialize_with = "lenient")]
     pub threshold: Option<f64>,
-    #[serde(default = "firing")]
-    pub state: String,
+    #[serde(default)]
+    pub state: RuleState,
+}
+
+/// Whether a rule started or stopped firing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleState {
+    #[default]
+    Firing,
+    Cleared,
+    /// A state this version does not know (read, never written).
+    #[serde(other)]
+    Other,
+}
+
+impl RuleState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleState::Firing => "firing",
+            RuleState::Cleared => "cleared",
+            RuleState::Other => "changed",
+        }
+    }
 }
 
 impl RuleEvent {
@@ -792,13 +814,13 @@ impl RuleEvent {
             metric: Some(metric.to_string()),
             value: Some((value * 1000.0).round() / 1000.0),
             threshold: Some(threshold),
-            state: if firing { "firing" } else { "cleared" }.to_string(),
+            state: if firing {
+                RuleState::Firing
+            } else {
+                RuleState::Cleared
+            },
         }
     }
-}
-
-fn firing() -> String {
-    "firing".to_string()
 }
 
 /// `restart`: the job is launched again (the envelope's `attempt` is the
@@ -1221,6 +1243,22 @@ mod tests {
         assert_eq!(lines[1]["exit_code"], 70);
         assert_eq!(lines[1]["attempt"], 2);
         assert_eq!(lines[1]["error"], "oomguard panicked: boom");
+    }
+
+    #[test]
+    fn a_rule_state_reads_as_a_type_and_an_unknown_one_as_other() {
+        let read = |state: &str| {
+            serde_json::from_str::<RuleEvent>(&format!(r#"{{"rule":"warn"{state}}}"#))
+                .unwrap()
+                .state
+        };
+        assert_eq!(read(r#","state":"firing""#), RuleState::Firing);
+        assert_eq!(read(r#","state":"cleared""#), RuleState::Cleared);
+        assert_eq!(read(r#","state":"pending""#), RuleState::Other);
+        assert_eq!(read(""), RuleState::Firing, "a line without one fired");
+        let line =
+            serde_json::to_value(RuleEvent::new("warn", "headroom_percent", 1.0, 2.0, false));
+        assert_eq!(line.unwrap()["state"], "cleared");
     }
 
     #[test]

@@ -806,7 +806,9 @@ fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
             }),
             EventKind::Rule {
                 rule, state, value, ..
-            } if state == "firing" => firings.push((e.t, rule.as_str(), *value)),
+            } if *state == crate::log::RuleState::Firing => {
+                firings.push((e.t, rule.as_str(), *value))
+            }
             _ => {}
         }
     }
@@ -955,7 +957,7 @@ fn swap_growth(log: &RunLog, out: &mut Vec<Finding>) {
         .filter(|e| e.t >= onset)
         .find(|e| match &e.kind {
             EventKind::OomKill { .. } | EventKind::CudaOom { .. } => true,
-            EventKind::Rule { state, .. } => state == "firing",
+            EventKind::Rule { state, .. } => *state == crate::log::RuleState::Firing,
             _ => false,
         });
     let peak_in = log

@@ -211,7 +211,7 @@ pub enum EventKind {
         metric: Option<String>,
         value: Option<f64>,
         threshold: Option<f64>,
-        state: String,
+        state: crate::log::RuleState,
     },
     Action {
         action: String,

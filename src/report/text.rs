@@ -18,7 +18,7 @@ pub(super) fn event_summary(e: &Event) -> String {
             value,
             threshold,
             state,
-        } => rule_summary(rule, metric.as_deref(), *value, *threshold, state),
+        } => rule_summary(rule, metric.as_deref(), *value, *threshold, state.as_str()),
         EventKind::Action {
             action,
             reason,

@@ -66,7 +66,9 @@ const WARN: &str = "#A86F00";
 /// Marker style per event: fill, text colour, shape.
 fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
     match kind {
-        EventKind::Rule { state, .. } if state == "cleared" => ("#ffffff", "#8a5a00", Shape::Up),
+        EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
+            ("#ffffff", "#8a5a00", Shape::Up)
+        }
         EventKind::Rule { .. } => ("#E69F00", "#1a1a1a", Shape::Up),
         EventKind::Action { .. } => ("#0072B2", "#ffffff", Shape::Square),
         EventKind::Restart { .. } => ("#009E73", "#ffffff", Shape::Circle),
@@ -366,7 +368,9 @@ fn legend_items(
     let mut seen_kinds: Vec<&'static str> = Vec::new();
     for e in markers {
         let key = match &e.kind {
-            EventKind::Rule { state, .. } if state == "cleared" => "rule cleared",
+            EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
+                "rule cleared"
+            }
             EventKind::Rule { .. } => "rule firing",
             k => k.name(),
         };

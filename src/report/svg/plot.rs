@@ -525,7 +525,9 @@ impl Plot<'_> {
                 EventKind::OomKill { .. } | EventKind::CudaOom { .. } | EventKind::RankFailed(_)
             );
             let stroke = match &e.kind {
-                EventKind::Rule { state, .. } if state == "cleared" => "#E69F00",
+                EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
+                    "#E69F00"
+                }
                 _ => "#ffffff",
             };
             let line_colour = if fill == "#ffffff" { "#E69F00" } else { fill };
