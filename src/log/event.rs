@@ -251,7 +251,7 @@ mod tests {
                 true,
             )),
             "action" => Event::Action(ActionEvent {
-                action: "stop".into(),
+                action: crate::log::ActionKind::Stop,
                 reason: "critical-headroom".into(),
                 pids: vec![7, 8],
                 signal: Some("SIGTERM".into()),

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{
     Ceiling, CgroupSample, GpuSample, ProcSample, Psi, Sample, SystemSample, TreeTotals, View,
 };
-use crate::policy::{Metric, Policy, Readings};
+use crate::policy::{Action, Metric, Policy, Readings};
 
 mod event;
 pub mod read;
@@ -572,7 +572,7 @@ impl SampleEvent {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ActionEvent {
     #[serde(default)]
-    pub action: String,
+    pub action: ActionKind,
     /// The rule, `max-pause`, or what else caused it.
     #[serde(default)]
     pub reason: String,
@@ -780,6 +780,61 @@ pub struct RuleEvent {
     pub threshold: Option<f64>,
     #[serde(default)]
     pub state: RuleState,
+}
+
+/// What oomguard did: the policy's actions, and `resume` (a pause ended).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    Warn,
+    Relieve,
+    Checkpoint,
+    Pause,
+    Resume,
+    Restart,
+    Stop,
+    Kill,
+    /// An action this version does not know (read, never written).
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
+impl ActionKind {
+    /// The name the log spells it with (`?` for one not known).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Warn => "warn",
+            ActionKind::Relieve => "relieve",
+            ActionKind::Checkpoint => "checkpoint",
+            ActionKind::Pause => "pause",
+            ActionKind::Resume => "resume",
+            ActionKind::Restart => "restart",
+            ActionKind::Stop => "stop",
+            ActionKind::Kill => "kill",
+            ActionKind::Other => "?",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<Action> for ActionKind {
+    fn from(a: Action) -> Self {
+        match a {
+            Action::Warn => ActionKind::Warn,
+            Action::Relieve => ActionKind::Relieve,
+            Action::Checkpoint => ActionKind::Checkpoint,
+            Action::Pause => ActionKind::Pause,
+            Action::Restart => ActionKind::Restart,
+            Action::Stop => ActionKind::Stop,
+            Action::Kill => ActionKind::Kill,
+        }
+    }
 }
 
 /// Whether a rule started or stopped firing.
@@ -1262,6 +1317,21 @@ mod tests {
     }
 
     #[test]
+    fn an_action_reads_as_a_type_and_an_unknown_one_as_other() {
+        let read = |a: &str| {
+            serde_json::from_str::<ActionEvent>(&format!(r#"{{"action":"{a}","reason":"r"}}"#))
+                .unwrap()
+                .action
+        };
+        assert_eq!(read("resume"), ActionKind::Resume);
+        assert_eq!(read("relieve"), ActionKind::Relieve);
+        assert_eq!(read("reboot"), ActionKind::Other);
+        for a in [Action::Warn, Action::Checkpoint, Action::Kill] {
+            assert_eq!(ActionKind::from(a).as_str(), a.name(), "the policy's names");
+        }
+    }
+
+    #[test]
     fn lines_have_the_envelope_and_flush() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.ndjson");
@@ -1303,7 +1373,7 @@ mod tests {
         log.write(&sample());
         log.write(&sample());
         log.write(&Event::Action(ActionEvent {
-            action: "kill".into(),
+            action: ActionKind::Kill,
             ..ActionEvent::default()
         }));
         log.write(&Event::RunStart(Box::default()));

@@ -172,7 +172,7 @@ pub fn replay(
                 Act {
                     t,
                     attempt,
-                    action: a.action,
+                    action: a.action.to_string(),
                     reason: a.reason,
                 },
                 a.result != "ok",

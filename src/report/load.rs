@@ -593,7 +593,7 @@ fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
             state: r.state,
         },
         Logged::Action(a) => EventKind::Action {
-            action: nonempty(a.action).unwrap_or_else(|| "?".into()),
+            action: a.action.to_string(),
             reason: nonempty(a.reason),
             pids: a.pids,
             signal: a.signal,

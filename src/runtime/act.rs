@@ -28,6 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 pub use super::requests::CompanionState;
 use crate::companion::{Channel, Kind, Record};
 use crate::forensics::torch::Framework;
+use crate::log::ActionKind;
 use crate::model::{CeilingSource, ProcSample, Role, Sample};
 use crate::policy::Action;
 use crate::restart::CheckpointWatch;
@@ -168,7 +169,7 @@ pub enum Acted {
     /// An `action` line: what, why, the pids reached, the signal and the
     /// first error (`"ok"` when none).
     Action {
-        action: &'static str,
+        action: crate::log::ActionKind,
         reason: String,
         pids: Vec<u32>,
         signal: Option<i32>,
@@ -373,7 +374,7 @@ impl Actuator {
             None => NO_COMPANION.to_string(),
         };
         self.push(Acted::Action {
-            action: action.name(),
+            action: action.into(),
             reason: reason.to_string(),
             pids: Vec::new(),
             signal: None,
@@ -564,7 +565,7 @@ impl Actuator {
         self.out.push(Acted::Say(text));
     }
 
-    fn record(&mut self, action: &'static str, reason: &str, sent: Sent, signal: i32) {
+    fn record(&mut self, action: ActionKind, reason: &str, sent: Sent, signal: i32) {
         self.out.push(Acted::Action {
             action,
             reason: reason.to_string(),
@@ -604,7 +605,7 @@ impl Actuator {
         let targets = idents(tree, |_| true);
         let sent = signal_all(sig, &targets, SIG_STOP);
         self.paused.extend(targets);
-        self.record("pause", reason, sent, SIG_STOP);
+        self.record(ActionKind::Pause, reason, sent, SIG_STOP);
     }
 
     /// Processes born since the pause are paused too.
@@ -623,7 +624,7 @@ impl Actuator {
     pub fn resume(&mut self, reason: &str, sig: &mut dyn Signaller) {
         let targets: Vec<Ident> = self.paused.drain().collect();
         let sent = signal_all(sig, &targets, SIG_CONT);
-        self.record("resume", reason, sent, SIG_CONT);
+        self.record(ActionKind::Resume, reason, sent, SIG_CONT);
         if !self.cfg.quiet {
             self.say(format!("{reason} cleared; resuming the job"));
         }
@@ -680,14 +681,14 @@ impl Actuator {
         if request.is_some() {
             let pids = trainers.iter().map(|t| t.0).collect();
             self.push(Acted::Action {
-                action: action.name(),
+                action: action.into(),
                 reason: reason.to_string(),
                 pids,
                 signal: None,
                 result: "ok".into(),
             });
         } else {
-            self.checkpoint_signal(action.name(), reason, &trainers, sig);
+            self.checkpoint_signal(action.into(), reason, &trainers, sig);
         }
         let watch = self.cfg.checkpoint_dir.clone().map(|dir| {
             CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), SystemTime::now())
@@ -735,7 +736,7 @@ impl Actuator {
         let all = idents(tree, |_| true);
         let sent = signal_all(sig, &all, SIG_TERM);
         signal_all(sig, &all, SIG_CONT);
-        self.record(action.name(), reason, sent, SIG_TERM);
+        self.record(action.into(), reason, sent, SIG_TERM);
         self.stop = Some(Stop {
             reason: reason.to_string(),
             action,
@@ -792,7 +793,7 @@ impl Actuator {
                     let sent = signal_all(sig, &rest, SIG_KILL);
                     if !sent.0.is_empty() {
                         let why = format!("{}: --kill-after expired", st.reason);
-                        self.record("kill", &why, sent, SIG_KILL);
+                        self.record(ActionKind::Kill, &why, sent, SIG_KILL);
                     }
                     self.killed = true;
                     st.step = StopStep::Killed;
@@ -829,12 +830,12 @@ impl Actuator {
             st.frozen_since = Some(now);
             st.throttle_running = false;
             let why = format!("last resort during {}", st.reason);
-            self.record("pause", &why, sent, SIG_STOP);
+            self.record(ActionKind::Pause, &why, sent, SIG_STOP);
         } else if st.frozen_all && hard.is_some_and(|h| h >= levels.last_resort * 1.5) {
             // Room again: the trainers may go on to their checkpoint.
             let sent = signal_all(sig, &st.signalled, SIG_CONT);
             let why = format!("room again during {}", st.reason);
-            self.record("resume", &why, sent, SIG_CONT);
+            self.record(ActionKind::Resume, &why, sent, SIG_CONT);
             st.frozen_all = false;
             st.frozen_since = None;
         }
@@ -861,7 +862,7 @@ impl Actuator {
                     THROTTLE_RUN.as_millis(),
                     THROTTLE_CYCLE.as_millis()
                 );
-                self.record("pause", &why, (new, result), SIG_STOP);
+                self.record(ActionKind::Pause, &why, (new, result), SIG_STOP);
             }
         } else {
             signal_all(sig, &targets, SIG_CONT);
@@ -939,7 +940,7 @@ impl Actuator {
             // end it here instead.
             let sent = signal_all(sig, &rest, SIG_KILL);
             let why = format!("last resort during {}", st.reason);
-            self.record("kill", &why, sent, SIG_KILL);
+            self.record(ActionKind::Kill, &why, sent, SIG_KILL);
             self.killed = true;
             st.step = StopStep::Killed;
         } else {
@@ -947,7 +948,7 @@ impl Actuator {
             signal_all(sig, &rest, SIG_CONT);
             if !sent.0.is_empty() {
                 let why = format!("{}: terminating the rest of the tree", st.reason);
-                self.record("stop", &why, sent, SIG_TERM);
+                self.record(ActionKind::Stop, &why, sent, SIG_TERM);
             }
             st.step = StopStep::Terminate {
                 until: now + self.cfg.kill_after,
@@ -1000,7 +1001,7 @@ impl Actuator {
             ));
             let why = format!("{}: the companion did not answer", st.reason);
             let targets = st.signalled.clone();
-            self.checkpoint_signal("stop", &why, &targets, sig);
+            self.checkpoint_signal(ActionKind::Stop, &why, &targets, sig);
         }
     }
 
@@ -1012,7 +1013,7 @@ impl Actuator {
     /// the user is told.
     fn checkpoint_signal(
         &mut self,
-        action: &'static str,
+        action: ActionKind,
         reason: &str,
         trainers: &[Ident],
         sig: &mut dyn Signaller,
@@ -1074,7 +1075,7 @@ impl Actuator {
         held.dedup();
         let sent = signal_all(sig, &held, SIG_CONT);
         if !sent.0.is_empty() {
-            self.record("resume", why, sent, SIG_CONT);
+            self.record(ActionKind::Resume, why, sent, SIG_CONT);
         }
     }
 
@@ -1083,7 +1084,7 @@ impl Actuator {
     pub fn let_go(&mut self, why: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
         if !self.paused.is_empty() {
             let sent = self.unpause(sig);
-            self.record("resume", why, sent, SIG_CONT);
+            self.record(ActionKind::Resume, why, sent, SIG_CONT);
         }
         if let Some(st) = self.stop.take() {
             self.release(&st, why, tree, sig);
@@ -1120,7 +1121,7 @@ impl Actuator {
             let _ = sig.signal_group(pgid, SIG_KILL);
         }
         if first {
-            self.record("kill", why, sent, SIG_KILL);
+            self.record(ActionKind::Kill, why, sent, SIG_KILL);
         }
         self.kill_at = Some(now + Duration::from_millis(100));
         true

@@ -1004,7 +1004,7 @@ impl Supervisor {
         let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
         self.sinks.action(
-            "stop",
+            crate::log::ActionKind::Stop,
             "left behind by the job's main process",
             pids,
             Some(SIG_TERM),
@@ -1095,7 +1095,8 @@ impl Supervisor {
         let (pids, result) = self.forward(sig);
         if ends {
             let why = format!("{} received", supervise::signal_name(sig));
-            self.sinks.action("stop", &why, pids, Some(sig), result);
+            self.sinks
+                .action(crate::log::ActionKind::Stop, &why, pids, Some(sig), result);
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;

@@ -344,7 +344,7 @@ impl Actuator {
         self.policy_end = Some(action);
         self.policy_reason = Some(remote.why.clone());
         self.push(Acted::Action {
-            action: action.name(),
+            action: action.into(),
             reason: remote.why,
             pids: Vec::new(),
             signal: None,

@@ -138,7 +138,7 @@ impl Supervisor {
         }
         self.forward(libc::SIGHUP);
         self.sinks.action(
-            "stop",
+            crate::log::ActionKind::Stop,
             "terminal hangup",
             vec![self.job.pid],
             Some(libc::SIGHUP),

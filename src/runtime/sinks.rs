@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::act::Notifier;
-use crate::log::{LogWriter, Peak, SampleEvent};
+use crate::log::{ActionKind, LogWriter, Peak, SampleEvent};
 use crate::model::{CeilingState, Role, Sample, View};
 use crate::policy::{Policy, Readings};
 use crate::supervise;
@@ -220,7 +220,7 @@ impl Sinks {
     /// and logged.
     pub fn action(
         &mut self,
-        action: &str,
+        action: ActionKind,
         reason: &str,
         pids: Vec<u32>,
         signal: Option<i32>,
@@ -228,24 +228,27 @@ impl Sinks {
     ) {
         // A `checkpoint` or `relieve` decided with no companion to ask: logged (so a
         // replay of the run matches it), but it did nothing to count or show.
-        let idle = matches!(action, "checkpoint" | "relieve")
+        let idle = matches!(action, ActionKind::Checkpoint | ActionKind::Relieve)
             && result == crate::runtime::act::NO_COMPANION;
         if !idle {
-            self.count(action);
+            self.count(action.as_str());
         }
-        if matches!(action, "stop" | "restart" | "kill") {
-            self.metrics.stopped(action, reason);
+        if matches!(
+            action,
+            ActionKind::Stop | ActionKind::Restart | ActionKind::Kill
+        ) {
+            self.metrics.stopped(action.as_str(), reason);
         }
         let kind = match action {
             _ if idle => None,
-            "warn" => Some(crate::tui::ActionKind::Warn),
-            "checkpoint" => Some(crate::tui::ActionKind::Checkpoint),
-            "pause" => Some(crate::tui::ActionKind::Pause),
-            "resume" => Some(crate::tui::ActionKind::Resume),
-            "stop" => Some(crate::tui::ActionKind::Stop),
-            "kill" => Some(crate::tui::ActionKind::Kill),
-            "restart" => Some(crate::tui::ActionKind::Restart),
-            _ => None,
+            ActionKind::Warn => Some(crate::tui::ActionKind::Warn),
+            ActionKind::Checkpoint => Some(crate::tui::ActionKind::Checkpoint),
+            ActionKind::Pause => Some(crate::tui::ActionKind::Pause),
+            ActionKind::Resume => Some(crate::tui::ActionKind::Resume),
+            ActionKind::Stop => Some(crate::tui::ActionKind::Stop),
+            ActionKind::Kill => Some(crate::tui::ActionKind::Kill),
+            ActionKind::Restart => Some(crate::tui::ActionKind::Restart),
+            ActionKind::Relieve | ActionKind::Other => None,
         };
         if let Some(action) = kind {
             let t = self.started.elapsed().as_secs_f64();
@@ -260,8 +263,10 @@ impl Sinks {
             });
         }
         let level = match action {
-            "warn" => Some(crate::github::Level::Warning),
-            "pause" | "stop" | "kill" | "restart" => Some(crate::github::Level::Error),
+            ActionKind::Warn => Some(crate::github::Level::Warning),
+            ActionKind::Pause | ActionKind::Stop | ActionKind::Kill | ActionKind::Restart => {
+                Some(crate::github::Level::Error)
+            }
             _ => None,
         };
         if let Some(level) = level {
@@ -275,7 +280,7 @@ impl Sinks {
         }
         self.log
             .write(&crate::log::Event::Action(crate::log::ActionEvent {
-                action: action.to_string(),
+                action,
                 reason: reason.to_string(),
                 pids,
                 signal: signal.map(supervise::signal_name),

@@ -225,7 +225,7 @@ impl Core {
         let tree = &sample.procs;
         match action {
             Action::Warn => self.act.push(Acted::Action {
-                action: "warn",
+                action: crate::log::ActionKind::Warn,
                 reason: reason.clone(),
                 pids: Vec::new(),
                 signal: None,
@@ -253,7 +253,7 @@ impl Core {
                     "{reason}: not killing processes oomguard did not launch (use --allow-kill)"
                 )));
                 self.act.push(Acted::Action {
-                    action: "warn",
+                    action: crate::log::ActionKind::Warn,
                     reason: reason.clone(),
                     pids: Vec::new(),
                     signal: None,
@@ -615,7 +615,7 @@ mod tests {
                 .drain()
                 .into_iter()
                 .filter_map(|a| match a {
-                    Acted::Action { action, reason, .. } => Some((action, reason)),
+                    Acted::Action { action, reason, .. } => Some((action.as_str(), reason)),
                     Acted::Say(text) => {
                         self.said.push(text);
                         None
