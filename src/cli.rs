@@ -462,8 +462,8 @@ pub struct RestartArgs {
     /// of the job), `cuda-oom` (the job failed with a CUDA out-of-memory
     /// error; when the allocator was fragmented the next attempt gets
     /// `expandable_segments:True` in PYTORCH_CUDA_ALLOC_CONF). Repeatable.
-    #[arg(long, value_name = "KIND", value_parser = ["oom-kill", "cuda-oom"])]
-    pub restart_on: Vec<String>,
+    #[arg(long, value_name = "KIND", value_enum)]
+    pub restart_on: Vec<crate::restart::RestartOn>,
 
     /// An attempt that ran this long resets the restart count.
     #[arg(long, value_name = "DURATION", value_parser = duration)]

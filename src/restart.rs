@@ -8,6 +8,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 /// How one variable changes on each memory-motivated restart.
+/// What else restarts the job when memory killed it anyway
+/// (`--restart-on`), beside a `restart` action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RestartOn {
+    /// The kernel OOM killer took a process of the job.
+    OomKill,
+    /// The job failed with a CUDA out-of-memory error.
+    CudaOom,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Degrade {
     pub name: String,

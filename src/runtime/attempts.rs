@@ -2,6 +2,7 @@
 //! attempt is remembered as, the announcement, and the relaunch.
 
 use super::*;
+use crate::restart::RestartOn;
 
 /// The least delay before a job that spans nodes is started again (see
 /// [`Supervisor::plan_restart`]).
@@ -13,7 +14,7 @@ impl Supervisor {
     /// `--restart-on oom-kill`.
     pub(super) fn restart_enabled(&self) -> bool {
         let p = self.core.engine.policy();
-        self.cfg.restart.restart_on.iter().any(|k| k == "oom-kill")
+        self.cfg.restart.restart_on.contains(&RestartOn::OomKill)
             || p.after_pause == Action::Restart
             || p.rules.iter().any(|r| r.action == Action::Restart)
     }
@@ -53,10 +54,9 @@ impl Supervisor {
             succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
         self.note_attempt(&end);
-        let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
         let rules = crate::restart::RestartRules {
             on_memory: self.restart_enabled(),
-            on_cuda_oom: on("cuda-oom"),
+            on_cuda_oom: self.cfg.restart.restart_on.contains(&RestartOn::CudaOom),
         };
         let reason =
             crate::restart::restart_reason(&end, &rules).filter(|_| self.cfg.attach.is_none());

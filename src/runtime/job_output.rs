@@ -131,7 +131,6 @@ impl Supervisor {
     /// A job across nodes: a CUDA OOM or a dead worker on this node is
     /// news for the other nodes, whose ranks fail next (peers.rs).
     fn tell_peers_of_death(&mut self, record: &crate::log::Event) {
-        let on = |k: &str| self.cfg.restart.restart_on.iter().any(|x| x == k);
         let (reason, detail, pid, restart) = match record {
             crate::log::Event::CudaOom(e) => {
                 let tried = e.tried_bytes.map_or(String::new(), |b| {
@@ -141,7 +140,10 @@ impl Supervisor {
                     "cuda-oom",
                     format!("CUDA out of memory{tried}"),
                     e.pid,
-                    on("cuda-oom"),
+                    self.cfg
+                        .restart
+                        .restart_on
+                        .contains(&crate::restart::RestartOn::CudaOom),
                 )
             }
             crate::log::Event::WorkerDied(e) => {

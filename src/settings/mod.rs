@@ -70,8 +70,7 @@ pub struct RestartSettings {
     pub max_restarts: u32,
     pub restart_delay: Duration,
     pub restart_reset: Duration,
-    /// `oom-kill`, `cuda-oom`.
-    pub restart_on: Vec<String>,
+    pub restart_on: Vec<crate::restart::RestartOn>,
 }
 
 /// Validated settings of one supervised job, whichever subcommand asked.
@@ -176,7 +175,7 @@ pub struct CommandLine {
     pub companion: bool,
     pub resume_cmd: Option<String>,
     pub degrade: Vec<crate::restart::Degrade>,
-    pub restart_on: Vec<String>,
+    pub restart_on: Vec<crate::restart::RestartOn>,
 }
 
 impl Settings {
