@@ -215,6 +215,29 @@ pub struct RelievedEvent {
     pub freed_bytes: BTreeMap<String, u64>,
 }
 
+/// The log line for an event read from the job's output.
+/// `host_memory_critical` says whether host or cgroup memory was near its
+/// ceiling when the event came (it is what tells the kernel OOM killer
+/// apart from another SIGKILL). `None` for progress updates (they ride on
+/// other lines as `progress`).
+pub fn output_event(
+    event: &crate::forensics::torch::TorchEvent,
+    host_memory_critical: bool,
+) -> Option<Event> {
+    use crate::forensics::torch::TorchEvent;
+    match event {
+        TorchEvent::CudaOom(e) => Some(Event::CudaOom(CudaOomEvent::new(e))),
+        TorchEvent::WorkerDied(e) => Some(Event::WorkerDied(WorkerDiedEvent::new(
+            e,
+            host_memory_critical,
+        ))),
+        TorchEvent::RankFailed(e) => {
+            RankFailedEvent::new(e, host_memory_critical).map(Event::RankFailed)
+        }
+        TorchEvent::Progress(_) | TorchEvent::Framework(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;

@@ -21,15 +21,17 @@ use serde::{Deserialize, Serialize};
 use crate::model::{
     Ceiling, CgroupSample, GpuSample, ProcSample, Psi, Sample, SystemSample, TreeTotals, View,
 };
-use crate::policy::{Action, Metric, Policy, Readings};
+use crate::policy::{Metric, Policy, Readings};
 
 mod event;
 pub mod read;
+mod vocab;
 
 pub use event::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
-    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent,
+    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
 };
+pub use vocab::{ActionKind, RuleState};
 
 /// The schema name every line carries.
 pub const SCHEMA: &str = "oomguard/1";
@@ -782,83 +784,6 @@ pub struct RuleEvent {
     pub state: RuleState,
 }
 
-/// What oomguard did: the policy's actions, and `resume` (a pause ended).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionKind {
-    Warn,
-    Relieve,
-    Checkpoint,
-    Pause,
-    Resume,
-    Restart,
-    Stop,
-    Kill,
-    /// An action this version does not know (read, never written).
-    #[default]
-    #[serde(other)]
-    Other,
-}
-
-impl ActionKind {
-    /// The name the log spells it with (`?` for one not known).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActionKind::Warn => "warn",
-            ActionKind::Relieve => "relieve",
-            ActionKind::Checkpoint => "checkpoint",
-            ActionKind::Pause => "pause",
-            ActionKind::Resume => "resume",
-            ActionKind::Restart => "restart",
-            ActionKind::Stop => "stop",
-            ActionKind::Kill => "kill",
-            ActionKind::Other => "?",
-        }
-    }
-}
-
-impl std::fmt::Display for ActionKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl From<Action> for ActionKind {
-    fn from(a: Action) -> Self {
-        match a {
-            Action::Warn => ActionKind::Warn,
-            Action::Relieve => ActionKind::Relieve,
-            Action::Checkpoint => ActionKind::Checkpoint,
-            Action::Pause => ActionKind::Pause,
-            Action::Restart => ActionKind::Restart,
-            Action::Stop => ActionKind::Stop,
-            Action::Kill => ActionKind::Kill,
-        }
-    }
-}
-
-/// Whether a rule started or stopped firing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RuleState {
-    #[default]
-    Firing,
-    Cleared,
-    /// A state this version does not know (read, never written).
-    #[serde(other)]
-    Other,
-}
-
-impl RuleState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RuleState::Firing => "firing",
-            RuleState::Cleared => "cleared",
-            RuleState::Other => "changed",
-        }
-    }
-}
-
 impl RuleEvent {
     /// The line for a rule that started (`firing`) or stopped firing; an
     /// infinite value (an ETA of never) is written as the largest number.
@@ -1150,29 +1075,6 @@ impl PhaseMemoryEvent {
     }
 }
 
-/// The log line for an event read from the job's output.
-/// `host_memory_critical` says whether host or cgroup memory was near its
-/// ceiling when the event came (it is what tells the kernel OOM killer
-/// apart from another SIGKILL). `None` for progress updates (they ride on
-/// other lines as `progress`).
-pub fn output_event(
-    event: &crate::forensics::torch::TorchEvent,
-    host_memory_critical: bool,
-) -> Option<Event> {
-    use crate::forensics::torch::TorchEvent;
-    match event {
-        TorchEvent::CudaOom(e) => Some(Event::CudaOom(CudaOomEvent::new(e))),
-        TorchEvent::WorkerDied(e) => Some(Event::WorkerDied(WorkerDiedEvent::new(
-            e,
-            host_memory_critical,
-        ))),
-        TorchEvent::RankFailed(e) => {
-            RankFailedEvent::new(e, host_memory_critical).map(Event::RankFailed)
-        }
-        TorchEvent::Progress(_) | TorchEvent::Framework(_) => None,
-    }
-}
-
 // Readers are lenient field by field: a value of the wrong type reads as
 // absent rather than costing the whole line (a log is written by versions
 // that add fields, and by hand in tests and bug reports).
@@ -1272,6 +1174,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Action;
 
     fn sample() -> Event {
         Event::Sample(Box::default())

@@ -288,9 +288,11 @@ pub struct RelayStats {
 
 mod scan;
 mod sink;
+mod tee;
 
 pub use scan::OutputScanner;
 use sink::{Sink, dup};
+use tee::Tee;
 
 // ---------------------------------------------------------------------------
 // Channels: what the job writes into.
@@ -354,86 +356,6 @@ impl Pace {
             .is_some_and(|t| now.saturating_duration_since(t) < BUSY_WITHIN);
         self.last_read = Some(now);
         busy && n < self.nap_below
-    }
-}
-
-/// The zero-copy path from the job's pipe to a destination pipe: `tee`
-/// duplicates what the job wrote into this private pipe (no copy: the two
-/// pipes share the pages), that duplicate is read and scanned, and
-/// `splice` then moves the job's own bytes on (no copy either). Nothing is
-/// queued in oomguard: while the destination is full the bytes wait in the
-/// job's pipe, and the job's writes block as with a direct pipe.
-#[derive(Debug)]
-struct Tee {
-    read: OwnedFd,
-    write: OwnedFd,
-    /// Bytes at the head of the job's pipe, scanned and not moved yet.
-    pending: usize,
-}
-
-impl Tee {
-    fn new() -> io::Result<Self> {
-        let flags = rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK;
-        let (read, write) = rustix::pipe::pipe_with(flags)?;
-        let _ = rustix::pipe::fcntl_setpipe_size(&read, PIPE_SIZE);
-        Ok(Self {
-            read,
-            write,
-            pending: 0,
-        })
-    }
-
-    /// Duplicates what the job's pipe holds (up to `max` bytes) into this
-    /// pipe without taking it from the job's pipe: `Some(n)`, or `None` at
-    /// the end.
-    fn duplicate(&self, from: &OwnedFd, max: usize) -> io::Result<Option<usize>> {
-        let flags = rustix::pipe::SpliceFlags::NONBLOCK;
-        loop {
-            match rustix::pipe::tee(from, &self.write, max, flags) {
-                Ok(0) => return Ok(None),
-                Ok(n) => return Ok(Some(n)),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// Moves the scanned bytes on as far as the destination takes them:
-    /// how many moved, or `Pending` (and `cx` woken) while it is full. A
-    /// destination that failed is marked so on the sink (the pump then
-    /// closes the channel, as for a writer thread's failure).
-    fn pass_on(&mut self, sink: &Sink, cx: &mut Context<'_>, from: &OwnedFd) -> Poll<usize> {
-        match sink.poll_splice(cx, from, self.pending) {
-            // Nothing moved means nothing is there to move.
-            Poll::Ready(Ok(0)) => {
-                self.pending = 0;
-                Poll::Ready(0)
-            }
-            Poll::Ready(Ok(n)) => {
-                self.pending -= n.min(self.pending);
-                Poll::Ready(n)
-            }
-            Poll::Ready(Err(e)) => {
-                sink.fail(e, std::mem::take(&mut self.pending));
-                Poll::Ready(0)
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    /// Reads the duplicate (all of it: `buf` is as long as what
-    /// [`Tee::duplicate`] gave) so it can be scanned.
-    fn read_duplicate(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut got = 0;
-        while got < buf.len() {
-            match rustix::io::read(&self.read, &mut buf[got..]) {
-                Ok(0) => break,
-                Ok(k) => got += k,
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(got)
     }
 }
 
@@ -969,17 +891,10 @@ fn pump_channel(ch: &mut Channel, io: &mut PumpIo<'_>, cx: &mut Context<'_>) -> 
             // over its log's disk). The rest is read and discarded, and
             // counted, so the run fails with 74 once the job is done.
             if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
-                // Already counted as lost when the splice failed.
-                let n = tee.pending.min(buf.len());
-                match rustix::io::read(ch.fd.get_ref(), &mut buf[..n]) {
-                    Ok(0) | Err(rustix::io::Errno::AGAIN) => tee.pending = 0,
-                    Ok(k) => {
-                        tee.pending -= k.min(tee.pending);
-                        budget = budget.saturating_sub(k);
-                    }
-                    Err(rustix::io::Errno::INTR) => {}
+                match tee.discard(ch.fd.get_ref(), buf) {
+                    Ok(k) => budget = budget.saturating_sub(k),
                     Err(e) => {
-                        ch.unreadable(errors, e.into());
+                        ch.unreadable(errors, e);
                         ended = true;
                         break;
                     }

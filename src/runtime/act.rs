@@ -45,7 +45,7 @@ pub const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// One throttle cycle: growers are stopped except for a short run slice.
 /// How long after a framework's banner its companion must have spoken.
-const FRAMEWORK_GRACE: Duration = Duration::from_secs(10);
+pub(super) const FRAMEWORK_GRACE: Duration = Duration::from_secs(10);
 
 pub const THROTTLE_CYCLE: Duration = Duration::from_millis(500);
 pub const THROTTLE_RUN: Duration = Duration::from_millis(50);
@@ -322,12 +322,12 @@ pub struct Actuator {
     joined: Option<u64>,
     /// This attempt's trainer was checked for a handler of the
     /// checkpoint signal ([`Actuator::check_stop_saves`]).
-    stop_checked: bool,
+    pub(super) stop_checked: bool,
     /// The job's output showed a framework whose own signal handling
     /// loses work (Lightning stops on SIGTERM without saving).
-    framework: Option<(Framework, Instant)>,
+    pub(super) framework: Option<(Framework, Instant)>,
     /// The framework's warning was given this attempt.
-    framework_warned: bool,
+    pub(super) framework_warned: bool,
     pub companion: CompanionState,
     out: Vec<Acted>,
 }
@@ -420,97 +420,6 @@ impl Actuator {
     }
 
     /// The job's output named its framework.
-    pub fn note_framework(&mut self, framework: Framework, now: Instant) {
-        self.framework.get_or_insert((framework, now));
-    }
-
-    /// A framework that would lose work on a stop, with no companion
-    /// [`FRAMEWORK_GRACE`] after its banner (the companion says hello as
-    /// the framework's `Trainer` is built, so by then it would have):
-    /// said once, before any stop, when the policy can stop at all.
-    pub fn check_framework(
-        &mut self,
-        now: Instant,
-        tree: &[ProcSample],
-        job_pid: u32,
-        sig: &dyn Signaller,
-    ) {
-        let Some((_, seen)) = self.framework else {
-            return;
-        };
-        if self.framework_warned || self.cfg.quiet || now.duration_since(seen) < FRAMEWORK_GRACE {
-            return;
-        }
-        let trainers = trainer_idents(tree, job_pid);
-        if let Some(why) = self.framework_loses_work(&trainers, sig) {
-            self.framework_warned = true;
-            self.say(format!(
-                "warning: {why}: a stop would lose the work since its last checkpoint"
-            ));
-        }
-    }
-
-    /// Once per attempt, when the trainer has shown progress (its signal
-    /// handlers are installed by then): says so now if a stop would lose
-    /// its work: no companion speaks and the trainer catches neither the
-    /// checkpoint signal nor SIGTERM. Users learn it before the stop, not
-    /// from a lost run.
-    pub fn check_stop_saves(&mut self, tree: &[ProcSample], job_pid: u32, sig: &dyn Signaller) {
-        if self.stop_checked || self.companion.connected || self.cfg.quiet {
-            return;
-        }
-        self.stop_checked = true;
-        let verdict =
-            super::stop_saves::stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
-        if !verdict.deaf.is_empty() {
-            self.say(format!(
-                "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
-                 since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
-                 under oomguard; a plain loop can with python/oomguard)",
-                verdict
-                    .deaf
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                supervise::signal_name(verdict.signal)
-            ));
-        }
-    }
-
-    /// Why the framework the job's output named would not save on the
-    /// signal a stop sends, though its trainer catches it: Lightning's
-    /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
-    /// handler (save, then requeue) is installed only under SLURM's
-    /// auto-requeue. `None` once a companion speaks (it saves on request).
-    pub(super) fn framework_loses_work(
-        &self,
-        trainers: &[Ident],
-        sig: &dyn Signaller,
-    ) -> Option<String> {
-        if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
-        {
-            return None;
-        }
-        let wanted = self.cfg.checkpoint_signal;
-        // A Lightning that catches the checkpoint signal other than TERM
-        // was set up for it (SLURMEnvironment(auto_requeue=True) saves on
-        // USR1): trust it.
-        if wanted != SIG_TERM
-            && trainers
-                .iter()
-                .any(|id| sig.catches(*id, wanted) == Some(true))
-        {
-            return None;
-        }
-        Some(
-            "the trainer is PyTorch Lightning, which takes SIGTERM as \"stop at the next step\" \
-             and saves nothing (oomguard's companion makes it save on request: it is off here, \
-             or Python did not load it; see docs/companion.md)"
-                .to_string(),
-        )
-    }
-
     /// The attempt ended while its stop still waited for a checkpoint (the
     /// trainer saved and left between two ticks): the newest checkpoint
     /// written since the signal is final now that its writer is gone.

@@ -1,11 +1,15 @@
 //! The check behind the stop path's warning ("a stop would lose the work
 //! since its last checkpoint"): which trainers a stop would reach with no
-//! handler for the checkpoint signal or SIGTERM. Shared by
-//! [`Actuator::check_stop_saves`](super::act::Actuator::check_stop_saves)
-//! and `oomguard doctor -- CMD`.
+//! handler for the checkpoint signal or SIGTERM, shared by the actuator and
+//! `oomguard doctor -- CMD`; and the actuator's warnings built on it,
+//! including a framework (Lightning) whose own handler saves nothing.
 
-use super::act::{SIG_TERM, Signaller, trainer_idents};
+use std::time::Instant;
+
+use super::act::{Actuator, FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
+use crate::forensics::torch::Framework;
 use crate::model::ProcSample;
+use crate::supervise;
 pub use crate::verdict::StopVerdict;
 
 /// The trainers of `tree` (or the job's process) and which of them a stop
@@ -34,6 +38,98 @@ pub fn stop_verdict(
         }
     }
     verdict
+}
+
+impl Actuator {
+    pub fn note_framework(&mut self, framework: Framework, now: Instant) {
+        self.framework.get_or_insert((framework, now));
+    }
+
+    /// A framework that would lose work on a stop, with no companion
+    /// [`FRAMEWORK_GRACE`] after its banner (the companion says hello as
+    /// the framework's `Trainer` is built, so by then it would have):
+    /// said once, before any stop, when the policy can stop at all.
+    pub fn check_framework(
+        &mut self,
+        now: Instant,
+        tree: &[ProcSample],
+        job_pid: u32,
+        sig: &dyn Signaller,
+    ) {
+        let Some((_, seen)) = self.framework else {
+            return;
+        };
+        if self.framework_warned || self.cfg.quiet || now.duration_since(seen) < FRAMEWORK_GRACE {
+            return;
+        }
+        let trainers = trainer_idents(tree, job_pid);
+        if let Some(why) = self.framework_loses_work(&trainers, sig) {
+            self.framework_warned = true;
+            self.say(format!(
+                "warning: {why}: a stop would lose the work since its last checkpoint"
+            ));
+        }
+    }
+
+    /// Once per attempt, when the trainer has shown progress (its signal
+    /// handlers are installed by then): says so now if a stop would lose
+    /// its work: no companion speaks and the trainer catches neither the
+    /// checkpoint signal nor SIGTERM. Users learn it before the stop, not
+    /// from a lost run.
+    pub fn check_stop_saves(&mut self, tree: &[ProcSample], job_pid: u32, sig: &dyn Signaller) {
+        if self.stop_checked || self.companion.connected || self.cfg.quiet {
+            return;
+        }
+        self.stop_checked = true;
+        let verdict = stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
+        if !verdict.deaf.is_empty() {
+            self.say(format!(
+                "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
+                 since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
+                 under oomguard; a plain loop can with python/oomguard)",
+                verdict
+                    .deaf
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                supervise::signal_name(verdict.signal)
+            ));
+        }
+    }
+
+    /// Why the framework the job's output named would not save on the
+    /// signal a stop sends, though its trainer catches it: Lightning's
+    /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
+    /// handler (save, then requeue) is installed only under SLURM's
+    /// auto-requeue. `None` once a companion speaks (it saves on request).
+    pub(super) fn framework_loses_work(
+        &self,
+        trainers: &[Ident],
+        sig: &dyn Signaller,
+    ) -> Option<String> {
+        if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
+        {
+            return None;
+        }
+        let wanted = self.cfg.checkpoint_signal;
+        // A Lightning that catches the checkpoint signal other than TERM
+        // was set up for it (SLURMEnvironment(auto_requeue=True) saves on
+        // USR1): trust it.
+        if wanted != SIG_TERM
+            && trainers
+                .iter()
+                .any(|id| sig.catches(*id, wanted) == Some(true))
+        {
+            return None;
+        }
+        Some(
+            "the trainer is PyTorch Lightning, which takes SIGTERM as \"stop at the next step\" \
+             and saves nothing (oomguard's companion makes it save on request: it is off here, \
+             or Python did not load it; see docs/companion.md)"
+                .to_string(),
+        )
+    }
 }
 
 #[cfg(test)]
