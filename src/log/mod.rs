@@ -192,10 +192,24 @@ impl event::BodyVisitor for Put<'_> {
     }
 }
 
+/// The last `max` bytes of a file (all of it when shorter; nothing when it
+/// cannot be read): the end of a log without reading a day of it.
+fn tail(path: &Path, max: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut out = Vec::new();
+    if let Ok(mut f) = File::open(path) {
+        let len = f.metadata().map_or(0, |m| m.len());
+        if f.seek(SeekFrom::Start(len.saturating_sub(max))).is_ok() {
+            let _ = f.take(max).read_to_end(&mut out);
+        }
+    }
+    out
+}
+
 /// Ends a log that oomguard could not finish itself (it panicked): appends
 /// `run_end` with `internal_error`, unless the log already ends with one.
 pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&tail(path, 1 << 20)).into_owned();
     let last: Option<serde_json::Value> = text
         .lines()
         .rev()
@@ -1178,6 +1192,16 @@ mod tests {
 
     fn sample() -> Event {
         Event::Sample(Box::default())
+    }
+
+    #[test]
+    fn the_tail_of_a_log_is_its_last_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.ndjson");
+        std::fs::write(&path, "first\nsecond\n").unwrap();
+        assert_eq!(tail(&path, 7), b"second\n");
+        assert_eq!(tail(&path, 100), b"first\nsecond\n");
+        assert!(tail(&dir.path().join("missing"), 100).is_empty());
     }
 
     #[test]
