@@ -38,6 +38,7 @@ impl Supervisor {
         // already failed in their collectives is still why they did.
         let failed = self.main_status.is_some_and(|s| s != Status::Exited(0));
         self.core.act.adopt_remote_fault(failed);
+        self.core.act.adopt_remote_stop();
         self.core.act.conclude_checkpoint(Instant::now());
         self.acted(None);
         let sample = self.sample(true);

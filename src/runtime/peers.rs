@@ -608,6 +608,33 @@ mod tests {
     }
 
     #[test]
+    fn another_nodes_stop_saved_and_left_between_two_ticks_is_still_the_end() {
+        let mut a = across_nodes();
+        let remote = || crate::runtime::act::RemoteStop {
+            id: 7,
+            why: "node 0 (rank 1): critical-headroom".into(),
+            restart: false,
+        };
+        a.remote_stop = Some(remote());
+        assert!(!a.adopt_remote_stop(), "no save for it: not its end");
+        a.remote_stop = Some(remote());
+        a.companion.done = Some(crate::runtime::requests::Saved {
+            id: 7,
+            step: Some(72),
+            after_request_seconds: 0.0,
+            paths: Vec::new(),
+            ok: true,
+        });
+        assert!(a.adopt_remote_stop());
+        assert_eq!(a.policy_end, Some(Action::Stop));
+        assert_eq!(
+            a.policy_reason.as_deref(),
+            Some("node 0 (rank 1): critical-headroom")
+        );
+        assert!(!a.adopt_remote_stop(), "once");
+    }
+
+    #[test]
     fn a_node_whose_own_rank_died_first_does_not_take_the_others_fault_as_its_cause() {
         let mut a = across_nodes();
         let now = Instant::now();

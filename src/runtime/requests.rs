@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use super::act::{Acted, Actuator, RemoteStop};
 use crate::companion::{Kind, Record};
+use crate::policy::Action;
 
 /// What the companion of this attempt has said.
 #[derive(Debug, Default)]
@@ -122,6 +123,40 @@ impl Actuator {
             }
             self.push(Acted::Companion(r));
         }
+    }
+
+    /// At the attempt's end: another node's stop whose save this node's
+    /// ranks made and then left, before a tick could join it (the request,
+    /// the save and the exit all fell between two ticks), is still why the
+    /// attempt ended, however the launcher reported the ranks' exit (a rank
+    /// aborted by its store's teardown fails it). True when it did.
+    pub fn adopt_remote_stop(&mut self) -> bool {
+        let Some(remote) = self.remote_stop.take() else {
+            return false;
+        };
+        let saved = self
+            .companion
+            .done
+            .as_ref()
+            .is_some_and(|d| d.id == remote.id);
+        if !saved || self.policy_end.is_some() || self.stop.is_some() {
+            return false;
+        }
+        let action = if remote.restart {
+            Action::Restart
+        } else {
+            Action::Stop
+        };
+        self.policy_end = Some(action);
+        self.policy_reason = Some(remote.why.clone());
+        self.push(Acted::Action {
+            action: action.into(),
+            reason: remote.why,
+            pids: Vec::new(),
+            signal: None,
+            result: "the ranks had already saved and left".into(),
+        });
+        true
     }
 
     /// Writes a request to the companion, when one is listening. `None`:

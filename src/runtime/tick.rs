@@ -127,9 +127,11 @@ impl Core {
         for d in decisions {
             self.apply(d, &sample, &view, inp, sig, notifier);
         }
-        if let Some(remote) = self.act.remote_stop.take()
-            && !inp.ending
+        // Not taken while the job ends: a stop that came with the ranks'
+        // last words is still why they left (`adopt_remote_stop`).
+        if !inp.ending
             && self.act.stop.is_none()
+            && let Some(remote) = self.act.remote_stop.take()
         {
             if !self.voice.quiet {
                 let then = if remote.restart {
