@@ -150,6 +150,19 @@ struct Case {
     _dir: tempfile::TempDir,
 }
 
+/// The wall-clock time at which oomguard's run clock (`t`) was 0, from
+/// the log's first line (its `ts`, to the millisecond, and its `t`).
+fn run_clock(log: &Path) -> f64 {
+    let text = std::fs::read_to_string(log).unwrap();
+    let first: Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let ts = humantime::parse_rfc3339(first["ts"].as_str().unwrap()).unwrap();
+    let wall = ts
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    wall - first["t"].as_f64().unwrap()
+}
+
 /// Runs `job.py <args>` under `oomguard run --log` in a memory cgroup of
 /// `limit_mib`, with the reader; None when this machine cannot (skipped).
 fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
@@ -181,11 +194,6 @@ fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
     ];
     argv.extend(args);
     let og = Path::new(env!("CARGO_BIN_EXE_oomguard"));
-    // The reader's clock (CLOCK_MONOTONIC) when oomguard starts.
-    let og_started = {
-        let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-    };
     let out = cg.command(og, &argv).output().unwrap();
     let _ = reader.kill();
     let _ = reader.wait();
@@ -216,7 +224,7 @@ fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
     std::fs::write(&html_path, &html).unwrap();
     let truth = Truth::parse(
         &std::fs::read_to_string(&truth_path).unwrap_or_default(),
-        og_started,
+        run_clock(&log),
     );
     eprintln!("{name}: truth for {} processes", truth.procs.len());
     for f in findings(&json) {
@@ -331,13 +339,13 @@ fn figures(c: &Case) {
                 // Workers that exit every epoch are last read up to a sweep
                 // before they die, so the copying of their last seconds is
                 // not in the stated growth (seen at -23 % against each
-                // set's own first reading): it may not exceed the truth.
+                // set's own first reading), and one first-reading time
+                // cannot stand for several sets: the stated growth may not
+                // exceed the true growth since each worker started.
                 let t = median(
                     workers
                         .iter()
-                        .filter_map(|(pid, p)| {
-                            Some(peak(p, |x| x.uss) - at(p, first_t.get(pid).copied()?).uss)
-                        })
+                        .map(|(_, p)| peak(p, |x| x.uss) - p[0].uss)
                         .collect(),
                 );
                 eprintln!(
