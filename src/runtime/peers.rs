@@ -336,21 +336,28 @@ impl Actuator {
         let Some(remote) = self.peers.remote.take().or(lost) else {
             return false;
         };
-        let action = if remote.restart {
+        self.end_after_the_ranks(remote.restart, remote.why, "the ranks had already ended");
+        true
+    }
+
+    /// Another node's stop or fault is the attempt's end, though this
+    /// node's ranks had already gone: recorded as a stop (or restart) that
+    /// signalled nothing, with `result` saying why.
+    pub(super) fn end_after_the_ranks(&mut self, restart: bool, why: String, result: &str) {
+        let action = if restart {
             Action::Restart
         } else {
             Action::Stop
         };
         self.policy_end = Some(action);
-        self.policy_reason = Some(remote.why.clone());
+        self.policy_reason = Some(why.clone());
         self.push(Acted::Action {
             action: action.into(),
-            reason: remote.why,
+            reason: why,
             pids: Vec::new(),
             signal: None,
-            result: "the ranks had already ended".into(),
+            result: result.into(),
         });
-        true
     }
 }
 

@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use super::act::{Acted, Actuator, RemoteStop};
 use crate::companion::{Kind, Record};
-use crate::policy::Action;
 
 /// What the companion of this attempt has said.
 #[derive(Debug, Default)]
@@ -142,20 +141,11 @@ impl Actuator {
         if !saved || self.policy_end.is_some() || self.stop.is_some() {
             return false;
         }
-        let action = if remote.restart {
-            Action::Restart
-        } else {
-            Action::Stop
-        };
-        self.policy_end = Some(action);
-        self.policy_reason = Some(remote.why.clone());
-        self.push(Acted::Action {
-            action: action.into(),
-            reason: remote.why,
-            pids: Vec::new(),
-            signal: None,
-            result: "the ranks had already saved and left".into(),
-        });
+        self.end_after_the_ranks(
+            remote.restart,
+            remote.why,
+            "the ranks had already saved and left",
+        );
         true
     }
 
