@@ -255,12 +255,9 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
                     Vec::new(),
                 )
             });
-            // A process that has not been swept yet reports zeros; a worker
-            // not read since its fork, what it gained as both its PSS and
-            // USS (a worker that was read shares pages with its parent).
-            if (p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0)
-                || (p.role == Role::Worker && p.pss_bytes == p.uss_bytes)
-            {
+            // A process that has not been swept yet reports zeros; an
+            // estimate is not a reading (see `ProcPoint::estimated`).
+            if (p.pss_bytes == 0 && p.uss_bytes == 0 && p.rss_bytes == 0) || p.estimated {
                 continue;
             }
             // Another program now (a launcher's shell that exec'd python):

@@ -336,11 +336,7 @@ pub(super) fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
         // it gained): the trainer's reading still counts their shared pages
         // as its own, and the first full reading would look like shared
         // memory appearing (the fork's sharing, not batches).
-        if snap
-            .procs
-            .iter()
-            .any(|p| p.role == Role::Worker && p.pss_bytes == p.uss_bytes)
-        {
+        if snap.procs.iter().any(|p| p.estimated) {
             continue;
         }
         let pss: u64 = snap.procs.iter().map(|p| p.pss_bytes).sum();

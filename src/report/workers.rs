@@ -67,14 +67,11 @@ fn readings(log: &RunLog) -> BTreeMap<(u32, u32), Vec<Reading>> {
     let mut out: BTreeMap<(u32, u32), (String, Vec<Reading>)> = BTreeMap::new();
     for snap in &log.snapshots {
         for p in &snap.procs {
-            // Not swept yet: zeros. A worker not read yet since its fork
-            // is listed with the RSS it gained as both its PSS and USS (the
-            // sweeper's estimate); a worker that was read shares pages with
-            // its parent, so its PSS is above its USS.
-            // A process on its way out (the kernel tore its memory down,
-            // RSS reads 0) holds nothing of its own any more.
-            let unread = p.role == Role::Worker && p.pss_bytes == p.uss_bytes;
-            if p.rss_bytes == 0 || unread {
+            // Not swept yet: zeros; an estimate is not a reading (see
+            // `ProcPoint::estimated`). A process on its way out (the kernel
+            // tore its memory down, RSS reads 0) holds nothing of its own
+            // any more.
+            if p.rss_bytes == 0 || p.estimated {
                 continue;
             }
             let (comm, pts) = out
@@ -443,6 +440,7 @@ fn settle<'a>(
             // was seen at -15 % of its last true level without it): at
             // worst a few MiB of drift, on the safe side of any sizing.
             c.settled = true;
+            c.bytes += extra;
             c.reached = last.uss + extra;
             c.level = c.reached;
             continue;
