@@ -77,6 +77,13 @@ pub struct ProcSample {
     pub rss_peak_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_bytes: Option<u64>,
+    /// How old the `smaps_rollup` reading behind `pss_bytes`/`uss_bytes`
+    /// is, seconds; `None` for a process not read yet (its figures are
+    /// the sweeper's estimate). A list's readings are of different ages:
+    /// a per-process rate or growth is placed at the reading's time, not
+    /// the line's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_age_seconds: Option<f64>,
     /// PyTorch's caching allocator per device (`--torch-stats`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch: Option<Vec<TorchDeviceStats>>,
@@ -795,6 +802,7 @@ mod tests {
                     swap_bytes: 0,
                     rss_peak_bytes: None,
                     gpu_bytes: None,
+                    read_age_seconds: None,
                     torch: None,
                     start_time: 5,
                     stopped: false,
@@ -810,6 +818,7 @@ mod tests {
                     swap_bytes: 0,
                     rss_peak_bytes: None,
                     gpu_bytes: None,
+                    read_age_seconds: None,
                     torch: None,
                     start_time: 6,
                     stopped: false,

@@ -1426,6 +1426,7 @@ mod size_tests {
                 swap_bytes: 123_456_789,
                 rss_peak_bytes: None,
                 gpu_bytes: None,
+                read_age_seconds: None,
                 torch: None,
                 start_time: 0,
                 stopped: false,

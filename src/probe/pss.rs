@@ -362,7 +362,10 @@ fn estimate(st: &State, procs: &mut [ProcSample], now: Instant) -> f64 {
                 p.pss_bytes = carried.pss;
                 p.uss_bytes = carried.uss;
                 p.swap_bytes = r.rollup.swap;
-                oldest = oldest.max(now.saturating_duration_since(r.at).as_secs_f64());
+                let age = now.saturating_duration_since(r.at).as_secs_f64();
+                // Rounded as the log writes times (ms).
+                p.read_age_seconds = Some((age * 1000.0).round() / 1000.0);
+                oldest = oldest.max(age);
                 if carried.handed > 0
                     && let Some(h) = heir(snap, key, *root, &index).filter(|&h| h != i)
                 {
@@ -384,6 +387,7 @@ fn estimate(st: &State, procs: &mut [ProcSample], now: Instant) -> f64 {
                 p.pss_bytes = grown;
                 p.uss_bytes = grown;
                 p.swap_bytes = 0;
+                p.read_age_seconds = None;
             }
         }
     }
@@ -840,6 +844,7 @@ mod tests {
             swap_bytes: 0,
             rss_peak_bytes: None,
             gpu_bytes: None,
+            read_age_seconds: None,
             torch: None,
             start_time: m.start_time,
             stopped: false,

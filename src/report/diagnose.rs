@@ -149,6 +149,9 @@ pub struct ProcSummary {
     pub role: Role,
     pub comm: String,
     pub first_t: f64,
+    /// When the reading behind its first figure was taken (`first_t` less
+    /// the reading's age).
+    pub first_read_t: f64,
     pub last_t: f64,
     /// Per-process lists it appeared in.
     pub snapshots: usize,
@@ -241,6 +244,7 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
                         role: p.role,
                         comm: p.comm.clone(),
                         first_t: snap.t,
+                        first_read_t: snap.t,
                         last_t: snap.t,
                         snapshots: 0,
                         peak_pss_bytes: 0,
@@ -273,6 +277,7 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
             if s.snapshots == 0 {
                 s.first_uss_bytes = p.uss_bytes;
                 s.first_t = snap.t;
+                s.first_read_t = snap.read_t(p);
             }
             s.snapshots += 1;
             s.last_t = snap.t;

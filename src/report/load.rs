@@ -171,6 +171,14 @@ pub struct Snapshot {
     pub pss_age_seconds: Option<f64>,
 }
 
+impl Snapshot {
+    /// When the reading behind `p`'s figures was taken: its own age when
+    /// the line gives it, else the oldest reading's (older logs).
+    pub fn read_t(&self, p: &ProcPoint) -> f64 {
+        self.t - p.read_age_seconds.or(self.pss_age_seconds).unwrap_or(0.0)
+    }
+}
+
 /// One process in a [`Snapshot`].
 #[derive(Debug, Clone, Serialize)]
 pub struct ProcPoint {
@@ -186,6 +194,9 @@ pub struct ProcPoint {
     pub uss_bytes: u64,
     pub swap_bytes: u64,
     pub gpu_bytes: Option<u64>,
+    /// See `ProcSample::read_age_seconds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_age_seconds: Option<f64>,
     /// Not a reading but the sweeper's estimate, which per-process figures
     /// leave out: a worker not read since its fork, listed with what it
     /// gained as both its PSS and USS (a worker that was read shares pages
@@ -929,6 +940,7 @@ fn proc_point(p: &ProcSample) -> ProcPoint {
         uss_bytes: p.uss_bytes,
         swap_bytes: p.swap_bytes,
         gpu_bytes: p.gpu_bytes,
+        read_age_seconds: p.read_age_seconds,
     }
 }
 

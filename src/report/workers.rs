@@ -87,16 +87,20 @@ fn readings(log: &RunLog) -> BTreeMap<(u32, u32), Vec<Reading>> {
             // would make growth that stopped look ongoing, or the reverse.
             // A trainer's figures follow its RSS between readings (read on
             // every tick): listed again, they are still news.
+            let read_t = snap.read_t(p);
             let again = p.role == Role::Worker
                 && pts.last().is_some_and(|r: &Reading| {
                     r.uss == p.uss_bytes as f64
                         && r.rss == p.rss_bytes as f64
-                        && snap.pss_age_seconds.unwrap_or(0.0) >= snap.t - r.t
+                        && match p.read_age_seconds {
+                            Some(_) => (read_t - r.read_t).abs() < 0.01,
+                            None => snap.pss_age_seconds.unwrap_or(0.0) >= snap.t - r.t,
+                        }
                 });
             if !was_held(p.pid, snap.t) && !again {
                 pts.push(Reading {
                     t: snap.t,
-                    read_t: snap.t - snap.pss_age_seconds.unwrap_or(0.0),
+                    read_t,
                     uss: p.uss_bytes as f64,
                     rss: p.rss_bytes as f64,
                     rss_peak: p.rss_peak_bytes.unwrap_or(p.rss_bytes).max(p.rss_bytes) as f64,
@@ -418,7 +422,10 @@ fn settle<'a>(
             .copied()
             .take_while(|s| s.procs.unwrap_or(0) >= alive)
             .collect();
-        if after.len() < growth::TAIL {
+        // The tick around the reading and one after: enough to see how
+        // much was copied since (a worker read a second before the job's
+        // end, after its copying stopped, was called still copying).
+        if after.len() < 2 {
             continue;
         }
         // Footprint less RSS: what copying adds, and nothing else does.
@@ -429,27 +436,46 @@ fn settle<'a>(
                 (s.t, fp - s.rss_bytes as f64)
             })
             .collect();
-        let extra = (copied[copied.len() - 1].1 - copied[0].1).max(0.0) / n;
+        // What the footprint said when the reading was taken, between the
+        // two ticks around it: from the tick before, the copying between
+        // that tick and the reading was counted twice (+19 % on a worker's
+        // growth).
+        let (a, b) = (copied[0], copied[1]);
+        let w = ((last.read_t - a.0) / (b.0 - a.0)).clamp(0.0, 1.0);
+        let at_reading = if b.0 > a.0 {
+            a.1 + (b.1 - a.1) * w
+        } else {
+            a.1
+        };
+        let extra = (copied[copied.len() - 1].1 - at_reading).max(0.0) / n;
         // Footprint less RSS also drifts for reasons of its own (kernel
         // memory, batches passed through shared memory): a few MiB per
         // worker is that, not copying the readings missed.
         if extra < EXTRA_MIN_BYTES {
             // Too little after its last reading to call it still copying:
-            // it had settled. Its level still counts what little the
-            // footprint grew (a worker last read a sweep before it exited
-            // was seen at -15 % of its last true level without it): at
-            // worst a few MiB of drift, on the safe side of any sizing.
+            // it had settled. If its own readings were still rising, it
+            // settled after the last of them, and the little the footprint
+            // grew is what it copied meanwhile (a worker last read a sweep
+            // before it exited was seen at -15 % of its last true level
+            // without it); readings that had levelled off already say
+            // where, and the footprint's drift is not added (+5 %).
+            if !c.settled {
+                c.bytes += extra;
+                c.reached = last.uss + extra;
+            } else {
+                c.reached = last.uss;
+            }
             c.settled = true;
-            c.bytes += extra;
-            c.reached = last.uss + extra;
             c.level = c.reached;
             continue;
         }
         c.bytes += extra;
-        c.settled = !matches!(
-            growth::shape(&copied, ETA_WINDOW_SECONDS),
-            growth::Shape::Growing { .. }
-        );
+        // Whether that copying had stopped takes a trend's worth of ticks.
+        c.settled = copied.len() >= growth::TAIL
+            && !matches!(
+                growth::shape(&copied, ETA_WINDOW_SECONDS),
+                growth::Shape::Growing { .. }
+            );
         c.reached = last.uss + extra;
         c.level = if c.settled { c.reached } else { c.rss };
     }

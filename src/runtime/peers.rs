@@ -394,6 +394,7 @@ mod tests {
             swap_bytes: 0,
             rss_peak_bytes: None,
             gpu_bytes: None,
+            read_age_seconds: None,
             torch: None,
             start_time: u64::from(pid),
             stopped,
