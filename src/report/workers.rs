@@ -248,7 +248,40 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
             _ => None,
         })
         .collect();
-    let cow = settle(log, &series, cow);
+    // Workers whose readings rose, but too little to call it on their
+    // own, while their RSS stood still: readings a sweep or more apart
+    // can miss most of a short-lived worker's copying (a set of workers
+    // read twice, 7 MiB apart, was called flat while it copied 15 MiB).
+    // What the footprint shows after their last reading decides.
+    let candidates = workers.iter().filter_map(|(p, g)| {
+        let small = match *g {
+            Growth::Flat => true,
+            Growth::Continuing { bytes, .. } | Growth::Ramp { bytes, .. } => bytes < RISE_MIN_BYTES,
+        };
+        let pts = series.get(&(p.attempt, p.pid))?;
+        let (first, last) = (pts.first()?, pts.last()?);
+        let bytes = last.uss - first.uss;
+        let rss_rise = pts.iter().map(|r| r.rss).fold(0.0, f64::max) - first.rss;
+        (small
+            && !leaking.iter().any(|l| std::ptr::eq(*l, *p))
+            && bytes >= RISE_MIN_BYTES / 4.0
+            && rss_rise < RISE_MIN_BYTES / 4.0)
+            .then(|| Copied {
+                p,
+                first_read: first.read_t,
+                bytes,
+                seconds: last.t - first.t,
+                level: last.uss,
+                // Rising at its last reading.
+                settled: false,
+                rss: last.rss,
+                reached: last.uss,
+            })
+    });
+    let cow: Vec<Copied<'_>> = settle(log, &series, cow.into_iter().chain(candidates).collect())
+        .into_iter()
+        .filter(|c| c.bytes >= RISE_MIN_BYTES)
+        .collect();
     let loads: Vec<(&ProcSummary, f64, f64, f64)> = workers
         .iter()
         .filter_map(|(p, g)| match *g {
@@ -931,6 +964,12 @@ mod tests {
     /// for 8 s and copying 10 → 50 MiB over its first 5 s, last listed 3 s
     /// into its life: the rest of its copying shows only in the footprint.
     fn reforked_log() -> String {
+        sets_log(8, 50, 3)
+    }
+
+    /// Two sets of two workers alive 8 s each, copying `rate` MiB/s from
+    /// 10 MiB up to `cap`, listed until `listed` s into their lives.
+    fn sets_log(rate: u64, cap: u64, listed: u64) -> String {
         let mut lines = vec![format!(
             r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
             4096 * MIB
@@ -940,7 +979,7 @@ mod tests {
                 .into_iter()
                 .find(|&(start, _)| (start..start + 8).contains(&s));
             let age = set.map(|(start, _)| s - start);
-            let uss = age.map_or(0, |a| (10 + 8 * a).min(50));
+            let uss = age.map_or(0, |a| (10 + rate * a).min(cap));
             let trainer = format!(
                 r#"{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{},"pss_bytes":{},"uss_bytes":{}}}"#,
                 700 * MIB,
@@ -958,7 +997,7 @@ mod tests {
                         uss * MIB
                     ));
                 }
-                if a > 3 {
+                if a > listed {
                     procs.clear();
                 }
             }
@@ -994,6 +1033,21 @@ mod tests {
         let level = n("per_worker_settled_bytes").unwrap_or_else(|| panic!("{}", cow.title));
         assert_eq!(level, (50 * MIB) as f64, "{}", cow.title);
         assert_eq!(n("per_worker_private_peak_bytes"), Some((50 * MIB) as f64));
+    }
+
+    #[test]
+    fn copying_the_readings_caught_only_the_start_of_is_still_copying() {
+        // Read at 10 and 14 MiB (too little a rise to call on its own),
+        // then 24 MiB more each in the footprint before they exit.
+        let f = diagnose(&load(&sets_log(4, 50, 1)).unwrap());
+        let k = kinds(&f);
+        assert!(k.contains(&"worker_cow"), "{k:?}");
+        assert!(!k.contains(&"worker_flat"), "{k:?}");
+        // The same readings with nothing copied after them: flat.
+        let f = diagnose(&load(&sets_log(4, 14, 1)).unwrap());
+        let k = kinds(&f);
+        assert!(k.contains(&"worker_flat"), "{k:?}");
+        assert!(!k.contains(&"worker_cow"), "{k:?}");
     }
 
     #[test]
