@@ -266,7 +266,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
             && !leaking.iter().any(|l| std::ptr::eq(*l, *p))
             && bytes >= RISE_MIN_BYTES / 4.0
             && rss_rise < RISE_MIN_BYTES / 4.0)
-            .then(|| Copied {
+            .then_some(Copied {
                 p,
                 first_read: first.read_t,
                 bytes,
