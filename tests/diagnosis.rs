@@ -455,7 +455,12 @@ fn serial_copy_on_read_of_a_python_list_is_named_and_measured() {
     checks(&c);
     // Headless Chromium shows the finding with its numbers, without a
     // console error.
-    if let Some(chrome) = screenshot::chromium() {
+    let chrome = screenshot::chromium();
+    assert!(
+        chrome.is_some() || !common::in_ci(),
+        "chromium not installed"
+    );
+    if let Some(chrome) = chrome {
         let (dom, console_errors) = screenshot::dump_dom(&chrome, &c.html_path);
         assert!(dom.contains("Copy-on-read"), "the DOM lacks the finding");
         let shown = cow["numbers"]
