@@ -96,15 +96,15 @@ impl Attached {
 impl Supervisor {
     /// Whether the job's cgroup is its exact footprint (and member list).
     pub(super) fn attached_exclusive(&self) -> bool {
-        self.attached
-            .as_ref()
+        self.target
+            .attached()
             .is_some_and(|a| a.exclusive.is_some())
     }
 
     /// The tree's members from the job's cgroup, when the job is defined by
     /// it (`None`: find the tree through /proc).
     pub(super) fn attached_members(&self) -> Option<Vec<u32>> {
-        self.attached.as_ref().and_then(Attached::members)
+        self.target.attached().and_then(Attached::members)
     }
 
     /// A job named by (or alone in) its cgroup has ended when no live
@@ -127,7 +127,7 @@ impl Supervisor {
             .act
             .let_go(&why, &self.sampler.tree, &mut self.sig);
         self.acted(None);
-        if let Some(a) = self.attached.as_mut()
+        if let Some(a) = self.target.attached_mut()
             && a.detached.is_none()
         {
             a.detached = Some(why);
@@ -137,8 +137,8 @@ impl Supervisor {
     /// `--watch-for` ran out.
     pub(super) fn check_watch_time(&mut self, now: Instant) {
         let due = self
-            .attached
-            .as_ref()
+            .target
+            .attached()
             .is_some_and(|a| a.detached.is_none() && a.until.is_some_and(|u| now >= u));
         if due && self.main_status.is_none() {
             let limit = self
@@ -152,25 +152,25 @@ impl Supervisor {
     }
 
     pub(super) fn watch_deadline(&self) -> Option<Instant> {
-        self.attached
-            .as_ref()
+        self.target
+            .attached()
             .filter(|a| a.detached.is_none())
             .and_then(|a| a.until)
     }
 
     pub(super) fn watch_ended(&self) -> bool {
-        self.attached.as_ref().is_some_and(|a| a.detached.is_some())
+        self.target.attached().is_some_and(|a| a.detached.is_some())
     }
 
     /// Writes `run_end`, with what `attach` adds: that the job's exit code
     /// is unknown, and the pids still running when the watch ended.
     pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::log::RunEnd) {
         let mut end = end.clone();
-        if self.cfg.attach.is_some() {
+        if !self.target.is_parent() {
             // A non-parent cannot reap the job, so its code is never seen.
             end.exit_code_known = Some(false);
             if outcome == Outcome::Detached {
-                end.detached_reason = self.attached.as_ref().and_then(|a| a.detached.clone());
+                end.detached_reason = self.target.attached().and_then(|a| a.detached.clone());
                 end.still_running_pids = Some(self.sampler.tree.iter().map(|p| p.pid).collect());
             }
         }
@@ -185,7 +185,9 @@ impl Supervisor {
         outcome: Outcome,
         duration: std::time::Duration,
     ) -> Option<String> {
-        self.cfg.attach?;
+        if self.target.is_parent() {
+            return None;
+        }
         let label = self
             .cfg
             .attach_spec
@@ -195,8 +197,8 @@ impl Supervisor {
         match outcome {
             Outcome::Detached => {
                 let why = self
-                    .attached
-                    .as_ref()
+                    .target
+                    .attached()
                     .and_then(|a| a.detached.as_deref())
                     .unwrap_or("ended");
                 Some(format!(

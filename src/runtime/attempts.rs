@@ -60,7 +60,7 @@ impl Supervisor {
             on_cuda_oom: self.cfg.restart.restart_on.contains(&RestartOn::CudaOom),
         };
         let reason =
-            crate::restart::restart_reason(&end, &rules).filter(|_| self.cfg.attach.is_none());
+            crate::restart::restart_reason(&end, &rules).filter(|_| self.target.restarts());
         let Some(reason) = reason else {
             return false;
         };

@@ -5,7 +5,7 @@ use super::*;
 
 impl Supervisor {
     pub(super) fn finished(&mut self) -> bool {
-        if self.cfg.attach.is_some() {
+        if !self.target.is_parent() {
             // The watched tree is not ours to wait for: its orphans go to
             // init. Done when the watched process is (or, for a job that is
             // its cgroup's members, the last of them), or when the watch
@@ -39,7 +39,7 @@ impl Supervisor {
             && status.code() != 0
             && !(self.core.act.killed && status == Status::Signaled(libc::SIGKILL));
         // `attach`: a watch that ended before the job did is not an exit.
-        let detached = self.cfg.attach.is_some() && self.main_status.is_none();
+        let detached = self.target.detached(self.main_status.is_some());
         let (outcome, mut exit_code) = match status {
             _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if detached => (Outcome::Detached, 0),
@@ -50,7 +50,7 @@ impl Supervisor {
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = self.started.elapsed();
-        if self.cfg.attach.is_none() {
+        if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).
             self.sinks.stats.peak.largest_process_rss_bytes = supervise::largest_child_rss_bytes();

@@ -167,7 +167,7 @@ impl Supervisor {
             (None, Some(p)) => format!("pid {p}: {detail}"),
             (None, None) => detail,
         };
-        let restart = restart && self.cfg.attach.is_none();
+        let restart = restart && self.target.restarts();
         self.core
             .act
             .raise_death(reason, detail, rank, restart, std::time::Instant::now());

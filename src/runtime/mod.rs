@@ -51,12 +51,11 @@ mod screen;
 mod setup;
 mod sinks;
 mod stop_saves;
+mod target;
 mod tick;
 mod wakeups;
 
-use act::{
-    ActConfig, Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all,
-};
+use act::{Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
 use sinks::Sinks;
 pub use sinks::session_bus;
@@ -194,8 +193,9 @@ struct Supervisor {
     /// explains them.
     oom: oom::OomWatch,
     gpu_info: GpuInfo,
-    /// `attach`: the job's cgroup, and how the watch ends.
-    attached: Option<attach::Attached>,
+    /// Launched or attached; for `attach`, the job's cgroup and how the
+    /// watch ends.
+    target: target::Target,
     /// The live dashboard, its state, and the job's pty (the dashboard owns
     /// the real terminal; the job gets a terminal of its own).
     tui: Option<crate::tui::Tui>,
@@ -314,18 +314,6 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
     .await
 }
 
-/// What the actuator needs of the settings.
-fn act_config(cfg: &RunConfig) -> ActConfig {
-    ActConfig {
-        checkpoint_signal: cfg.policy.checkpoint_signal,
-        grace: cfg.policy.grace,
-        kill_after: cfg.kill_after,
-        may_kill: cfg.attach.is_none() || cfg.allow_kill,
-        quiet: cfg.quiet,
-        checkpoint_dir: cfg.restart.checkpoint_dir.clone(),
-        checkpoint_glob: cfg.restart.checkpoint_glob.clone(),
-    }
-}
 /// The environment every attempt gets: its number, the newest checkpoint
 /// and the degraded variables.
 fn attempt_env(
@@ -566,7 +554,7 @@ impl Supervisor {
     /// here (gone, or its pid reused; for a job that is its cgroup's
     /// members, the cgroup empty), not by the reaper.
     fn check_attached_target(&mut self) {
-        if self.cfg.attach.is_none() || self.main_status.is_some() {
+        if self.target.is_parent() || self.main_status.is_some() {
             return;
         }
         if let Some(empty) = self.attached_cgroup_empty() {
@@ -622,8 +610,8 @@ impl Supervisor {
                 .map(String::from),
             exclusive: c.owned() || self.attached_exclusive(),
             not_exclusive_reason: self
-                .attached
-                .as_ref()
+                .target
+                .attached()
                 .and_then(|a| a.not_exclusive_reason.clone()),
             memory_high_bytes: memory_high,
         });
@@ -986,7 +974,7 @@ impl Supervisor {
     /// The main process is gone: whatever it left behind is stopped (its
     /// memory and GPU would otherwise outlive the job), then oomguard exits.
     fn on_main_exit(&mut self) {
-        if self.cfg.attach.is_some() {
+        if !self.target.is_parent() {
             return;
         }
         self.refresh_tree();
@@ -1036,11 +1024,11 @@ impl Supervisor {
     }
 
     fn refresh_tree(&mut self) {
-        self.sampler.refresh(self.attached.as_ref());
+        self.sampler.refresh(self.target.attached());
     }
 
     fn sample(&mut self, quick: bool) -> Sample {
-        self.sampler.sample(quick, self.attached.as_ref())
+        self.sampler.sample(quick, self.target.attached())
     }
 
     fn on_signal(&mut self, sig: i32) {
@@ -1063,7 +1051,7 @@ impl Supervisor {
             }
         }
         let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
-        if self.cfg.attach.is_some() {
+        if !self.target.forwards_signals() {
             // Never forward to a process we did not launch: INT/TERM end
             // the watch (after giving back anything we paused).
             if ends {

@@ -347,7 +347,7 @@ impl super::Supervisor {
 
     /// A job across nodes: the other nodes learn of the kill (peers.rs).
     fn tell_peers_of_kill(&mut self, pid: u32, comm: &str) {
-        let restart = self.restart_enabled() && self.cfg.attach.is_none();
+        let restart = self.restart_enabled() && self.target.restarts();
         self.core
             .act
             .raise_kill(pid, comm, restart, std::time::Instant::now());

@@ -58,7 +58,7 @@ impl Supervisor {
                     UiCommand::Restart if alive => {
                         self.begin_stop(Action::Restart, "manual restart (dashboard)");
                     }
-                    UiCommand::Quit { stop_job: false } if self.cfg.attach.is_some() => {
+                    UiCommand::Quit { stop_job: false } if self.target.quit_detaches() => {
                         self.end_watch("detached from the dashboard".to_string());
                     }
                     UiCommand::Quit { stop_job: false } => {
@@ -126,7 +126,7 @@ impl Supervisor {
         if self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach {
             return;
         }
-        if self.cfg.attach.is_some() {
+        if self.target.quit_detaches() {
             // Not ours to signal: end the watch as on SIGTERM.
             self.on_signal(SIG_TERM);
             return;

@@ -17,9 +17,9 @@ use super::sampler::Sampler;
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, act_config, attach, attach_to, attempt_env,
-    drain_output, internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any,
-    relay_pump, report_stale, spawn_failed, term_event, threshold_crossed,
+    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, attach, attach_to, attempt_env, drain_output,
+    internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any, relay_pump,
+    report_stale, spawn_failed, term_event, threshold_crossed,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -795,7 +795,7 @@ impl Supervisor {
             no_more_attempts: false,
             gpu_info,
             torch,
-            attached: readers.attached,
+            target: super::target::Target::new(readers.attached),
             tui: screen.tui,
             pty: screen.pty,
             pty_keeper: None,
@@ -809,5 +809,19 @@ impl Supervisor {
             memory_death: false,
             rank_notes: Vec::new(),
         }
+    }
+}
+
+/// What the actuator needs of the settings (a watcher may kill only with
+/// `--allow-kill`).
+fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
+    super::act::ActConfig {
+        checkpoint_signal: cfg.policy.checkpoint_signal,
+        grace: cfg.policy.grace,
+        kill_after: cfg.kill_after,
+        may_kill: cfg.attach.is_none() || cfg.allow_kill,
+        quiet: cfg.quiet,
+        checkpoint_dir: cfg.restart.checkpoint_dir.clone(),
+        checkpoint_glob: cfg.restart.checkpoint_glob.clone(),
     }
 }

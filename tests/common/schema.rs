@@ -266,6 +266,10 @@ pub struct Proc {
     pub gpu_bytes: Option<u64>,
     #[serde(default)]
     pub torch: Option<Vec<TorchDevice>>,
+    /// Absent while the process has not been read (its figures are the
+    /// sweeper's estimate).
+    #[serde(default)]
+    pub read_age_seconds: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
