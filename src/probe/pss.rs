@@ -982,6 +982,21 @@ mod tests {
     }
 
     #[test]
+    fn a_reading_carries_its_age_and_an_estimate_none() {
+        // The parent was read 2 s before the tick; its new worker was not.
+        let parent = member(100, 1, Role::Trainer, 800 * MIB);
+        let mut read = reading(800 * MIB, 800 * MIB, 800 * MIB, None);
+        let now = Instant::now();
+        read.at = now - Duration::from_secs(2);
+        let ms = vec![parent, member(101, 100, Role::Worker, 800 * MIB)];
+        let st = state(ms, vec![(parent.key(), read)], parent.key());
+        let mut procs: Vec<ProcSample> = st.members.iter().map(proc).collect();
+        estimate(&st, &mut procs, now);
+        assert_eq!(procs[0].read_age_seconds, Some(2.0));
+        assert_eq!(procs[1].read_age_seconds, None);
+    }
+
+    #[test]
     fn a_newcomer_first_seen_after_it_allocated_counts_beyond_its_parent() {
         // The workers wrote their 40 MiB before the first tick saw them:
         // no growth since seen, but 40 MiB more than the parent they share with.

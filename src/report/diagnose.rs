@@ -1198,6 +1198,28 @@ mod tests {
     }
 
     #[test]
+    fn a_process_is_first_read_when_its_reading_was_taken() {
+        // First listed at 10 s with a reading 1.5 s old, on a line whose
+        // oldest reading is 3 s old.
+        let line = |t: u32, age: &str, tree_age: f64| {
+            format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":1,"ceiling":{{"source":"cgroup","bytes":1}},"tree":{{"pss_bytes":1,"rss_bytes":1,"pss_age_seconds":{tree_age}}},"procs":[{{"pid":7,"ppid":1,"role":"trainer","comm":"python","rss_bytes":9,"pss_bytes":8,"uss_bytes":7{age}}}]}}"#
+            )
+        };
+        let log = load(&format!(
+            "{}\n{}",
+            line(10, r#","read_age_seconds":1.5"#, 3.0),
+            line(12, "", 4.0)
+        ))
+        .unwrap();
+        let p = &processes(&log)[0];
+        assert_eq!(p.first_read_t, 8.5);
+        // An older log without ages: the line's oldest reading.
+        let log = load(&line(12, "", 4.0)).unwrap();
+        assert_eq!(processes(&log)[0].first_read_t, 8.0);
+    }
+
+    #[test]
     fn time_held_by_oomguard_does_not_dilute_a_workers_growth() {
         // 10 MiB/s for 5 s, then frozen at the edge (SIGSTOP) and read
         // again, unchanged, 15 s later.

@@ -49,6 +49,7 @@ mod requests;
 mod sampler;
 mod screen;
 mod setup;
+mod signals;
 mod sinks;
 mod stop_saves;
 mod target;
@@ -57,6 +58,7 @@ mod wakeups;
 
 use act::{Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
+use signals::{FORWARDED, HangupPlan, SignalPlan};
 use sinks::Sinks;
 pub use sinks::session_bus;
 pub use stop_saves::StopVerdict;
@@ -125,18 +127,6 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "panic".into())
 }
-
-/// The forwarded signals: (signal, whether it starts oomguard's shutdown:
-/// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
-/// handle them and go on.
-const FORWARDED: [(i32, bool); 6] = [
-    (libc::SIGINT, true),
-    (libc::SIGTERM, true),
-    (libc::SIGHUP, false),
-    (libc::SIGQUIT, false),
-    (libc::SIGUSR1, false),
-    (libc::SIGUSR2, false),
-];
 
 /// Hooks are killed after this long.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -1050,20 +1040,15 @@ impl Supervisor {
                 return;
             }
         }
-        let ends = FORWARDED.iter().any(|&(s, ends)| s == sig && ends);
-        if !self.target.forwards_signals() {
-            // Never forward to a process we did not launch: INT/TERM end
-            // the watch (after giving back anything we paused).
-            if ends {
+        let starts_shutdown = match signals::plan(sig, self.standing()) {
+            SignalPlan::Ignore => return,
+            SignalPlan::EndWatch => {
+                // Anything oomguard paused is given back first.
                 self.end_watch(format!("{} received", supervise::signal_name(sig)));
                 self.shutdown_signal = Some(sig);
+                return;
             }
-            return;
-        }
-        if self.relaunch_at.is_some() {
-            // Between attempts there is no job to forward to: INT/TERM
-            // cancel the restart.
-            if ends {
+            SignalPlan::CancelRestart => {
                 self.relaunch_at = None;
                 self.shutdown_signal = Some(sig);
                 if !self.cfg.quiet {
@@ -1072,16 +1057,16 @@ impl Supervisor {
                         supervise::signal_name(sig)
                     ));
                 }
+                return;
             }
-            return;
-        }
-        if ends && self.shutdown_signal == Some(sig) {
-            // The same Ctrl-C / TERM again while waiting: the user means now.
-            self.kill_tree("second interrupt");
-            return;
-        }
+            SignalPlan::Kill => {
+                self.kill_tree("second interrupt");
+                return;
+            }
+            SignalPlan::Forward { starts_shutdown } => starts_shutdown,
+        };
         let (pids, result) = self.forward(sig);
-        if ends {
+        if starts_shutdown {
             let why = format!("{} received", supervise::signal_name(sig));
             self.sinks
                 .action(crate::log::ActionKind::Stop, &why, pids, Some(sig), result);
@@ -1093,6 +1078,15 @@ impl Supervisor {
             self.core.act.unpause(&mut self.sig);
             self.shutdown_signal = Some(sig);
             self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        }
+    }
+
+    /// Where the run stands for a signal's decision (`signals.rs`).
+    fn standing(&self) -> signals::Standing {
+        signals::Standing {
+            forwards: self.target.forwards_signals(),
+            between_attempts: self.relaunch_at.is_some(),
+            shutdown_signal: self.shutdown_signal,
         }
     }
 

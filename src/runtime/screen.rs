@@ -123,18 +123,19 @@ impl Supervisor {
         // panics on a dead terminal.
         crate::tui::detach_dead_terminal();
         self.close_dashboard();
-        if self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach {
-            return;
-        }
-        if self.target.quit_detaches() {
-            // Not ours to signal: end the watch as on SIGTERM.
-            self.on_signal(SIG_TERM);
-            return;
-        }
-        if self.relaunch_at.is_some() {
-            self.relaunch_at = None;
-            self.shutdown_signal = Some(libc::SIGHUP);
-            return;
+        let go_on = self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach;
+        match signals::hangup_plan(go_on, self.standing()) {
+            HangupPlan::GoOnHeadless => return,
+            HangupPlan::EndWatch => {
+                self.on_signal(SIG_TERM);
+                return;
+            }
+            HangupPlan::CancelRestart => {
+                self.relaunch_at = None;
+                self.shutdown_signal = Some(libc::SIGHUP);
+                return;
+            }
+            HangupPlan::HangUpTheJob => {}
         }
         self.forward(libc::SIGHUP);
         self.sinks.action(

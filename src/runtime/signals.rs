@@ -1,0 +1,174 @@
+//! What a signal oomguard receives, or its dashboard's hangup, means for the
+//! run: a pure decision on where the run stands, so the loop's answers
+//! (a second Ctrl-C kills, an interrupt between attempts cancels the
+//! restart, a watcher never forwards) are tested without a process. The
+//! loop carries the decision out.
+
+/// The forwarded signals: (signal, whether it starts oomguard's shutdown:
+/// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
+/// handle them and go on.
+pub(super) const FORWARDED: [(i32, bool); 6] = [
+    (libc::SIGINT, true),
+    (libc::SIGTERM, true),
+    (libc::SIGHUP, false),
+    (libc::SIGQUIT, false),
+    (libc::SIGUSR1, false),
+    (libc::SIGUSR2, false),
+];
+
+/// Where the run stands when a signal arrives.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Standing {
+    /// The target takes signals from oomguard (a launched job).
+    pub forwards: bool,
+    /// No job is running: the next attempt is waiting to start.
+    pub between_attempts: bool,
+    /// The INT or TERM that already started the shutdown.
+    pub shutdown_signal: Option<i32>,
+}
+
+/// What the loop does with a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SignalPlan {
+    /// Nothing: a signal a watcher does not pass on, or one with no job
+    /// to go to.
+    Ignore,
+    /// INT or TERM under `attach`: the watch ends, the job runs on.
+    EndWatch,
+    /// INT or TERM between attempts: the restart is cancelled.
+    CancelRestart,
+    /// The same INT or TERM again while the job stops: the user means now.
+    Kill,
+    /// Passed on to the job; INT and TERM also start the shutdown (a paused
+    /// job is let run, and `--kill-after` counts).
+    Forward { starts_shutdown: bool },
+}
+
+/// Whether `sig` ends the run when the job ends on it (INT, TERM).
+pub(super) fn ends_the_run(sig: i32) -> bool {
+    FORWARDED.iter().any(|&(s, ends)| s == sig && ends)
+}
+
+pub(super) fn plan(sig: i32, at: Standing) -> SignalPlan {
+    let ends = ends_the_run(sig);
+    if !at.forwards {
+        return if ends {
+            SignalPlan::EndWatch
+        } else {
+            SignalPlan::Ignore
+        };
+    }
+    if at.between_attempts {
+        return if ends {
+            SignalPlan::CancelRestart
+        } else {
+            SignalPlan::Ignore
+        };
+    }
+    if ends && at.shutdown_signal == Some(sig) {
+        return SignalPlan::Kill;
+    }
+    SignalPlan::Forward {
+        starts_shutdown: ends,
+    }
+}
+
+/// What the loop does when the dashboard's terminal hangs up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HangupPlan {
+    /// `--on-hangup detach`: supervision goes on without a dashboard.
+    GoOnHeadless,
+    /// A watcher: the watch ends as on SIGTERM.
+    EndWatch,
+    /// Between attempts: no job to hang up on; the restart is cancelled.
+    CancelRestart,
+    /// As for a job run from a shell: the job gets SIGHUP and the run ends
+    /// (`--kill-after` for a tree that outlives it).
+    HangUpTheJob,
+}
+
+pub(super) fn hangup_plan(go_on: bool, at: Standing) -> HangupPlan {
+    if go_on {
+        HangupPlan::GoOnHeadless
+    } else if !at.forwards {
+        HangupPlan::EndWatch
+    } else if at.between_attempts {
+        HangupPlan::CancelRestart
+    } else {
+        HangupPlan::HangUpTheJob
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUNNING: Standing = Standing {
+        forwards: true,
+        between_attempts: false,
+        shutdown_signal: None,
+    };
+
+    #[test]
+    fn a_second_ctrl_c_kills_and_a_first_is_passed_on() {
+        assert_eq!(
+            plan(libc::SIGINT, RUNNING),
+            SignalPlan::Forward {
+                starts_shutdown: true
+            }
+        );
+        let stopping = Standing {
+            shutdown_signal: Some(libc::SIGINT),
+            ..RUNNING
+        };
+        assert_eq!(plan(libc::SIGINT, stopping), SignalPlan::Kill);
+        // A TERM after the Ctrl-C is another request, passed on.
+        assert_eq!(
+            plan(libc::SIGTERM, stopping),
+            SignalPlan::Forward {
+                starts_shutdown: true
+            }
+        );
+        // HUP and USR1 never start the shutdown, whatever came before.
+        assert_eq!(
+            plan(libc::SIGUSR1, stopping),
+            SignalPlan::Forward {
+                starts_shutdown: false
+            }
+        );
+    }
+
+    #[test]
+    fn an_interrupt_or_a_hangup_between_attempts_cancels_the_restart() {
+        let between = Standing {
+            between_attempts: true,
+            ..RUNNING
+        };
+        assert_eq!(plan(libc::SIGINT, between), SignalPlan::CancelRestart);
+        assert_eq!(plan(libc::SIGTERM, between), SignalPlan::CancelRestart);
+        // Nothing to pass a USR1 to, and it does not end the run.
+        assert_eq!(plan(libc::SIGUSR1, between), SignalPlan::Ignore);
+        assert_eq!(hangup_plan(false, between), HangupPlan::CancelRestart);
+        assert_eq!(hangup_plan(true, between), HangupPlan::GoOnHeadless);
+    }
+
+    #[test]
+    fn a_watcher_never_forwards_and_ends_its_watch_on_int_term_or_hangup() {
+        let watching = Standing {
+            forwards: false,
+            ..RUNNING
+        };
+        assert_eq!(plan(libc::SIGINT, watching), SignalPlan::EndWatch);
+        assert_eq!(plan(libc::SIGTERM, watching), SignalPlan::EndWatch);
+        for sig in [libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+            assert_eq!(plan(sig, watching), SignalPlan::Ignore, "{sig}");
+        }
+        assert_eq!(hangup_plan(false, watching), HangupPlan::EndWatch);
+    }
+
+    #[test]
+    fn a_hangup_reaches_a_running_job_unless_told_to_go_on() {
+        assert_eq!(hangup_plan(false, RUNNING), HangupPlan::HangUpTheJob);
+        assert_eq!(hangup_plan(true, RUNNING), HangupPlan::GoOnHeadless);
+    }
+}
