@@ -554,6 +554,72 @@ impl TorchDeviceStats {
     }
 }
 
+/// Linux signals: number, name, and glibc's `strsignal()` text (what a
+/// DataLoader prints for a worker that died of it). The one table:
+/// oomguard's messages and log, the signals a user names, and PyTorch's
+/// messages read from the job's output all go through it.
+pub const SIGNALS: &[(i32, &str, &str)] = &[
+    (libc::SIGHUP, "SIGHUP", "Hangup"),
+    (libc::SIGINT, "SIGINT", "Interrupt"),
+    (libc::SIGQUIT, "SIGQUIT", "Quit"),
+    (libc::SIGILL, "SIGILL", "Illegal instruction"),
+    (libc::SIGTRAP, "SIGTRAP", "Trace/breakpoint trap"),
+    (libc::SIGABRT, "SIGABRT", "Aborted"),
+    (libc::SIGBUS, "SIGBUS", "Bus error"),
+    (libc::SIGFPE, "SIGFPE", "Floating point exception"),
+    (libc::SIGKILL, "SIGKILL", "Killed"),
+    (libc::SIGUSR1, "SIGUSR1", "User defined signal 1"),
+    (libc::SIGSEGV, "SIGSEGV", "Segmentation fault"),
+    (libc::SIGUSR2, "SIGUSR2", "User defined signal 2"),
+    (libc::SIGPIPE, "SIGPIPE", "Broken pipe"),
+    (libc::SIGALRM, "SIGALRM", "Alarm clock"),
+    (libc::SIGTERM, "SIGTERM", "Terminated"),
+    (libc::SIGSTKFLT, "SIGSTKFLT", "Stack fault"),
+    (libc::SIGCHLD, "SIGCHLD", "Child exited"),
+    (libc::SIGCONT, "SIGCONT", "Continued"),
+    (libc::SIGSTOP, "SIGSTOP", "Stopped (signal)"),
+    (libc::SIGTSTP, "SIGTSTP", "Stopped"),
+    (libc::SIGTTIN, "SIGTTIN", "Stopped (tty input)"),
+    (libc::SIGTTOU, "SIGTTOU", "Stopped (tty output)"),
+    (libc::SIGURG, "SIGURG", "Urgent I/O condition"),
+    (libc::SIGXCPU, "SIGXCPU", "CPU time limit exceeded"),
+    (libc::SIGXFSZ, "SIGXFSZ", "File size limit exceeded"),
+    (libc::SIGVTALRM, "SIGVTALRM", "Virtual timer expired"),
+    (libc::SIGPROF, "SIGPROF", "Profiling timer expired"),
+    (libc::SIGWINCH, "SIGWINCH", "Window changed"),
+    (libc::SIGIO, "SIGIO", "I/O possible"),
+    (libc::SIGPWR, "SIGPWR", "Power failure"),
+    (libc::SIGSYS, "SIGSYS", "Bad system call"),
+];
+
+/// The name of a known signal (`9` → `SIGKILL`).
+pub fn known_signal(sig: i32) -> Option<&'static str> {
+    SIGNALS
+        .iter()
+        .find(|(n, _, _)| *n == sig)
+        .map(|(_, name, _)| *name)
+}
+
+/// A signal's name for messages and the log (`SIGTERM`; `SIG40` for one
+/// without a name).
+pub fn signal_name(sig: i32) -> String {
+    known_signal(sig).map_or_else(|| format!("SIG{sig}"), str::to_string)
+}
+
+/// Parses a signal a user names: `TERM`, `SIGTERM`, `sigterm` or `15`.
+pub fn parse_signal(text: &str) -> Option<i32> {
+    let t = text.trim();
+    if let Ok(n) = t.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let up = t.to_ascii_uppercase();
+    let name = up.strip_prefix("SIG").unwrap_or(&up);
+    SIGNALS
+        .iter()
+        .find(|(_, n, _)| n.strip_prefix("SIG") == Some(name))
+        .map(|(s, _, _)| *s)
+}
+
 #[cfg(test)]
 pub mod testing {
     //! Builders for hand-made samples, shared by the policy tests.
@@ -587,6 +653,23 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn one_signal_table_names_parses_and_reads_strsignal_text() {
+        assert_eq!(parse_signal("usr1"), Some(libc::SIGUSR1));
+        assert_eq!(parse_signal(" SIGTERM "), Some(libc::SIGTERM));
+        assert_eq!(parse_signal("15"), Some(15));
+        assert_eq!(parse_signal("65"), None);
+        assert_eq!(parse_signal("NOPE"), None);
+        assert_eq!(signal_name(libc::SIGKILL), "SIGKILL");
+        assert_eq!(signal_name(40), "SIG40");
+        assert_eq!(known_signal(40), None);
+        let mut numbers: Vec<i32> = SIGNALS.iter().map(|s| s.0).collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        assert_eq!(numbers.len(), SIGNALS.len(), "a number listed twice");
+        assert_eq!(numbers, (1..=31).collect::<Vec<_>>());
+    }
 
     /// `budget_sample` in MiB under a 1000 MiB budget: growth estimates
     /// ignore rises under `growth::FLOOR_BYTES`.

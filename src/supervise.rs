@@ -429,52 +429,7 @@ pub fn signal_group(pgid: u32, sig: i32) -> io::Result<()> {
     rustix::process::kill_process_group(pid, signal).map_err(io::Error::from)
 }
 
-/// Signal names for messages and the log (`SIGTERM`), and parsing of user
-/// input (`TERM`, `SIGUSR1`, `10`).
-pub fn signal_name(sig: i32) -> String {
-    SIGNALS
-        .iter()
-        .find(|(n, _)| *n == sig)
-        .map_or_else(|| format!("SIG{sig}"), |(_, name)| format!("SIG{name}"))
-}
-
-/// Parses `TERM`, `SIGTERM`, `sigterm` or `15`.
-pub fn parse_signal(text: &str) -> Option<i32> {
-    let t = text.trim();
-    if let Ok(n) = t.parse::<i32>() {
-        return (1..=64).contains(&n).then_some(n);
-    }
-    let up = t.to_ascii_uppercase();
-    let name = up.strip_prefix("SIG").unwrap_or(&up);
-    SIGNALS.iter().find(|(_, n)| *n == name).map(|(s, _)| *s)
-}
-
-const SIGNALS: &[(i32, &str)] = &[
-    (libc::SIGHUP, "HUP"),
-    (libc::SIGINT, "INT"),
-    (libc::SIGQUIT, "QUIT"),
-    (libc::SIGILL, "ILL"),
-    (libc::SIGTRAP, "TRAP"),
-    (libc::SIGABRT, "ABRT"),
-    (libc::SIGBUS, "BUS"),
-    (libc::SIGFPE, "FPE"),
-    (libc::SIGKILL, "KILL"),
-    (libc::SIGUSR1, "USR1"),
-    (libc::SIGSEGV, "SEGV"),
-    (libc::SIGUSR2, "USR2"),
-    (libc::SIGPIPE, "PIPE"),
-    (libc::SIGALRM, "ALRM"),
-    (libc::SIGTERM, "TERM"),
-    (libc::SIGCHLD, "CHLD"),
-    (libc::SIGCONT, "CONT"),
-    (libc::SIGSTOP, "STOP"),
-    (libc::SIGTSTP, "TSTP"),
-    (libc::SIGTTIN, "TTIN"),
-    (libc::SIGTTOU, "TTOU"),
-    (libc::SIGXCPU, "XCPU"),
-    (libc::SIGXFSZ, "XFSZ"),
-    (libc::SIGWINCH, "WINCH"),
-];
+pub use crate::model::{parse_signal, signal_name};
 
 /// Tracks oomguard's own helper processes (hooks) so the reaper can tell
 /// their statuses apart from the job's.

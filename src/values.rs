@@ -37,7 +37,7 @@ pub fn usage_percent(text: &str) -> Result<f64, String> {
 /// The signal that asks the trainer to checkpoint: it must be one the
 /// trainer can catch, or the graceful stop would be a kill.
 pub fn checkpoint_signal(text: &str) -> Result<i32, String> {
-    let sig = crate::supervise::parse_signal(text).ok_or_else(|| {
+    let sig = crate::model::parse_signal(text).ok_or_else(|| {
         format!("'{text}' is not a signal (expected e.g. TERM, USR1, INT or a number)")
     })?;
     if sig == libc::SIGKILL || sig == libc::SIGSTOP {

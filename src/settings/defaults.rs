@@ -45,7 +45,7 @@ pub fn help_defaults() -> Vec<(&'static str, String)> {
         ("grace", d(GRACE)),
         (
             "checkpoint_signal",
-            crate::supervise::signal_name(CHECKPOINT_SIGNAL),
+            crate::model::signal_name(CHECKPOINT_SIGNAL),
         ),
         ("checkpoint_glob", CHECKPOINT_GLOB.to_string()),
         ("max_restarts", MAX_RESTARTS.to_string()),

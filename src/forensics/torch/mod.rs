@@ -18,7 +18,7 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-pub use parse::{format_size, parse_cuda_oom, parse_worker_died, signal_name, size_to_bytes};
+pub use parse::{format_size, parse_cuda_oom, parse_worker_died, size_to_bytes};
 pub use scanner::{TorchScanner, scan_text};
 
 /// Longest line the scanner looks at; the rest of a longer line is ignored.

@@ -5,6 +5,8 @@
 
 use regex::Regex;
 
+use crate::model::{SIGNALS, known_signal};
+
 use super::{
     ALLOC_NEW, ALLOC_OLD, CACHED, CudaOom, DEVICE, FREE_NEW, FREE_OLD, GpuProcessMemory,
     OOM_ANCHOR, OTHER_PROCESS, RESERVED_TOTAL, SHM_HINT, THIS_PROCESS, TOTAL_NEW, TOTAL_OLD, TRIED,
@@ -77,50 +79,6 @@ fn find_size(re: &Regex, text: &str, first: usize) -> Option<u64> {
 // ---------------------------------------------------------------------------
 // Signals.
 
-/// Linux signal numbers, names, and glibc's `strsignal()` text (which is what
-/// DataLoader prints).
-const SIGNALS: &[(i32, &str, &str)] = &[
-    (1, "SIGHUP", "Hangup"),
-    (2, "SIGINT", "Interrupt"),
-    (3, "SIGQUIT", "Quit"),
-    (4, "SIGILL", "Illegal instruction"),
-    (5, "SIGTRAP", "Trace/breakpoint trap"),
-    (6, "SIGABRT", "Aborted"),
-    (7, "SIGBUS", "Bus error"),
-    (8, "SIGFPE", "Floating point exception"),
-    (9, "SIGKILL", "Killed"),
-    (10, "SIGUSR1", "User defined signal 1"),
-    (11, "SIGSEGV", "Segmentation fault"),
-    (12, "SIGUSR2", "User defined signal 2"),
-    (13, "SIGPIPE", "Broken pipe"),
-    (14, "SIGALRM", "Alarm clock"),
-    (15, "SIGTERM", "Terminated"),
-    (16, "SIGSTKFLT", "Stack fault"),
-    (17, "SIGCHLD", "Child exited"),
-    (18, "SIGCONT", "Continued"),
-    (19, "SIGSTOP", "Stopped (signal)"),
-    (20, "SIGTSTP", "Stopped"),
-    (21, "SIGTTIN", "Stopped (tty input)"),
-    (22, "SIGTTOU", "Stopped (tty output)"),
-    (23, "SIGURG", "Urgent I/O condition"),
-    (24, "SIGXCPU", "CPU time limit exceeded"),
-    (25, "SIGXFSZ", "File size limit exceeded"),
-    (26, "SIGVTALRM", "Virtual timer expired"),
-    (27, "SIGPROF", "Profiling timer expired"),
-    (28, "SIGWINCH", "Window changed"),
-    (29, "SIGIO", "I/O possible"),
-    (30, "SIGPWR", "Power failure"),
-    (31, "SIGSYS", "Bad system call"),
-];
-
-/// The name of a Linux signal number (`9` → `SIGKILL`).
-pub fn signal_name(number: i32) -> Option<&'static str> {
-    SIGNALS
-        .iter()
-        .find(|(n, _, _)| *n == number)
-        .map(|(_, name, _)| *name)
-}
-
 /// Maps a `strsignal()` text to a signal name. Also accepts a bare number,
 /// a `SIGxxx` name, macOS's `Killed: 9` and glibc's `Real-time signal N`;
 /// anything else is returned as printed.
@@ -138,7 +96,7 @@ fn signal_from_text(text: &str) -> String {
     // "9", or BSD's "Killed: 9".
     let number_text = text.rsplit(':').next().unwrap_or(text).trim();
     if let Ok(number) = number_text.parse::<i32>()
-        && let Some(name) = signal_name(number)
+        && let Some(name) = known_signal(number)
     {
         return name.to_string();
     }

@@ -11,7 +11,7 @@ use super::{
     MAX_OOM_LINES, MAX_QUEUED_EVENTS, MAX_REPORT_LINES, NEW_BODY, OLD_BODY_OPEN, OOM_ANCHOR,
     OOM_CONTINUATION, OOM_NO_FIGURES, REPORT_ENTRY, REPORT_EXITCODE, REPORT_FIELD, REPORT_RANK,
     REPORT_SIGNAL, REPORT_START_LINES, RankFailed, RankFailure, TorchEvent, WorkerDied,
-    parse_cuda_oom, parse_worker_died, signal_name,
+    parse_cuda_oom, parse_worker_died,
 };
 
 // ---------------------------------------------------------------------------
@@ -301,7 +301,7 @@ fn parse_agent_failure(line: &str) -> Option<RankFailure> {
         pid: caps.get(3)?.as_str().parse().ok(),
         exitcode: Some(exitcode),
         signal: (exitcode < 0)
-            .then(|| exitcode.checked_neg().and_then(signal_name))
+            .then(|| exitcode.checked_neg().and_then(crate::model::known_signal))
             .flatten()
             .map(str::to_string),
     })
@@ -456,8 +456,10 @@ impl PendingReport {
                         && code < 0
                         && failure.signal.is_none()
                     {
-                        failure.signal =
-                            code.checked_neg().and_then(signal_name).map(str::to_string);
+                        failure.signal = code
+                            .checked_neg()
+                            .and_then(crate::model::known_signal)
+                            .map(str::to_string);
                     }
                 }
             }
