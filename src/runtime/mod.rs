@@ -988,9 +988,7 @@ impl Supervisor {
             Some(SIG_TERM),
             result,
         );
-        if self.core.act.kill_at.is_none() {
-            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
-        }
+        self.arm_kill_after();
     }
 
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
@@ -1067,16 +1065,32 @@ impl Supervisor {
         };
         let (pids, result) = self.forward(sig);
         if starts_shutdown {
-            let why = format!("{} received", supervise::signal_name(sig));
-            self.sinks
-                .action(crate::log::ActionKind::Stop, &why, pids, Some(sig), result);
             if self.foreground {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
                 self.foreground = false;
             }
-            // A paused job cannot handle the signal: let it run.
-            self.core.act.unpause(&mut self.sig);
-            self.shutdown_signal = Some(sig);
+            let why = format!("{} received", supervise::signal_name(sig));
+            self.begin_shutdown(&why, pids, sig, result);
+            // From this signal on, whatever the clock said before.
+            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
+        }
+    }
+
+    /// The job was told to end by `sig` (passed on from the user, or its
+    /// terminal's hangup): logged as a stop, anything oomguard paused let
+    /// run (a paused job cannot handle the signal), `sig` remembered (the
+    /// same one again kills), and the `--kill-after` clock started.
+    fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
+        self.sinks
+            .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
+        self.core.act.unpause(&mut self.sig);
+        self.shutdown_signal = Some(sig);
+        self.arm_kill_after();
+    }
+
+    /// Starts the `--kill-after` clock unless it already runs.
+    fn arm_kill_after(&mut self) {
+        if self.core.act.kill_at.is_none() {
             self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
         }
     }

@@ -138,17 +138,7 @@ impl Supervisor {
             HangupPlan::HangUpTheJob => {}
         }
         self.forward(libc::SIGHUP);
-        self.sinks.action(
-            crate::log::ActionKind::Stop,
-            "terminal hangup",
-            vec![self.job.pid],
-            Some(libc::SIGHUP),
-            "ok".into(),
-        );
-        self.core.act.unpause(&mut self.sig);
-        self.shutdown_signal = Some(libc::SIGHUP);
-        if self.core.act.kill_at.is_none() {
-            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
-        }
+        let pids = vec![self.job.pid];
+        self.begin_shutdown("terminal hangup", pids, libc::SIGHUP, "ok".into());
     }
 }
