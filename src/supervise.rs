@@ -8,7 +8,6 @@
 //! is checked, so a pid recycled between the scan and the signal is never
 //! hit.
 
-use std::collections::HashMap;
 use std::ffi::{CString, OsString};
 use std::fs;
 use std::io;
@@ -430,24 +429,6 @@ pub fn signal_group(pgid: u32, sig: i32) -> io::Result<()> {
 }
 
 pub use crate::model::{parse_signal, signal_name};
-
-/// Tracks oomguard's own helper processes (hooks) so the reaper can tell
-/// their statuses apart from the job's.
-#[derive(Debug, Default)]
-pub struct Helpers {
-    running: HashMap<u32, String>,
-}
-
-impl Helpers {
-    pub fn add(&mut self, pid: u32, what: String) {
-        self.running.insert(pid, what);
-    }
-
-    /// Returns what the helper was, if `pid` was one.
-    pub fn finished(&mut self, pid: u32) -> Option<String> {
-        self.running.remove(&pid)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,7 @@
 //! 20–250 ms instead of every `--interval`, and on cgroup v1 the kernel
 //! wakes the loop the moment usage crosses the warn and critical levels.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -42,6 +42,7 @@ mod channel;
 mod cheap;
 mod doctor;
 mod ending;
+mod hooks;
 mod job_output;
 mod oom;
 mod peers;
@@ -128,9 +129,6 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "panic".into())
 }
 
-/// Hooks are killed after this long.
-const HOOK_TIMEOUT: Duration = Duration::from_secs(30);
-
 struct Supervisor {
     cfg: RunConfig,
     /// Where everything the run reports goes (log, metrics, GitHub,
@@ -152,8 +150,8 @@ struct Supervisor {
     /// oomguard stopped waiting for a reader to take the job's last
     /// output (see `drain_output`).
     output_abandoned: bool,
-    helpers: supervise::Helpers,
-    hook_deadlines: HashMap<u32, Instant>,
+    /// The hooks running, and when a hung one is killed.
+    hooks: hooks::Hooks,
     next_tick: Instant,
     next_full: Instant,
     thresholds: Vec<AsyncFd<Threshold>>,
@@ -901,27 +899,18 @@ impl Supervisor {
                 let pid = child.id();
                 drop(child); // reaped by our reaper
                 self.sampler.scanner.exclude(pid);
-                self.helpers.add(pid, cmd.to_string());
-                self.hook_deadlines
-                    .insert(pid, Instant::now() + HOOK_TIMEOUT);
+                self.hooks.started(pid, cmd.to_string(), Instant::now());
             }
             Err(e) => self.say(format!("cannot run hook '{cmd}': {e}")),
         }
     }
 
     fn expire_hooks(&mut self, now: Instant) {
-        let late: Vec<u32> = self
-            .hook_deadlines
-            .iter()
-            .filter(|&(_, d)| now >= *d)
-            .map(|(p, _)| *p)
-            .collect();
-        for pid in late {
-            self.hook_deadlines.remove(&pid);
+        for pid in self.hooks.overdue(now) {
             let _ = supervise::signal_group(pid, SIG_KILL);
             self.say(format!(
                 "hook (pid {pid}) took longer than {}s; killed",
-                HOOK_TIMEOUT.as_secs()
+                hooks::HOOK_TIMEOUT.as_secs()
             ));
         }
     }
@@ -931,8 +920,7 @@ impl Supervisor {
             // A reaped pid is free for anyone: no longer left out of the
             // tree (a hook's, an old output keeper's).
             self.sampler.scanner.include(r.pid);
-            if self.helpers.finished(r.pid).is_some() {
-                self.hook_deadlines.remove(&r.pid);
+            if self.hooks.finished(r.pid).is_some() {
                 continue;
             }
             if r.pid == self.job.pid && self.main_status.is_none() {

@@ -185,8 +185,8 @@ impl Supervisor {
         if self.main_status.is_some() {
             wake = wake.min(Instant::now() + Duration::from_millis(50));
         }
-        if let Some(d) = self.hook_deadlines.values().min() {
-            wake = wake.min(*d);
+        if let Some(d) = self.hooks.next_deadline() {
+            wake = wake.min(d);
         }
         if let Some(r) = self.relaunch_at {
             wake = r;
