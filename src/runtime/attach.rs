@@ -79,6 +79,16 @@ impl Attached {
         }
     }
 
+    /// When the watch ends by `--watch-for`, while it has not ended yet.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.until.filter(|_| self.detached.is_none())
+    }
+
+    /// `--watch-for` ran out at `now` on a watch still going.
+    pub fn watch_due(&self, now: Instant) -> bool {
+        self.deadline().is_some_and(|u| now >= u)
+    }
+
     /// The job's processes by its cgroup (oomguard itself left out), when
     /// the job is that cgroup's members.
     pub fn members(&self) -> Option<Vec<u32>> {
@@ -136,10 +146,7 @@ impl Supervisor {
 
     /// `--watch-for` ran out.
     pub(super) fn check_watch_time(&mut self, now: Instant) {
-        let due = self
-            .target
-            .attached()
-            .is_some_and(|a| a.detached.is_none() && a.until.is_some_and(|u| now >= u));
+        let due = self.target.attached().is_some_and(|a| a.watch_due(now));
         if due && self.main_status.is_none() {
             let limit = self
                 .cfg
@@ -152,10 +159,7 @@ impl Supervisor {
     }
 
     pub(super) fn watch_deadline(&self) -> Option<Instant> {
-        self.target
-            .attached()
-            .filter(|a| a.detached.is_none())
-            .and_then(|a| a.until)
+        self.target.attached().and_then(Attached::deadline)
     }
 
     pub(super) fn watch_ended(&self) -> bool {
@@ -211,5 +215,29 @@ impl Supervisor {
             )),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_for_ends_the_watch_at_its_time_and_once() {
+        let t0 = Instant::now();
+        let limit = std::time::Duration::from_secs(60);
+        let mut a = Attached {
+            until: Some(t0 + limit),
+            ..Attached::default()
+        };
+        assert_eq!(a.deadline(), Some(t0 + limit));
+        assert!(!a.watch_due(t0 + limit / 2));
+        assert!(a.watch_due(t0 + limit));
+        // Ended (by it or by anything else): nothing more to wait for.
+        a.detached = Some("--watch-for 1m elapsed".into());
+        assert!(!a.watch_due(t0 + limit * 2));
+        assert_eq!(a.deadline(), None);
+        // Without --watch-for the watch has no end of its own.
+        assert!(!Attached::default().watch_due(t0 + limit * 100));
     }
 }
