@@ -474,9 +474,8 @@ fn settle<'a>(
         // that tick and the reading was counted twice (+19 % on a worker's
         // growth).
         let (a, b) = (copied[0], copied[1]);
-        let w = ((last.read_t - a.0) / (b.0 - a.0)).clamp(0.0, 1.0);
         let at_reading = if b.0 > a.0 {
-            a.1 + (b.1 - a.1) * w
+            a.1 + (b.1 - a.1) * ((last.read_t - a.0) / (b.0 - a.0)).clamp(0.0, 1.0)
         } else {
             a.1
         };

@@ -29,15 +29,14 @@ impl Hooks {
     /// The hooks past their deadline at `now`, no longer tracked (the
     /// caller kills them; their exit is then nobody's business).
     pub fn overdue(&mut self, now: Instant) -> Vec<u32> {
-        let late: Vec<u32> = self
-            .running
-            .iter()
-            .filter(|(_, (_, d))| now >= *d)
-            .map(|(&p, _)| p)
-            .collect();
-        for p in &late {
-            self.running.remove(p);
-        }
+        let mut late = Vec::new();
+        self.running.retain(|&pid, (_, deadline)| {
+            let due = now >= *deadline;
+            if due {
+                late.push(pid);
+            }
+            !due
+        });
         late
     }
 
