@@ -1,7 +1,7 @@
-//! Command-line types (clap derive). Only what the user typed lives here:
-//! every value that the settings file can also set is an `Option` with no
-//! clap default, so `settings::Settings` can tell "not given" from "given",
-//! and its default is written once, in `settings::defaults`.
+//! Command-line types (clap derive). Only what the user typed lives here.
+//! The settings that the settings file can also set are declared once, in
+//! `options`, and flattened in here: each is an `Option` with no clap
+//! default, so `settings::Settings` can tell "not given" from "given".
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::units::SizeOrPercent;
+pub use crate::options::{
+    CgroupMode, CriticalAction, LaunchFlags, PolicyFlags, PolicyName, RestartFlags, SamplingFlags,
+};
 
 /// Keep ML training jobs from being killed by the kernel OOM killer.
 #[derive(Debug, Parser)]
@@ -104,22 +106,8 @@ pub struct AttachArgs {
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
 
-    /// Time between samples.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub interval: Option<Duration>,
-
-    /// How soon a process family whose memory moved is re-read from
-    /// smaps_rollup (one whose memory did not move: every 12 intervals).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub pss_interval: Option<Duration>,
-
-    /// CPU the PSS readings may use, as a share of one core.
-    #[arg(long, value_name = "PCT", value_parser = crate::values::core_share)]
-    pub pss_budget: Option<f64>,
-
-    /// A memory budget for the tree: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::values::budget)]
-    pub budget: Option<SizeOrPercent>,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
 
     /// Allow oomguard to SIGTERM/SIGKILL processes it did not launch (a
     /// `kill` action, or the end of a stop whose trainer did not exit).
@@ -262,54 +250,17 @@ pub enum OnHangup {
     Detach,
 }
 
-/// Whether oomguard runs the job in a memory cgroup of its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CgroupMode {
-    /// Create one where permitted (root with cgroup v1, or a delegated v2
-    /// subtree), otherwise follow the job through /proc.
-    Auto,
-    /// Never create a cgroup.
-    Off,
-}
-
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Write the NDJSON log (schema oomguard/1) to FILE.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
 
-    /// Time between samples.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub interval: Option<Duration>,
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
 
-    /// How soon a process family whose memory moved is re-read from
-    /// smaps_rollup (in the background, within --pss-budget; one whose
-    /// memory did not move: every 12 intervals; between readings PSS
-    /// follows RSS changes).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub pss_interval: Option<Duration>,
-
-    /// CPU the PSS readings may use, as a share of one core. Readings
-    /// after a fork or exit come first; large trees are read less often.
-    #[arg(long, value_name = "PCT", value_parser = crate::values::core_share)]
-    pub pss_budget: Option<f64>,
-
-    /// How often sample lines in the log carry per-process detail (and on
-    /// every rule or action).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub procs_interval: Option<Duration>,
-
-    /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
-    #[arg(long, value_name = "SIZE|PCT", value_parser = crate::values::budget)]
-    pub budget: Option<SizeOrPercent>,
-
-    /// Run the job in a memory cgroup of oomguard's own where permitted.
-    #[arg(long, value_enum)]
-    pub cgroup: Option<CgroupMode>,
-
-    /// After SIGTERM, how long the tree may take to exit before SIGKILL.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub kill_after: Option<Duration>,
+    #[command(flatten)]
+    pub launch: LaunchFlags,
 
     /// Print no summary and no messages, but warnings about the set-up.
     #[arg(long, short)]
@@ -362,11 +313,6 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_companion: bool,
 
-    /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
-    /// when the job succeeded: a memory-regression gate for CI.
-    #[arg(long, value_name = "SIZE", value_parser = crate::values::positive_size)]
-    pub fail_above: Option<u64>,
-
     #[command(flatten)]
     pub policy: PolicyArgs,
 
@@ -386,41 +332,12 @@ pub struct RunArgs {
 /// What oomguard does about memory (see also `--config`).
 #[derive(Debug, Args, Default)]
 pub struct PolicyArgs {
-    /// `default` (warn, then act before the OOM killer) or `none` (observe).
-    #[arg(long, value_name = "NAME", value_parser = ["default", "none"])]
-    pub policy: Option<String>,
-
-    /// Warn when usage reaches this share of the nearest ceiling.
-    #[arg(long, value_name = "PCT", value_parser = crate::values::usage_percent)]
-    pub warn_at: Option<f64>,
-
-    /// Critical when usage reaches this share of the nearest ceiling.
-    #[arg(long, value_name = "PCT", value_parser = crate::values::usage_percent)]
-    pub critical_at: Option<f64>,
-
-    /// What a critical rule does.
-    #[arg(long, value_enum, value_name = "ACTION")]
-    pub on_critical: Option<CriticalAction>,
+    #[command(flatten)]
+    pub values: PolicyFlags,
 
     /// TOML file with settings and rules.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-
-    /// A pause never lasts longer than this; then the critical action runs.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub max_pause: Option<Duration>,
-
-    /// How long the trainer has to checkpoint and exit after the checkpoint signal.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub grace: Option<Duration>,
-
-    /// The signal asking the trainer to checkpoint and exit.
-    #[arg(long, value_name = "SIGNAL", value_parser = crate::values::checkpoint_signal)]
-    pub checkpoint_signal: Option<i32>,
-
-    /// Run CMD (with sh -c) on every warning; OOMGUARD_* variables describe it.
-    #[arg(long, value_name = "CMD")]
-    pub on_warn: Option<String>,
 
     /// No desktop notifications (they are off anyway when headless or CI=true).
     #[arg(long)]
@@ -430,14 +347,8 @@ pub struct PolicyArgs {
 /// Restarting from a checkpoint (`--on-critical restart`).
 #[derive(Debug, Args, Default, Clone)]
 pub struct RestartArgs {
-    /// Where the job writes checkpoints: after the checkpoint signal oomguard
-    /// waits (up to --grace) for a new, complete one before stopping the rest.
-    #[arg(long, value_name = "DIR")]
-    pub checkpoint_dir: Option<PathBuf>,
-
-    /// Which files in --checkpoint-dir are checkpoints.
-    #[arg(long, value_name = "GLOB")]
-    pub checkpoint_glob: Option<String>,
+    #[command(flatten)]
+    pub values: RestartFlags,
 
     /// Command for attempts after the first; {checkpoint} is replaced by the
     /// newest checkpoint.
@@ -449,14 +360,6 @@ pub struct RestartArgs {
     #[arg(long, value_name = "NAME=HOW", value_parser = crate::restart::parse_degrade)]
     pub degrade: Vec<crate::restart::Degrade>,
 
-    /// How many times the job may be restarted.
-    #[arg(long, value_name = "N")]
-    pub max_restarts: Option<u32>,
-
-    /// Delay before the first restart; it doubles each time (at most 5m).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub restart_delay: Option<Duration>,
-
     /// Also restart when memory killed the job anyway (not only after a
     /// `restart` action): `oom-kill` (the kernel OOM killer took a process
     /// of the job), `cuda-oom` (the job failed with a CUDA out-of-memory
@@ -464,19 +367,6 @@ pub struct RestartArgs {
     /// `expandable_segments:True` in PYTORCH_CUDA_ALLOC_CONF). Repeatable.
     #[arg(long, value_name = "KIND", value_enum)]
     pub restart_on: Vec<crate::restart::RestartOn>,
-
-    /// An attempt that ran this long resets the restart count.
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
-    pub restart_reset: Option<Duration>,
-}
-
-/// Actions a critical rule may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CriticalAction {
-    Pause,
-    Stop,
-    Kill,
-    Restart,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -516,9 +406,12 @@ mod tests {
         let Command::Run(r) = c.command else {
             panic!("not run")
         };
-        assert_eq!(r.budget, Some(SizeOrPercent::Percent(75.0)));
-        assert_eq!(r.interval, Some(Duration::from_millis(500)));
-        assert_eq!(r.kill_after, None);
+        assert_eq!(
+            r.sampling.budget,
+            Some(crate::units::SizeOrPercent::Percent(75.0))
+        );
+        assert_eq!(r.sampling.interval, Some(Duration::from_millis(500)));
+        assert_eq!(r.launch.kill_after, None);
         assert_eq!(r.command, vec!["bash", "-c", "echo --log"]);
         assert_eq!(r.log, None);
     }

@@ -31,6 +31,7 @@ pub mod log;
 pub mod manpage;
 pub mod metrics;
 pub mod model;
+pub mod options;
 pub mod policy;
 pub mod probe;
 pub mod pty;

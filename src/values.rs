@@ -72,6 +72,26 @@ pub fn positive_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Free text (a command, a glob), taken as written.
+pub fn text(text: &str) -> Result<String, String> {
+    Ok(text.to_string())
+}
+
+/// A path; an empty one names nothing.
+pub fn path(text: &str) -> Result<std::path::PathBuf, String> {
+    if text.is_empty() {
+        return Err("an empty path names nothing (expected a directory, e.g. ckpt/)".into());
+    }
+    Ok(std::path::PathBuf::from(text))
+}
+
+/// A count: 0 or more.
+pub fn count(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a count (expected e.g. 3)"))
+}
+
 /// A size greater than zero.
 pub fn positive_size(text: &str) -> Result<u64, String> {
     match units::parse_size(text).map_err(|e| e.to_string())? {

@@ -38,7 +38,9 @@ const LAYERS: &[&[&str]] = &[
     ],
     // What is built on them: the relay, CI output, replay, reports, values
     // and the command line.
-    &["relay", "github", "replay", "report", "values", "cli"],
+    &[
+        "relay", "github", "replay", "report", "values", "options", "cli",
+    ],
     &["settings"],
     &["runtime", "manpage"],
     &["demo", "doctor"],

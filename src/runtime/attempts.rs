@@ -72,7 +72,7 @@ impl Supervisor {
             if !self.cfg.quiet {
                 self.say(format!(
                     "not restarting: --max-restarts {} reached",
-                    self.cfg.restart.max_restarts
+                    self.cfg.max_restarts
                 ));
             }
             return false;
@@ -88,16 +88,15 @@ impl Supervisor {
         } else {
             delay
         };
-        let r = self.cfg.restart.clone();
-        if let Some(dir) = &r.checkpoint_dir
-            && let Some((path, _, _)) = crate::restart::newest(dir, &r.checkpoint_glob, None)
+        if let Some(dir) = &self.cfg.checkpoint_dir
+            && let Some((path, _, _)) = crate::restart::newest(dir, &self.cfg.checkpoint_glob, None)
         {
             self.checkpoint = Some(path);
         }
         let fragmented = reason == "CUDA out of memory" && self.cuda_oom == Some(true);
         let env = self.env.clone();
         let (changes, problems) = crate::restart::degrade_env(
-            &r.degrade,
+            &self.cfg.restart.degrade,
             |name| env.get(name).cloned().or_else(|| std::env::var(name).ok()),
             fragmented,
         );
@@ -199,7 +198,7 @@ impl Supervisor {
             "restarting in {} (attempt {} of at most {}){with}{}",
             human_duration(delay),
             self.attempt + 1,
-            self.cfg.restart.max_restarts + 1,
+            self.cfg.max_restarts + 1,
             self.checkpoint
                 .as_ref()
                 .map_or(String::new(), |c| format!(" from {}", c.display()))

@@ -248,7 +248,7 @@ impl Supervisor {
         let how = match (outcome, status) {
             (Outcome::RestartLimit, _) => format!(
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
-                self.restarts, self.cfg.restart.max_restarts
+                self.restarts, self.cfg.max_restarts
             ),
             (Outcome::OomKilled, Status::Signaled(_)) => {
                 format!("was killed by the kernel OOM killer; exit {exit_code}")

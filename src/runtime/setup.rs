@@ -700,7 +700,8 @@ impl Supervisor {
             None => (None, None),
         };
         let now = Instant::now();
-        let cfg_restart = cfg.restart.clone();
+        let (max_restarts, restart_delay, restart_reset) =
+            (cfg.max_restarts, cfg.restart_delay, cfg.restart_reset);
         Supervisor {
             sinks: Sinks {
                 started,
@@ -754,7 +755,7 @@ impl Supervisor {
                 Voice {
                     quiet: cfg.quiet,
                     notify: cfg.notify,
-                    on_warn: cfg.policy.on_warn.clone(),
+                    on_warn: cfg.on_warn.clone(),
                 },
             ),
             sig: ProcSignaller::new(&cfg.proc_root),
@@ -780,10 +781,10 @@ impl Supervisor {
             attempt: 1,
             attempt_started: now,
             budget: Budget::new(
-                cfg_restart.max_restarts,
-                cfg_restart.restart_delay,
+                max_restarts,
+                restart_delay,
                 Duration::from_secs(300),
-                cfg_restart.restart_reset,
+                restart_reset,
             ),
             env: BTreeMap::new(),
             checkpoint: None,
@@ -815,12 +816,12 @@ impl Supervisor {
 /// `--allow-kill`).
 fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
     super::act::ActConfig {
-        checkpoint_signal: cfg.policy.checkpoint_signal,
-        grace: cfg.policy.grace,
+        checkpoint_signal: cfg.checkpoint_signal,
+        grace: cfg.grace,
         kill_after: cfg.kill_after,
         may_kill: cfg.attach.is_none() || cfg.allow_kill,
         quiet: cfg.quiet,
-        checkpoint_dir: cfg.restart.checkpoint_dir.clone(),
-        checkpoint_glob: cfg.restart.checkpoint_glob.clone(),
+        checkpoint_dir: cfg.checkpoint_dir.clone(),
+        checkpoint_glob: cfg.checkpoint_glob.clone(),
     }
 }

@@ -27,10 +27,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Layer;
-use crate::cli::CgroupMode;
 use crate::policy::{Action, Metric, Op, Rule, unit};
 use crate::units;
-use crate::values;
 
 /// Why the configuration was rejected.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -53,40 +51,25 @@ pub struct FileSettings {
     /// The file these came from.
     pub path: PathBuf,
     pub layer: Layer,
+    /// `notify = false` turns desktop notifications off.
+    pub notify: Option<bool>,
     /// Custom rules, in file order.
     pub rules: Vec<Rule>,
     /// Keep the default rules next to the custom ones.
     pub include_defaults: bool,
 }
 
+/// The keys that are not settings of the table in `options`. The
+/// settings themselves are read key by key (`Layer::set`).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawFile {
-    interval: Option<Spanned<toml::Value>>,
-    pss_interval: Option<Spanned<toml::Value>>,
-    pss_budget: Option<Spanned<toml::Value>>,
-    procs_interval: Option<Spanned<toml::Value>>,
-    cgroup: Option<Spanned<String>>,
-    kill_after: Option<Spanned<toml::Value>>,
-    budget: Option<Spanned<toml::Value>>,
-    fail_above: Option<Spanned<toml::Value>>,
     notify: Option<bool>,
-    policy: Option<Spanned<String>>,
-    warn_at: Option<Spanned<toml::Value>>,
-    critical_at: Option<Spanned<toml::Value>>,
-    on_critical: Option<Spanned<String>>,
-    max_pause: Option<Spanned<toml::Value>>,
-    grace: Option<Spanned<toml::Value>>,
-    checkpoint_signal: Option<Spanned<toml::Value>>,
-    on_warn: Option<String>,
-    checkpoint_dir: Option<PathBuf>,
-    checkpoint_glob: Option<String>,
-    max_restarts: Option<Spanned<toml::Value>>,
-    restart_delay: Option<Spanned<toml::Value>>,
-    restart_reset: Option<Spanned<toml::Value>>,
     include_defaults: Option<bool>,
     rule: Option<Vec<Spanned<RawRule>>>,
 }
+
+/// Keys of the file besides the settings of the table.
+const OTHER_KEYS: &[&str] = &["notify", "include_defaults", "rule"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,100 +206,33 @@ pub fn parse(path: &Path, text: &str) -> Result<FileSettings, ConfigError> {
         }
     })?;
     let ctx = Ctx { path, text };
-    let dur =
-        |field: &str, v: &Option<Spanned<toml::Value>>| -> Result<Option<Duration>, ConfigError> {
-            v.as_ref()
-                .map(|v| ctx.value(field, v, values::positive_duration))
-                .transpose()
-        };
-    let mut out = Layer {
-        interval: dur("interval", &raw.interval)?,
-        pss_interval: dur("pss_interval", &raw.pss_interval)?,
-        procs_interval: dur("procs_interval", &raw.procs_interval)?,
-        kill_after: dur("kill_after", &raw.kill_after)?,
-        max_pause: dur("max_pause", &raw.max_pause)?,
-        grace: dur("grace", &raw.grace)?,
-        restart_delay: dur("restart_delay", &raw.restart_delay)?,
-        restart_reset: dur("restart_reset", &raw.restart_reset)?,
-        pss_budget: raw
-            .pss_budget
-            .as_ref()
-            .map(|v| ctx.value("pss_budget", v, values::core_share))
-            .transpose()?,
-        budget: raw
-            .budget
-            .as_ref()
-            .map(|v| ctx.value("budget", v, values::budget))
-            .transpose()?,
-        fail_above: raw
-            .fail_above
-            .as_ref()
-            .map(|v| ctx.value("fail_above", v, values::positive_size))
-            .transpose()?,
-        warn_at: raw
-            .warn_at
-            .as_ref()
-            .map(|v| ctx.value("warn_at", v, values::usage_percent))
-            .transpose()?,
-        critical_at: raw
-            .critical_at
-            .as_ref()
-            .map(|v| ctx.value("critical_at", v, values::usage_percent))
-            .transpose()?,
-        checkpoint_signal: raw
-            .checkpoint_signal
-            .as_ref()
-            .map(|v| ctx.value("checkpoint_signal", v, values::checkpoint_signal))
-            .transpose()?,
-        max_restarts: raw
-            .max_restarts
-            .as_ref()
-            .map(|v| {
-                ctx.value("max_restarts", v, |t| {
-                    t.trim()
-                        .parse::<u32>()
-                        .map_err(|_| format!("'{t}' is not a count (expected e.g. 3)"))
-                })
-            })
-            .transpose()?,
-        notify: raw.notify,
-        on_warn: raw.on_warn.clone(),
-        checkpoint_dir: raw.checkpoint_dir.clone(),
-        checkpoint_glob: raw.checkpoint_glob.clone(),
-        ..Layer::default()
-    };
-    if let Some(v) = &raw.cgroup {
-        out.cgroup = Some(match v.get_ref().as_str() {
-            "auto" => CgroupMode::Auto,
-            "off" => CgroupMode::Off,
-            other => {
+    // Parsed a second time as key → value, so each setting is read by its
+    // own rule with the line of its value.
+    let table: std::collections::BTreeMap<Spanned<String>, Spanned<toml::Value>> =
+        toml::from_str(text)
+            .map_err(|e| ctx.err(e.span().unwrap_or(0..0), e.message().trim().into()))?;
+    let mut out = Layer::default();
+    for (key, value) in &table {
+        let name = key.get_ref().as_str();
+        if OTHER_KEYS.contains(&name) {
+            continue;
+        }
+        let text = value_text(value.get_ref());
+        match out.set(name, &text) {
+            Some(Ok(())) => {}
+            Some(Err(message)) => return Err(ctx.err(value.span(), message)),
+            None => {
+                let mut known: Vec<&str> = Layer::KEYS.iter().chain(OTHER_KEYS).copied().collect();
+                known.sort_unstable();
                 return Err(ctx.err(
-                    v.span(),
-                    format!("cgroup: unknown mode '{other}' (expected auto, off)"),
+                    key.span(),
+                    format!(
+                        "unknown key '{name}' (expected one of {})",
+                        known.join(", ")
+                    ),
                 ));
             }
-        });
-    }
-    if let Some(v) = &raw.policy {
-        let name = v.get_ref();
-        if !["default", "none"].contains(&name.as_str()) {
-            return Err(ctx.err(
-                v.span(),
-                format!("unknown policy '{name}' (expected default, none)"),
-            ));
         }
-        out.policy = Some(name.clone());
-    }
-    if let Some(v) = &raw.on_critical {
-        out.on_critical = Some(critical_action(v.get_ref()).ok_or_else(|| {
-            ctx.err(
-                v.span(),
-                format!(
-                    "unknown on_critical action '{}' (expected pause, stop, kill, restart)",
-                    v.get_ref()
-                ),
-            )
-        })?);
     }
     let rules = raw
         .rule
@@ -328,14 +244,10 @@ pub fn parse(path: &Path, text: &str) -> Result<FileSettings, ConfigError> {
     Ok(FileSettings {
         path: path.to_path_buf(),
         layer: out,
+        notify: raw.notify,
         rules,
         include_defaults: raw.include_defaults.unwrap_or(false),
     })
-}
-
-/// The actions that may follow a critical rule.
-pub fn critical_action(s: &str) -> Option<Action> {
-    Action::from_name(s).filter(|a| !a.is_advisory())
 }
 
 fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, ConfigError> {

@@ -1,61 +1,29 @@
 //! The one set of settings for `run`, `attach` and `demo`, and the one place
 //! where a value is chosen: a flag beats the settings file, the file beats
-//! the subcommand's preset, the preset beats the default
-//! (`settings::defaults`). Each source is a [`Layer`] of optional values, so
+//! the subcommand's preset, the preset beats the default (written in the
+//! table in `options`). Each source is a [`Layer`] of optional values, so
 //! "was this flag given?" is never guessed from a value that clap filled in.
 //!
 //! The rest of the program sees only [`Settings`]: validated, complete, and
 //! the same shape whichever subcommand built it.
 
-pub mod defaults;
 pub mod file;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use file::{ConfigError, FileSettings, critical_action};
+pub use file::{ConfigError, FileSettings};
 
-use crate::cli::{
-    AttachArgs, CgroupMode, Cli, CriticalAction, DemoArgs, PolicyArgs, RunArgs, TuiArgs,
-};
+use crate::cli::{AttachArgs, CgroupMode, Cli, DemoArgs, PolicyArgs, PolicyName, RunArgs, TuiArgs};
+pub use crate::options::{Layer, Values};
 use crate::policy::{Action, Policy};
 use crate::units::SizeOrPercent;
-
-/// Values from one source; `None` where that source is silent.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Layer {
-    pub interval: Option<Duration>,
-    pub pss_interval: Option<Duration>,
-    pub pss_budget: Option<f64>,
-    pub procs_interval: Option<Duration>,
-    pub cgroup: Option<CgroupMode>,
-    pub kill_after: Option<Duration>,
-    pub budget: Option<SizeOrPercent>,
-    pub fail_above: Option<u64>,
-    pub notify: Option<bool>,
-    pub policy: Option<String>,
-    pub warn_at: Option<f64>,
-    pub critical_at: Option<f64>,
-    pub on_critical: Option<Action>,
-    pub max_pause: Option<Duration>,
-    pub grace: Option<Duration>,
-    pub checkpoint_signal: Option<i32>,
-    pub on_warn: Option<String>,
-    pub checkpoint_dir: Option<PathBuf>,
-    pub checkpoint_glob: Option<String>,
-    pub max_restarts: Option<u32>,
-    pub restart_delay: Option<Duration>,
-    pub restart_reset: Option<Duration>,
-}
 
 /// The policy and how its actions are carried out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicySettings {
     pub policy: Policy,
-    pub grace: Duration,
-    pub checkpoint_signal: i32,
-    pub on_warn: Option<String>,
     /// The settings file that was read, if any.
     pub file: Option<PathBuf>,
 }
@@ -63,29 +31,20 @@ pub struct PolicySettings {
 /// Restarting from a checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RestartSettings {
-    pub checkpoint_dir: Option<PathBuf>,
-    pub checkpoint_glob: String,
     pub resume_cmd: Option<String>,
     pub degrade: Vec<crate::restart::Degrade>,
-    pub max_restarts: u32,
-    pub restart_delay: Duration,
-    pub restart_reset: Duration,
     pub restart_on: Vec<crate::restart::RestartOn>,
 }
 
 /// Validated settings of one supervised job, whichever subcommand asked.
+/// The settings of the table in `options` (`cfg.interval`,
+/// `cfg.grace`, …) are reached through `values`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub argv: Vec<OsString>,
     pub log: Option<PathBuf>,
-    pub interval: Duration,
-    pub pss_interval: Duration,
-    /// Share of one core the PSS readings may use.
-    pub pss_budget: f64,
-    pub procs_interval: Duration,
-    pub budget: Option<SizeOrPercent>,
-    pub cgroup: CgroupMode,
-    pub kill_after: Duration,
+    /// Every setting a flag and the file can both set.
+    pub values: Values,
     pub quiet: bool,
     pub notify: bool,
     pub policy: PolicySettings,
@@ -94,7 +53,6 @@ pub struct Settings {
     pub restart: RestartSettings,
     pub metrics_addr: Option<std::net::SocketAddr>,
     pub metrics_textfile: Option<PathBuf>,
-    pub fail_above: Option<u64>,
     /// `None`: no GPU watching; `Some(None)`: the system's NVML.
     pub nvml: Option<Option<PathBuf>>,
     pub torch_stats: bool,
@@ -117,6 +75,20 @@ pub struct Settings {
     /// `oomguard doctor -- CMD`: end the job once it shows progress (or
     /// after a while), recording whether a stop would save its work.
     pub doctor: Option<crate::verdict::Watch>,
+}
+
+impl std::ops::Deref for Settings {
+    type Target = Values;
+
+    fn deref(&self) -> &Values {
+        &self.values
+    }
+}
+
+impl std::ops::DerefMut for Settings {
+    fn deref_mut(&mut self) -> &mut Values {
+        &mut self.values
+    }
 }
 
 /// What differs between the subcommands: the preset layer under the file,
@@ -145,10 +117,14 @@ impl Preset {
                 pss_interval: Some(Duration::from_secs(1)),
                 procs_interval: Some(Duration::from_secs(5)),
                 budget: Some(SizeOrPercent::Bytes(budget)),
-                notify: Some(false),
                 ..Layer::default()
             },
         }
+    }
+
+    /// Desktop notifications, unless a flag or the file says otherwise.
+    fn notify(self) -> bool {
+        !matches!(self, Preset::Demo { .. })
     }
 
     fn reads_local_file(self) -> bool {
@@ -162,6 +138,8 @@ pub struct CommandLine {
     pub argv: Vec<OsString>,
     pub log: Option<PathBuf>,
     pub quiet: bool,
+    /// `--no-notify`.
+    pub no_notify: bool,
     pub tui: TuiArgs,
     pub config: Option<PathBuf>,
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -186,6 +164,7 @@ impl Settings {
             argv: a.command,
             log: a.log,
             quiet: a.quiet,
+            no_notify: a.policy.no_notify,
             tui: a.tui,
             config: a.policy.config,
             metrics_addr: a.metrics_addr,
@@ -223,15 +202,14 @@ impl Settings {
         let mut spec = crate::attach::resolve(&target, Path::new("/proc"))
             .map_err(|e| ConfigError::Flag(e.to_string()))?;
         spec.watch_for = a.watch_for;
-        let mut flags = policy_layer(&a.policy);
-        flags.interval = a.interval;
-        flags.pss_interval = a.pss_interval;
-        flags.pss_budget = a.pss_budget;
-        flags.budget = a.budget;
+        let mut flags = Layer::default();
+        a.sampling.fill(&mut flags);
+        a.policy.values.fill(&mut flags);
         let cmd = CommandLine {
             argv: vec![OsString::from(&spec.label)],
             log: a.log,
             quiet: a.quiet,
+            no_notify: a.policy.no_notify,
             tui: a.tui,
             config: a.policy.config,
             nvml: Some(None),
@@ -278,31 +256,18 @@ impl Settings {
         let empty = Layer::default();
         let file_layer = file.map_or(&empty, |f| &f.layer);
         let preset_layer = preset.layer();
-        let layers = [flags, file_layer, &preset_layer];
-        macro_rules! pick {
-            ($field:ident) => {
-                layers.iter().find_map(|l| l.$field.clone())
-            };
-            ($field:ident, $default:expr) => {
-                pick!($field).unwrap_or($default)
-            };
-        }
-        let warn = pick!(warn_at, defaults::WARN_AT);
-        let crit = pick!(critical_at, defaults::CRITICAL_AT);
+        let mut values =
+            Layer::resolve(&[flags, file_layer, &preset_layer]).map_err(ConfigError::Flag)?;
+        let (warn, crit) = (values.warn_at, values.critical_at);
         if crit <= warn {
             return Err(ConfigError::Flag(format!(
                 "the critical level ({crit}%) must be above the warning level ({warn}%): both are usage of the nearest ceiling"
             )));
         }
-        let on_critical = pick!(on_critical, defaults::ON_CRITICAL);
-        let mut policy = match pick!(policy, defaults::POLICY.to_string()).as_str() {
-            "none" => Policy::none(),
-            "default" => Policy::default_with(warn, crit, on_critical),
-            other => {
-                return Err(ConfigError::Flag(format!(
-                    "unknown policy '{other}' (expected default, none)"
-                )));
-            }
+        let on_critical = Action::from(values.on_critical);
+        let mut policy = match values.policy {
+            PolicyName::None => Policy::none(),
+            PolicyName::Default => Policy::default_with(warn, crit, on_critical),
         };
         if let Some(f) = file.filter(|f| !f.rules.is_empty()) {
             if !f.include_defaults {
@@ -310,7 +275,7 @@ impl Settings {
             }
             policy.rules.extend(f.rules.iter().cloned());
         }
-        policy.max_pause_seconds = pick!(max_pause, defaults::MAX_PAUSE).as_secs_f64();
+        policy.max_pause_seconds = values.max_pause.as_secs_f64();
         policy.after_pause = match on_critical {
             Action::Pause => Action::Stop,
             other => other,
@@ -345,49 +310,32 @@ impl Settings {
             Preset::Attach { pid, allow_kill } => (Some(pid), allow_kill),
             _ => (None, false),
         };
+        if attach.is_some() {
+            // A job oomguard did not launch cannot be put in a cgroup of
+            // its own, nor restarted.
+            values.cgroup = CgroupMode::Off;
+            values.max_restarts = 0;
+        }
+        let notify = !cmd.no_notify && file.and_then(|f| f.notify).unwrap_or(preset.notify());
         Ok(Self {
             argv: cmd.argv,
             log,
-            interval: pick!(interval, defaults::INTERVAL),
-            pss_interval: pick!(pss_interval, defaults::PSS_INTERVAL),
-            pss_budget: pick!(pss_budget, defaults::PSS_BUDGET),
-            procs_interval: pick!(procs_interval, defaults::PROCS_INTERVAL),
-            budget: pick!(budget),
-            // A job oomguard did not launch cannot be put in a cgroup of its own.
-            cgroup: if attach.is_some() {
-                CgroupMode::Off
-            } else {
-                pick!(cgroup, defaults::CGROUP)
-            },
-            kill_after: pick!(kill_after, defaults::KILL_AFTER),
+            values,
             quiet: cmd.quiet,
-            notify: !in_ci && pick!(notify, true),
+            notify: !in_ci && notify,
             policy: PolicySettings {
                 policy,
-                grace: pick!(grace, defaults::GRACE),
-                checkpoint_signal: pick!(checkpoint_signal, defaults::CHECKPOINT_SIGNAL),
-                on_warn: pick!(on_warn),
                 file: file.map(|f| f.path.clone()),
             },
             proc_root: PathBuf::from("/proc"),
             tui: cmd.tui,
             restart: RestartSettings {
-                checkpoint_dir: pick!(checkpoint_dir),
-                checkpoint_glob: pick!(checkpoint_glob, defaults::CHECKPOINT_GLOB.to_string()),
                 resume_cmd: cmd.resume_cmd,
                 degrade: cmd.degrade,
-                max_restarts: if attach.is_some() {
-                    0
-                } else {
-                    pick!(max_restarts, defaults::MAX_RESTARTS)
-                },
-                restart_delay: pick!(restart_delay, defaults::RESTART_DELAY),
-                restart_reset: pick!(restart_reset, defaults::RESTART_RESET),
                 restart_on: cmd.restart_on,
             },
             metrics_addr: cmd.metrics_addr,
             metrics_textfile: cmd.metrics_textfile,
-            fail_above: pick!(fail_above),
             nvml: cmd.nvml,
             torch_stats: cmd.torch_stats,
             companion: cmd.companion && attach.is_none(),
@@ -408,13 +356,7 @@ impl Settings {
 /// already reflects it.
 pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigError> {
     let flags = policy_layer(p);
-    let given = flags.policy.is_some()
-        || flags.warn_at.is_some()
-        || flags.critical_at.is_some()
-        || flags.on_critical.is_some()
-        || flags.max_pause.is_some()
-        || p.config.is_some();
-    if !given {
+    if flags == Layer::default() && p.config.is_none() {
         return Ok(None);
     }
     let file = match &p.config {
@@ -431,43 +373,18 @@ pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigE
 
 /// What `run`'s flags say about the values the file can also set.
 fn run_layer(a: &RunArgs) -> Layer {
-    Layer {
-        interval: a.interval,
-        pss_interval: a.pss_interval,
-        pss_budget: a.pss_budget,
-        procs_interval: a.procs_interval,
-        cgroup: a.cgroup,
-        kill_after: a.kill_after,
-        budget: a.budget,
-        fail_above: a.fail_above,
-        checkpoint_dir: a.restart.checkpoint_dir.clone(),
-        checkpoint_glob: a.restart.checkpoint_glob.clone(),
-        max_restarts: a.restart.max_restarts,
-        restart_delay: a.restart.restart_delay,
-        restart_reset: a.restart.restart_reset,
-        ..policy_layer(&a.policy)
-    }
+    let mut layer = policy_layer(&a.policy);
+    a.sampling.fill(&mut layer);
+    a.launch.fill(&mut layer);
+    a.restart.values.fill(&mut layer);
+    layer
 }
 
-/// The policy flags shared by `run` and `attach`.
+/// The policy flags shared by `run`, `attach` and `replay`.
 fn policy_layer(p: &PolicyArgs) -> Layer {
-    Layer {
-        policy: p.policy.clone(),
-        warn_at: p.warn_at,
-        critical_at: p.critical_at,
-        on_critical: p.on_critical.map(|c| match c {
-            CriticalAction::Pause => Action::Pause,
-            CriticalAction::Stop => Action::Stop,
-            CriticalAction::Kill => Action::Kill,
-            CriticalAction::Restart => Action::Restart,
-        }),
-        max_pause: p.max_pause,
-        grace: p.grace,
-        checkpoint_signal: p.checkpoint_signal,
-        on_warn: p.on_warn.clone(),
-        notify: p.no_notify.then_some(false),
-        ..Layer::default()
-    }
+    let mut layer = Layer::default();
+    p.values.fill(&mut layer);
+    layer
 }
 
 /// `--log` names one file per node and rank of a job that spans nodes
@@ -550,13 +467,13 @@ fn check_log_path(path: &Path) -> Result<(), ConfigError> {
     }
 }
 
-/// The command line with each default from `settings::defaults` shown in
+/// The command line with each default from `options`'s table shown in
 /// its help (`[default: …]`), so help and code cannot disagree.
 pub fn command() -> clap::Command {
     let mut cmd = <Cli as clap::CommandFactory>::command();
     for sub in ["run", "attach", "demo"] {
         cmd = cmd.mut_subcommand(sub, |mut s| {
-            for (id, shown) in defaults::help_defaults() {
+            for &(id, shown) in crate::options::DEFAULTS {
                 let present = s.get_arguments().any(|a| a.get_id() == id);
                 if present {
                     s = s.mut_arg(id, |a| {

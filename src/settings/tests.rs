@@ -24,7 +24,11 @@ fn settings(flags: &[&str], file: Option<&str>) -> Settings {
     let a = run_args(flags);
     let layer = run_layer(&a);
     let file = file.map(|t| file::parse(Path::new("oomguard.toml"), t).unwrap());
-    Settings::merge(CommandLine::default(), &layer, file.as_ref(), Preset::Run).unwrap()
+    let cmd = CommandLine {
+        no_notify: a.policy.no_notify,
+        ..CommandLine::default()
+    };
+    Settings::merge(cmd, &layer, file.as_ref(), Preset::Run).unwrap()
 }
 
 /// One setting: a flag, a file line with another value, and how to read the
@@ -168,21 +172,21 @@ fn action_and_restart_cases() -> Vec<Case> {
         Case {
             flag: &["--grace", "2s"],
             file: "grace = \"3s\"",
-            get: |s| dur(s.policy.grace),
+            get: |s| dur(s.grace),
             from_flag: "2000ms",
             from_file: "3000ms",
         },
         Case {
             flag: &["--checkpoint-signal", "USR1"],
             file: "checkpoint_signal = \"USR2\"",
-            get: |s| s.policy.checkpoint_signal.to_string(),
+            get: |s| s.checkpoint_signal.to_string(),
             from_flag: "10",
             from_file: "12",
         },
         Case {
             flag: &["--on-warn", "echo flag"],
             file: "on_warn = \"echo file\"",
-            get: |s| format!("{:?}", s.policy.on_warn),
+            get: |s| format!("{:?}", s.on_warn),
             from_flag: "Some(\"echo flag\")",
             from_file: "Some(\"echo file\")",
         },
@@ -196,35 +200,35 @@ fn action_and_restart_cases() -> Vec<Case> {
         Case {
             flag: &["--checkpoint-dir", "/flag"],
             file: "checkpoint_dir = \"/file\"",
-            get: |s| format!("{:?}", s.restart.checkpoint_dir),
+            get: |s| format!("{:?}", s.checkpoint_dir),
             from_flag: "Some(\"/flag\")",
             from_file: "Some(\"/file\")",
         },
         Case {
             flag: &["--checkpoint-glob", "*.pt"],
             file: "checkpoint_glob = \"*.ckpt\"",
-            get: |s| s.restart.checkpoint_glob.clone(),
+            get: |s| s.checkpoint_glob.clone(),
             from_flag: "*.pt",
             from_file: "*.ckpt",
         },
         Case {
             flag: &["--max-restarts", "7"],
             file: "max_restarts = 9",
-            get: |s| s.restart.max_restarts.to_string(),
+            get: |s| s.max_restarts.to_string(),
             from_flag: "7",
             from_file: "9",
         },
         Case {
             flag: &["--restart-delay", "2s"],
             file: "restart_delay = \"3s\"",
-            get: |s| dur(s.restart.restart_delay),
+            get: |s| dur(s.restart_delay),
             from_flag: "2000ms",
             from_file: "3000ms",
         },
         Case {
             flag: &["--restart-reset", "2s"],
             file: "restart_reset = \"3s\"",
-            get: |s| dur(s.restart.restart_reset),
+            get: |s| dur(s.restart_reset),
             from_flag: "2000ms",
             from_file: "3000ms",
         },
@@ -272,12 +276,8 @@ fn every_file_key_has_a_precedence_case() {
         .iter()
         .map(|c| c.file.split(' ').next().unwrap_or(""))
         .collect();
-    let sample = "interval pss_interval pss_budget procs_interval cgroup kill_after budget fail_above \
-                  notify policy warn_at critical_at on_critical max_pause grace \
-                  checkpoint_signal on_warn checkpoint_dir checkpoint_glob max_restarts \
-                  restart_delay restart_reset";
-    for key in sample.split_whitespace() {
-        assert!(covered.contains(&key), "no precedence case for '{key}'");
+    for key in Layer::KEYS.iter().chain(&["notify"]) {
+        assert!(covered.contains(key), "no precedence case for '{key}'");
     }
     assert_eq!(
         Layer::default(),
@@ -291,7 +291,7 @@ fn kill_after_from_the_command_line_beats_the_file() {
     // always won.
     let s = settings(&["--kill-after", "10s"], Some("kill_after = \"30s\""));
     assert_eq!(s.kill_after, Duration::from_secs(10));
-    assert_eq!(settings(&[], None).kill_after, defaults::KILL_AFTER);
+    assert_eq!(settings(&[], None).kill_after, Duration::from_secs(10));
 }
 
 #[test]
@@ -328,7 +328,7 @@ fn presets_sit_between_the_file_and_the_defaults() {
     .unwrap();
     assert_eq!((attach.attach, attach.allow_kill), (Some(42), true));
     assert_eq!(attach.cgroup, CgroupMode::Off);
-    assert_eq!(attach.restart.max_restarts, 0);
+    assert_eq!(attach.max_restarts, 0);
 }
 
 #[test]
