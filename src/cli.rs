@@ -266,6 +266,29 @@ pub struct RunArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
+    #[command(flatten)]
+    pub only: RunOnly,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    #[command(flatten)]
+    pub restart: RestartArgs,
+
+    #[command(flatten)]
+    pub tui: TuiArgs,
+
+    /// The command to run, after `--`.
+    // No `allow_hyphen_values`: a misspelt flag before `--` (`--budjet`)
+    // must be an error, not the command to run.
+    #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// What only `run`'s command line says: no file key, no preset. `Settings`
+/// keeps the group whole (`cfg.run`), so a new flag here is one field.
+#[derive(Debug, Args, Default, Clone)]
+pub struct RunOnly {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics during the run
     /// (e.g. 127.0.0.1:9465; other addresses expose them to the network).
     #[arg(long, value_name = "HOST:PORT", value_parser = crate::values::listen_addr)]
@@ -312,21 +335,6 @@ pub struct RunArgs {
     /// checkpoint signal only.
     #[arg(long)]
     pub no_companion: bool,
-
-    #[command(flatten)]
-    pub policy: PolicyArgs,
-
-    #[command(flatten)]
-    pub restart: RestartArgs,
-
-    #[command(flatten)]
-    pub tui: TuiArgs,
-
-    /// The command to run, after `--`.
-    // No `allow_hyphen_values`: a misspelt flag before `--` (`--budjet`)
-    // must be an error, not the command to run.
-    #[arg(trailing_var_arg = true, required = true, value_name = "COMMAND")]
-    pub command: Vec<OsString>,
 }
 
 /// What oomguard does about memory (see also `--config`).

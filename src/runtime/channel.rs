@@ -212,7 +212,7 @@ impl Supervisor {
     pub(super) fn next_channel(&mut self) -> Option<(std::ffi::OsString, std::ffi::OsString)> {
         self.core.act.channel = None;
         let dir = self.torch.as_ref()?.dir().to_path_buf();
-        if !self.cfg.companion {
+        if !self.cfg.companion() {
             return None;
         }
         match Channel::create(&dir, self.attempt) {

@@ -516,7 +516,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
         version: env!("CARGO_PKG_VERSION").to_string(),
         interval_seconds: cfg.interval.as_secs_f64(),
         pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
-        every_tick: cfg.log_every_tick,
+        every_tick: cfg.run.log_every_tick,
         ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
     };
     log.write(&Event::RunStart(Box::new(start)));
@@ -618,7 +618,7 @@ impl Supervisor {
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
-            every_tick: self.cfg.log_every_tick,
+            every_tick: self.cfg.run.log_every_tick,
             ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
         self.sinks

@@ -261,7 +261,7 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
     let metrics =
         crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
     let mut metrics_stop = None;
-    if let Some(addr) = cfg.metrics_addr {
+    if let Some(addr) = cfg.run.metrics_addr {
         if let Some(w) = crate::metrics::http::exposure_warning(addr) {
             eprintln!("oomguard: warning: {w}");
         }
@@ -277,6 +277,7 @@ async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32>
         metrics_stop = Some(tx);
     }
     let textfile = cfg
+        .run
         .metrics_textfile
         .as_ref()
         .map(crate::metrics::Textfile::new);
@@ -369,7 +370,7 @@ async fn own_user_scope(cfg: &RunConfig, here: &cgroup::Location) -> Result<Owne
 /// the user's to fix: exit 2), or for the companion alone (a failure costs
 /// the companion, not the run).
 fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
-    if cfg.torch_stats {
+    if cfg.run.torch_stats {
         return TorchStatsInjector::new(cfg.interval)
             .and_then(|inj| inj.reader().map(|r| (inj, Some(r))))
             .map(Some)
@@ -378,7 +379,7 @@ fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
                 2
             });
     }
-    if !cfg.companion {
+    if !cfg.companion() {
         return Ok(None);
     }
     match TorchStatsInjector::new(cfg.interval) {
@@ -394,7 +395,7 @@ fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
 
 /// The first attempt's control channel, in the hook's directory.
 fn open_channel(cfg: &RunConfig, torch: Option<&Torch>) -> Option<crate::companion::Channel> {
-    let (inj, _) = torch.filter(|_| cfg.companion)?;
+    let (inj, _) = torch.filter(|_| cfg.companion())?;
     match crate::companion::Channel::create(inj.dir(), 1) {
         Ok(c) => Some(c),
         Err(e) => {
@@ -491,8 +492,8 @@ enum OutputSetupError {
 fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupError> {
     if cfg.attach.is_none() && !has_pty {
         let (relay, stdio) = OutputRelay::new(RelayOptions {
-            output_log: cfg.output_log.clone(),
-            drop_when_full: cfg.output_drop,
+            output_log: cfg.run.output_log.clone(),
+            drop_when_full: cfg.run.output_drop,
             ..Default::default()
         })
         .map_err(|e| match &e {
@@ -507,7 +508,7 @@ fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupErro
             pty_log: None,
         });
     }
-    let (Some(path), true) = (&cfg.output_log, has_pty) else {
+    let (Some(path), true) = (&cfg.run.output_log, has_pty) else {
         return Ok(Output::default());
     };
     let file = std::fs::OpenOptions::new()
@@ -648,7 +649,7 @@ fn open_gpu(cfg: &RunConfig) -> (Option<crate::probe::gpu::GpuProbe>, GpuInfo) {
         available: false,
         reason: Some(reason),
     };
-    match &cfg.nvml {
+    match &cfg.nvml() {
         None => (None, off("disabled with --no-gpu".into())),
         Some(lib) => match crate::probe::gpu::GpuProbe::open(lib.as_deref()) {
             Ok(p) => (
@@ -715,7 +716,7 @@ impl Supervisor {
                 stats: RunStats::default(),
                 interval: cfg.interval,
                 procs_interval: cfg.procs_interval,
-                every_tick: cfg.log_every_tick,
+                every_tick: cfg.run.log_every_tick,
                 last_logged: None,
                 last_procs_log: None,
                 early_procs_list: Some(super::sinks::EARLY_PROCS_LIST),

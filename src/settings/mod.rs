@@ -15,7 +15,9 @@ use std::time::Duration;
 
 pub use file::{ConfigError, FileSettings};
 
-use crate::cli::{AttachArgs, CgroupMode, Cli, DemoArgs, PolicyArgs, PolicyName, RunArgs, TuiArgs};
+use crate::cli::{
+    AttachArgs, CgroupMode, Cli, DemoArgs, PolicyArgs, PolicyName, RunArgs, RunOnly, TuiArgs,
+};
 pub use crate::options::{Layer, Values};
 use crate::policy::{Action, Policy};
 use crate::units::SizeOrPercent;
@@ -51,30 +53,31 @@ pub struct Settings {
     pub proc_root: PathBuf,
     pub tui: TuiArgs,
     pub restart: RestartSettings,
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    pub metrics_textfile: Option<PathBuf>,
-    /// `None`: no GPU watching; `Some(None)`: the system's NVML.
-    pub nvml: Option<Option<PathBuf>>,
-    pub torch_stats: bool,
-    /// The control channel and the Python companion (`run` only).
-    pub companion: bool,
+    /// What only `run`'s command line says (`--metrics-addr`,
+    /// `--output-log`, …); as given, or its default for `attach` and `demo`.
+    pub run: RunOnly,
     /// `attach`: watch this running process instead of launching one.
     pub attach: Option<u32>,
     /// `attach --allow-kill`.
     pub allow_kill: bool,
     /// `attach`: how the job was named, and its cgroup when named by one.
     pub attach_spec: Option<crate::attach::AttachSpec>,
-    /// `--output-log`: a raw copy of everything the job prints.
-    pub output_log: Option<PathBuf>,
-    /// `--output-drop`: drop output a slow reader does not take instead of
-    /// making the job wait.
-    pub output_drop: bool,
-    /// `--log-every-tick`: a recording for `replay` (every tick logged,
-    /// every policy input on each line).
-    pub log_every_tick: bool,
     /// `oomguard doctor -- CMD`: end the job once it shows progress (or
     /// after a while), recording whether a stop would save its work.
     pub doctor: Option<crate::verdict::Watch>,
+}
+
+impl Settings {
+    /// `None`: no GPU watching; `Some(None)`: the system's NVML.
+    pub fn nvml(&self) -> Option<Option<PathBuf>> {
+        (!self.run.no_gpu).then(|| self.run.nvml_lib.clone())
+    }
+
+    /// The control channel and the Python companion: for a job oomguard
+    /// launches, unless `--no-companion`.
+    pub fn companion(&self) -> bool {
+        !self.run.no_companion && self.attach.is_none()
+    }
 }
 
 impl std::ops::Deref for Settings {
@@ -142,15 +145,7 @@ pub struct CommandLine {
     pub no_notify: bool,
     pub tui: TuiArgs,
     pub config: Option<PathBuf>,
-    pub metrics_addr: Option<std::net::SocketAddr>,
-    pub metrics_textfile: Option<PathBuf>,
-    pub output_log: Option<PathBuf>,
-    pub output_drop: bool,
-    pub log_every_tick: bool,
-    pub nvml: Option<Option<PathBuf>>,
-    pub torch_stats: bool,
-    /// The control channel and the Python companion (`run` only).
-    pub companion: bool,
+    pub run: RunOnly,
     pub resume_cmd: Option<String>,
     pub degrade: Vec<crate::restart::Degrade>,
     pub restart_on: Vec<crate::restart::RestartOn>,
@@ -167,14 +162,7 @@ impl Settings {
             no_notify: a.policy.no_notify,
             tui: a.tui,
             config: a.policy.config,
-            metrics_addr: a.metrics_addr,
-            metrics_textfile: a.metrics_textfile,
-            output_log: a.output_log,
-            output_drop: a.output_drop,
-            log_every_tick: a.log_every_tick,
-            nvml: (!a.no_gpu).then_some(a.nvml_lib),
-            torch_stats: a.torch_stats,
-            companion: !a.no_companion,
+            run: a.only,
             resume_cmd: a.restart.resume_cmd,
             degrade: a.restart.degrade,
             restart_on: a.restart.restart_on,
@@ -212,7 +200,6 @@ impl Settings {
             no_notify: a.policy.no_notify,
             tui: a.tui,
             config: a.policy.config,
-            nvml: Some(None),
             ..CommandLine::default()
         };
         let preset = Preset::Attach {
@@ -230,6 +217,12 @@ impl Settings {
             argv,
             log: a.log.clone(),
             tui: a.tui,
+            // The demo job is no Python trainer and needs no GPU.
+            run: RunOnly {
+                no_gpu: true,
+                no_companion: true,
+                ..RunOnly::default()
+            },
             ..CommandLine::default()
         };
         Self::resolve(cmd, &Layer::default(), Preset::Demo { budget: a.budget })
@@ -287,7 +280,7 @@ impl Settings {
                 dup.name
             )));
         }
-        if let Some(Some(lib)) = &cmd.nvml
+        if let (false, Some(lib)) = (cmd.run.no_gpu, &cmd.run.nvml_lib)
             && !lib.exists()
         {
             return Err(ConfigError::Flag(format!(
@@ -334,17 +327,10 @@ impl Settings {
                 degrade: cmd.degrade,
                 restart_on: cmd.restart_on,
             },
-            metrics_addr: cmd.metrics_addr,
-            metrics_textfile: cmd.metrics_textfile,
-            nvml: cmd.nvml,
-            torch_stats: cmd.torch_stats,
-            companion: cmd.companion && attach.is_none(),
+            run: cmd.run,
             attach,
             allow_kill,
             attach_spec: None,
-            output_log: cmd.output_log,
-            output_drop: cmd.output_drop,
-            log_every_tick: cmd.log_every_tick,
             doctor: None,
         })
     }

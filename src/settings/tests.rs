@@ -358,7 +358,10 @@ fn critical_below_warn_is_rejected_whatever_the_source() {
 #[test]
 fn bad_paths_are_refused_before_the_job_starts() {
     let cmd = CommandLine {
-        nvml: Some(Some("/no/such/libnvidia-ml.so.1".into())),
+        run: RunOnly {
+            nvml_lib: Some("/no/such/libnvidia-ml.so.1".into()),
+            ..RunOnly::default()
+        },
         ..CommandLine::default()
     };
     let e = Settings::merge(cmd, &Layer::default(), None, Preset::Run).unwrap_err();
