@@ -305,7 +305,7 @@ pub struct Actuator {
     /// SIGKILL was sent to the tree.
     pub killed: bool,
     /// When SIGKILL follows if the tree has not exited by then.
-    pub kill_at: Option<Instant>,
+    kill_at: Option<Instant>,
     /// This attempt's control channel (`run`, unless `--no-companion`).
     pub channel: Option<Channel>,
     /// What the deciding tick saw (headroom under which ceiling), for the
@@ -998,6 +998,31 @@ impl Actuator {
         if let Some(st) = self.stop.take() {
             self.release(&st, why, tree, sig);
         }
+    }
+
+    /// Starts the `--kill-after` clock at `now` unless it already runs (a
+    /// forwarded TERM, a hangup, a job whose main process exited with
+    /// processes left).
+    pub fn arm_kill_after(&mut self, now: Instant) {
+        if self.kill_at.is_none() {
+            self.kill_at = Some(now + self.cfg.kill_after);
+        }
+    }
+
+    /// Starts the `--kill-after` clock from `now` whatever it said before:
+    /// the user's signal that ends the run counts from when it came.
+    pub fn rearm_kill_after(&mut self, now: Instant) {
+        self.kill_at = Some(now + self.cfg.kill_after);
+    }
+
+    /// When the next kill is due (the `--kill-after` clock, or the next
+    /// round of a kill under way).
+    pub fn kill_deadline(&self) -> Option<Instant> {
+        self.kill_at
+    }
+
+    pub fn kill_due(&self, now: Instant) -> bool {
+        self.kill_at.is_some_and(|k| now >= k)
     }
 
     /// SIGKILL to the whole tree, and to the job's process group

@@ -99,7 +99,7 @@ impl Supervisor {
                 // The newest saved checkpoint is the one a restart resumes
                 // from, whether a stop or a `checkpoint` rule asked for it.
                 if let Some(p) = paths.first().filter(|p| ok && p.exists()) {
-                    self.checkpoint = Some(p.clone());
+                    self.attempts.saved(p.clone());
                 }
                 if !self.cfg.quiet
                     && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
@@ -215,7 +215,7 @@ impl Supervisor {
         if !self.cfg.companion() {
             return None;
         }
-        match Channel::create(&dir, self.attempt) {
+        match Channel::create(&dir, self.attempts.number()) {
             Ok(c) => {
                 let env = c.env();
                 self.core.act.channel = Some(c);

@@ -18,7 +18,7 @@ impl Supervisor {
         if watch.concluded() || self.shutdown_signal.is_some() || self.main_status.is_some() {
             return;
         }
-        let waited = self.attempt_started.elapsed();
+        let waited = self.attempts.age(Instant::now());
         let step = self.progress.current().and_then(|p| p.step);
         if step.is_none() && waited < watch.wait {
             return;

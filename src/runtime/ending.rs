@@ -43,7 +43,7 @@ impl Supervisor {
         let (outcome, mut exit_code) = match status {
             _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if detached => (Outcome::Detached, 0),
-            _ if self.restart_limit => (Outcome::RestartLimit, EXIT_POLICY),
+            _ if self.attempts.gave_up() => (Outcome::RestartLimit, EXIT_POLICY),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             _ if self.core.act.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
             Status::Exited(c) => (Outcome::Exited, c),
@@ -90,7 +90,7 @@ impl Supervisor {
                 outcome,
                 exit_code,
                 peak: self.sinks.stats.peak.clone(),
-                restarts: self.restarts,
+                restarts: self.attempts.restarts(),
                 actions: self.sinks.stats.actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: self.internal_error.clone(),
@@ -216,7 +216,7 @@ impl Supervisor {
                 outcome,
                 exit_code,
                 duration_seconds: duration.as_secs_f64(),
-                attempts: self.attempt,
+                attempts: self.attempts.number(),
                 peak: self.sinks.stats.peak.clone(),
                 ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
                 least_headroom_bytes: self.sinks.stats.least_headroom.map(|l| l.headroom_bytes),
@@ -248,7 +248,8 @@ impl Supervisor {
         let how = match (outcome, status) {
             (Outcome::RestartLimit, _) => format!(
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
-                self.restarts, self.cfg.max_restarts
+                self.attempts.restarts(),
+                self.cfg.max_restarts
             ),
             (Outcome::OomKilled, Status::Signaled(_)) => {
                 format!("was killed by the kernel OOM killer; exit {exit_code}")
@@ -345,8 +346,8 @@ impl Supervisor {
             let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();
             eprintln!("oomguard: actions: {}", list.join(", "));
         }
-        if self.attempts.len() > 1 {
-            for a in &self.attempts {
+        if self.attempts.lines().len() > 1 {
+            for a in self.attempts.lines() {
                 eprintln!("oomguard: {a}");
             }
         }

@@ -29,7 +29,7 @@ impl Supervisor {
 
     /// The job wrote to stdout/stderr (relayed), or the terminal resized.
     pub(super) fn on_relay(&mut self, pumped: Pumped) {
-        if pumped == Pumped::Resized && self.relaunch_at.is_none() && self.main_status.is_none() {
+        if pumped == Pumped::Resized && !self.attempts.between() && self.main_status.is_none() {
             // The job's pty took the terminal's new size; a pty that is
             // not a controlling terminal tells nobody, so do as a terminal
             // would.

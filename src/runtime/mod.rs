@@ -160,23 +160,9 @@ struct Supervisor {
     cheap: Option<cheap::CheapLoop>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
-    /// 1-based attempt number.
-    attempt: u32,
-    attempt_started: Instant,
-    budget: Budget,
-    /// Environment changes for the next attempts (degradation).
-    env: BTreeMap<String, String>,
-    /// The newest known checkpoint.
-    checkpoint: Option<PathBuf>,
-    /// When the next attempt starts (between attempts).
-    relaunch_at: Option<Instant>,
-    restart_limit: bool,
-    /// One line per finished attempt, for the summary.
-    attempts: Vec<String>,
-    /// Restarts so far (never reset, unlike the budget).
-    restarts: u32,
-    /// A relaunch failed: no more attempts.
-    no_more_attempts: bool,
+    /// The run's attempts: their number, the restart budget, the newest
+    /// checkpoint, and when the next one starts.
+    attempts: attempts::Attempts,
     /// The kernel's OOM kills: counters and the memory history that
     /// explains them.
     oom: oom::OomWatch,
@@ -304,29 +290,6 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
 
 /// The environment every attempt gets: its number, the newest checkpoint
 /// and the degraded variables.
-fn attempt_env(
-    attempt: u32,
-    checkpoint: Option<&std::path::Path>,
-    degraded: &BTreeMap<String, String>,
-) -> Vec<(OsString, OsString)> {
-    let mut env = vec![(
-        OsString::from("OOMGUARD_ATTEMPT"),
-        OsString::from(attempt.to_string()),
-    )];
-    if let Some(c) = checkpoint {
-        env.push((
-            OsString::from("OOMGUARD_CHECKPOINT"),
-            c.as_os_str().to_owned(),
-        ));
-    }
-    env.extend(
-        degraded
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-    );
-    env
-}
-
 fn launch(
     cfg: &RunConfig,
     argv: &[OsString],
@@ -633,12 +596,12 @@ impl Supervisor {
             self.next_tick = now;
         }
         self.reap();
-        if self.core.act.kill_at.is_some_and(|k| now >= k) {
+        if self.core.act.kill_due(now) {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
         self.check_watch_time(now);
-        if now >= self.next_tick && self.relaunch_at.is_none() {
+        if now >= self.next_tick && !self.attempts.between() {
             let full = now >= self.next_full;
             self.tick(!full);
         }
@@ -668,7 +631,7 @@ impl Supervisor {
             job_pid: self.job.pid,
             gpu_eta: self.fresh_gpu_eta(&sample),
             torch_fragmentation: self.torch_fragmentation(&sample),
-            last_attempt: !self.budget.allows(self.attempt_started.elapsed()),
+            last_attempt: self.attempts.is_last(now),
         };
         let out = self
             .core
@@ -813,8 +776,8 @@ impl Supervisor {
                             path: path.clone(),
                             waited_seconds,
                         }));
-                    if path.is_some() {
-                        self.checkpoint = path;
+                    if let Some(p) = path {
+                        self.attempts.saved(p);
                     }
                 }
                 Acted::GaveUp => self.core.engine.reset(),
@@ -976,7 +939,7 @@ impl Supervisor {
             Some(SIG_TERM),
             result,
         );
-        self.arm_kill_after();
+        self.core.act.arm_kill_after(Instant::now());
     }
 
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
@@ -1035,7 +998,7 @@ impl Supervisor {
                 return;
             }
             SignalPlan::CancelRestart => {
-                self.relaunch_at = None;
+                self.attempts.cancel();
                 self.shutdown_signal = Some(sig);
                 if !self.cfg.quiet {
                     self.say(format!(
@@ -1060,7 +1023,7 @@ impl Supervisor {
             let why = format!("{} received", supervise::signal_name(sig));
             self.begin_shutdown(&why, pids, sig, result);
             // From this signal on, whatever the clock said before.
-            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
+            self.core.act.rearm_kill_after(Instant::now());
         }
     }
 
@@ -1073,21 +1036,14 @@ impl Supervisor {
             .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
         self.core.act.unpause(&mut self.sig);
         self.shutdown_signal = Some(sig);
-        self.arm_kill_after();
-    }
-
-    /// Starts the `--kill-after` clock unless it already runs.
-    fn arm_kill_after(&mut self) {
-        if self.core.act.kill_at.is_none() {
-            self.core.act.kill_at = Some(Instant::now() + self.cfg.kill_after);
-        }
+        self.core.act.arm_kill_after(Instant::now());
     }
 
     /// Where the run stands for a signal's decision (`signals.rs`).
     fn standing(&self) -> signals::Standing {
         signals::Standing {
             forwards: self.target.forwards_signals(),
-            between_attempts: self.relaunch_at.is_some(),
+            between_attempts: self.attempts.between(),
             shutdown_signal: self.shutdown_signal,
         }
     }

@@ -93,7 +93,7 @@ impl Supervisor {
         let state = match &self.core.act.stop {
             Some(st) if st.action == Action::Restart => PolicyState::Restarting,
             Some(_) => PolicyState::Stopping,
-            None if self.relaunch_at.is_some() => PolicyState::Restarting,
+            None if self.attempts.between() => PolicyState::Restarting,
             None if !self.core.act.paused.is_empty() => PolicyState::Paused,
             None if self.core.engine.warning() => PolicyState::Warning,
             None => PolicyState::Normal,
@@ -131,7 +131,7 @@ impl Supervisor {
                 return;
             }
             HangupPlan::CancelRestart => {
-                self.relaunch_at = None;
+                self.attempts.cancel();
                 self.shutdown_signal = Some(libc::SIGHUP);
                 return;
             }

@@ -4,7 +4,7 @@
 //! the loop itself. A usage problem found here exits 2 before the job
 //! starts; a failure after `run_start` ends the log with `run_end`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use super::sampler::Sampler;
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, attach, attach_to, attempt_env, drain_output,
+    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, attach, attach_to, drain_output,
     internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any, relay_pump,
     report_stale, spawn_failed, term_event, threshold_crossed,
 };
@@ -130,7 +130,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, &cfg, msg),
     };
     let channel = open_channel(&cfg, torch.as_ref());
-    let mut first_env = attempt_env(1, None, &BTreeMap::new());
+    let mut first_env = super::attempts::Attempts::first_env();
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
@@ -227,10 +227,10 @@ async fn run_loop(
             ev = term => sup.on_term(ev),
         }
         sup.draw();
-        if sup.relaunch_at.is_some_and(|at| Instant::now() >= at) {
+        if sup.attempts.due(Instant::now()) {
             sup.relaunch();
         }
-        if sup.relaunch_at.is_none() && sup.finished() && !sup.plan_restart() {
+        if !sup.attempts.between() && sup.finished() && !sup.plan_restart() {
             break;
         }
     }
@@ -779,21 +779,15 @@ impl Supervisor {
             thresholds: Vec::new(),
             cheap: None,
             pri_wakes: Vec::new(),
-            attempt: 1,
-            attempt_started: now,
-            budget: Budget::new(
-                max_restarts,
-                restart_delay,
-                Duration::from_secs(300),
-                restart_reset,
+            attempts: super::attempts::Attempts::new(
+                Budget::new(
+                    max_restarts,
+                    restart_delay,
+                    Duration::from_secs(300),
+                    restart_reset,
+                ),
+                now,
             ),
-            env: BTreeMap::new(),
-            checkpoint: None,
-            relaunch_at: None,
-            restart_limit: false,
-            attempts: Vec::new(),
-            restarts: 0,
-            no_more_attempts: false,
             gpu_info,
             torch,
             target: super::target::Target::new(readers.attached),

@@ -331,3 +331,173 @@ pub fn session_bus() -> bool {
         || std::env::var_os("XDG_RUNTIME_DIR")
             .is_some_and(|d| std::path::Path::new(&d).join("bus").exists())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::testing::budget_sample;
+    use crate::model::{ProcSample, Role};
+
+    struct Quiet;
+
+    impl Notifier for Quiet {
+        fn notify(&mut self, _summary: String, _body: String) {}
+    }
+
+    fn sinks(log: &std::path::Path, every_tick: bool) -> Sinks {
+        let started = Instant::now();
+        Sinks {
+            started,
+            log: LogWriter::create(log, started).unwrap(),
+            metrics: crate::metrics::Metrics::new(Default::default(), "test"),
+            textfile: None,
+            annotator: None,
+            app: None,
+            notifier: Box::new(Quiet),
+            stats: RunStats::default(),
+            interval: Duration::from_secs(1),
+            procs_interval: Duration::from_secs(5),
+            every_tick,
+            last_logged: None,
+            last_procs_log: None,
+            early_procs_list: Some(EARLY_PROCS_LIST),
+            logged_uss: HashMap::new(),
+            rss_max: HashMap::new(),
+            attempt_t: 0.0,
+            confirm_at: None,
+            procs_lists: 0,
+            _metrics_stop: None,
+        }
+    }
+
+    fn sample(t: f64, uss: u64) -> Sample {
+        let mut s = budget_sample(t, 100 << 20);
+        s.procs = vec![ProcSample {
+            pid: 7,
+            ppid: 1,
+            role: Role::Trainer,
+            comm: "python".into(),
+            rss_bytes: uss,
+            pss_bytes: uss,
+            uss_bytes: uss,
+            swap_bytes: 0,
+            rss_peak_bytes: None,
+            gpu_bytes: None,
+            read_age_seconds: None,
+            torch: None,
+            start_time: 7,
+            stopped: false,
+        }];
+        s
+    }
+
+    fn view(t: f64) -> View {
+        View {
+            t,
+            nearest: None,
+            eta_seconds: None,
+            headroom_slope: None,
+            fastest: None,
+        }
+    }
+
+    /// `(t, with a process list)` of every sample line written.
+    fn lines(log: &std::path::Path) -> Vec<(f64, bool)> {
+        std::fs::read_to_string(log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["event"] == "sample")
+            .map(|v| (v["t"].as_f64().unwrap(), v.get("procs").is_some()))
+            .collect()
+    }
+
+    /// Fast ticks (every 100 ms, as near a ceiling) are logged once per
+    /// `--interval`, each tick where something happened is logged, and
+    /// the process list comes at the first line, every
+    /// `--procs-interval`, at the early list, when forced and when a
+    /// process's memory moved; `--log-every-tick` logs every tick.
+    #[test]
+    fn sample_lines_keep_their_cadence_through_fast_ticks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.ndjson");
+        let mut s = sinks(&path, false);
+        s.start_attempt(0.0);
+        let mib = 1u64 << 20;
+        for i in 0..=120 {
+            let t = f64::from(i) / 10.0;
+            s.sample(&sample(t, 500 * mib), &view(t), false, false, None, false);
+        }
+        let got = lines(&path);
+        let times: Vec<f64> = got.iter().map(|l| l.0).collect();
+        let want: Vec<f64> = (0..=12).map(f64::from).collect();
+        assert_eq!(times, want, "one line per --interval");
+        let listed: Vec<f64> = got.iter().filter(|l| l.1).map(|l| l.0).collect();
+        // The first list: a process new to the lists counts as moved, so a
+        // confirming list follows 1.5 spacings later (3 s); the next comes
+        // a --procs-interval after that (8 s), and the early list at 10 s.
+        assert_eq!(listed, vec![0.0, 3.0, 8.0, 10.0]);
+        // A rule fired: logged though not due; forced: with the list.
+        s.sample(
+            &sample(12.05, 500 * mib),
+            &view(12.05),
+            true,
+            false,
+            None,
+            false,
+        );
+        s.sample(
+            &sample(12.1, 500 * mib),
+            &view(12.1),
+            true,
+            true,
+            None,
+            false,
+        );
+        // Memory that moved 10 % and 8 MiB earns a list of its own, once
+        // two seconds passed since the last list.
+        s.sample(
+            &sample(13.2, 600 * mib),
+            &view(13.2),
+            false,
+            false,
+            None,
+            false,
+        );
+        s.sample(
+            &sample(14.2, 600 * mib),
+            &view(14.2),
+            false,
+            false,
+            None,
+            false,
+        );
+        s.sample(
+            &sample(15.2, 700 * mib),
+            &view(15.2),
+            false,
+            false,
+            None,
+            false,
+        );
+        let got = lines(&path);
+        let tail = [
+            (12.05, false),
+            (12.1, true),
+            (13.2, false),
+            (14.2, true),
+            (15.2, false),
+        ];
+        assert_eq!(&got[13..], &tail);
+        assert_eq!(s.stats.samples, 126, "every tick reaches the run's totals");
+
+        let every = dir.path().join("every.ndjson");
+        let mut s = sinks(&every, true);
+        s.start_attempt(0.0);
+        for i in 0..20 {
+            let t = f64::from(i) / 20.0;
+            s.sample(&sample(t, 500 * mib), &view(t), false, false, None, false);
+        }
+        assert_eq!(lines(&every).len(), 20, "--log-every-tick logs every tick");
+    }
+}

@@ -912,7 +912,60 @@ mod tests {
         assert_eq!(acts[0].0, "kill");
         assert_eq!(run.sig.take().len(), 3);
         assert_eq!(run.sig.groups, vec![(TRAINER, SIG_KILL)]);
-        assert!(run.core.act.kill_at.is_some());
+        assert!(run.core.act.kill_deadline().is_some());
+    }
+
+    /// `--kill-after`: the clock starts once (a later start does not move
+    /// it), a user's signal restarts it, and when it expires the kill
+    /// reaches every process of the tree and the job's group, then again
+    /// every 100 ms.
+    #[test]
+    fn kill_after_expires_and_the_kill_reaches_the_tree_and_the_group() {
+        let mut run = Run::new(core(Action::Stop, true));
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        let tree = script.sample(0.0, 50.0).procs;
+        let at = |s: f64| run.t0 + Duration::from_secs_f64(s);
+        let (t0, t05, t09, t15, t19, t2) = (at(0.0), at(0.5), at(0.9), at(1.5), at(1.9), at(2.0));
+        let act = &mut run.core.act;
+        assert!(!act.kill_due(at(100.0)), "no clock runs before a start");
+        act.arm_kill_after(t0);
+        act.arm_kill_after(t05);
+        assert!(
+            !act.kill_due(t09) && act.kill_due(at(1.0)),
+            "a second start moved it"
+        );
+        act.rearm_kill_after(t05);
+        assert!(!act.kill_due(at(1.4)) && act.kill_due(t15));
+        assert!(act.kill(
+            "--kill-after expired",
+            &tree,
+            Some(TRAINER),
+            t15,
+            &mut run.sig
+        ));
+        assert_eq!(run.sig.take().len(), tree.len());
+        assert_eq!(run.sig.groups, vec![(TRAINER, SIG_KILL)]);
+        assert!(!act.kill_due(at(1.59)) && act.kill_due(at(1.6)));
+        let kills = act.drain();
+        let logged = kills
+            .iter()
+            .filter(|a| matches!(a, Acted::Action { .. }))
+            .count();
+        assert_eq!(logged, 1, "the kill is one action");
+        // A job oomguard did not launch is not killed without --allow-kill.
+        let mut watch = Run::new(core(Action::Stop, false));
+        watch.core.act.arm_kill_after(t0);
+        assert!(watch.core.act.kill_due(t19));
+        let act = &mut watch.core.act;
+        assert!(!act.kill(
+            "--kill-after expired",
+            &tree,
+            Some(TRAINER),
+            t2,
+            &mut watch.sig
+        ));
+        assert!(watch.sig.take().is_empty() && !act.kill_due(t2));
     }
 
     #[test]

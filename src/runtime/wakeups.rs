@@ -179,7 +179,7 @@ impl Supervisor {
 
     pub(super) fn next_wake(&self) -> Instant {
         let mut wake = self.next_tick;
-        if let Some(k) = self.core.act.kill_at {
+        if let Some(k) = self.core.act.kill_deadline() {
             wake = wake.min(k);
         }
         if self.main_status.is_some() {
@@ -188,7 +188,7 @@ impl Supervisor {
         if let Some(d) = self.hooks.next_deadline() {
             wake = wake.min(d);
         }
-        if let Some(r) = self.relaunch_at {
+        if let Some(r) = self.attempts.relaunch_at() {
             wake = r;
         }
         if let Some(w) = self.watch_deadline() {
