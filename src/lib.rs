@@ -18,6 +18,7 @@
 
 pub mod attach;
 pub mod cli;
+pub mod clock;
 pub mod companion;
 pub mod demo;
 pub mod demo_job;

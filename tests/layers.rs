@@ -14,6 +14,7 @@ const LAYERS: &[&[&str]] = &[
     // Vocabulary and parsers with no I/O of their own.
     &[
         "units",
+        "clock",
         "exit",
         "growth",
         "verdict",

@@ -134,7 +134,7 @@ impl LogWriter {
 
     /// Seconds since the run started, as every line and sample uses.
     pub fn t(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
+        crate::clock::since(self.started).as_secs_f64()
     }
 
     /// Writes one event line and flushes it.
@@ -233,7 +233,7 @@ pub fn end_after_failure(path: &Path, started: Instant, error: &str) {
         progress: None,
         progress_changed: false,
     };
-    let seconds = round3(started.elapsed().as_secs_f64());
+    let seconds = round3(crate::clock::since(started).as_secs_f64());
     w.write(&Event::RunEnd(Box::new(RunEnd::without_a_run(
         Outcome::InternalError,
         crate::exit::INTERNAL,

@@ -135,7 +135,7 @@ impl Supervisor {
     pub(super) fn end_watch(&mut self, why: String) {
         self.core
             .act
-            .let_go(&why, &self.sampler.tree, &mut self.sig);
+            .let_go(&why, &self.sampler.tree, &mut *self.sig);
         self.acted(None);
         if let Some(a) = self.target.attached_mut()
             && a.detached.is_none()

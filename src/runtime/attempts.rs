@@ -261,13 +261,13 @@ impl Supervisor {
         self.log_output_events();
         // The companion's last words (its final step, written at exit, or
         // a done that came after the last tick) belong to this attempt.
-        self.core.act.poll_channel(Instant::now());
+        self.core.act.poll_channel(crate::clock::now());
         // Another node's fault that came after this node's ranks had
         // already failed in their collectives is still why they did.
         let failed = self.main_status.is_some_and(|s| s != Status::Exited(0));
         self.core.act.adopt_remote_fault(failed);
         self.core.act.adopt_remote_stop();
-        self.core.act.conclude_checkpoint(Instant::now());
+        self.core.act.conclude_checkpoint(crate::clock::now());
         self.acted(None);
         let sample = self.sample(true);
         // A kill the kernel made in this attempt is logged in it, not
@@ -289,7 +289,7 @@ impl Supervisor {
         };
         let reason =
             crate::restart::restart_reason(&end, &rules).filter(|_| self.target.restarts());
-        let now = Instant::now();
+        let now = crate::clock::now();
         let (dir, glob) = (
             self.cfg.checkpoint_dir.as_deref(),
             &self.cfg.checkpoint_glob,
@@ -366,7 +366,7 @@ impl Supervisor {
         let saved = self
             .checkpoint_line(self.attempt_lost_work())
             .map_or(String::new(), |l| format!("; {l}"));
-        let ran = human_duration(self.attempts.age(Instant::now()));
+        let ran = human_duration(self.attempts.age(crate::clock::now()));
         self.attempts
             .note(|n| format!("attempt {n}: {how} after {ran}{at}{saved}"));
     }
@@ -384,7 +384,7 @@ impl Supervisor {
         // `attempt` is the new number.
         self.sinks.log.set_attempt(next);
         self.sinks.ui(crate::tui::UiEvent::Restart {
-            t: self.started.elapsed().as_secs_f64(),
+            t: crate::clock::since(self.started).as_secs_f64(),
             attempt: next,
             degraded: changes
                 .iter()
@@ -427,7 +427,7 @@ impl Supervisor {
 
     /// Starts the next attempt.
     pub(super) fn relaunch(&mut self) {
-        let attempt = self.attempts.begin(Instant::now());
+        let attempt = self.attempts.begin(crate::clock::now());
         self.sinks.log.set_attempt(attempt);
         let resume_cmd = self.cfg.restart.resume_cmd.as_deref();
         let argv = self.attempts.argv(resume_cmd, &self.cfg.argv);
@@ -464,14 +464,16 @@ impl Supervisor {
                 return;
             }
         };
-        let launched = launch(
-            &self.cfg,
-            &argv,
-            env,
-            self.owned.as_ref(),
-            self.foreground,
-            slave.as_ref(),
-            relayed,
+        let launched = self.host.launch(
+            &self.cfg.proc_root,
+            super::host::Launch {
+                argv: &argv,
+                env,
+                owned: self.owned.as_ref(),
+                foreground: self.foreground,
+                pty_slave: slave.as_ref(),
+                relayed,
+            },
         );
         drop(slave);
         if let Some(r) = self.relay.as_mut() {
@@ -485,7 +487,7 @@ impl Supervisor {
         }
         match launched {
             Ok(job) => {
-                let now = Instant::now();
+                let now = crate::clock::now();
                 self.sampler.scanner.set_job(Some(job.pid));
                 self.job = job;
                 self.main_status = None;
@@ -500,7 +502,7 @@ impl Supervisor {
                 self.next_tick = now;
                 self.next_full = now;
                 self.sinks
-                    .start_attempt(self.started.elapsed().as_secs_f64());
+                    .start_attempt(crate::clock::since(self.started).as_secs_f64());
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
                 let machine = self.sampler.system.read(now).oom_kill_total;
                 self.oom

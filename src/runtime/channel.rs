@@ -58,7 +58,7 @@ impl Supervisor {
                     phase: phase.as_deref().and_then(phase_of),
                     printed_rate: None,
                 };
-                let t = self.started.elapsed().as_secs_f64();
+                let t = crate::clock::since(self.started).as_secs_f64();
                 self.progress.update(u, t);
                 self.publish_progress();
             }
@@ -92,7 +92,7 @@ impl Supervisor {
                         step,
                         ..ProgressUpdate::default()
                     };
-                    let t = self.started.elapsed().as_secs_f64();
+                    let t = crate::clock::since(self.started).as_secs_f64();
                     self.progress.update(u, t);
                     self.publish_progress();
                 }

@@ -120,6 +120,7 @@ impl CheapLoop {
 
     /// One read of the counter, counted in the loop's cost.
     fn read(&mut self) -> Option<u64> {
+        // What the read cost, in real time.
         let t0 = Instant::now();
         let counter = std::fs::read_to_string(&self.file)
             .ok()

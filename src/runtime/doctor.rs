@@ -18,7 +18,7 @@ impl Supervisor {
         if watch.concluded() || self.shutdown_signal.is_some() || self.main_status.is_some() {
             return;
         }
-        let waited = self.attempts.age(Instant::now());
+        let waited = self.attempts.age(crate::clock::now());
         let step = self.progress.current().and_then(|p| p.step);
         if step.is_none() && waited < watch.wait {
             return;
@@ -28,12 +28,12 @@ impl Supervisor {
             self.job.pid,
             self.core.act.cfg.checkpoint_signal,
             self.core.act.companion.connected,
-            &self.sig,
+            &*self.sig,
         );
         // The other warning of the stop path: a framework that catches
         // the signal only to stop.
         let trainers = act::trainer_idents(&self.sampler.tree, self.job.pid);
-        verdict.framework = self.core.act.framework_loses_work(&trainers, &self.sig);
+        verdict.framework = self.core.act.framework_loses_work(&trainers, &*self.sig);
         watch.conclude(crate::verdict::Finding {
             verdict,
             step,

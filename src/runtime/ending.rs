@@ -49,7 +49,7 @@ impl Supervisor {
             Status::Exited(c) => (Outcome::Exited, c),
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
-        let duration = self.started.elapsed();
+        let duration = crate::clock::since(self.started);
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).

@@ -61,14 +61,14 @@ impl Supervisor {
         let critical = self.host_memory_critical();
         for event in events {
             if let crate::forensics::torch::TorchEvent::Framework(f) = event {
-                self.core.act.note_framework(f, std::time::Instant::now());
+                self.core.act.note_framework(f, crate::clock::now());
                 continue;
             }
             if let crate::forensics::torch::TorchEvent::Progress(u) = event {
                 if self.exact_progress() {
                     continue;
                 }
-                let t = self.started.elapsed().as_secs_f64();
+                let t = crate::clock::since(self.started).as_secs_f64();
                 self.progress.update(u, t);
                 self.publish_progress();
                 continue;
@@ -86,7 +86,7 @@ impl Supervisor {
                 }
                 self.sinks.log.write(&record);
                 self.tell_peers_of_death(&record);
-                let t = self.started.elapsed().as_secs_f64();
+                let t = crate::clock::since(self.started).as_secs_f64();
                 let ui = match &record {
                     crate::log::Event::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
                         t,
@@ -170,7 +170,7 @@ impl Supervisor {
         let restart = restart && self.target.restarts();
         self.core
             .act
-            .raise_death(reason, detail, rank, restart, std::time::Instant::now());
+            .raise_death(reason, detail, rank, restart, crate::clock::now());
         self.acted(None);
     }
 

@@ -30,9 +30,9 @@ use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunE
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
-use crate::relay::{JobStdio, OutputRelay, OutputScanner, Pumped};
+use crate::relay::{OutputRelay, OutputScanner, Pumped};
 use crate::restart::Budget;
-use crate::supervise::{self, Job, SpawnSpec, Status};
+use crate::supervise::{self, Job, Status};
 use crate::units::{HumanBytes, human_duration};
 
 mod act;
@@ -43,8 +43,12 @@ mod cheap;
 mod doctor;
 mod ending;
 mod hooks;
+mod host;
 mod job_output;
+#[cfg(test)]
+mod loop_tests;
 mod oom;
+mod outside;
 mod peers;
 mod requests;
 mod sampler;
@@ -57,7 +61,7 @@ mod target;
 mod tick;
 mod wakeups;
 
-use act::{Acted, Ident, ProcSignaller, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
+use act::{Acted, Ident, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
 use signals::{FORWARDED, HangupPlan, SignalPlan};
 use sinks::Sinks;
@@ -77,7 +81,7 @@ pub use crate::settings::Settings as RunConfig;
 /// Runs the job under supervision and returns oomguard's exit code.
 pub fn run(cfg: RunConfig) -> i32 {
     let log = cfg.log.clone();
-    let started = Instant::now();
+    let started = crate::clock::now();
     let outcome =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match build_runtime() {
             Ok(rt) => rt.block_on(setup::supervise_job(cfg)),
@@ -142,7 +146,11 @@ struct Supervisor {
     /// The engine, the history and what oomguard holds (pause, the stop
     /// ladder, the kill).
     core: Core,
-    sig: ProcSignaller,
+    /// Every signal the loop sends (forwarded, throttling, the stop, the
+    /// kill) goes through it.
+    sig: Box<dyn act::Signaller>,
+    /// Starting attempts and hooks, reaping.
+    host: Box<dyn host::Host>,
     foreground: bool,
     main_status: Option<Status>,
     /// The INT or TERM that started the shutdown, if one did.
@@ -214,23 +222,23 @@ const SHUTDOWN_STALL: Duration = Duration::from_secs(2);
 /// gave up (what is left is counted as lost in `run_end`).
 async fn drain_output(
     relay: Option<&mut OutputRelay>,
-    streams: &mut [(i32, tokio::signal::unix::Signal)],
+    signals: &mut outside::Signals,
     shutting_down: bool,
 ) -> bool {
     let Some(r) = relay else { return true };
     r.finish();
-    let mut progress = (r.written_bytes(), Instant::now());
+    let mut progress = (r.written_bytes(), crate::clock::now());
     while !r.flushed() {
         if shutting_down {
             let written = r.written_bytes();
             if written != progress.0 {
-                progress = (written, Instant::now());
-            } else if progress.1.elapsed() >= SHUTDOWN_STALL {
+                progress = (written, crate::clock::now());
+            } else if crate::clock::since(progress.1) >= SHUTDOWN_STALL {
                 return false;
             }
         }
         tokio::select! {
-            sig = recv_any(streams) => {
+            sig = signals.next() => {
                 if FORWARDED.iter().any(|&(s, ends)| s == sig && ends) {
                     return false;
                 }
@@ -239,30 +247,6 @@ async fn drain_output(
         }
     }
     true
-}
-
-async fn recv_any(streams: &mut [(i32, tokio::signal::unix::Signal)]) -> i32 {
-    let mut futs: Vec<_> = streams
-        .iter_mut()
-        .map(|(sig, s)| {
-            let sig = *sig;
-            Box::pin(async move {
-                s.recv().await;
-                sig
-            })
-        })
-        .collect();
-    // A tiny select-all over a handful of futures, to avoid a dependency
-    // for one call.
-    std::future::poll_fn(move |cx| {
-        for f in futs.iter_mut() {
-            if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
-                return std::task::Poll::Ready(v);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 /// Resolves when any threshold eventfd fires (and drains it).
@@ -286,38 +270,6 @@ async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
         std::task::Poll::Pending
     })
     .await
-}
-
-/// The environment every attempt gets: its number, the newest checkpoint
-/// and the degraded variables.
-fn launch(
-    cfg: &RunConfig,
-    argv: &[OsString],
-    env: Vec<(OsString, OsString)>,
-    owned: Option<&OwnedCgroup>,
-    foreground: bool,
-    pty_slave: Option<&std::os::fd::OwnedFd>,
-    relayed: Option<JobStdio>,
-) -> Result<Job, supervise::SpawnError> {
-    let stdin = std::io::stdin();
-    let stdio = |fd: &std::os::fd::OwnedFd| fd.try_clone().ok().map(std::process::Stdio::from);
-    let (out, err) = match relayed {
-        Some(j) => (Some(j.stdout), Some(j.stderr)),
-        None => (pty_slave.and_then(stdio), pty_slave.and_then(stdio)),
-    };
-    supervise::spawn(
-        SpawnSpec {
-            argv: argv.to_vec(),
-            env,
-            cgroup_procs: owned.map(|o| o.procs_file()),
-            foreground_tty: foreground.then(|| stdin.as_fd()),
-            controlling_tty: pty_slave.map(|s| s.as_fd()),
-            stdin: pty_slave.and_then(stdio),
-            stdout: out,
-            stderr: err,
-        },
-        &cfg.proc_root,
-    )
 }
 
 /// Identifies a running process to watch (`attach`).
@@ -591,7 +543,7 @@ impl Supervisor {
     }
 
     fn on_timer(&mut self) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         if self.cheap.as_mut().is_some_and(|c| c.check(now)) {
             self.next_tick = now;
         }
@@ -614,13 +566,13 @@ impl Supervisor {
         self.log_output_events();
         self.reap();
         self.check_attached_target();
-        let now = Instant::now();
+        let now = crate::clock::now();
         let quick = quick && !self.core.needs_full_scan();
         if !quick {
             self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
         }
         let sample = self.sample(quick);
-        self.core.act.prune(&self.sampler.tree, &self.sig);
+        self.core.act.prune(&self.sampler.tree, &*self.sig);
         if !quick {
             self.oom.remember(&sample);
         }
@@ -635,7 +587,7 @@ impl Supervisor {
         };
         let out = self
             .core
-            .tick(sample, inputs, &mut self.sig, &mut *self.sinks.notifier);
+            .tick(sample, inputs, &mut *self.sig, &mut *self.sinks.notifier);
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
         let acting = self.core.act.acting();
@@ -663,9 +615,9 @@ impl Supervisor {
         if can_stop {
             let (tree, pid) = (&self.sampler.tree, self.job.pid);
             if self.progress.current().is_some_and(|p| p.step.is_some()) {
-                self.core.act.check_stop_saves(tree, pid, &self.sig);
+                self.core.act.check_stop_saves(tree, pid, &*self.sig);
             }
-            self.core.act.check_framework(now, tree, pid, &self.sig);
+            self.core.act.check_framework(now, tree, pid, &*self.sig);
         }
         self.doctor_watch();
         self.acted(Some(&out.view));
@@ -742,7 +694,7 @@ impl Supervisor {
     /// Signals processes by identity; returns the pids reached and the
     /// first error, if any.
     fn signal_all(&mut self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
-        signal_all(&mut self.sig, targets, sig)
+        signal_all(&mut *self.sig, targets, sig)
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
@@ -808,12 +760,12 @@ impl Supervisor {
     fn pause(&mut self, reason: &str) {
         self.core
             .act
-            .pause(reason, &self.sampler.tree, &mut self.sig);
+            .pause(reason, &self.sampler.tree, &mut *self.sig);
         self.acted(None);
     }
 
     fn resume(&mut self, reason: &str) {
-        self.core.act.resume(reason, &mut self.sig);
+        self.core.act.resume(reason, &mut *self.sig);
         self.acted(None);
     }
 
@@ -822,9 +774,9 @@ impl Supervisor {
             tree: &self.sampler.tree,
             prev: self.core.last_sample.as_ref(),
             job_pid: self.job.pid,
-            now: Instant::now(),
+            now: crate::clock::now(),
         };
-        self.core.act.begin_stop(action, reason, at, &mut self.sig);
+        self.core.act.begin_stop(action, reason, at, &mut *self.sig);
         self.acted(None);
     }
 
@@ -857,12 +809,11 @@ impl Supervisor {
         if let Some(p) = &self.cfg.log {
             c.env("OOMGUARD_LOG", p);
         }
-        match c.spawn() {
-            Ok(child) => {
-                let pid = child.id();
-                drop(child); // reaped by our reaper
+        match self.host.run_hook(c) {
+            Ok(pid) => {
                 self.sampler.scanner.exclude(pid);
-                self.hooks.started(pid, cmd.to_string(), Instant::now());
+                self.hooks
+                    .started(pid, cmd.to_string(), crate::clock::now());
             }
             Err(e) => self.say(format!("cannot run hook '{cmd}': {e}")),
         }
@@ -870,7 +821,7 @@ impl Supervisor {
 
     fn expire_hooks(&mut self, now: Instant) {
         for pid in self.hooks.overdue(now) {
-            let _ = supervise::signal_group(pid, SIG_KILL);
+            let _ = self.sig.signal_group(pid, SIG_KILL);
             self.say(format!(
                 "hook (pid {pid}) took longer than {}s; killed",
                 hooks::HOOK_TIMEOUT.as_secs()
@@ -879,7 +830,7 @@ impl Supervisor {
     }
 
     fn reap(&mut self) {
-        for r in supervise::reap_all() {
+        for r in self.host.reap() {
             // A reaped pid is free for anyone: no longer left out of the
             // tree (a hook's, an old output keeper's).
             self.sampler.scanner.include(r.pid);
@@ -898,7 +849,7 @@ impl Supervisor {
                     _ => String::new(),
                 };
                 self.sinks.ui(crate::tui::UiEvent::ChildExit {
-                    t: self.started.elapsed().as_secs_f64(),
+                    t: crate::clock::since(self.started).as_secs_f64(),
                     pid: r.pid,
                     how,
                 });
@@ -939,7 +890,7 @@ impl Supervisor {
             Some(SIG_TERM),
             result,
         );
-        self.core.act.arm_kill_after(Instant::now());
+        self.core.act.arm_kill_after(crate::clock::now());
     }
 
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
@@ -1023,7 +974,7 @@ impl Supervisor {
             let why = format!("{} received", supervise::signal_name(sig));
             self.begin_shutdown(&why, pids, sig, result);
             // From this signal on, whatever the clock said before.
-            self.core.act.rearm_kill_after(Instant::now());
+            self.core.act.rearm_kill_after(crate::clock::now());
         }
     }
 
@@ -1034,9 +985,9 @@ impl Supervisor {
     fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
         self.sinks
             .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
-        self.core.act.unpause(&mut self.sig);
+        self.core.act.unpause(&mut *self.sig);
         self.shutdown_signal = Some(sig);
-        self.core.act.arm_kill_after(Instant::now());
+        self.core.act.arm_kill_after(crate::clock::now());
     }
 
     /// Where the run stands for a signal's decision (`signals.rs`).
@@ -1052,7 +1003,7 @@ impl Supervisor {
     /// group, or to every tree process once the group is gone. Returns the
     /// pids reached (the group's leader for the group) and the result.
     fn forward(&mut self, sig: i32) -> (Vec<u32>, String) {
-        if self.main_status.is_none() && supervise::signal_group(self.job.pid, sig).is_ok() {
+        if self.main_status.is_none() && self.sig.signal_group(self.job.pid, sig).is_ok() {
             return (vec![self.job.pid], "ok".into());
         }
         self.refresh_tree();
@@ -1069,8 +1020,8 @@ impl Supervisor {
             why,
             &self.sampler.tree,
             group,
-            Instant::now(),
-            &mut self.sig,
+            crate::clock::now(),
+            &mut *self.sig,
         );
         self.acted(None);
     }

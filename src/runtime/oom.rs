@@ -350,7 +350,7 @@ impl super::Supervisor {
         let restart = self.restart_enabled() && self.target.restarts();
         self.core
             .act
-            .raise_kill(pid, comm, restart, std::time::Instant::now());
+            .raise_kill(pid, comm, restart, crate::clock::now());
         self.acted(None);
     }
 

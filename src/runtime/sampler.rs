@@ -57,7 +57,7 @@ impl Sampler {
     /// known processes), the cgroup, the machine, the PSS sweep's latest
     /// readings, the GPUs and PyTorch's allocator.
     pub fn sample(&mut self, quick: bool, attached: Option<&Attached>) -> Sample {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut procs = self.scan(quick, attached);
         // One pass over the cgroup files; the owned cgroup's working set is
         // the job's exact footprint.

@@ -35,7 +35,7 @@ impl Supervisor {
                 let Some(cmd) = self.sinks.app.as_mut().and_then(|a| a.on_key(key)) else {
                     return;
                 };
-                let t = self.started.elapsed().as_secs_f64();
+                let t = crate::clock::since(self.started).as_secs_f64();
                 let alive = self.main_status.is_none() && self.core.act.stop.is_none();
                 match cmd {
                     UiCommand::Interrupt => {
@@ -89,7 +89,7 @@ impl Supervisor {
         let (Some(tui), Some(app)) = (self.tui.as_mut(), self.sinks.app.as_mut()) else {
             return;
         };
-        app.set_elapsed(self.started.elapsed().as_secs_f64());
+        app.set_elapsed(crate::clock::since(self.started).as_secs_f64());
         let state = match &self.core.act.stop {
             Some(st) if st.action == Action::Restart => PolicyState::Restarting,
             Some(_) => PolicyState::Stopping,

@@ -9,17 +9,17 @@ use std::io::IsTerminal;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{Signal, SignalKind, signal};
-
 use super::act::{Actuator, DesktopNotifier, ProcSignaller};
+use super::host::{Launch, launch};
 use super::oom::OomWatch;
+use super::outside::Outside;
 use super::sampler::Sampler;
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    EXIT_INTERNAL, FORWARDED, RunConfig, Supervisor, attach, attach_to, drain_output,
-    internal_failure, launch, open_job_pty, pri_woken, pty_read, recv_any, relay_pump,
-    report_stale, spawn_failed, term_event, threshold_crossed,
+    EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
+    open_job_pty, pri_woken, pty_read, relay_pump, report_stale, spawn_failed, term_event,
+    threshold_crossed,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -82,7 +82,7 @@ struct Readers {
 }
 
 pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
-    let started = Instant::now();
+    let started = crate::clock::now();
     // Read before oomguard forks anything: these are not the job's.
     let strangers = if cfg.attach.is_none() {
         crate::probe::proc::inherited_children(&cfg.proc_root)
@@ -100,8 +100,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     };
     // Every handler is registered before the job exists, so no signal (and
     // no SIGCHLD) can arrive unhandled.
-    let streams = signal_streams();
-    let Ok(sigchld) = signal(SignalKind::child()) else {
+    let Ok(outside) = Outside::from_kernel() else {
         return internal_failure(&mut log, &cfg, "cannot handle SIGCHLD".into());
     };
     if cfg.attach.is_none()
@@ -193,26 +192,22 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     sup.write_run_start(not_owned_reason, memory_high);
     sup.register_thresholds(cg_first.as_ref());
     sup.register_pri_wakes();
-    run_loop(sup, streams, sigchld).await
+    run_loop(sup, outside).await
 }
 
 /// The loop: a `select!` over the few things that can happen, each handed
 /// to the supervisor; then the job's last output, and the ending.
-async fn run_loop(
-    mut sup: Supervisor,
-    mut streams: Vec<(i32, Signal)>,
-    mut sigchld: Signal,
-) -> i32 {
+pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
     let mut pty_buf = vec![0u8; 64 * 1024];
     loop {
-        let forwarded = recv_any(&mut streams);
+        let forwarded = outside.signals.next();
         let wake = sup.next_wake();
         let threshold = threshold_crossed(&sup.thresholds);
         let pri = pri_woken(&sup.pri_wakes);
         let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
         let term = term_event(sup.tui.as_mut());
         tokio::select! {
-            _ = sigchld.recv() => sup.reap(),
+            () = outside.children.exited() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             () = threshold => sup.tick(true),
@@ -227,7 +222,7 @@ async fn run_loop(
             ev = term => sup.on_term(ev),
         }
         sup.draw();
-        if sup.attempts.due(Instant::now()) {
+        if sup.attempts.due(crate::clock::now()) {
             sup.relaunch();
         }
         if !sup.attempts.between() && sup.finished() && !sup.plan_restart() {
@@ -235,7 +230,8 @@ async fn run_loop(
         }
     }
     let shutting_down = sup.shutdown_signal.is_some();
-    sup.output_abandoned = !drain_output(sup.relay.as_mut(), &mut streams, shutting_down).await;
+    sup.output_abandoned =
+        !drain_output(sup.relay.as_mut(), &mut outside.signals, shutting_down).await;
     sup.finish()
 }
 
@@ -300,17 +296,6 @@ fn usage_or_internal(e: &std::io::Error) -> i32 {
     } else {
         2
     }
-}
-
-fn signal_streams() -> Vec<(i32, Signal)> {
-    let mut streams = Vec::new();
-    for (sig, _) in FORWARDED {
-        match signal(SignalKind::from_raw(sig)) {
-            Ok(s) => streams.push((sig, s)),
-            Err(e) => eprintln!("oomguard: cannot handle signal {sig}: {e}"),
-        }
-    }
-    streams
 }
 
 /// A cgroup of the job's own (after cleaning up what a killed oomguard
@@ -569,21 +554,30 @@ fn start_job(
         slave,
     } = start;
     let first = launch(
-        cfg,
-        &cfg.argv,
-        env.clone(),
-        owned.as_ref(),
-        foreground,
-        slave,
-        output.stdio.take(),
+        &cfg.proc_root,
+        Launch {
+            argv: &cfg.argv,
+            env: env.clone(),
+            owned: owned.as_ref(),
+            foreground,
+            pty_slave: slave,
+            relayed: output.stdio.take(),
+        },
     );
     match first {
         Ok(job) => Ok((job, owned, not_owned_reason)),
         Err(supervise::SpawnError::Other { source, .. }) if owned.is_some() => {
             let retry = output.relay.as_ref().map(|r| r.job_stdio()).transpose();
             let retry = retry.map_err(|e| StartError::Internal(e.to_string()))?;
-            let job = launch(cfg, &cfg.argv, env, None, foreground, slave, retry)
-                .map_err(StartError::Spawn)?;
+            let again = Launch {
+                argv: &cfg.argv,
+                env,
+                owned: None,
+                foreground,
+                pty_slave: slave,
+                relayed: retry,
+            };
+            let job = launch(&cfg.proc_root, again).map_err(StartError::Spawn)?;
             let why = format!("cannot move the job into its cgroup: {source}");
             Ok((job, None, Some(why)))
         }
@@ -616,7 +610,7 @@ fn open_readers(
         )
     });
     let mut system = SystemReader::new(&cfg.proc_root);
-    let first_system = system.read(Instant::now());
+    let first_system = system.read(crate::clock::now());
     let budget_bytes = cfg.budget.map(|b| match b {
         SizeOrPercent::Bytes(n) => n,
         SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
@@ -700,7 +694,7 @@ impl Supervisor {
             Some((inj, reader)) => (Some(inj), reader),
             None => (None, None),
         };
-        let now = Instant::now();
+        let now = crate::clock::now();
         let (max_restarts, restart_delay, restart_reset) =
             (cfg.max_restarts, cfg.restart_delay, cfg.restart_reset);
         Supervisor {
@@ -759,7 +753,8 @@ impl Supervisor {
                     on_warn: cfg.on_warn.clone(),
                 },
             ),
-            sig: ProcSignaller::new(&cfg.proc_root),
+            sig: Box::new(ProcSignaller::new(&cfg.proc_root)),
+            host: Box::new(super::host::Os),
             oom: {
                 let mut oom = OomWatch::default();
                 oom.start_attempt(cg_oom_kills, readers.first_system.oom_kill_total);
@@ -819,4 +814,40 @@ fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
         checkpoint_dir: cfg.checkpoint_dir.clone(),
         checkpoint_glob: cfg.checkpoint_glob.clone(),
     }
+}
+
+/// The supervisor of a job that is already running (`job`), with its log
+/// at `log` and readers over `cfg.proc_root`, as `supervise_job` builds it
+/// after the launch; for the loop's tests, which then give it a host and a
+/// signaller of their own.
+#[cfg(test)]
+pub(super) fn assemble_started(cfg: RunConfig, job: Job, log: &std::path::Path) -> Supervisor {
+    let started = crate::clock::now();
+    let readers = open_readers(&cfg, None, &job, started);
+    let parts = Parts {
+        outputs: Outputs {
+            log: LogWriter::create(log, started).expect("the test's log"),
+            metrics: crate::metrics::Metrics::new(Default::default(), "test"),
+            metrics_stop: None,
+            textfile: None,
+        },
+        readers,
+        owned: None,
+        job,
+        foreground: false,
+        torch: None,
+        channel: None,
+        screen: Screen {
+            tui: None,
+            app: None,
+            pty: None,
+            slave: None,
+        },
+        output: Output::default(),
+        cg_oom_kills: None,
+        started,
+    };
+    let mut sup = Supervisor::assemble(cfg, parts);
+    sup.write_run_start(None, None);
+    sup
 }

@@ -35,7 +35,7 @@ pub(super) enum SignalPlan {
     Ignore,
     /// INT or TERM under `attach`: the watch ends, the job runs on.
     EndWatch,
-    /// INT or TERM between attempts: the restart is cancelled.
+    /// INT, TERM or HUP between attempts: the restart is cancelled.
     CancelRestart,
     /// The same INT or TERM again while the job stops: the user means now.
     Kill,
@@ -59,7 +59,9 @@ pub(super) fn plan(sig: i32, at: Standing) -> SignalPlan {
         };
     }
     if at.between_attempts {
-        return if ends {
+        // A HUP (the terminal went away) would have reached a running job;
+        // with none running, the restart it would have started is off.
+        return if ends || sig == libc::SIGHUP {
             SignalPlan::CancelRestart
         } else {
             SignalPlan::Ignore
@@ -146,6 +148,7 @@ mod tests {
         };
         assert_eq!(plan(libc::SIGINT, between), SignalPlan::CancelRestart);
         assert_eq!(plan(libc::SIGTERM, between), SignalPlan::CancelRestart);
+        assert_eq!(plan(libc::SIGHUP, between), SignalPlan::CancelRestart);
         // Nothing to pass a USR1 to, and it does not end the run.
         assert_eq!(plan(libc::SIGUSR1, between), SignalPlan::Ignore);
         assert_eq!(hangup_plan(false, between), HangupPlan::CancelRestart);

@@ -251,7 +251,7 @@ impl Sinks {
             ActionKind::Relieve | ActionKind::Other => None,
         };
         if let Some(action) = kind {
-            let t = self.started.elapsed().as_secs_f64();
+            let t = crate::clock::since(self.started).as_secs_f64();
             let error = (result != "ok").then(|| result.clone());
             let (reason, pids) = (reason.to_string(), pids.clone());
             self.ui(crate::tui::UiEvent::Action {
@@ -299,7 +299,7 @@ impl Sinks {
     pub fn say(&mut self, text: String) {
         match self.app.as_mut() {
             Some(app) => app.on_event(crate::tui::UiEvent::Note {
-                t: self.started.elapsed().as_secs_f64(),
+                t: crate::clock::since(self.started).as_secs_f64(),
                 severity: crate::tui::Severity::Info,
                 text,
             }),

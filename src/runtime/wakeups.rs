@@ -183,7 +183,7 @@ impl Supervisor {
             wake = wake.min(k);
         }
         if self.main_status.is_some() {
-            wake = wake.min(Instant::now() + Duration::from_millis(50));
+            wake = wake.min(crate::clock::now() + Duration::from_millis(50));
         }
         if let Some(d) = self.hooks.next_deadline() {
             wake = wake.min(d);

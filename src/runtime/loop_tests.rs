@@ -1,0 +1,593 @@
+//! The real loop (`run_loop`, the supervisor and every part it owns) run
+//! with no process: a fake host starts "attempts" and reports their exits,
+//! a fake signaller records every signal (and lets the job die of the ones
+//! the test says), `/proc` is a directory the test writes, and the clock
+//! is tokio's paused one, so minutes of supervision take milliseconds.
+
+#![allow(clippy::unwrap_used)]
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::act::{Ident, Signaller};
+use super::host::{Host, Launch};
+use super::outside::Outside;
+use super::*;
+use crate::settings::{CommandLine, Layer, Preset, Settings};
+use crate::supervise::SignalError;
+use crate::supervise::{Reaped, SpawnError};
+
+const JOB: u32 = 4_000_001;
+const MIB: u64 = 1 << 20;
+
+/// What the fake operating system saw and holds.
+#[derive(Default)]
+struct World {
+    /// `(seconds since the start, pgid, signal)` of every group signal.
+    groups: Vec<(f64, u32, i32)>,
+    /// `(seconds since the start, pid, signal)` of every process signal.
+    signals: Vec<(f64, u32, i32)>,
+    /// The current attempt's leader.
+    job: u32,
+    /// Group signals the job dies of.
+    dies_of: Vec<i32>,
+    /// Exits not yet reaped.
+    exited: Vec<Reaped>,
+    /// `(argv, env)` of every relaunch.
+    launched: Vec<(Vec<OsString>, Env)>,
+    /// Pids of the hooks started.
+    hooks: Vec<u32>,
+    next_pid: u32,
+    children: Option<UnboundedSender<()>>,
+    t0: Option<Instant>,
+    /// The fake `/proc`.
+    root: PathBuf,
+    /// The trainer saves a checkpoint here when told to stop.
+    saves_to: Option<PathBuf>,
+}
+
+impl World {
+    /// The job's leader appears in `/proc`, as oomguard's only child, a
+    /// 200 MiB python.
+    fn appear(&mut self, pid: u32) {
+        let d = self.root.join(pid.to_string());
+        std::fs::create_dir_all(d.join(format!("task/{pid}"))).unwrap();
+        let rss_pages = 200 * MIB / 4096;
+        let stat = format!(
+            "{pid} (python) S {} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 1000 {rss_pages} 0\n",
+            std::process::id(),
+            start_time(pid)
+        );
+        std::fs::write(d.join("stat"), stat).unwrap();
+        std::fs::write(d.join("cmdline"), "python\0train.py\0").unwrap();
+        std::fs::write(d.join(format!("task/{pid}/children")), "").unwrap();
+        self.children_are(&pid.to_string());
+        let loadavg = format!("0.00 0.00 0.00 1/99 {pid}\n");
+        std::fs::write(self.root.join("loadavg"), loadavg).unwrap();
+    }
+
+    /// What oomguard's `children` list in `/proc` says.
+    fn children_are(&self, list: &str) {
+        let me = std::process::id();
+        let task = self.root.join(format!("{me}/task/{me}"));
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("children"), list).unwrap();
+    }
+
+    fn exit(&mut self, pid: u32, status: Status) {
+        let _ = std::fs::remove_dir_all(self.root.join(pid.to_string()));
+        self.children_are("");
+        self.exited.push(Reaped { pid, status });
+        if let Some(tx) = &self.children {
+            let _ = tx.send(());
+        }
+    }
+
+    fn pid(&mut self) -> u32 {
+        self.next_pid += 1;
+        JOB + self.next_pid
+    }
+}
+
+type Shared = Rc<RefCell<World>>;
+
+type Env = Vec<(OsString, OsString)>;
+
+struct FakeSignaller(Shared);
+
+impl Signaller for FakeSignaller {
+    fn signal(&mut self, (pid, _): Ident, sig: i32) -> Result<(), SignalError> {
+        // As the real one: a process no longer in /proc gets nothing.
+        if !self.is_alive((pid, 0)) {
+            return Err(SignalError::Gone(pid));
+        }
+        let mut w = self.0.borrow_mut();
+        let t = w.t0.map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64());
+        w.signals.push((t, pid, sig));
+        if let Some(dir) = w
+            .saves_to
+            .as_ref()
+            .filter(|_| pid == w.job && sig == libc::SIGTERM)
+        {
+            std::fs::write(dir.join(format!("step-{t}.ckpt")), b"weights").unwrap();
+        }
+        if pid == w.job && w.dies_of.contains(&sig) {
+            w.exit(pid, Status::Signaled(sig));
+        }
+        Ok(())
+    }
+
+    fn is_alive(&self, (pid, _): Ident) -> bool {
+        self.0.borrow().root.join(pid.to_string()).exists()
+    }
+
+    fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
+        let mut w = self.0.borrow_mut();
+        let t = w.t0.map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64());
+        w.groups.push((t, pgid, sig));
+        if pgid == w.job && w.dies_of.contains(&sig) {
+            w.exit(pgid, Status::Signaled(sig));
+        }
+        Ok(())
+    }
+}
+
+struct FakeHost(Shared);
+
+impl Host for FakeHost {
+    fn launch(&mut self, _proc_root: &Path, l: Launch<'_>) -> Result<Job, SpawnError> {
+        let mut w = self.0.borrow_mut();
+        let pid = w.pid();
+        w.job = pid;
+        w.appear(pid);
+        w.launched.push((l.argv.to_vec(), l.env));
+        Ok(fake_job(pid))
+    }
+
+    fn reap(&mut self) -> Vec<Reaped> {
+        std::mem::take(&mut self.0.borrow_mut().exited)
+    }
+
+    fn run_hook(&mut self, _cmd: std::process::Command) -> std::io::Result<u32> {
+        let mut w = self.0.borrow_mut();
+        let pid = w.pid();
+        w.hooks.push(pid);
+        Ok(pid)
+    }
+}
+
+fn start_time(pid: u32) -> u64 {
+    u64::from(pid) + 1000
+}
+
+fn fake_job(pid: u32) -> Job {
+    Job {
+        pid,
+        start_time: start_time(pid),
+        pidfd: None,
+    }
+}
+
+/// A machine of 1 GiB with `used` of it in use: this machine's
+/// `/proc/meminfo` (the parser wants every field) with those three lines
+/// changed.
+fn meminfo(root: &Path, used: u64) {
+    let total = 1024 * MIB;
+    let real = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let text: Vec<String> = real
+        .lines()
+        .map(|l| match l.split(':').next() {
+            Some("MemTotal") => format!("MemTotal: {} kB", total / 1024),
+            Some("MemFree" | "MemAvailable") => {
+                format!(
+                    "{}: {} kB",
+                    &l[..l.find(':').unwrap()],
+                    (total - used) / 1024
+                )
+            }
+            _ => l.to_string(),
+        })
+        .collect();
+    std::fs::write(root.join("meminfo"), text.join("\n") + "\n").unwrap();
+}
+
+/// One run on fakes: the supervisor, the kernel's side of its wake-ups,
+/// the world, and where the log and `/proc` are.
+struct Fake {
+    sup: Supervisor,
+    outside: Outside,
+    kernel: outside::Kernel,
+    world: Shared,
+    dir: tempfile::TempDir,
+}
+
+impl Fake {
+    /// `flags`: `oomguard run`'s flags, as a user would type them.
+    fn new(flags: &[&str]) -> Self {
+        let mut argv = vec!["oomguard", "run", "--quiet", "--no-gpu", "--no-companion"];
+        argv.extend_from_slice(flags);
+        argv.extend_from_slice(&["--", "python", "train.py"]);
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let crate::cli::Command::Run(a) = cli.command else {
+            panic!("not run")
+        };
+        let mut layer = Layer::default();
+        a.sampling.fill(&mut layer);
+        a.launch.fill(&mut layer);
+        a.policy.values.fill(&mut layer);
+        a.restart.values.fill(&mut layer);
+        let cmd = CommandLine {
+            argv: a.command.clone(),
+            quiet: true,
+            no_notify: true,
+            run: a.only.clone(),
+            resume_cmd: a.restart.resume_cmd.clone(),
+            ..CommandLine::default()
+        };
+        Self::on(Settings::merge(cmd, &layer, None, Preset::Run).unwrap())
+    }
+
+    /// `oomguard attach JOB --watch-for WATCH`.
+    fn attached(watch: Duration) -> Self {
+        let cmd = CommandLine {
+            argv: vec![OsString::from("pid 4000001")],
+            quiet: true,
+            no_notify: true,
+            ..CommandLine::default()
+        };
+        let preset = Preset::Attach {
+            pid: JOB,
+            allow_kill: false,
+        };
+        let mut cfg = Settings::merge(cmd, &Layer::default(), None, preset).unwrap();
+        cfg.attach_spec = Some(crate::attach::AttachSpec {
+            pid: JOB,
+            label: "pid 4000001".into(),
+            cgroup: None,
+            watch_for: Some(watch),
+        });
+        Self::on(cfg)
+    }
+
+    fn on(mut cfg: Settings) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("proc");
+        std::fs::create_dir(&root).unwrap();
+        meminfo(&root, 100 * MIB);
+        cfg.proc_root = root;
+        cfg.values.cgroup = crate::cli::CgroupMode::Off;
+        let world: Shared = Rc::default();
+        {
+            let mut w = world.borrow_mut();
+            w.job = JOB;
+            w.root = cfg.proc_root.clone();
+            w.appear(JOB);
+        }
+        let mut sup = setup::assemble_started(cfg, fake_job(JOB), &dir.path().join("run.ndjson"));
+        sup.sig = Box::new(FakeSignaller(world.clone()));
+        sup.host = Box::new(FakeHost(world.clone()));
+        let (outside, kernel) = Outside::by_hand();
+        {
+            let mut w = world.borrow_mut();
+            w.children = Some(kernel.children.clone());
+            w.t0 = Some(crate::clock::now());
+        }
+        Self {
+            sup,
+            outside,
+            kernel,
+            world,
+            dir,
+        }
+    }
+
+    /// Runs the loop to its end while `script` plays the kernel and the
+    /// job; oomguard's exit code and the log's events.
+    async fn run(
+        self,
+        script: impl std::future::Future<Output = ()>,
+    ) -> (i32, Vec<serde_json::Value>, Shared) {
+        let Fake {
+            sup,
+            outside,
+            kernel,
+            world,
+            dir,
+        } = self;
+        // The script's end is not the run's: the loop goes on until the
+        // job is gone, and a script that returns early must not close the
+        // channels the loop waits on.
+        let script = async move {
+            script.await;
+            std::future::pending::<()>().await;
+        };
+        // A deadline on the paused clock: a loop that never ends fails
+        // after five minutes of its own time (well under a second of ours).
+        let code = tokio::select! {
+            code = setup::run_loop(sup, outside) => Some(code),
+            () = script => unreachable!(),
+            () = tokio::time::sleep(Duration::from_secs(300)) => None,
+        };
+        drop(kernel);
+        let log = std::fs::read_to_string(dir.path().join("run.ndjson")).unwrap();
+        let events: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let Some(code) = code else {
+            let said: Vec<String> = events
+                .iter()
+                .filter(|e| e["event"] != "sample")
+                .map(|e| e.to_string())
+                .collect();
+            panic!("the run never ended:\n{}", said.join("\n"));
+        };
+        (code, events, world)
+    }
+}
+
+fn sleep(seconds: f64) -> tokio::time::Sleep {
+    tokio::time::sleep(Duration::from_secs_f64(seconds))
+}
+
+fn of<'a>(events: &'a [serde_json::Value], name: &str) -> Vec<&'a serde_json::Value> {
+    events.iter().filter(|e| e["event"] == name).collect()
+}
+
+fn run_end(events: &[serde_json::Value]) -> &serde_json::Value {
+    of(events, "run_end").pop().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_ctrl_c_kills_the_job() {
+    let f = Fake::new(&[]);
+    f.world.borrow_mut().dies_of = vec![SIG_KILL];
+    let signals = f.kernel.signals.clone();
+    let (code, events, world) = f
+        .run(async move {
+            sleep(2.0).await;
+            signals.send(libc::SIGINT).unwrap();
+            sleep(1.0).await;
+            signals.send(libc::SIGINT).unwrap();
+        })
+        .await;
+    let w = world.borrow();
+    let sent: Vec<(u32, i32)> = w.groups.iter().map(|g| (g.1, g.2)).collect();
+    assert_eq!(sent, [(JOB, libc::SIGINT), (JOB, SIG_KILL)], "{events:?}");
+    assert!(
+        (w.groups[1].0 - 3.0).abs() < 0.1,
+        "killed at {}",
+        w.groups[1].0
+    );
+    let end = run_end(&events);
+    assert_eq!(end["outcome"], "signaled", "{end}");
+    assert_eq!(
+        (
+            end["actions"]["stop"].as_u64(),
+            end["actions"]["kill"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    let took = end["duration_seconds"].as_f64().unwrap();
+    assert!((3.0..3.5).contains(&took), "{took}");
+    assert_eq!(code, 128 + SIG_KILL);
+}
+
+#[tokio::test(start_paused = true)]
+async fn kill_after_expires_when_the_job_ignores_the_terminate() {
+    let f = Fake::new(&["--kill-after", "7s"]);
+    f.world.borrow_mut().dies_of = vec![SIG_KILL];
+    let signals = f.kernel.signals.clone();
+    let (_, events, world) = f
+        .run(async move {
+            sleep(1.0).await;
+            signals.send(libc::SIGTERM).unwrap();
+        })
+        .await;
+    let w = world.borrow();
+    let sent: Vec<(u32, i32)> = w.groups.iter().map(|g| (g.1, g.2)).collect();
+    assert_eq!(sent[0], (JOB, libc::SIGTERM));
+    assert_eq!(sent.last(), Some(&(JOB, SIG_KILL)), "{sent:?}");
+    let killed = w.groups.last().unwrap().0;
+    assert!(
+        (8.0..8.3).contains(&killed),
+        "--kill-after 7s killed at {killed}"
+    );
+    let kill = of(&events, "action");
+    assert!(kill.iter().any(|a| a["action"] == "kill"), "{kill:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn sample_lines_come_once_per_interval() {
+    let f = Fake::new(&["--interval", "2s"]);
+    let world = f.world.clone();
+    let (code, events, _) = f
+        .run(async move {
+            sleep(21.0).await;
+            world.borrow_mut().exit(JOB, Status::Exited(0));
+        })
+        .await;
+    assert_eq!(code, 0);
+    let t: Vec<f64> = of(&events, "sample")
+        .iter()
+        .map(|s| s["t"].as_f64().unwrap())
+        .collect();
+    // One line every 2 s, and the last when the job's exit was seen.
+    assert_eq!(t.len(), 12, "{t:?}");
+    assert!((21.0..21.5).contains(&t[11]), "{t:?}");
+    for pair in t[..11].windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!((1.9..2.2).contains(&gap), "{t:?}");
+    }
+}
+
+/// The machine is 94 % full from the start: each attempt is stopped with
+/// a restart, until `--max-restarts` is spent.
+#[tokio::test(start_paused = true)]
+async fn giving_up_once_the_restarts_are_spent() {
+    let f = Fake::new(&[
+        "--on-critical",
+        "restart",
+        "--max-restarts",
+        "1",
+        "--restart-delay",
+        "3s",
+    ]);
+    meminfo(&f.dir.path().join("proc"), 960 * MIB);
+    f.world.borrow_mut().dies_of = vec![libc::SIGTERM, SIG_KILL];
+    let (code, events, world) = f.run(async {}).await;
+    let w = world.borrow();
+    assert_eq!(w.launched.len(), 1, "one restart, then no more");
+    // Each attempt's trainer was asked to stop, and stopped.
+    let stops: Vec<(u32, i32)> = w.signals.iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(stops, [(JOB, libc::SIGTERM), (JOB + 1, libc::SIGTERM)]);
+    // The second attempt started once --restart-delay had passed.
+    let restart = of(&events, "restart")[0]["t"].as_f64().unwrap();
+    let second = events
+        .iter()
+        .find(|e| e["attempt"] == 2 && e["event"] == "action");
+    let second = second.unwrap()["t"].as_f64().unwrap();
+    assert!(
+        (3.0..3.3).contains(&(second - restart)),
+        "{restart} -> {second}"
+    );
+    let end = run_end(&events);
+    assert_eq!(end["outcome"], "restart_limit", "{end}");
+    assert_eq!(end["restarts"], 1);
+    assert_eq!(code, EXIT_POLICY);
+}
+
+/// A hangup between attempts: the restart that was waiting is called off.
+#[tokio::test(start_paused = true)]
+async fn a_hangup_between_attempts_cancels_the_restart() {
+    let f = Fake::new(&["--on-critical", "restart", "--restart-delay", "5s"]);
+    meminfo(&f.dir.path().join("proc"), 960 * MIB);
+    f.world.borrow_mut().dies_of = vec![libc::SIGTERM];
+    let signals = f.kernel.signals.clone();
+    let (_, events, world) = f
+        .run(async move {
+            sleep(2.0).await;
+            signals.send(libc::SIGHUP).unwrap();
+        })
+        .await;
+    assert!(world.borrow().launched.is_empty(), "the restart went ahead");
+    assert_eq!(of(&events, "restart").len(), 1, "a restart was waiting");
+    let took = run_end(&events)["duration_seconds"].as_f64().unwrap();
+    assert!((2.0..2.5).contains(&took), "{took}");
+}
+
+/// A stop with a restart: the trainer saves when told to stop, and the
+/// next attempt resumes from that checkpoint.
+#[tokio::test(start_paused = true)]
+async fn the_next_attempt_resumes_from_the_checkpoint_the_stop_saved() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let dir = ckpt.path().to_str().unwrap().to_string();
+    let f = Fake::new(&[
+        "--on-critical",
+        "restart",
+        "--checkpoint-dir",
+        &dir,
+        "--resume-cmd",
+        "python train.py --resume {checkpoint}",
+        "--restart-delay",
+        "2s",
+    ]);
+    let root = f.dir.path().join("proc");
+    meminfo(&root, 960 * MIB);
+    {
+        let mut w = f.world.borrow_mut();
+        w.dies_of = vec![libc::SIGTERM];
+        w.saves_to = Some(ckpt.path().to_path_buf());
+    }
+    let job_world = f.world.clone();
+    let (code, events, world) = f
+        .run(async move {
+            // The pressure goes with the first attempt; the second ends well.
+            sleep(1.0).await;
+            meminfo(&root, 100 * MIB);
+            sleep(9.0).await;
+            let job = job_world.borrow().job;
+            job_world.borrow_mut().exit(job, Status::Exited(0));
+        })
+        .await;
+    assert_eq!(code, 0);
+    let saved = std::fs::read_dir(ckpt.path())
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let checkpoints = of(&events, "checkpoint");
+    assert_eq!(
+        checkpoints[0]["path"],
+        saved.to_str().unwrap(),
+        "{checkpoints:?}"
+    );
+    assert_eq!(checkpoints[0]["confirmed"], true);
+    assert_eq!(
+        of(&events, "restart")[0]["checkpoint"],
+        saved.to_str().unwrap()
+    );
+    let w = world.borrow();
+    let (argv, env) = &w.launched[0];
+    let quoted = format!("python train.py --resume '{}'", saved.display());
+    assert_eq!(
+        argv,
+        &[OsString::from("/bin/sh"), "-c".into(), quoted.into()]
+    );
+    let var = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(var("OOMGUARD_CHECKPOINT"), Some(saved.into_os_string()));
+    assert_eq!(var("OOMGUARD_ATTEMPT"), Some("2".into()));
+}
+
+/// A warning's hook that hangs is killed once `HOOK_TIMEOUT` has passed,
+/// and the job is never touched.
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_hangs_is_killed_at_its_timeout() {
+    let f = Fake::new(&["--on-warn", "sleep 1000"]);
+    // 85 % used: past the warning (80 %), short of critical (92 %).
+    meminfo(&f.dir.path().join("proc"), 870 * MIB);
+    let job_world = f.world.clone();
+    let (code, events, world) = f
+        .run(async move {
+            sleep(40.0).await;
+            job_world.borrow_mut().exit(JOB, Status::Exited(0));
+        })
+        .await;
+    assert_eq!(code, 0);
+    let w = world.borrow();
+    assert_eq!(w.hooks.len(), 1, "one warning, one hook");
+    let hook = w.hooks[0];
+    let killed: Vec<&(f64, u32, i32)> = w.groups.iter().filter(|g| g.1 == hook).collect();
+    assert_eq!(killed.len(), 1, "{:?}", w.groups);
+    assert_eq!(killed[0].2, SIG_KILL);
+    let at = killed[0].0;
+    let timeout = hooks::HOOK_TIMEOUT.as_secs_f64();
+    assert!((timeout..timeout + 0.5).contains(&at), "killed at {at}");
+    let to_job = w.groups.iter().any(|g| g.1 == JOB);
+    assert!(
+        w.signals.is_empty() && !to_job,
+        "{:?} {:?}",
+        w.signals,
+        w.groups
+    );
+    assert!(of(&events, "action").iter().any(|a| a["action"] == "warn"));
+}
+
+/// `attach --watch-for`: the watch ends at its time, the job runs on, and
+/// nothing is sent to it.
+#[tokio::test(start_paused = true)]
+async fn watch_for_ends_the_watch_and_leaves_the_job_running() {
+    let f = Fake::attached(Duration::from_secs(6));
+    let (code, events, world) = f.run(async {}).await;
+    assert_eq!(code, 0);
+    let w = world.borrow();
+    assert!(w.signals.is_empty() && w.groups.is_empty());
+    let end = run_end(&events);
+    let took = end["duration_seconds"].as_f64().unwrap();
+    assert!((6.0..6.5).contains(&took), "{end}");
+    assert_eq!(end["outcome"], "detached", "{end}");
+}
