@@ -304,12 +304,23 @@ impl Fake {
             script.await;
             std::future::pending::<()>().await;
         };
-        // A deadline on the paused clock: a loop that never ends fails
-        // after five minutes of its own time (well under a second of ours).
+        // Deadlines: 90 s of the loop's own time, or 20 s of ours. The
+        // second is checked whenever the task is polled: a loop that spins
+        // (a wake-up always due) stops the paused clock, but tokio's
+        // cooperative budget still makes it yield to this select.
+        let real = std::time::Instant::now();
+        let spun = std::future::poll_fn(|_| {
+            if real.elapsed() > Duration::from_secs(20) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        });
         let code = tokio::select! {
             code = setup::run_loop(sup, outside) => Some(code),
             () = script => unreachable!(),
-            () = tokio::time::sleep(Duration::from_secs(300)) => None,
+            () = tokio::time::sleep(Duration::from_secs(90)) => None,
+            () = spun => None,
         };
         drop(kernel);
         let log = std::fs::read_to_string(dir.path().join("run.ndjson")).unwrap();
@@ -400,28 +411,46 @@ async fn kill_after_expires_when_the_job_ignores_the_terminate() {
     assert!(kill.iter().any(|a| a["action"] == "kill"), "{kill:?}");
 }
 
+/// Near a ceiling the loop ticks several times a second; the log still
+/// gets one sample line per `--interval` (and one when the job's exit is
+/// seen), besides the lines of ticks where a rule or action happened.
+/// `--log-every-tick` shows how many ticks there were.
 #[tokio::test(start_paused = true)]
-async fn sample_lines_come_once_per_interval() {
-    let f = Fake::new(&["--interval", "2s"]);
-    let world = f.world.clone();
-    let (code, events, _) = f
-        .run(async move {
-            sleep(21.0).await;
-            world.borrow_mut().exit(JOB, Status::Exited(0));
-        })
-        .await;
-    assert_eq!(code, 0);
-    let t: Vec<f64> = of(&events, "sample")
-        .iter()
-        .map(|s| s["t"].as_f64().unwrap())
-        .collect();
-    // One line every 2 s, and the last when the job's exit was seen.
-    assert_eq!(t.len(), 12, "{t:?}");
-    assert!((21.0..21.5).contains(&t[11]), "{t:?}");
-    for pair in t[..11].windows(2) {
+async fn sample_lines_come_once_per_interval_through_fast_ticks() {
+    let lines = |flags: &'static [&'static str]| async move {
+        let f = Fake::new(flags);
+        // 88 % used: past the warning, close to critical (92 %).
+        meminfo(&f.dir.path().join("proc"), 900 * MIB);
+        let world = f.world.clone();
+        let (code, events, _) = f
+            .run(async move {
+                sleep(21.0).await;
+                world.borrow_mut().exit(JOB, Status::Exited(0));
+            })
+            .await;
+        assert_eq!(code, 0);
+        let t: Vec<f64> = of(&events, "sample")
+            .iter()
+            .map(|s| s["t"].as_f64().unwrap())
+            .collect();
+        t
+    };
+    let t = lines(&["--interval", "2s"]).await;
+    let every = lines(&["--interval", "2s", "--log-every-tick"]).await;
+    assert!(
+        every.len() > 3 * t.len(),
+        "{} ticks, {} lines",
+        every.len(),
+        t.len()
+    );
+    // The first tick's rules and action are logged with their sample.
+    let later: Vec<f64> = t.iter().copied().filter(|&x| x > 0.5).collect();
+    assert!((10..=12).contains(&later.len()), "{t:?}");
+    for pair in later[..later.len() - 1].windows(2) {
         let gap = pair[1] - pair[0];
         assert!((1.9..2.2).contains(&gap), "{t:?}");
     }
+    assert!((21.0..21.5).contains(&t[t.len() - 1]), "{t:?}");
 }
 
 /// The machine is 94 % full from the start: each attempt is stopped with
