@@ -32,7 +32,9 @@ fn start_quiet_run(job: &Path, pid_file: &Path, stdout: Stdio, stderr: Stdio) ->
         .stderr(stderr)
         .spawn()
         .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    // Written, not just created: the job creates the file, then writes.
+    let written = || fs::read_to_string(pid_file).is_ok_and(|s| !s.trim().is_empty());
+    assert!(wait_for(Duration::from_secs(10), written));
     og
 }
 
@@ -135,7 +137,8 @@ fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    assert!(wait_for(Duration::from_secs(10), || pid_file.exists()));
+    let written = || fs::read_to_string(&pid_file).is_ok_and(|s| !s.trim().is_empty());
+    assert!(wait_for(Duration::from_secs(10), written));
     let job_pid: u32 = fs::read_to_string(&pid_file)
         .unwrap()
         .trim()

@@ -235,7 +235,8 @@ fn dashboard_under_a_shell(
     s.keys("Enter");
     assert!(
         wait_for(Duration::from_secs(15), || s.screen().contains("Processes")
-            && pid_file.exists()),
+            && std::fs::read_to_string(&pid_file)
+                .is_ok_and(|p| !p.trim().is_empty())),
         "no dashboard:\n{}",
         s.screen()
     );
