@@ -645,6 +645,37 @@ pub mod testing {
             ..Default::default()
         }
     }
+
+    /// The view of a tick at `t` with no ceiling, trend or grower.
+    pub fn bare_view(t: f64) -> View {
+        View {
+            t,
+            nearest: None,
+            eta_seconds: None,
+            headroom_slope: None,
+            fastest: None,
+        }
+    }
+
+    /// A process `pid` with `bytes` of RSS, PSS and USS alike.
+    pub fn proc_sample(pid: u32, role: Role, bytes: u64) -> ProcSample {
+        ProcSample {
+            pid,
+            ppid: 1,
+            role,
+            comm: "python".into(),
+            rss_bytes: bytes,
+            pss_bytes: bytes,
+            uss_bytes: bytes,
+            swap_bytes: 0,
+            rss_peak_bytes: None,
+            gpu_bytes: None,
+            read_age_seconds: None,
+            torch: None,
+            start_time: u64::from(pid),
+            stopped: false,
+        }
+    }
 }
 
 #[cfg(test)]

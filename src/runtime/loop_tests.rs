@@ -340,6 +340,13 @@ impl Fake {
     }
 }
 
+/// After `seconds`, the current attempt's job exits with 0.
+async fn ends_well_after(world: Shared, seconds: f64) {
+    sleep(seconds).await;
+    let job = world.borrow().job;
+    world.borrow_mut().exit(job, Status::Exited(0));
+}
+
 fn sleep(seconds: f64) -> tokio::time::Sleep {
     tokio::time::sleep(Duration::from_secs_f64(seconds))
 }
@@ -422,12 +429,7 @@ async fn sample_lines_come_once_per_interval_through_fast_ticks() {
         // 88 % used: past the warning, close to critical (92 %).
         meminfo(&f.dir.path().join("proc"), 900 * MIB);
         let world = f.world.clone();
-        let (code, events, _) = f
-            .run(async move {
-                sleep(21.0).await;
-                world.borrow_mut().exit(JOB, Status::Exited(0));
-            })
-            .await;
+        let (code, events, _) = f.run(ends_well_after(world, 21.0)).await;
         assert_eq!(code, 0);
         let t: Vec<f64> = of(&events, "sample")
             .iter()
@@ -537,9 +539,7 @@ async fn the_next_attempt_resumes_from_the_checkpoint_the_stop_saved() {
             // The pressure goes with the first attempt; the second ends well.
             sleep(1.0).await;
             meminfo(&root, 100 * MIB);
-            sleep(9.0).await;
-            let job = job_world.borrow().job;
-            job_world.borrow_mut().exit(job, Status::Exited(0));
+            ends_well_after(job_world, 9.0).await;
         })
         .await;
     assert_eq!(code, 0);
@@ -580,12 +580,7 @@ async fn a_hook_that_hangs_is_killed_at_its_timeout() {
     // 85 % used: past the warning (80 %), short of critical (92 %).
     meminfo(&f.dir.path().join("proc"), 870 * MIB);
     let job_world = f.world.clone();
-    let (code, events, world) = f
-        .run(async move {
-            sleep(40.0).await;
-            job_world.borrow_mut().exit(JOB, Status::Exited(0));
-        })
-        .await;
+    let (code, events, world) = f.run(ends_well_after(job_world, 40.0)).await;
     assert_eq!(code, 0);
     let w = world.borrow();
     assert_eq!(w.hooks.len(), 1, "one warning, one hook");

@@ -335,8 +335,8 @@ pub fn session_bus() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::testing::budget_sample;
-    use crate::model::{ProcSample, Role};
+    use crate::model::Role;
+    use crate::model::testing::{bare_view as view, budget_sample, proc_sample};
 
     struct Quiet;
 
@@ -372,33 +372,8 @@ mod tests {
 
     fn sample(t: f64, uss: u64) -> Sample {
         let mut s = budget_sample(t, 100 << 20);
-        s.procs = vec![ProcSample {
-            pid: 7,
-            ppid: 1,
-            role: Role::Trainer,
-            comm: "python".into(),
-            rss_bytes: uss,
-            pss_bytes: uss,
-            uss_bytes: uss,
-            swap_bytes: 0,
-            rss_peak_bytes: None,
-            gpu_bytes: None,
-            read_age_seconds: None,
-            torch: None,
-            start_time: 7,
-            stopped: false,
-        }];
+        s.procs = vec![proc_sample(7, Role::Trainer, uss)];
         s
-    }
-
-    fn view(t: f64) -> View {
-        View {
-            t,
-            nearest: None,
-            eta_seconds: None,
-            headroom_slope: None,
-            fastest: None,
-        }
     }
 
     /// `(t, with a process list)` of every sample line written.

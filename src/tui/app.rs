@@ -1012,13 +1012,7 @@ mod tests {
     }
 
     fn view(t: f64) -> View {
-        View {
-            t,
-            nearest: None,
-            eta_seconds: None,
-            headroom_slope: None,
-            fastest: None,
-        }
+        crate::model::testing::bare_view(t)
     }
 
     #[test]
