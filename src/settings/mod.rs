@@ -342,7 +342,15 @@ impl Settings {
 /// already reflects it.
 pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigError> {
     let flags = policy_layer(p);
-    if flags == Layer::default() && p.config.is_none() {
+    // Only what shapes the rules counts: `--grace` or `--on-warn` change
+    // how a stop is carried out, which a replay does not do.
+    let given = flags.policy.is_some()
+        || flags.warn_at.is_some()
+        || flags.critical_at.is_some()
+        || flags.on_critical.is_some()
+        || flags.max_pause.is_some()
+        || p.config.is_some();
+    if !given {
         return Ok(None);
     }
     let file = match &p.config {

@@ -428,3 +428,17 @@ fn a_log_pattern_names_each_node_and_rank() {
         assert!(err.contains("is not a pattern"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn a_replay_keeps_the_recorded_policy_unless_a_rule_shaping_flag_is_given() {
+    let policy = |extra: &[&str]| {
+        let a = run_args(extra);
+        replay_policy(&a.policy).unwrap().map(|(p, _)| p)
+    };
+    // How a stop is carried out is no part of a replay.
+    assert_eq!(policy(&[]), None);
+    assert_eq!(policy(&["--grace", "5s", "--on-warn", "true"]), None);
+    let p = policy(&["--warn-at", "70%"]).unwrap();
+    assert_eq!(p.thresholds().0, Some(30.0));
+    assert!(policy(&["--policy", "none"]).unwrap().rules.is_empty());
+}
