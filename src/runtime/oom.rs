@@ -419,20 +419,8 @@ mod tests {
 
     fn proc(pid: u32, ppid: u32, role: Role, rss: u64) -> ProcSample {
         ProcSample {
-            pid,
             ppid,
-            role,
-            comm: "python".into(),
-            rss_bytes: rss,
-            pss_bytes: rss,
-            uss_bytes: rss,
-            swap_bytes: 0,
-            rss_peak_bytes: None,
-            gpu_bytes: None,
-            read_age_seconds: None,
-            torch: None,
-            start_time: u64::from(pid),
-            stopped: false,
+            ..crate::model::testing::proc_sample(pid, role, rss)
         }
     }
 

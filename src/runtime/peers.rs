@@ -384,20 +384,8 @@ mod tests {
 
     fn rank(pid: u32, stopped: bool) -> ProcSample {
         ProcSample {
-            pid,
-            ppid: 1,
-            role: Role::Trainer,
-            comm: "python".into(),
-            rss_bytes: 0,
-            pss_bytes: 0,
-            uss_bytes: 0,
-            swap_bytes: 0,
-            rss_peak_bytes: None,
-            gpu_bytes: None,
-            read_age_seconds: None,
-            torch: None,
-            start_time: u64::from(pid),
             stopped,
+            ..crate::model::testing::proc_sample(pid, Role::Trainer, 0)
         }
     }
 

@@ -159,22 +159,7 @@ mod tests {
     }
 
     fn proc(pid: u32, role: Role) -> ProcSample {
-        ProcSample {
-            pid,
-            ppid: 1,
-            role,
-            comm: "python".into(),
-            rss_bytes: 0,
-            pss_bytes: 0,
-            uss_bytes: 0,
-            swap_bytes: 0,
-            rss_peak_bytes: None,
-            gpu_bytes: None,
-            read_age_seconds: None,
-            torch: None,
-            start_time: u64::from(pid),
-            stopped: false,
-        }
+        crate::model::testing::proc_sample(pid, role, 0)
     }
 
     #[test]
