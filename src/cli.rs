@@ -41,6 +41,9 @@ pub enum Command {
     /// each gap (with `-- CMD`: also whether a stop would lose that
     /// command's work).
     Doctor(DoctorArgs),
+    /// Ask a running job (started by `oomguard run`) to save a checkpoint
+    /// now; training goes on. Prints the companion's `done` record.
+    Checkpoint(CheckpointArgs),
     /// The demo's job without python3 (started by `oomguard demo`).
     #[command(hide = true)]
     DemoJob {
@@ -123,6 +126,50 @@ pub struct AttachArgs {
 
     #[command(flatten)]
     pub tui: TuiArgs,
+}
+
+/// The job to ask, named as for `attach`.
+#[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("target")
+        .required(true)
+        .args(["pid", "cgroup", "slurm_job", "match_cmdline"])
+))]
+pub struct CheckpointArgs {
+    /// A process of the job (the one `oomguard run` launched, or any above
+    /// its ranks).
+    pub pid: Option<u32>,
+
+    /// The job's memory cgroup.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+
+    /// A SLURM job.
+    #[arg(long, value_name = "ID")]
+    pub slurm_job: Option<String>,
+
+    /// The one process whose command line matches REGEX.
+    #[arg(long = "match", value_name = "REGEX")]
+    pub match_cmdline: Option<String>,
+
+    /// How long to wait for every rank's save.
+    #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "2m")]
+    pub timeout: Duration,
+}
+
+impl CheckpointArgs {
+    /// The target as `attach` names one.
+    pub fn target(&self) -> crate::attach::Target {
+        use crate::attach::Target;
+        match (&self.pid, &self.cgroup, &self.slurm_job, &self.match_cmdline) {
+            (Some(pid), ..) => Target::Pid(*pid),
+            (_, Some(c), ..) => Target::Cgroup(c.clone()),
+            (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
+            (.., Some(re)) => Target::Match(re.clone()),
+            // clap requires one of them; a pid that names nothing is refused.
+            _ => Target::Pid(0),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -335,6 +382,11 @@ pub struct RunOnly {
     /// checkpoint signal only.
     #[arg(long)]
     pub no_companion: bool,
+
+    /// Start afresh: do not resume from the save a previous run of this
+    /// command left (`.oomguard-resume.json`), and remove its record.
+    #[arg(long)]
+    pub fresh: bool,
 }
 
 /// What oomguard does about memory (see also `--config`).

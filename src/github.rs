@@ -208,6 +208,9 @@ fn outcome_words(d: &RunSummaryData) -> String {
         Outcome::Exited => format!("exited with code {code}"),
         Outcome::Signaled => format!("was killed by a signal (exit code {code})"),
         Outcome::StoppedByPolicy => format!("was stopped by oomguard's policy (exit code {code})"),
+        Outcome::StoppedBySignal => {
+            format!("saved and stopped on a signal oomguard received (exit code {code})")
+        }
         Outcome::OomKilled => {
             format!("was killed by the kernel OOM killer (exit code {code})")
         }
@@ -225,6 +228,7 @@ fn outcome_name(o: Outcome) -> &'static str {
         Outcome::Exited => "exited",
         Outcome::Signaled => "signaled",
         Outcome::StoppedByPolicy => "stopped_by_policy",
+        Outcome::StoppedBySignal => "stopped_by_signal",
         Outcome::OomKilled => "oom_killed",
         Outcome::RestartLimit => "restart_limit",
         Outcome::InternalError => "internal_error",

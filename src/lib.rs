@@ -16,6 +16,7 @@
 //! NDJSON log or returns data. stdout and stderr belong to the job;
 //! oomguard's own lines go to stderr with an `oomguard:` prefix.
 
+pub mod ask;
 pub mod attach;
 pub mod cli;
 pub mod clock;

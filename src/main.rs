@@ -298,6 +298,21 @@ fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
     }
 }
 
+/// `oomguard checkpoint`: the `done` record on stdout, exit 0; else the
+/// reason on stderr, exit 1.
+fn checkpoint(args: &oomguard::cli::CheckpointArgs) -> i32 {
+    match oomguard::ask::checkpoint(&args.target(), std::path::Path::new("/proc"), args.timeout) {
+        Ok(done) => {
+            print(&format!("{done}\n"));
+            0
+        }
+        Err(e) => {
+            eprintln!("oomguard: {e}");
+            1
+        }
+    }
+}
+
 fn main() {
     let cli = oomguard::settings::parse_cli();
     let code = match cli.command {
@@ -319,6 +334,7 @@ fn main() {
         },
         Command::Report(args) => report(args),
         Command::Doctor(args) => doctor(args),
+        Command::Checkpoint(args) => checkpoint(&args),
         Command::Replay(args) => replay(args),
         Command::DemoJob { role, checkpoints } => match (role.as_str(), checkpoints) {
             ("worker", _) => oomguard::demo_job::worker(),

@@ -242,6 +242,29 @@ settings_table! {
         #[arg(value_name = "DURATION")]
         kill_after: Duration = values::positive_duration, default "10s";
 
+        /// What a signal oomguard receives asks of the job: SIGNAL=ACTION
+        /// pairs for TERM, USR1, USR2 and INT; ACTION is checkpoint_and_exit
+        /// (every rank saves its last step, then the job ends), checkpoint
+        /// (save and go on) or forward (pass it on). Without a companion
+        /// every signal is passed on. Unnamed signals keep their default.
+        #[arg(value_name = "SIG=ACTION,...")]
+        on_signal: crate::values::SignalMap = values::signal_map,
+            default "TERM=checkpoint_and_exit,USR1=checkpoint_and_exit,USR2=checkpoint_and_exit,INT=checkpoint_and_exit";
+
+        /// From a signal that asks for a save to the end of the whole tree:
+        /// the save and the ranks' exit get this less --kill-after, then
+        /// SIGTERM, then SIGKILL after --kill-after. Fit it to the
+        /// scheduler's grace (SLURM's KillWait, Kubernetes'
+        /// terminationGracePeriodSeconds).
+        #[arg(value_name = "DURATION")]
+        signal_budget: Duration = values::positive_duration, default "30s";
+
+        /// The exit code of a stop (by the policy or a signal's save; not
+        /// Ctrl-C's, which exits 130). 75 is EX_TEMPFAIL; a Kubeflow
+        /// restartPolicy ExitCode retries only codes of 128 and above.
+        #[arg(value_name = "CODE")]
+        stop_code: i32 = values::stop_code, default "75";
+
         /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
         /// when the job succeeded: a memory-regression gate for CI.
         #[arg(value_name = "SIZE")]
@@ -337,7 +360,7 @@ mod tests {
             crate::probe::pss::SweepConfig::DEFAULT_BUDGET,
             "the sweeper's own default and the setting's disagree"
         );
-        assert_eq!(DEFAULTS.len(), 17);
+        assert_eq!(DEFAULTS.len(), 20);
     }
 
     #[test]
@@ -348,7 +371,7 @@ mod tests {
         let e = l.set("cgroup", "sometimes").unwrap().unwrap_err();
         assert_eq!(e, "cgroup: unknown value 'sometimes' (expected auto, off)");
         assert_eq!(l.set("kil_after", "3s"), None);
-        assert_eq!(Layer::KEYS.len(), 21);
+        assert_eq!(Layer::KEYS.len(), 24);
     }
 
     #[test]

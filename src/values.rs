@@ -48,6 +48,111 @@ pub fn checkpoint_signal(text: &str) -> Result<i32, String> {
     Ok(sig)
 }
 
+/// What a signal oomguard receives asks of the job (`--on-signal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalAction {
+    /// Every rank saves the step it completed, then the job ends.
+    CheckpointAndExit,
+    /// Every rank saves, and training goes on.
+    Checkpoint,
+    /// Passed on to the job as a terminal would (a USR1 or USR2 only to a
+    /// process that catches or ignores it; SIGTERM to the others).
+    Forward,
+}
+
+impl SignalAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            SignalAction::CheckpointAndExit => "checkpoint_and_exit",
+            SignalAction::Checkpoint => "checkpoint",
+            SignalAction::Forward => "forward",
+        }
+    }
+}
+
+/// The signals whose meaning `--on-signal` sets, with their defaults: a
+/// scheduler's preemption or time limit (TERM), its advance warning
+/// (`--signal=USR1@90`, submitit's USR2) and an interrupt all save first.
+pub const SIGNAL_DEFAULTS: [(i32, SignalAction); 4] = [
+    (libc::SIGTERM, SignalAction::CheckpointAndExit),
+    (libc::SIGUSR1, SignalAction::CheckpointAndExit),
+    (libc::SIGUSR2, SignalAction::CheckpointAndExit),
+    (libc::SIGINT, SignalAction::CheckpointAndExit),
+];
+
+/// `--on-signal`: each of TERM, USR1, USR2 and INT mapped to an action;
+/// a signal the text does not name keeps its default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SignalMap([(i32, SignalAction); 4]);
+
+impl Default for SignalMap {
+    fn default() -> Self {
+        SignalMap(SIGNAL_DEFAULTS)
+    }
+}
+
+impl SignalMap {
+    /// The action for `sig`; `None` for a signal the map does not cover
+    /// (HUP, QUIT: always passed on).
+    pub fn get(&self, sig: i32) -> Option<SignalAction> {
+        self.0.iter().find(|(s, _)| *s == sig).map(|(_, a)| *a)
+    }
+}
+
+/// `TERM=checkpoint_and_exit,USR1=forward`: pairs separated by commas or
+/// spaces; signals named as `kill -l` does (`USR1`, `SIGUSR1`, `10`).
+pub fn signal_map(text: &str) -> Result<SignalMap, String> {
+    let mut map = SignalMap::default();
+    let expected = "expected SIGNAL=ACTION pairs such as TERM=checkpoint_and_exit,USR1=forward; \
+                    SIGNAL one of TERM, USR1, USR2, INT; ACTION one of checkpoint_and_exit, \
+                    checkpoint, forward";
+    for pair in text.split([',', ' ']).filter(|p| !p.trim().is_empty()) {
+        let (sig, action) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("'{pair}' is not SIGNAL=ACTION ({expected})"))?;
+        let sig = crate::model::parse_signal(sig)
+            .filter(|s| map.get(*s).is_some())
+            .ok_or_else(|| format!("'{}' is not a signal --on-signal maps ({expected})", sig.trim()))?;
+        let action = match action.trim().replace('-', "_").as_str() {
+            "checkpoint_and_exit" => SignalAction::CheckpointAndExit,
+            "checkpoint" => SignalAction::Checkpoint,
+            "forward" => SignalAction::Forward,
+            other => return Err(format!("'{other}' is not an action ({expected})")),
+        };
+        if let Some(slot) = map.0.iter_mut().find(|(s, _)| *s == sig) {
+            slot.1 = action;
+        }
+    }
+    Ok(map)
+}
+
+/// The exit code of a stop (`--stop-code`): any code a requeue rule can
+/// match, except those that say something else of oomguard's (a usage
+/// error, its own failure, lost output, the `--fail-above` gate, a command
+/// that could not run) and success.
+pub fn stop_code(text: &str) -> Result<i32, String> {
+    let code: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not an exit code (expected 1-255, e.g. 75)"))?;
+    let taken = match code {
+        0 => Some("success: a requeue rule could not tell a stop from a finished job"),
+        2 => Some("a usage error"),
+        70 => Some("oomguard's own failure"),
+        74 => Some("output that could not be written"),
+        76 => Some("the --fail-above gate"),
+        126 | 127 => Some("a command that could not be run"),
+        _ => None,
+    };
+    if let Some(what) = taken {
+        return Err(format!("'{text}' already means {what} (pick another, e.g. 75 or 143)"));
+    }
+    if !(1..=255).contains(&code) {
+        return Err(format!("'{text}' is not an exit code (expected 1-255, e.g. 75)"));
+    }
+    Ok(code)
+}
+
 /// A share of one core for oomguard's own work: `1%` (or `1`) is 0.01.
 pub fn core_share(text: &str) -> Result<f64, String> {
     let t = text.trim();
@@ -207,5 +312,33 @@ mod tests {
         assert!(a.ip().is_loopback() && a.port() == 9465, "{a}");
         assert!(listen_addr("localhost").unwrap_err().contains("no port"));
         assert!(listen_addr("nosuchhost.invalid:1").is_err());
+    }
+
+    #[test]
+    fn a_signal_map_overrides_only_what_it_names() {
+        let m = signal_map("USR1=forward, INT=checkpoint").unwrap();
+        assert_eq!(m.get(libc::SIGUSR1), Some(SignalAction::Forward));
+        assert_eq!(m.get(libc::SIGINT), Some(SignalAction::Checkpoint));
+        assert_eq!(m.get(libc::SIGTERM), Some(SignalAction::CheckpointAndExit));
+        assert_eq!(m.get(libc::SIGUSR2), Some(SignalAction::CheckpointAndExit));
+        assert_eq!(m.get(libc::SIGHUP), None);
+        assert_eq!(signal_map("").unwrap(), SignalMap::default());
+        assert_eq!(
+            signal_map("SIGTERM=checkpoint-and-exit").unwrap(),
+            SignalMap::default()
+        );
+        for bad in ["USR1", "HUP=forward", "TERM=save", "NOPE=forward"] {
+            assert!(signal_map(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_stop_code_never_says_something_else_of_oomguards() {
+        assert_eq!(stop_code("75"), Ok(75));
+        assert_eq!(stop_code("138"), Ok(138));
+        for bad in ["0", "2", "70", "74", "76", "126", "127", "256", "-1", "x"] {
+            assert!(stop_code(bad).is_err(), "{bad}");
+        }
+        assert!(stop_code("74").unwrap_err().contains("output"));
     }
 }

@@ -11,9 +11,10 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-const COMMANDS: [&str; 9] = [
+const COMMANDS: [&str; 10] = [
     "run",
     "doctor",
+    "checkpoint",
     "demo",
     "forensics",
     "report",

@@ -44,7 +44,7 @@ const LAYERS: &[&[&str]] = &[
     ],
     &["settings"],
     &["runtime", "manpage"],
-    &["demo", "doctor"],
+    &["demo", "doctor", "ask"],
 ];
 
 fn top_modules(src: &Path) -> BTreeSet<String> {

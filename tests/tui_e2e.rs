@@ -489,3 +489,99 @@ fn the_dashboard_shows_warning_while_the_warn_rule_fires() {
         sc.contains("stopped by oomguard (manual stop (dashboard))")
     });
 }
+
+/// `oomguard run --tui` of the plain companion loop in tmux, its output
+/// copied to a file: (session, the job's output file, the log, the
+/// checkpoints' directory).
+fn plain_loop_in_the_dashboard(
+    dir: &std::path::Path,
+    name: &str,
+    save_seconds: u32,
+) -> (Session, std::path::PathBuf, std::path::PathBuf) {
+    let plain = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/companion/plain.py");
+    let log = dir.join("run.ndjson");
+    let out = dir.join("job.out");
+    let s = Session::start(format!("oomguard-{name}-{}", std::process::id()), 140, 40);
+    let cmd = format!(
+        "CKPT_DIR={d} LEAK_MB=0 SAVE_SECONDS={save_seconds} {} run --tui --cgroup off --no-notify \
+         --log {} --output-log {} -- python3 {} 100000; echo EXIT=$?",
+        env!("CARGO_BIN_EXE_oomguard"),
+        log.display(),
+        out.display(),
+        plain.display(),
+        d = dir.display(),
+    );
+    s.keys(&cmd);
+    s.keys("Enter");
+    assert!(
+        wait_for(Duration::from_secs(30), || std::fs::read_to_string(&out)
+            .is_ok_and(|t| t.contains("rank 0 completed step 10\n"))),
+        "the job did not train:\n{}",
+        s.screen()
+    );
+    (s, out, log)
+}
+
+fn exit_line(s: &Session, secs: u64) -> String {
+    s.wait_screen(secs, "oomguard did not end", |sc| {
+        sc.lines().any(|l| l.starts_with("EXIT="))
+    });
+    let screen = s.screen();
+    screen
+        .lines()
+        .find(|l| l.starts_with("EXIT="))
+        .unwrap()
+        .to_string()
+}
+
+/// Ctrl-C in the dashboard is a key: the first asks every rank to save
+/// its last step (and says so), and the run exits 130 after the save.
+#[test]
+fn a_first_ctrl_c_in_the_dashboard_saves_the_last_step_and_exits_130() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, out, log) = plain_loop_in_the_dashboard(dir.path(), "ctrl-c", 0);
+    s.keys("C-c");
+    assert_eq!(exit_line(&s, 40), "EXIT=130", "{}", s.screen());
+    let lines = read_log(&log);
+    let done = lines.iter().rev().find_map(|l| match &l.event {
+        schema::Event::CheckpointDone(v) => v["step"].as_u64(),
+        _ => None,
+    });
+    let step = done.unwrap_or_else(|| panic!("no save\n{}", s.screen()));
+    let job = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        job.contains(&format!("rank 0 left after its checkpoint at step {step}")),
+        "{job}"
+    );
+    assert!(dir.path().join(format!("ckpt-r0-{step}.json")).exists());
+    assert_eq!(schema::run_end(&lines).outcome, "stopped_by_signal");
+    assert!(s.screen().contains("interrupted (Ctrl-C)"), "{}", s.screen());
+}
+
+/// A second Ctrl-C while the save is under way is typed into the job's
+/// terminal, as before: the person means now.
+#[test]
+fn a_second_ctrl_c_during_the_save_reaches_the_job() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, out, _log) = plain_loop_in_the_dashboard(dir.path(), "ctrl-c-twice", 30);
+    s.keys("C-c");
+    assert!(
+        wait_for(Duration::from_secs(20), || std::fs::read_to_string(&out)
+            .is_ok_and(|t| t.contains("rank 0 saving step"))),
+        "no save began:\n{}",
+        s.screen()
+    );
+    s.keys("C-c");
+    // Far sooner than the 30 s save: the job got the interrupt.
+    exit_line(&s, 15);
+    let job = std::fs::read_to_string(&out).unwrap();
+    assert!(job.contains("KeyboardInterrupt"), "{job}\n{}", s.screen());
+    assert!(!job.contains("left after its checkpoint"), "{job}");
+}

@@ -179,9 +179,12 @@ class Guard:
         return self._exit
 
     def resume_path(self):
-        """The checkpoint a previous attempt reported, on a restart."""
+        """The checkpoint to resume from: a previous attempt's, on a
+        restart, or the save a previous run of the same job left (a SLURM
+        requeue, a new pod, the command typed again)."""
         path = os.environ.get("OOMGUARD_CHECKPOINT")
-        if path and os.path.exists(path) and _env_int("OOMGUARD_ATTEMPT", 1) > 1:
+        again = _env_int("OOMGUARD_ATTEMPT", 1) > 1 or os.environ.get("OOMGUARD_RESUMED") == "1"
+        if path and os.path.exists(path) and again:
             return path
         return None
 

@@ -746,6 +746,9 @@ pub enum Outcome {
     Exited,
     Signaled,
     StoppedByPolicy,
+    /// A signal oomguard received (a scheduler's TERM or USR1, an
+    /// interrupt) asked for a save, and the job ended after it.
+    StoppedBySignal,
     OomKilled,
     RestartLimit,
     InternalError,

@@ -121,7 +121,7 @@ fn outcome_severity(log: &RunLog) -> Severity {
     match end.outcome.as_deref() {
         Some("oom_killed" | "internal_error") => Severity::Critical,
         Some("restart_limit" | "signaled") => Severity::Warning,
-        Some("stopped_by_policy" | "detached") => Severity::Info,
+        Some("stopped_by_policy" | "stopped_by_signal" | "detached") => Severity::Info,
         Some("exited") if end.exit_code == Some(0) => Severity::Ok,
         _ => Severity::Warning,
     }
@@ -178,6 +178,7 @@ fn outcome_title(log: &RunLog) -> String {
         Some("exited") => "Exited",
         Some("signaled") => "Killed by a signal",
         Some("stopped_by_policy") => "Stopped by oomguard",
+        Some("stopped_by_signal") => "Saved and stopped on a signal",
         Some("oom_killed") => "OOM-killed by the kernel",
         Some("restart_limit") => "Restart limit reached",
         Some("internal_error") => "oomguard internal error",

@@ -22,10 +22,11 @@
 //! every signal is sent by identity, so a recycled pid is never hit.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use super::requests::CompanionState;
+pub use super::signaller::{DesktopNotifier, Notifier, ProcSignaller, Signaller};
 use crate::companion::{Channel, Kind, Record};
 use crate::forensics::torch::Framework;
 use crate::log::ActionKind;
@@ -53,30 +54,6 @@ pub const THROTTLE_RUN: Duration = Duration::from_millis(50);
 /// the stop goes on without the checkpoint.
 pub const LAST_RESORT_HOLD: Duration = Duration::from_secs(5);
 
-/// Sends signals to processes by identity.
-pub trait Signaller {
-    /// Sends `sig` to `id` only if the pid still is that process.
-    fn signal(&mut self, id: Ident, sig: i32) -> Result<(), SignalError>;
-    /// Whether `id` is still that process (and not a zombie).
-    fn is_alive(&self, id: Ident) -> bool;
-    /// Sends `sig` to a process group (the job's, while its leader lives).
-    fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError>;
-    /// Whether `id`'s pid now belongs to another process (its start time
-    /// changed): a stranger, never to be signalled.
-    fn reused(&self, _id: Ident) -> bool {
-        false
-    }
-    /// Whether `id` catches `sig` (`SigCgt`); `None` when unknown.
-    fn catches(&self, _id: Ident, _sig: i32) -> Option<bool> {
-        None
-    }
-}
-
-/// Shows a desktop notification.
-pub trait Notifier {
-    fn notify(&mut self, summary: String, body: String);
-}
-
 /// Another node's stop the ranks agreed on, which this node joins.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteStop {
@@ -85,82 +62,6 @@ pub struct RemoteStop {
     pub why: String,
     /// The asking node restarts the job after the save: so does this one.
     pub restart: bool,
-}
-
-/// The real signaller: `kill(2)` after checking the start time under
-/// `proc_root`.
-#[derive(Debug, Clone)]
-pub struct ProcSignaller {
-    proc_root: PathBuf,
-}
-
-impl ProcSignaller {
-    pub fn new(proc_root: &Path) -> Self {
-        Self {
-            proc_root: proc_root.to_path_buf(),
-        }
-    }
-}
-
-impl Signaller for ProcSignaller {
-    fn signal(&mut self, (pid, start): Ident, sig: i32) -> Result<(), SignalError> {
-        if sig == SIG_STOP {
-            // Told first: if oomguard dies right after the stop, the
-            // keeper already knows to let the process run again.
-            crate::keeper::note_stopped(pid, start);
-        }
-        supervise::signal_process(&self.proc_root, pid, start, sig)
-    }
-
-    fn is_alive(&self, (pid, start): Ident) -> bool {
-        supervise::is_alive(&self.proc_root, pid, start)
-    }
-
-    fn reused(&self, (pid, start): Ident) -> bool {
-        supervise::start_time(&self.proc_root, pid).is_some_and(|st| st != start)
-    }
-
-    fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
-        supervise::signal_group(pgid, sig).map_err(|e| SignalError::Failed {
-            pid: pgid,
-            sig,
-            errno: e.to_string(),
-        })
-    }
-
-    fn catches(&self, (pid, start): Ident, sig: i32) -> Option<bool> {
-        if !supervise::is_alive(&self.proc_root, pid, start) {
-            return None;
-        }
-        let status = std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("status"));
-        caught_signals(&status.ok()?).map(|mask| sig > 0 && mask >> (sig - 1) & 1 == 1)
-    }
-}
-
-/// The `SigCgt` mask of a `/proc/PID/status` text: bit n−1 is signal n.
-pub fn caught_signals(status: &str) -> Option<u64> {
-    let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
-}
-
-/// The real notifier: a desktop notification over the session bus, when
-/// there is one; never waits for it more than a moment.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct DesktopNotifier;
-
-const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
-
-impl Notifier for DesktopNotifier {
-    fn notify(&mut self, summary: String, body: String) {
-        if !super::sinks::session_bus() || tokio::runtime::Handle::try_current().is_err() {
-            return;
-        }
-        tokio::spawn(async move {
-            let mut n = notify_rust::Notification::new();
-            n.summary(&summary).body(&body).appname("oomguard");
-            let _ = tokio::time::timeout(NOTIFY_TIMEOUT, n.show_async()).await;
-        });
-    }
 }
 
 /// What the actuator did, for the sinks.
@@ -258,6 +159,9 @@ pub struct Stop {
     done_at: Option<Instant>,
     /// The companion did not answer in time: the signal was sent.
     fell_back: bool,
+    /// How long the request may go unacknowledged before the signal is
+    /// sent after all.
+    ack_wait: Duration,
     /// Another node's stop: this node is not short of memory, so nothing
     /// is throttled (a held rank would stall every node's collectives).
     joined: bool,
@@ -300,6 +204,8 @@ pub struct Actuator {
     pub stop: Option<Stop>,
     /// The critical action that ended the attempt, if the policy did.
     pub policy_end: Option<Action>,
+    /// The signal whose save ended the attempt (`--on-signal`), if one did.
+    signal_end: Option<i32>,
     /// Why (the rule), kept after the stop itself is over.
     pub policy_reason: Option<String>,
     /// SIGKILL was sent to the tree.
@@ -339,6 +245,7 @@ impl Actuator {
             paused: HashSet::new(),
             stop: None,
             policy_end: None,
+            signal_end: None,
             policy_reason: None,
             killed: false,
             kill_at: None,
@@ -407,6 +314,7 @@ impl Actuator {
         self.paused.clear();
         self.stop = None;
         self.policy_end = None;
+        self.signal_end = None;
         self.policy_reason = None;
         self.killed = false;
         self.kill_at = None;
@@ -623,8 +531,65 @@ impl Actuator {
             request,
             done_at: None,
             fell_back: false,
+            ack_wait: ACK_WAIT.min(self.cfg.grace / 2),
             joined: joined.is_some(),
         });
+    }
+
+    /// A save that a signal oomguard received asks for (`--on-signal
+    /// checkpoint_and_exit`): every rank saves the step it completed and
+    /// leaves, all within `window` (the signal budget less `--kill-after`),
+    /// after which the rest of the ladder (SIGTERM, `--kill-after`) runs.
+    /// The job is not short of memory, so nothing is throttled, and what
+    /// oomguard paused runs again first (a paused rank cannot save).
+    pub fn begin_signal_save(
+        &mut self,
+        signal: i32,
+        reason: &str,
+        window: Duration,
+        at: Scene<'_>,
+        sig: &mut dyn Signaller,
+    ) {
+        self.unpause(sig);
+        self.joined = None;
+        self.begin_stop(Action::Stop, reason, at, sig);
+        self.signal_end = Some(signal);
+        if let Some(st) = self.stop.as_mut() {
+            st.grace_end = at.now + window;
+            st.ack_wait = ACK_WAIT.min(window / 2);
+            st.throttled.clear();
+            st.joined = true;
+        }
+    }
+
+    /// A signal that asks for a save came while a stop of oomguard's own
+    /// was saving: that save serves it, within the signal's budget too.
+    pub fn hurry_save(&mut self, window: Duration, now: Instant) {
+        if let Some(st) = self.stop.as_mut()
+            && st.step == StopStep::Checkpoint
+        {
+            st.grace_end = st.grace_end.min(now + window);
+            st.ack_wait = st.ack_wait.min(window / 2);
+        }
+    }
+
+    /// A signal asking for a save came during this stop: the attempt ends
+    /// for it too (no restart follows; the stop code or Ctrl-C's 130).
+    pub fn served_signal(&mut self, signal: i32) {
+        if self.stop.is_some() {
+            self.signal_end.get_or_insert(signal);
+        }
+    }
+
+    /// The signal whose save ended the attempt, if one did.
+    pub fn signal_end(&self) -> Option<i32> {
+        self.signal_end
+    }
+
+    /// A save and exit is under way (a signal's or a stop's): another
+    /// signal asking for one is served by it.
+    pub fn saving(&self) -> bool {
+        self.stop.is_some()
     }
 
     /// Ends this node's part without a save, for a fault of a job across
@@ -665,6 +630,7 @@ impl Actuator {
             request: None,
             done_at: None,
             fell_back: false,
+            ack_wait: ACK_WAIT.min(self.cfg.grace / 2),
             joined: true,
         });
     }
@@ -901,7 +867,7 @@ impl Actuator {
             return;
         }
         let acked = self.companion.pending.is_some_and(|p| p.0 == id && p.3);
-        let wait = ACK_WAIT.min(self.cfg.grace / 2);
+        let wait = st.ack_wait;
         if st.done_at.is_none() && !acked && !st.fell_back && now - st.began >= wait {
             st.fell_back = true;
             self.say(format!(
@@ -1133,19 +1099,3 @@ fn kernel_headroom(sample: &Sample) -> Option<f64> {
         .min_by(f64::total_cmp)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sigcgt_bit_n_minus_one_is_signal_n() {
-        // Python's default: SIGINT (2) caught, TERM (15) and USR1 (10) not.
-        let status = "Name:\tpython3\nSigBlk:\t0000000000000000\nSigIgn:\t0000000001001000\nSigCgt:\t0000000180000002\n";
-        let mask = caught_signals(status).unwrap();
-        assert_eq!(mask & (1 << (libc::SIGINT - 1)), 1 << (libc::SIGINT - 1));
-        assert_eq!(mask & (1 << (libc::SIGTERM - 1)), 0);
-        assert_eq!(mask & (1 << (libc::SIGUSR1 - 1)), 0);
-        assert_eq!(caught_signals("Name:\tx\n"), None);
-        assert_eq!(caught_signals("SigCgt:\tzz\n"), None);
-    }
-}

@@ -298,7 +298,7 @@ impl Supervisor {
             dir.and_then(|d| crate::restart::newest(d, glob, None))
                 .map(|(p, ..)| p)
         };
-        let stopping = self.shutdown_signal.is_some();
+        let stopping = self.shutdown_signal.is_some() || self.core.act.signal_end().is_some();
         let spans_nodes = self.core.act.companion.spans_nodes();
         let delay = match self
             .attempts

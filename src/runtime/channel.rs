@@ -201,8 +201,13 @@ impl Supervisor {
             }
             _ => String::new(),
         };
+        let after = if self.core.act.signal_end().is_some() {
+            "the signal"
+        } else {
+            "the request"
+        };
         Some(format!(
-            "{at} ({:.1} s after the request){lost}",
+            "{at} ({:.1} s after {after}){lost}",
             saved.after_request_seconds
         ))
     }

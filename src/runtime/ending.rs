@@ -43,13 +43,24 @@ impl Supervisor {
         let (outcome, mut exit_code) = match status {
             _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if detached => (Outcome::Detached, 0),
-            _ if self.attempts.gave_up() => (Outcome::RestartLimit, EXIT_POLICY),
+            _ if self.attempts.gave_up() => (Outcome::RestartLimit, self.cfg.stop_code),
             _ if oom_killed => (Outcome::OomKilled, status.code()),
-            _ if self.core.act.policy_end.is_some() => (Outcome::StoppedByPolicy, EXIT_POLICY),
+            // Ctrl-C's save ends as an interrupt does: a person who pressed
+            // it wants to stop, not to be requeued.
+            _ if self.core.act.signal_end() == Some(libc::SIGINT) => {
+                (Outcome::StoppedBySignal, 128 + libc::SIGINT)
+            }
+            _ if self.core.act.signal_end().is_some() => {
+                (Outcome::StoppedBySignal, self.cfg.stop_code)
+            }
+            _ if self.core.act.policy_end.is_some() => {
+                (Outcome::StoppedByPolicy, self.cfg.stop_code)
+            }
             Status::Exited(c) => (Outcome::Exited, c),
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = crate::clock::since(self.started);
+        self.keep_resume_record(outcome);
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).
@@ -125,6 +136,52 @@ impl Supervisor {
         }
         drop(self.owned.take());
         exit_code
+    }
+
+    /// What the next run of this job resumes from (`resume.rs`): the save
+    /// every rank agreed on before a stop, kept; nothing after a normal
+    /// end. Any other end leaves an earlier record as it was.
+    fn keep_resume_record(&mut self, outcome: Outcome) {
+        if !self.target.is_parent() || self.cfg.doctor.is_some() {
+            return;
+        }
+        let Some((path, run)) = resume_place(&self.cfg) else {
+            return;
+        };
+        let stopped = matches!(
+            outcome,
+            Outcome::StoppedBySignal | Outcome::StoppedByPolicy | Outcome::RestartLimit
+        );
+        let saved = self.core.act.companion.done.clone().filter(|d| d.ok);
+        match (outcome, saved) {
+            (Outcome::Exited, _) if self.main_status == Some(Status::Exited(0)) => {
+                resume::remove_if_ours(&path, &run);
+            }
+            (_, Some(done)) if stopped && !done.paths.is_empty() => {
+                let rec = resume::Record {
+                    v: 1,
+                    run,
+                    step: done.step,
+                    paths: done.paths,
+                    reason: self
+                        .core
+                        .act
+                        .policy_reason
+                        .clone()
+                        .unwrap_or_else(|| "a stop".into()),
+                    saved_at: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                };
+                if let Err(e) = resume::write(&path, &rec) {
+                    self.say(format!(
+                        "cannot write {} (the next run could not resume): {e}",
+                        path.display()
+                    ));
+                }
+            }
+            _ => {}
+        }
     }
 
     /// The job's last output, passed on before oomguard's own lines (unless
@@ -262,6 +319,15 @@ impl Supervisor {
                 "could not be supervised to the end: {}; exit {exit_code}",
                 self.internal_error.as_deref().unwrap_or("oomguard failed")
             ),
+            (Outcome::StoppedBySignal, _) => {
+                let sig = self.core.act.signal_end().unwrap_or(libc::SIGTERM);
+                let what = if sig == libc::SIGINT {
+                    "interrupted (Ctrl-C)".to_string()
+                } else {
+                    format!("preempted ({})", supervise::signal_name(sig))
+                };
+                format!("was {what} and saved first; exit {exit_code}")
+            }
             (Outcome::StoppedByPolicy, _) => format!(
                 "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
                 // The rule, also when the stop is over (an attached

@@ -615,3 +615,125 @@ async fn watch_for_ends_the_watch_and_leaves_the_job_running() {
     assert!((6.0..6.5).contains(&took), "{end}");
     assert_eq!(end["outcome"], "detached", "{end}");
 }
+
+/// The fake job's companion: its control channel, which the test writes
+/// the ranks' records into.
+fn with_companion(f: &mut Fake) -> PathBuf {
+    let ch = crate::companion::Channel::create(f.dir.path(), 1).unwrap();
+    let dir = ch.dir().to_path_buf();
+    f.sup.core.act.channel = Some(ch);
+    dir
+}
+
+/// A record from the job's ranks.
+fn companion_says(dir: &Path, record: serde_json::Value) {
+    use std::io::Write as _;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("events"))
+        .unwrap();
+    writeln!(f, "{record}").unwrap();
+}
+
+/// The request oomguard wrote, once there is one: (id, kind).
+async fn request(dir: &Path) -> (u64, String) {
+    loop {
+        if let Some(r) = std::fs::read(dir.join("request"))
+            .ok()
+            .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
+        {
+            return (r["id"].as_u64().unwrap(), r["kind"].as_str().unwrap().into());
+        }
+        sleep(0.05).await;
+    }
+}
+
+fn hello() -> serde_json::Value {
+    serde_json::json!({"type": "hello", "pid": JOB, "rank": 0, "world": 1, "local_world": 1})
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sigterm_with_a_companion_saves_and_a_second_changes_nothing() {
+    let mut f = Fake::new(&["--checkpoint-dir", "/nonexistent-oomguard-test"]);
+    let dir = with_companion(&mut f);
+    f.world.borrow_mut().dies_of = vec![SIG_KILL];
+    let signals = f.kernel.signals.clone();
+    let world = f.world.clone();
+    let (code, events, world) = f
+        .run(async move {
+            companion_says(&dir, hello());
+            sleep(2.0).await;
+            signals.send(libc::SIGTERM).unwrap();
+            let (id, kind) = request(&dir).await;
+            assert_eq!(kind, "checkpoint_and_exit");
+            companion_says(&dir, serde_json::json!({"type": "ack", "id": id, "step": 42}));
+            sleep(1.0).await;
+            // The scheduler's second TERM, while the ranks save.
+            signals.send(libc::SIGTERM).unwrap();
+            sleep(1.0).await;
+            companion_says(
+                &dir,
+                serde_json::json!({"type": "done", "id": id, "step": 42,
+                    "paths": ["/ckpt/step-42"], "ok": true, "seconds": 1.5}),
+            );
+            sleep(0.5).await;
+            let job = world.borrow().job;
+            world.borrow_mut().exit(job, Status::Exited(0));
+        })
+        .await;
+    let w = world.borrow();
+    assert!(w.groups.is_empty(), "forwarded: {:?}", w.groups);
+    assert!(w.signals.is_empty(), "signalled: {:?}", w.signals);
+    let end = run_end(&events);
+    assert_eq!(end["outcome"], "stopped_by_signal", "{end}");
+    assert_eq!(code, EXIT_POLICY);
+    let stop = of(&events, "action");
+    assert_eq!(stop.len(), 1, "{stop:?}");
+    assert_eq!(stop[0]["reason"], "SIGTERM received");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_signals_save_ends_within_the_budget_when_the_companion_never_answers() {
+    let mut f = Fake::new(&["--stop-code", "143"]);
+    let dir = with_companion(&mut f);
+    f.world.borrow_mut().dies_of = vec![SIG_KILL];
+    let signals = f.kernel.signals.clone();
+    let (code, events, world) = f
+        .run(async move {
+            companion_says(&dir, hello());
+            sleep(2.0).await;
+            signals.send(libc::SIGUSR1).unwrap();
+        })
+        .await;
+    let w = world.borrow();
+    let term: Vec<f64> = w
+        .signals
+        .iter()
+        .filter(|s| s.2 == SIG_TERM)
+        .map(|s| s.0)
+        .collect();
+    let kill = w
+        .signals
+        .iter()
+        .chain(w.groups.iter())
+        .find(|s| s.2 == SIG_KILL)
+        .map(|s| s.0)
+        .unwrap_or_else(|| panic!("never killed: {events:?}"));
+    // The companion had half the save window (20 s less --kill-after's
+    // 10 s... of the 30 s budget) to acknowledge: the trainer then gets the
+    // checkpoint signal, the rest SIGTERM at the window's end, and SIGKILL
+    // --kill-after later: all within 30 s of the signal.
+    assert!(
+        (term[0] - 12.0).abs() < 0.3,
+        "the fallback signal at {}",
+        term[0]
+    );
+    assert!(kill - 2.0 <= 30.3, "killed {} s after the signal", kill - 2.0);
+    assert!(kill - 2.0 >= 29.0, "killed {} s after the signal", kill - 2.0);
+    let said = events
+        .iter()
+        .any(|e| e["event"] == "action" && e["reason"].as_str().is_some_and(|r| r.contains("the companion did not answer")));
+    assert!(said, "{events:?}");
+    assert_eq!(run_end(&events)["outcome"], "stopped_by_signal");
+    assert_eq!(code, 143);
+}

@@ -51,9 +51,11 @@ mod oom;
 mod outside;
 mod peers;
 mod requests;
+mod resume;
 mod sampler;
 mod screen;
 mod setup;
+mod signaller;
 mod signals;
 mod sinks;
 mod stop_saves;
@@ -292,6 +294,21 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
 /// wake-ups matter, and for ruling them out when debugging.
 pub fn kernel_wakeups_disabled() -> bool {
     std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
+}
+
+/// Where this run's resume record lives, and which run it is; `None` when
+/// the working directory cannot be read.
+fn resume_place(cfg: &RunConfig) -> Option<(PathBuf, resume::Identity)> {
+    let cwd = std::env::current_dir().ok()?;
+    let path = resume::path(cfg.checkpoint_dir.as_deref(), &cwd);
+    let job = std::env::var("SLURM_JOB_ID").ok();
+    Some((path, resume::Identity::of(&cfg.argv, &cwd, job)))
+}
+
+/// The process group of `pid` (from its `stat`), while it runs.
+fn process_group(proc_root: &std::path::Path, pid: u32) -> Option<i32> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    crate::probe::proc::parse_stat(&text).map(|st| st.pgrp)
 }
 
 /// A victim's last minute of memory, as the `oom_kill` event carries it.
@@ -940,7 +957,11 @@ impl Supervisor {
                 return;
             }
         }
-        let starts_shutdown = match signals::plan(sig, self.standing()) {
+        // What the companion said since the last tick: a job that signals
+        // between two ticks still has its hello read.
+        self.core.act.poll_channel(crate::clock::now());
+        self.acted(None);
+        let starts_shutdown = match signals::plan(sig, self.standing(), &self.cfg.on_signal) {
             SignalPlan::Ignore => return,
             SignalPlan::EndWatch => {
                 // Anything oomguard paused is given back first.
@@ -963,8 +984,20 @@ impl Supervisor {
                 self.kill_tree("second interrupt");
                 return;
             }
+            SignalPlan::Save { exit } => {
+                self.save_for_signal(sig, exit);
+                return;
+            }
+            SignalPlan::AlreadySaving => {
+                self.already_saving(sig);
+                return;
+            }
             SignalPlan::Forward { starts_shutdown } => starts_shutdown,
         };
+        if matches!(sig, libc::SIGUSR1 | libc::SIGUSR2) && self.main_status.is_none() {
+            self.forward_user_signal(sig);
+            return;
+        }
         let (pids, result) = self.forward(sig);
         if starts_shutdown {
             if self.foreground {
@@ -996,7 +1029,131 @@ impl Supervisor {
             forwards: self.target.forwards_signals(),
             between_attempts: self.attempts.between(),
             shutdown_signal: self.shutdown_signal,
+            companion: self.core.act.companion.connected && self.core.act.channel.is_some(),
+            saving: self.core.act.saving(),
         }
+    }
+
+    /// A signal that asks for a save (`--on-signal`): with `exit`, every
+    /// rank saves the step it completed and the job ends within
+    /// `--signal-budget`; otherwise training goes on after the save.
+    fn save_for_signal(&mut self, sig: i32, exit: bool) {
+        let name = supervise::signal_name(sig);
+        self.signal_save(sig, exit, &format!("{name} received"));
+    }
+
+    /// [`Supervisor::save_for_signal`], said as `what` ("SIGTERM
+    /// received", "Ctrl-C").
+    fn signal_save(&mut self, sig: i32, exit: bool, what: &str) {
+        let name = what;
+        let now = crate::clock::now();
+        if !exit {
+            self.core.act.request(Action::Checkpoint, name, now);
+            if !self.cfg.quiet {
+                self.say(format!(
+                    "{name}: every rank saves its last step; training goes on"
+                ));
+            }
+            self.acted(None);
+            return;
+        }
+        if self.foreground {
+            supervise::reclaim_foreground(std::io::stdin().as_fd());
+            self.foreground = false;
+        }
+        // Validated at start-up: the budget is longer than --kill-after.
+        let window = self.cfg.signal_budget.saturating_sub(self.cfg.kill_after);
+        self.refresh_tree();
+        let at = act::Scene {
+            tree: &self.sampler.tree,
+            prev: self.core.last_sample.as_ref(),
+            job_pid: self.job.pid,
+            now,
+        };
+        self.core
+            .act
+            .begin_signal_save(sig, name, window, at, &mut *self.sig);
+        if sig == libc::SIGINT {
+            // A second interrupt means now.
+            self.shutdown_signal = Some(sig);
+        }
+        if !self.cfg.quiet {
+            let again = if sig == libc::SIGINT {
+                " (Ctrl-C again to interrupt now)"
+            } else {
+                ""
+            };
+            self.say(format!(
+                "{name}: saving at the next step, then stopping within {}{again}",
+                human_duration(self.cfg.signal_budget)
+            ));
+        }
+        self.acted(None);
+    }
+
+    /// A signal asking for a save came while one is under way: that save
+    /// serves it, and its deadline holds (or comes closer, for a stop of
+    /// oomguard's own that had longer). An interrupt is remembered: the
+    /// next one kills.
+    fn already_saving(&mut self, sig: i32) {
+        let window = self.cfg.signal_budget.saturating_sub(self.cfg.kill_after);
+        self.core.act.hurry_save(window, crate::clock::now());
+        self.core.act.served_signal(sig);
+        if sig == libc::SIGINT {
+            self.shutdown_signal = Some(sig);
+        }
+        if !self.cfg.quiet {
+            self.say(format!(
+                "{} received: the save under way already ends the job",
+                supervise::signal_name(sig)
+            ));
+        }
+    }
+
+    /// USR1 or USR2 passed on as a terminal would (to the job's process
+    /// group), except that a process that neither catches nor ignores it
+    /// gets SIGTERM instead: USR1's default action kills, with no save and
+    /// a cause nobody would guess (torchrun dies of it). The log's `stop`
+    /// line names who got which.
+    fn forward_user_signal(&mut self, sig: i32) {
+        self.refresh_tree();
+        let group = self.job.pid as i32;
+        let members: Vec<Ident> = self
+            .sampler
+            .tree
+            .iter()
+            .filter(|p| {
+                p.pid == self.job.pid || process_group(&self.cfg.proc_root, p.pid) == Some(group)
+            })
+            .map(|p| (p.pid, p.start_time))
+            .collect();
+        let (takers, deaf): (Vec<Ident>, Vec<Ident>) = members
+            .iter()
+            .partition(|id| self.sig.takes(**id, sig) != Some(false));
+        let (got, _) = self.signal_all(&takers, sig);
+        if deaf.is_empty() {
+            return;
+        }
+        let name = supervise::signal_name(sig);
+        let list = |p: &[u32]| {
+            p.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let deaf_pids: Vec<u32> = deaf.iter().map(|d| d.0).collect();
+        let to_takers = if got.is_empty() {
+            String::new()
+        } else {
+            format!("; {name} to pid {}", list(&got))
+        };
+        let why = format!(
+            "{name} received: pid {} neither catches nor ignores it, so SIGTERM instead{to_takers}",
+            list(&deaf_pids)
+        );
+        let (pids, result) = self.signal_all(&deaf, SIG_TERM);
+        self.say(why.clone());
+        self.begin_shutdown(&why, pids, SIG_TERM, result);
     }
 
     /// Forwards a signal to the job as a terminal would: to its process

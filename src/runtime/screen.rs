@@ -38,11 +38,7 @@ impl Supervisor {
                 let t = crate::clock::since(self.started).as_secs_f64();
                 let alive = self.main_status.is_none() && self.core.act.stop.is_none();
                 match cmd {
-                    UiCommand::Interrupt => {
-                        if let Some(p) = &self.pty {
-                            let _ = p.interrupt();
-                        }
-                    }
+                    UiCommand::Interrupt => self.on_ctrl_c(),
                     UiCommand::TogglePause if alive => {
                         if self.core.act.paused.is_empty() {
                             self.pause("manual (dashboard)");
@@ -71,6 +67,23 @@ impl Supervisor {
                     _ => {}
                 }
             }
+        }
+    }
+
+    /// Ctrl-C in the dashboard, where it is a key, not a signal: the first
+    /// asks every rank to save its last step and then ends the job (as a
+    /// SIGINT to oomguard does); without a companion, or once a save is
+    /// under way, ^C is typed into the job's terminal as before.
+    fn on_ctrl_c(&mut self) {
+        self.core.act.poll_channel(crate::clock::now());
+        self.acted(None);
+        let saves = self.main_status.is_none()
+            && signals::plan(libc::SIGINT, self.standing(), &self.cfg.on_signal)
+                == SignalPlan::Save { exit: true };
+        if saves {
+            self.signal_save(libc::SIGINT, true, "Ctrl-C");
+        } else if let Some(p) = &self.pty {
+            let _ = p.interrupt();
         }
     }
 

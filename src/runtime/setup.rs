@@ -134,6 +134,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
     first_env.extend(channel.as_ref().map(crate::companion::Channel::env));
+    let resume_note = resume_from_a_previous_run(&cfg, &mut first_env);
     let start = Start {
         env: first_env,
         owned,
@@ -183,6 +184,9 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         started,
     };
     let mut sup = Supervisor::assemble(cfg, parts);
+    if let Some(note) = resume_note {
+        sup.say(note);
+    }
     sup.keep_pty();
     let restartable = sup.restart_enabled();
     if let Some(app) = sup.sinks.app.as_mut() {
@@ -374,6 +378,42 @@ fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
                 eprintln!("oomguard: no checkpoint companion for this run: {e}");
             }
             Ok(None)
+        }
+    }
+}
+
+/// A save a previous run of this job left (`resume.rs`): the first
+/// attempt resumes from it. Returns what to tell the user.
+fn resume_from_a_previous_run(
+    cfg: &RunConfig,
+    env: &mut Vec<(std::ffi::OsString, std::ffi::OsString)>,
+) -> Option<String> {
+    if cfg.attach.is_some() || cfg.doctor.is_some() {
+        return None;
+    }
+    let (path, run) = super::resume_place(cfg)?;
+    if cfg.run.fresh {
+        return std::fs::remove_file(&path)
+            .is_ok()
+            .then(|| format!("--fresh: the previous run's save ({}) is not resumed", path.display()));
+    }
+    match super::resume::find(&path, &run) {
+        super::resume::Found::Nothing => None,
+        super::resume::Found::NotOurs(why) => Some(format!(
+            "not resuming from {}: {why}; starting afresh",
+            path.display()
+        )),
+        super::resume::Found::Resume(rec) => {
+            env.extend(super::resume::env(&rec));
+            let step = rec.step.map_or(String::new(), |s| format!(" of step {s}"));
+            let ckpt = rec
+                .paths
+                .first()
+                .map_or(String::new(), |p| format!(" ({})", p.display()));
+            Some(format!(
+                "resuming from the save{step}{ckpt} the previous run made ({}); --fresh starts afresh",
+                rec.reason
+            ))
         }
     }
 }

@@ -1,8 +1,12 @@
 //! What a signal oomguard receives, or its dashboard's hangup, means for the
 //! run: a pure decision on where the run stands, so the loop's answers
-//! (a second Ctrl-C kills, an interrupt between attempts cancels the
-//! restart, a watcher never forwards) are tested without a process. The
-//! loop carries the decision out.
+//! (a scheduler's TERM or USR1 becomes a save every rank agrees on, a
+//! second TERM during that save changes nothing, a second Ctrl-C kills, an
+//! interrupt between attempts cancels the restart, a watcher never
+//! forwards) are tested without a process. The loop carries the decision
+//! out.
+
+use crate::values::{SignalAction, SignalMap};
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
 /// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
@@ -25,6 +29,11 @@ pub(super) struct Standing {
     pub between_attempts: bool,
     /// The INT or TERM that already started the shutdown.
     pub shutdown_signal: Option<i32>,
+    /// A companion answers: the ranks can be asked to save.
+    pub companion: bool,
+    /// A save and exit is under way (a signal's, or oomguard's own stop):
+    /// it serves a signal that asks for one too.
+    pub saving: bool,
 }
 
 /// What the loop does with a signal.
@@ -42,6 +51,12 @@ pub(super) enum SignalPlan {
     /// Passed on to the job; INT and TERM also start the shutdown (a paused
     /// job is let run, and `--kill-after` counts).
     Forward { starts_shutdown: bool },
+    /// Every rank is asked to save the step it completed; `exit`: then the
+    /// job ends (within `--signal-budget`), else training goes on.
+    Save { exit: bool },
+    /// A save and exit is already under way and serves this signal too:
+    /// nothing changes, and its deadline holds.
+    AlreadySaving,
 }
 
 /// Whether `sig` ends the run when the job ends on it (INT, TERM).
@@ -49,7 +64,7 @@ pub(super) fn ends_the_run(sig: i32) -> bool {
     FORWARDED.iter().any(|&(s, ends)| s == sig && ends)
 }
 
-pub(super) fn plan(sig: i32, at: Standing) -> SignalPlan {
+pub(super) fn plan(sig: i32, at: Standing, map: &SignalMap) -> SignalPlan {
     let ends = ends_the_run(sig);
     if !at.forwards {
         return if ends {
@@ -67,11 +82,21 @@ pub(super) fn plan(sig: i32, at: Standing) -> SignalPlan {
             SignalPlan::Ignore
         };
     }
+    // The same INT or TERM again, after it was passed on (or, for an
+    // interrupt, after it asked for a save): the user means now.
     if ends && at.shutdown_signal == Some(sig) {
         return SignalPlan::Kill;
     }
-    SignalPlan::Forward {
-        starts_shutdown: ends,
+    let action = map.get(sig);
+    if at.saving && action == Some(SignalAction::CheckpointAndExit) {
+        return SignalPlan::AlreadySaving;
+    }
+    match action {
+        Some(SignalAction::CheckpointAndExit) if at.companion => SignalPlan::Save { exit: true },
+        Some(SignalAction::Checkpoint) if at.companion => SignalPlan::Save { exit: false },
+        _ => SignalPlan::Forward {
+            starts_shutdown: ends,
+        },
     }
 }
 
@@ -109,7 +134,78 @@ mod tests {
         forwards: true,
         between_attempts: false,
         shutdown_signal: None,
+        companion: false,
+        saving: false,
     };
+
+    fn plan(sig: i32, at: Standing) -> SignalPlan {
+        super::plan(sig, at, &SignalMap::default())
+    }
+
+    #[test]
+    fn with_a_companion_a_schedulers_signal_asks_every_rank_to_save() {
+        let with = Standing {
+            companion: true,
+            ..RUNNING
+        };
+        for sig in [libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2, libc::SIGINT] {
+            assert_eq!(plan(sig, with), SignalPlan::Save { exit: true }, "{sig}");
+        }
+        // HUP and QUIT have no save: passed on as before.
+        assert_eq!(
+            plan(libc::SIGHUP, with),
+            SignalPlan::Forward {
+                starts_shutdown: false
+            }
+        );
+        let map = crate::values::signal_map("USR1=checkpoint,USR2=forward").unwrap();
+        assert_eq!(
+            super::plan(libc::SIGUSR1, with, &map),
+            SignalPlan::Save { exit: false }
+        );
+        assert_eq!(
+            super::plan(libc::SIGUSR2, with, &map),
+            SignalPlan::Forward {
+                starts_shutdown: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_second_signal_during_the_save_changes_nothing_but_a_second_interrupt_kills() {
+        let saving = Standing {
+            companion: true,
+            saving: true,
+            ..RUNNING
+        };
+        for sig in [libc::SIGTERM, libc::SIGUSR1, libc::SIGUSR2, libc::SIGINT] {
+            assert_eq!(plan(sig, saving), SignalPlan::AlreadySaving, "{sig}");
+        }
+        // The loop remembers an interrupt that asked for (or joined) a
+        // save: the next one kills at once.
+        let interrupted = Standing {
+            shutdown_signal: Some(libc::SIGINT),
+            ..saving
+        };
+        assert_eq!(plan(libc::SIGINT, interrupted), SignalPlan::Kill);
+        assert_eq!(plan(libc::SIGTERM, interrupted), SignalPlan::AlreadySaving);
+    }
+
+    #[test]
+    fn without_a_companion_signals_are_passed_on_as_before() {
+        assert_eq!(
+            plan(libc::SIGTERM, RUNNING),
+            SignalPlan::Forward {
+                starts_shutdown: true
+            }
+        );
+        assert_eq!(
+            plan(libc::SIGUSR1, RUNNING),
+            SignalPlan::Forward {
+                starts_shutdown: false
+            }
+        );
+    }
 
     #[test]
     fn a_second_ctrl_c_kills_and_a_first_is_passed_on() {

@@ -115,6 +115,27 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             from_file: "3000ms",
         },
         Case {
+            flag: &["--on-signal", "USR1=forward"],
+            file: "on_signal = \"USR1=checkpoint\"",
+            get: |s| s.on_signal.get(libc::SIGUSR1).unwrap().name().to_string(),
+            from_flag: "forward",
+            from_file: "checkpoint",
+        },
+        Case {
+            flag: &["--signal-budget", "20s"],
+            file: "signal_budget = \"15s\"",
+            get: |s| dur(s.signal_budget),
+            from_flag: "20000ms",
+            from_file: "15000ms",
+        },
+        Case {
+            flag: &["--stop-code", "138"],
+            file: "stop_code = 99",
+            get: |s| s.stop_code.to_string(),
+            from_flag: "138",
+            from_file: "99",
+        },
+        Case {
             flag: &["--budget", "2GiB"],
             file: "budget = \"3GiB\"",
             get: |s| format!("{:?}", s.budget),
