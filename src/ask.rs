@@ -74,7 +74,11 @@ pub fn checkpoint(
                 && *done == id
             {
                 let line = serde_json::to_string(&r).unwrap_or_default();
-                return if *ok { Ok(line) } else { Err(AskError::Failed(line)) };
+                return if *ok {
+                    Ok(line)
+                } else {
+                    Err(AskError::Failed(line))
+                };
             }
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -119,7 +123,12 @@ mod tests {
         let dir = ch.dir().to_path_buf();
         assert_eq!(pending(&dir, &[]), None, "no request at all");
         let id = ch
-            .request(Kind::CheckpointAndExit, "critical", None, Duration::from_secs(60))
+            .request(
+                Kind::CheckpointAndExit,
+                "critical",
+                None,
+                Duration::from_secs(60),
+            )
             .unwrap();
         let (p, left) = pending(&dir, &[hello()]).unwrap();
         assert_eq!(p, id);

@@ -161,7 +161,12 @@ impl CheckpointArgs {
     /// The target as `attach` names one.
     pub fn target(&self) -> crate::attach::Target {
         use crate::attach::Target;
-        match (&self.pid, &self.cgroup, &self.slurm_job, &self.match_cmdline) {
+        match (
+            &self.pid,
+            &self.cgroup,
+            &self.slurm_job,
+            &self.match_cmdline,
+        ) {
             (Some(pid), ..) => Target::Pid(*pid),
             (_, Some(c), ..) => Target::Cgroup(c.clone()),
             (_, _, Some(id), _) => Target::SlurmJob(id.clone()),

@@ -112,7 +112,12 @@ pub fn signal_map(text: &str) -> Result<SignalMap, String> {
             .ok_or_else(|| format!("'{pair}' is not SIGNAL=ACTION ({expected})"))?;
         let sig = crate::model::parse_signal(sig)
             .filter(|s| map.get(*s).is_some())
-            .ok_or_else(|| format!("'{}' is not a signal --on-signal maps ({expected})", sig.trim()))?;
+            .ok_or_else(|| {
+                format!(
+                    "'{}' is not a signal --on-signal maps ({expected})",
+                    sig.trim()
+                )
+            })?;
         let action = match action.trim().replace('-', "_").as_str() {
             "checkpoint_and_exit" => SignalAction::CheckpointAndExit,
             "checkpoint" => SignalAction::Checkpoint,
@@ -145,10 +150,14 @@ pub fn stop_code(text: &str) -> Result<i32, String> {
         _ => None,
     };
     if let Some(what) = taken {
-        return Err(format!("'{text}' already means {what} (pick another, e.g. 75 or 143)"));
+        return Err(format!(
+            "'{text}' already means {what} (pick another, e.g. 75 or 143)"
+        ));
     }
     if !(1..=255).contains(&code) {
-        return Err(format!("'{text}' is not an exit code (expected 1-255, e.g. 75)"));
+        return Err(format!(
+            "'{text}' is not an exit code (expected 1-255, e.g. 75)"
+        ));
     }
     Ok(code)
 }

@@ -86,14 +86,20 @@ impl Live {
         fs::read_to_string(self.dir.path().join("out")).unwrap_or_default()
     }
 
+    /// Stdout and stderr (frameworks log to either).
+    fn output(&self) -> String {
+        let err = fs::read_to_string(self.dir.path().join("err")).unwrap_or_default();
+        self.stdout() + &err
+    }
+
     /// Waits until `text` is in the job's output (and fails with what
     /// there is when it never comes).
     fn wait_for(&mut self, text: &str) {
         let seen = common::wait_for(Duration::from_secs(120), || {
-            self.stdout().contains(text) || self.child.try_wait().unwrap().is_some()
+            self.output().contains(text) || self.child.try_wait().unwrap().is_some()
         });
         assert!(
-            seen && self.stdout().contains(text),
+            seen && self.output().contains(text),
             "no '{text}' after {:.0?}\nstdout tail:\n{}\nstderr:\n{}",
             self.started.elapsed(),
             tail(&self.stdout()),
@@ -201,8 +207,9 @@ impl Ended {
                 self.why()
             );
             assert!(
-                self.stdout
-                    .contains(&format!("rank {rank} left after its checkpoint at step {step}")),
+                self.stdout.contains(&format!(
+                    "rank {rank} left after its checkpoint at step {step}"
+                )),
                 "rank {rank} did not leave after its save\n{}",
                 self.why()
             );
@@ -259,7 +266,8 @@ fn preempted_by(sig: &str, port: &str) {
         r.why()
     );
     assert!(
-        r.stderr.contains(&format!("was preempted (SIG{sig}) and saved first")),
+        r.stderr
+            .contains(&format!("was preempted (SIG{sig}) and saved first")),
         "{}",
         r.why()
     );
@@ -461,7 +469,11 @@ fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
         "steps.py",
         "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n",
     );
-    let mut live = Live::start(&["--no-companion"], &["python3", job.to_str().unwrap()], &[]);
+    let mut live = Live::start(
+        &["--no-companion"],
+        &["python3", job.to_str().unwrap()],
+        &[],
+    );
     live.wait_for("step 5\n");
     let job = common::children_of(live.pid())
         .into_iter()
@@ -582,7 +594,11 @@ fn framework_is_preempted_and_resumes(script: &str, resumed: impl Fn(u64) -> Str
     assert_eq!(r.code, 75, "{}", r.why());
     let (step, _) = r.saved();
     assert!(r.took < Duration::from_secs(30), "{}", r.why());
-    assert!(r.dir.path().join(".oomguard-resume.json").exists(), "{}", r.why());
+    assert!(
+        r.dir.path().join(".oomguard-resume.json").exists(),
+        "{}",
+        r.why()
+    );
 
     // The same command again: resumes from the saved step.
     let mut live = framework(r.dir, script, &[], &py);
@@ -619,7 +635,8 @@ fn framework_is_preempted_and_resumes(script: &str, resumed: impl Fn(u64) -> Str
         "{}",
         changed.why()
     );
-    assert!(!changed.stdout.contains(&resumed(step2)), "{}", changed.why());
+    let all = format!("{}{}", changed.stdout, changed.stderr);
+    assert!(!all.contains(&resumed(step2)), "{}", changed.why());
 
     // --fresh: the record of the same command is set aside.
     let mut live = framework(changed.dir, script, &["--fresh"], &py);
@@ -671,7 +688,9 @@ fn serial_a_plain_loop_run_again_resumes_from_the_step_its_preemption_saved() {
         again.why()
     );
     assert!(
-        !again.stdout.contains(&format!("rank 0 completed step {step}\n")),
+        !again
+            .stdout
+            .contains(&format!("rank 0 completed step {step}\n")),
         "step {step} was trained again\n{}",
         again.why()
     );

@@ -559,7 +559,11 @@ fn a_first_ctrl_c_in_the_dashboard_saves_the_last_step_and_exits_130() {
     );
     assert!(dir.path().join(format!("ckpt-r0-{step}.json")).exists());
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_signal");
-    assert!(s.screen().contains("interrupted (Ctrl-C)"), "{}", s.screen());
+    assert!(
+        s.screen().contains("interrupted (Ctrl-C)"),
+        "{}",
+        s.screen()
+    );
 }
 
 /// A second Ctrl-C while the save is under way is typed into the job's

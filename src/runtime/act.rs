@@ -1098,4 +1098,3 @@ fn kernel_headroom(sample: &Sample) -> Option<f64> {
         .map(|c| c.headroom_percent())
         .min_by(f64::total_cmp)
 }
-

@@ -642,7 +642,10 @@ async fn request(dir: &Path) -> (u64, String) {
             .ok()
             .and_then(|t| serde_json::from_slice::<serde_json::Value>(&t).ok())
         {
-            return (r["id"].as_u64().unwrap(), r["kind"].as_str().unwrap().into());
+            return (
+                r["id"].as_u64().unwrap(),
+                r["kind"].as_str().unwrap().into(),
+            );
         }
         sleep(0.05).await;
     }
@@ -666,7 +669,10 @@ async fn a_sigterm_with_a_companion_saves_and_a_second_changes_nothing() {
             signals.send(libc::SIGTERM).unwrap();
             let (id, kind) = request(&dir).await;
             assert_eq!(kind, "checkpoint_and_exit");
-            companion_says(&dir, serde_json::json!({"type": "ack", "id": id, "step": 42}));
+            companion_says(
+                &dir,
+                serde_json::json!({"type": "ack", "id": id, "step": 42}),
+            );
             sleep(1.0).await;
             // The scheduler's second TERM, while the ranks save.
             signals.send(libc::SIGTERM).unwrap();
@@ -728,11 +734,22 @@ async fn a_signals_save_ends_within_the_budget_when_the_companion_never_answers(
         "the fallback signal at {}",
         term[0]
     );
-    assert!(kill - 2.0 <= 30.3, "killed {} s after the signal", kill - 2.0);
-    assert!(kill - 2.0 >= 29.0, "killed {} s after the signal", kill - 2.0);
-    let said = events
-        .iter()
-        .any(|e| e["event"] == "action" && e["reason"].as_str().is_some_and(|r| r.contains("the companion did not answer")));
+    assert!(
+        kill - 2.0 <= 30.3,
+        "killed {} s after the signal",
+        kill - 2.0
+    );
+    assert!(
+        kill - 2.0 >= 29.0,
+        "killed {} s after the signal",
+        kill - 2.0
+    );
+    let said = events.iter().any(|e| {
+        e["event"] == "action"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("the companion did not answer"))
+    });
     assert!(said, "{events:?}");
     assert_eq!(run_end(&events)["outcome"], "stopped_by_signal");
     assert_eq!(code, 143);

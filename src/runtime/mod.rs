@@ -1135,12 +1135,7 @@ impl Supervisor {
             return;
         }
         let name = supervise::signal_name(sig);
-        let list = |p: &[u32]| {
-            p.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let list = |p: &[u32]| p.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
         let deaf_pids: Vec<u32> = deaf.iter().map(|d| d.0).collect();
         let to_takers = if got.is_empty() {
             String::new()

@@ -99,7 +99,10 @@ pub fn find(path: &Path, run: &Identity) -> Found {
         return Found::Nothing;
     };
     let Ok(rec) = serde_json::from_slice::<Record>(&text) else {
-        return Found::NotOurs(format!("{} cannot be read as a resume record", path.display()));
+        return Found::NotOurs(format!(
+            "{} cannot be read as a resume record",
+            path.display()
+        ));
     };
     if let Some(why) = run.differs(&rec.run) {
         return Found::NotOurs(why);
@@ -182,7 +185,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let changed = run(&["torchrun", "train.py", "--lr", "3"], Some("42"));
-        assert!(matches!(find(&at, &changed), Found::NotOurs(w) if w.contains("saved by 'torchrun train.py'")));
+        assert!(
+            matches!(find(&at, &changed), Found::NotOurs(w) if w.contains("saved by 'torchrun train.py'"))
+        );
         let other_job = run(&["torchrun", "train.py"], Some("43"));
         assert!(matches!(find(&at, &other_job), Found::NotOurs(w) if w.contains("SLURM job 42")));
         std::fs::remove_file(&ckpt).unwrap();
@@ -191,7 +196,10 @@ mod tests {
 
     #[test]
     fn the_first_attempt_is_told_where_to_resume() {
-        let rec = record(run(&["python", "x.py"], None), Path::new("/c/step-580.ckpt"));
+        let rec = record(
+            run(&["python", "x.py"], None),
+            Path::new("/c/step-580.ckpt"),
+        );
         let env = env(&rec);
         assert!(env.contains(&("OOMGUARD_RESUMED".into(), "1".into())));
         assert!(env.contains(&("OOMGUARD_CHECKPOINT".into(), "/c/step-580.ckpt".into())));

@@ -393,9 +393,12 @@ fn resume_from_a_previous_run(
     }
     let (path, run) = super::resume_place(cfg)?;
     if cfg.run.fresh {
-        return std::fs::remove_file(&path)
-            .is_ok()
-            .then(|| format!("--fresh: the previous run's save ({}) is not resumed", path.display()));
+        return std::fs::remove_file(&path).is_ok().then(|| {
+            format!(
+                "--fresh: the previous run's save ({}) is not resumed",
+                path.display()
+            )
+        });
     }
     match super::resume::find(&path, &run) {
         super::resume::Found::Nothing => None,
