@@ -694,9 +694,9 @@ pub fn python(interpreter: &Interpreter) -> Check {
         )),
     };
     if *interpreter == Interpreter::Unknown {
-        check.summary.push_str(
-            " (python3 on PATH: the command does not name its Python;              `doctor -- <venv>/bin/python train.py` checks that one)",
-        );
+        check
+            .summary
+            .push_str(" (python3 on PATH: the command does not name its Python)");
     }
     check
 }
