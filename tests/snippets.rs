@@ -3,7 +3,8 @@
 //! markdown, each run under `oomguard run` by the `python3` on PATH (the
 //! companion needs nothing but the standard library): once to its end,
 //! and once stopped by a rule, when it saves the checkpoint it was asked
-//! for and leaves.
+//! for and leaves. python/README.md's also resumes from its checkpoint
+//! after a restart.
 
 #![allow(clippy::unwrap_used)]
 
@@ -71,9 +72,25 @@ impl Ran {
     }
 }
 
+/// The same rule, restarting the job instead.
+const RESTART_RULE: &str = r#"
+include_defaults = false
+
+[[rule]]
+name = "snippet-restart"
+metric = "tree_pss"
+above = "1MiB"
+for = "1s"
+action = "restart"
+"#;
+
 /// `code` saved as `snippet.py` in a fresh directory and run there by
-/// `oomguard run [extra] -- python3 snippet.py`.
+/// `oomguard run [--config RULES] [extra] -- python3 snippet.py`.
 fn run(code: &str, rules: Option<&str>) -> Ran {
+    run_with(code, rules, &[])
+}
+
+fn run_with(code: &str, rules: Option<&str>, extra: &[&str]) -> Ran {
     let dir = tempfile::tempdir().unwrap();
     let script = common::script(dir.path(), "snippet.py", code);
     let log = dir.path().join("log.ndjson");
@@ -87,6 +104,7 @@ fn run(code: &str, rules: Option<&str>) -> Ran {
         fs::write(config.path(), rules).unwrap();
         c.arg("--config").arg(config.path());
     }
+    c.args(extra);
     c.arg("--")
         .arg("python3")
         .arg(&script)
@@ -138,4 +156,50 @@ fn the_snippet_of_docs_companion_md_runs() {
 #[test]
 fn the_snippet_of_python_readme_md_runs() {
     runs_and_saves_on_a_stop("python/README.md");
+}
+
+/// After a restart, python/README.md's snippet goes on from the step its
+/// checkpoint holds: the second attempt reports no step before it.
+#[test]
+fn the_snippet_of_python_readme_md_resumes_after_a_restart() {
+    let code = snippet("python/README.md");
+    let r = run_with(
+        &code,
+        Some(RESTART_RULE),
+        &[
+            "--max-restarts",
+            "1",
+            "--restart-delay",
+            "100ms",
+            "--interval",
+            "100ms",
+        ],
+    );
+    let first = r
+        .log
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::CheckpointDone(v) if l.attempt == 1 => v["step"].as_u64(),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no checkpoint in the first attempt\n{}", r.why()));
+    let restarted = r.log.iter().any(|l| matches!(l.event, Event::Restart(_)));
+    assert!(restarted, "{}", r.why());
+    // Every step the second attempt reached comes after the checkpoint.
+    let steps: Vec<u64> = r
+        .log
+        .iter()
+        .filter(|l| l.attempt == 2)
+        .filter_map(|l| l.progress.as_ref()?.step)
+        .collect();
+    assert!(
+        !steps.is_empty(),
+        "no progress in the second attempt\n{}",
+        r.why()
+    );
+    assert!(
+        steps.iter().all(|&s| s >= first),
+        "the second attempt started over: steps {steps:?}, checkpoint at {first}\n{}",
+        r.why()
+    );
 }
