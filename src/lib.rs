@@ -28,6 +28,7 @@ pub mod exit;
 pub mod forensics;
 pub mod github;
 pub mod growth;
+pub mod help;
 pub mod keeper;
 pub mod log;
 pub mod manpage;

@@ -239,6 +239,7 @@ fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
     use oomguard::doctor;
     let env = doctor::Env {
         nvml_lib: args.nvml_lib.clone(),
+        python: doctor::Interpreter::for_command(&args.command),
         ..doctor::Env::default()
     };
     let mut report = doctor::diagnose(&env);

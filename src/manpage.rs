@@ -7,10 +7,14 @@
 //! it. `oomguard-run(1)` and its siblings are the pages of one subcommand
 //! each, the way git lays its pages out, for those who install them all.
 //! Hidden subcommands (internal ones oomguard starts itself) have none.
+//! The EXIT STATUS and EXAMPLES sections come from `help`, as do the
+//! lists after `--help`'s options.
 
 use std::path::{Path, PathBuf};
 
 use clap_mangen::Man;
+
+use crate::help;
 
 /// Why a page could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +118,52 @@ pub fn main_page() -> Result<Vec<u8>, ManError> {
             true,
         )?;
     }
+    out.extend_from_slice(exit_status().as_bytes());
+    let mut all = help::TOP_EXAMPLES.iter().chain(help::RUN_EXAMPLES);
+    out.extend_from_slice(examples(&mut all).as_bytes());
     append(&mut out, &page, &[Man::render_version_section], false)?;
     Ok(ascii(out))
+}
+
+/// `text` as roff text: backslashes and minus signs escaped, and a line
+/// that would start with a control character made plain.
+fn roff(text: &str) -> String {
+    let text = text.replace('\\', "\\e").replace('-', "\\-");
+    match text.chars().next() {
+        Some('.' | '\'') => format!("\\&{text}"),
+        _ => text,
+    }
+}
+
+/// The EXIT STATUS section: `oomguard run`'s codes, then the others'.
+fn exit_status() -> String {
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    out.push_str(&format!(
+        "{}\n",
+        roff("oomguard run exits with the job's own status, or with one of these:")
+    ));
+    for c in help::exit_codes() {
+        out.push_str(&format!(
+            ".TP\n\\fB{}\\fR\n{}\n",
+            roff(&c.code),
+            roff(c.meaning)
+        ));
+    }
+    out.push_str(&format!(".PP\n{}\n", roff(help::OTHER_COMMANDS)));
+    out
+}
+
+/// The EXAMPLES section: each example's purpose, then its command line.
+fn examples(list: &mut dyn Iterator<Item = &help::Example>) -> String {
+    let mut out = String::from(".SH EXAMPLES\n");
+    for e in list {
+        out.push_str(&format!(
+            ".PP\n{}\n.RS 4\n.nf\n\\fB{}\\fR\n.fi\n.RE\n",
+            roff(e.what),
+            roff(e.command)
+        ));
+    }
+    out
 }
 
 /// `text` in ASCII: any other character as a roff escape (`×` as
@@ -141,10 +189,27 @@ pub fn command_page(name: &str) -> Result<Vec<u8>, ManError> {
         .into_iter()
         .find(|s| s.get_name() == name)
         .ok_or_else(|| ManError::NoSuchCommand(name.to_string(), commands().join(", ")))?;
+    // `--help`'s lists after the options come as sections of their own
+    // below, not as clap_mangen's EXTRA.
+    let page = man(sub.clone().after_help(clap::builder::Resettable::Reset));
     let mut out = Vec::new();
-    man(sub.clone())
-        .render(&mut out)
-        .map_err(ManError::Render)?;
+    page.render_title(&mut out).map_err(ManError::Render)?;
+    append(
+        &mut out,
+        &page,
+        &[
+            Man::render_name_section,
+            Man::render_synopsis_section,
+            Man::render_description_section,
+            Man::render_options_section,
+        ],
+        false,
+    )?;
+    if name == "run" {
+        out.extend_from_slice(exit_status().as_bytes());
+        out.extend_from_slice(examples(&mut help::RUN_EXAMPLES.iter()).as_bytes());
+    }
+    append(&mut out, &page, &[Man::render_version_section], false)?;
     Ok(ascii(out))
 }
 
@@ -182,6 +247,22 @@ mod tests {
         assert!(!page.contains("demo-job") && !page.contains("OOMGUARD KEEP"));
         assert!(page.contains(".SS OPTIONS"));
         assert!(page.is_ascii());
+        // The headings of run's options are subsections of its section.
+        assert!(page.contains(".SS \"BUDGET AND POLICY\""), "{page}");
+        for section in [".SH \"EXIT STATUS\"", ".SH EXAMPLES"] {
+            assert_eq!(page.matches(section).count(), 1, "{section}");
+        }
+        assert!(page.contains("\\fB75\\fR"));
+        assert!(page.contains("oomguard run \\-\\-budget 40GiB \\-\\- python train.py"));
+    }
+
+    #[test]
+    fn run_s_page_has_its_exit_status_and_examples_and_no_extra() {
+        let page = String::from_utf8(command_page("run").unwrap()).unwrap();
+        assert!(page.contains(".SH \"EXIT STATUS\"") && page.contains(".SH EXAMPLES"));
+        assert!(!page.contains(".SH EXTRA"), "{page}");
+        assert!(page.contains(".SH VERSION"), "{page}");
+        assert_eq!(page.matches(".ds Aq").count(), 2, "{page}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //!
 //! A new setting is one entry in the table; its default, when it has one,
 //! is written in that entry as a user would type it (`default "10s"`), so
-//! `--help` shows exactly the text the resolver reads.
+//! `--help` shows exactly the text the resolver reads, and the heading it
+//! is listed under in `--help` and the man page (`under BUDGET`, one of
+//! [`heading`]).
 //!
 //! Which source wins (flag > file > preset > default) is decided in
 //! `settings`; this module only says what a setting is.
@@ -21,6 +23,28 @@ use clap::builder::{EnumValueParser, ValueParser};
 
 use crate::units::SizeOrPercent;
 use crate::values;
+
+/// The headings that `run --help` lists its flags under (`attach` and
+/// `replay` flatten some of the same groups, and use the same headings).
+/// clap shows a command's headings in the order their first flag was
+/// declared: `RunArgs` and `AttachArgs` declare their groups so that this
+/// is the order below (a test in `cli` checks it). Within a heading, flags
+/// keep their declaration order, but for those with `display_order = 0`,
+/// which come first (`--budget`, `--log`).
+pub mod heading {
+    /// The ceiling, the rules and what they do.
+    pub const BUDGET: &str = "Budget and policy";
+    /// How a stop goes (signal, grace, checkpoints) and restarts.
+    pub const STOP: &str = "Stop and restart";
+    /// The log, the job's output, the summary, the dashboard.
+    pub const OUTPUT: &str = "Output and logs";
+    /// Prometheus metrics, GPUs and PyTorch's allocator.
+    pub const METRICS: &str = "Metrics";
+    /// How the job is measured: intervals, PSS budget, cgroup.
+    pub const ADVANCED: &str = "Advanced";
+    /// Every heading, in the order `--help` shows them.
+    pub const ORDER: [&str; 5] = [BUDGET, STOP, OUTPUT, METRICS, ADVANCED];
+}
 
 /// How a setting's text becomes its value. The command line and the file
 /// use the same rule, so both refuse a value with the same words.
@@ -123,15 +147,16 @@ macro_rules! pick {
     };
 }
 
-/// Makes, from the table: one clap group per `group`, [`Layer`],
-/// [`Values`], the file keys and the defaults shown in `--help`.
+/// Makes, from the table: one clap group per `group` (each flag under its
+/// `--help` heading), [`Layer`], [`Values`], the file keys and the
+/// defaults shown in `--help`.
 macro_rules! settings_table {
     ($(
         $(#[$group_meta:meta])*
         group $group:ident {
             $(
                 $(#[$meta:meta])*
-                $field:ident: $ty:ty = $rule:expr $(, default $default:literal)?;
+                $field:ident: $ty:ty = $rule:expr $(, default $default:literal)?, under $heading:ident;
             )*
         }
     )*) => {
@@ -141,7 +166,7 @@ macro_rules! settings_table {
             pub struct $group {
                 $(
                     $(#[$meta])*
-                    #[arg(long, value_parser = Rule::parser(&$rule))]
+                    #[arg(long, help_heading = heading::$heading, value_parser = Rule::parser(&$rule))]
                     pub $field: Option<$ty>,
                 )*
             }
@@ -208,23 +233,23 @@ settings_table! {
     group SamplingFlags {
         /// Time between samples.
         #[arg(value_name = "DURATION")]
-        interval: Duration = values::positive_duration, default "1s";
+        interval: Duration = values::positive_duration, default "1s", under ADVANCED;
 
         /// How soon a process family whose memory moved is re-read from
         /// smaps_rollup (in the background, within --pss-budget; one whose
         /// memory did not move: every 12 intervals; between readings PSS
         /// follows RSS changes).
         #[arg(value_name = "DURATION")]
-        pss_interval: Duration = values::positive_duration, default "5s";
+        pss_interval: Duration = values::positive_duration, default "5s", under ADVANCED;
 
         /// CPU the PSS readings may use, as a share of one core. Readings
         /// after a fork or exit come first; large trees are read less often.
         #[arg(value_name = "PCT")]
-        pss_budget: f64 = values::core_share, default "1%";
+        pss_budget: f64 = values::core_share, default "1%", under ADVANCED;
 
         /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
-        #[arg(value_name = "SIZE|PCT")]
-        budget: SizeOrPercent = values::budget;
+        #[arg(value_name = "SIZE|PCT", display_order = 0)]
+        budget: SizeOrPercent = values::budget, under BUDGET;
     }
 
     /// What only a job oomguard launches has (`run`).
@@ -232,15 +257,15 @@ settings_table! {
         /// How often sample lines in the log carry per-process detail (and on
         /// every rule or action).
         #[arg(value_name = "DURATION")]
-        procs_interval: Duration = values::positive_duration, default "1m";
+        procs_interval: Duration = values::positive_duration, default "1m", under OUTPUT;
 
         /// Run the job in a memory cgroup of oomguard's own where permitted.
         #[arg(value_name = "MODE")]
-        cgroup: CgroupMode = choice::<CgroupMode>(), default "auto";
+        cgroup: CgroupMode = choice::<CgroupMode>(), default "auto", under ADVANCED;
 
         /// After SIGTERM, how long the tree may take to exit before SIGKILL.
         #[arg(value_name = "DURATION")]
-        kill_after: Duration = values::positive_duration, default "10s";
+        kill_after: Duration = values::positive_duration, default "10s", under STOP;
 
         /// What a signal oomguard receives asks of the job: SIGNAL=ACTION
         /// pairs for TERM, USR1, USR2 and INT; ACTION is checkpoint_and_exit
@@ -268,42 +293,42 @@ settings_table! {
         /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
         /// when the job succeeded: a memory-regression gate for CI.
         #[arg(value_name = "SIZE")]
-        fail_above: u64 = values::positive_size;
+        fail_above: u64 = values::positive_size, under BUDGET;
     }
 
     /// What oomguard does about memory (`run`, `attach` and `replay`).
     group PolicyFlags {
         /// `default` (warn, then act before the OOM killer) or `none` (observe).
         #[arg(value_name = "NAME")]
-        policy: PolicyName = choice::<PolicyName>(), default "default";
+        policy: PolicyName = choice::<PolicyName>(), default "default", under BUDGET;
 
         /// Warn when usage reaches this share of the nearest ceiling.
         #[arg(value_name = "PCT")]
-        warn_at: f64 = values::usage_percent, default "80%";
+        warn_at: f64 = values::usage_percent, default "80%", under BUDGET;
 
         /// Critical when usage reaches this share of the nearest ceiling.
         #[arg(value_name = "PCT")]
-        critical_at: f64 = values::usage_percent, default "92%";
+        critical_at: f64 = values::usage_percent, default "92%", under BUDGET;
 
         /// What a critical rule does.
         #[arg(value_name = "ACTION")]
-        on_critical: CriticalAction = choice::<CriticalAction>(), default "stop";
+        on_critical: CriticalAction = choice::<CriticalAction>(), default "stop", under BUDGET;
 
         /// A pause never lasts longer than this; then the critical action runs.
         #[arg(value_name = "DURATION")]
-        max_pause: Duration = values::positive_duration, default "10m";
+        max_pause: Duration = values::positive_duration, default "10m", under STOP;
 
         /// How long the trainer has to checkpoint and exit after the checkpoint signal.
         #[arg(value_name = "DURATION")]
-        grace: Duration = values::positive_duration, default "1m";
+        grace: Duration = values::positive_duration, default "1m", under STOP;
 
         /// The signal asking the trainer to checkpoint and exit.
         #[arg(value_name = "SIGNAL")]
-        checkpoint_signal: i32 = values::checkpoint_signal, default "SIGTERM";
+        checkpoint_signal: i32 = values::checkpoint_signal, default "SIGTERM", under STOP;
 
         /// Run CMD (with sh -c) on every warning; OOMGUARD_* variables describe it.
         #[arg(value_name = "CMD")]
-        on_warn: String = values::text;
+        on_warn: String = values::text, under BUDGET;
     }
 
     /// Restarting from a checkpoint (`--on-critical restart`).
@@ -311,23 +336,23 @@ settings_table! {
         /// Where the job writes checkpoints: after the checkpoint signal oomguard
         /// waits (up to --grace) for a new, complete one before stopping the rest.
         #[arg(value_name = "DIR")]
-        checkpoint_dir: PathBuf = values::path;
+        checkpoint_dir: PathBuf = values::path, under STOP;
 
         /// Which files in --checkpoint-dir are checkpoints.
         #[arg(value_name = "GLOB")]
-        checkpoint_glob: String = values::text, default "*";
+        checkpoint_glob: String = values::text, default "*", under STOP;
 
         /// How many times the job may be restarted.
         #[arg(value_name = "N")]
-        max_restarts: u32 = values::count, default "3";
+        max_restarts: u32 = values::count, default "3", under STOP;
 
         /// Delay before the first restart; it doubles each time (at most 5m).
         #[arg(value_name = "DURATION")]
-        restart_delay: Duration = values::positive_duration, default "5s";
+        restart_delay: Duration = values::positive_duration, default "5s", under STOP;
 
         /// An attempt that ran this long resets the restart count.
         #[arg(value_name = "DURATION")]
-        restart_reset: Duration = values::positive_duration, default "30m";
+        restart_reset: Duration = values::positive_duration, default "30m", under STOP;
     }
 }
 

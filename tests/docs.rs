@@ -57,8 +57,14 @@ fn stdout(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `oomguard CMD --help` up to its examples: the command's own flags
+/// (the examples name the job's too, `torchrun --nproc-per-node`).
 fn help(cmd: &str) -> String {
-    stdout(&[cmd, "--help"])
+    let text = stdout(&[cmd, "--help"]);
+    match text.find("\nExamples:") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
 }
 
 fn docs() -> String {
@@ -202,4 +208,159 @@ fn man_out_writes_a_page_per_subcommand() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
+}
+
+/// The headings of `run --help`, in the order it shows them.
+const HEADINGS: [&str; 5] = [
+    "Budget and policy:",
+    "Stop and restart:",
+    "Output and logs:",
+    "Metrics:",
+    "Advanced:",
+];
+
+#[test]
+fn run_help_is_grouped_under_headings_and_ends_with_examples() {
+    let text = stdout(&["run", "--help"]);
+    let at: Vec<usize> = HEADINGS
+        .iter()
+        .map(|h| {
+            text.find(&format!("\n{h}\n"))
+                .unwrap_or_else(|| panic!("no heading {h:?}\n{text}"))
+        })
+        .collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{text}");
+    // --budget is the first flag of its group.
+    let budget = text[at[0] + 1..].lines().nth(1).unwrap();
+    assert!(budget.trim_start().starts_with("--budget"), "{budget}");
+    // Each group holds what a user would look for there.
+    for (i, flags) in [
+        &["--budget", "--on-critical", "--fail-above", "--config"][..],
+        &[
+            "--grace",
+            "--checkpoint-signal",
+            "--max-restarts",
+            "--kill-after",
+        ],
+        &["--log", "--quiet", "--no-tui", "--output-log"],
+        &["--metrics-addr", "--metrics-textfile"],
+        &["--interval", "--pss-budget", "--cgroup"],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let group = &text[at[i]..at.get(i + 1).copied().unwrap_or(text.len())];
+        for f in *flags {
+            assert!(
+                group.contains(&format!(" {f} ")) || group.contains(&format!(" {f}\n")),
+                "{f} not under {}",
+                HEADINGS[i]
+            );
+        }
+    }
+    let examples = text
+        .split("\nExamples:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no examples\n{text}"));
+    let runs = examples
+        .lines()
+        .filter(|l| l.trim_start().starts_with("oomguard run "))
+        .count();
+    assert!(runs >= 3, "{examples}");
+    assert!(examples.contains("oomguard run --budget 40GiB -- python train.py"));
+}
+
+/// Whether `text` lists exit code `code`: a line of `--help`'s list
+/// (`  75  oomguard stopped …`) or a tagged paragraph of the man page.
+fn lists_code(text: &str, code: &str) -> bool {
+    text.lines().any(|l| {
+        l.strip_prefix("  ")
+            .and_then(|l| l.strip_prefix(code))
+            .is_some_and(|rest| rest.starts_with("  "))
+    }) || text.contains(&format!("\\fB{code}\\fR"))
+}
+
+#[test]
+fn help_run_help_and_the_man_page_list_the_exit_codes() {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["man"],
+        &["man", "run"],
+    ] {
+        let text = stdout(args);
+        for code in ["75", "76", "74", "70", "2", "N", "128+S", "127, 126"] {
+            assert!(
+                lists_code(&text, code),
+                "`oomguard {args:?}` lacks exit code {code}\n{text}"
+            );
+        }
+        let prose = unroff(&text).replace('\n', " ");
+        let prose = prose.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            prose.contains("the stop code, 75 unless set otherwise"),
+            "`oomguard {args:?}`: {prose}"
+        );
+    }
+    for args in [&["man"][..], &["man", "run"]] {
+        let page = stdout(args);
+        for section in ["\n.SH \"EXIT STATUS\"\n", "\n.SH EXAMPLES\n"] {
+            assert!(
+                page.contains(section),
+                "`oomguard {args:?}` lacks {section:?}"
+            );
+        }
+        let examples = unroff(page.split("\n.SH EXAMPLES\n").nth(1).unwrap());
+        assert!(
+            examples.contains("oomguard run --on-critical restart --max-restarts 3"),
+            "{examples}"
+        );
+    }
+    let top = stdout(&["--help"]);
+    assert!(top.contains("\nExamples:\n") && top.contains("oomguard doctor -- python train.py"));
+}
+
+#[test]
+fn a_mistyped_subcommand_suggests_the_nearest() {
+    let out = common::oomguard().arg("rn").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a similar subcommand exists: 'run'"), "{err}");
+    assert!(!err.contains("forensics"), "{err}");
+    // clap's own suggestion where this rule has none.
+    let out = common::oomguard().arg("complete").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("'completions'"), "{err}");
+}
+
+#[test]
+fn the_readme_states_the_rust_version_and_the_first_build_s_time() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let value = |key: &str| {
+        manifest
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_prefix('=')?
+                    .trim()
+                    .strip_prefix('"')?
+                    .strip_suffix('"')
+            })
+            .unwrap_or_else(|| panic!("no {key} in Cargo.toml"))
+            .to_string()
+    };
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let prose = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let rust = format!("Rust ≥ {}", value("rust-version"));
+    let edition = format!("edition {}", value("edition"));
+    assert!(prose.contains(&rust), "the README does not say {rust:?}");
+    assert!(
+        prose.contains(&edition),
+        "the README does not say {edition:?}"
+    );
+    assert!(prose.contains("the first build takes several minutes"));
+    // The set-up commands stay as they are.
+    assert!(readme.contains("cargo install --locked --path ."));
 }

@@ -467,6 +467,32 @@ fn a_trainer_with_the_companion_would_save() {
     assert_gone(pid);
 }
 
+/// `doctor -- <venv>/bin/python x.py` asks the command's own Python, not
+/// `python3` on PATH (a venv without pip, made in a second).
+#[test]
+fn the_command_s_own_python_is_checked() {
+    common::deadline::arm();
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let made = std::process::Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status();
+    if !common::require(made.is_ok_and(|s| s.success()), "`python3 -m venv` works") {
+        return;
+    }
+    let py = venv.join("bin/python");
+    let py = py.to_str().unwrap();
+    let job = common::script(dir.path(), "x.py", "print('done')\n");
+    let (d, _) = probe(dir.path(), &[py, job.to_str().unwrap()], &[]);
+    let c = d.check("python");
+    assert_eq!(c["details"]["interpreter"], py, "{c}");
+    assert_eq!(c["details"]["source"], "command", "{c}");
+    // The interpreter that answered is the venv's.
+    assert_eq!(c["details"]["info"]["executable"], py, "{c}");
+    assert!(c["summary"].as_str().unwrap().contains(py), "{c}");
+}
+
 /// A command that ends before it shows progress cannot be judged: said
 /// so, as an advisory.
 #[test]

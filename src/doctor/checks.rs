@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{Check, Env, SLOW_CHECK_DEADLINE, State};
+use super::{Check, Env, Interpreter, SLOW_CHECK_DEADLINE, State};
 use crate::probe::cgroup::{self, CgroupReader, Location, OwnedCgroup, Threshold, Version};
 use crate::probe::system::{PriWake, parse_meminfo, parse_psi};
 use crate::units::HumanBytes;
@@ -665,26 +665,40 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
         })
 }
 
-/// Advisory: whether `python3` on `PATH` has torch and can load the
-/// companion.
-pub fn python() -> Check {
-    let Some(py) = which("python3") else {
+/// Advisory: whether the job's Python has torch and can load the
+/// companion: the command's interpreter with `doctor -- CMD` when the
+/// command names one, else `python3` on `PATH`.
+pub fn python(interpreter: &Interpreter) -> Check {
+    let found = match interpreter {
+        Interpreter::OfCommand(p) => Some(p.clone()),
+        Interpreter::OnPath | Interpreter::Unknown => which("python3"),
+    };
+    let Some(py) = found else {
         return Check::new("python", State::Warn, "no python3 on PATH")
             .why(
                 "PATH has no python3: the companion (checkpoint on request) needs the job's Python",
             )
             .remedy("activate the training environment (venv, conda) before running oomguard");
     };
-    match ask_python(&py) {
-        Ok(info) => python_verdict(&py, info),
+    let mut check = match ask_python(&py) {
+        Ok(info) => python_verdict(&py, interpreter, info),
         Err(e) => Check::new(
             "python",
             State::Warn,
             format!("{} did not answer", py.display()),
         )
         .why(e)
-        .remedy("check that `python3 -c 'import sys'` works in this environment"),
+        .remedy(format!(
+            "check that `{} -c 'import sys'` works in this environment",
+            py.display()
+        )),
+    };
+    if *interpreter == Interpreter::Unknown {
+        check
+            .summary
+            .push_str(" (python3 on PATH: the command does not name its Python)");
     }
+    check
 }
 
 /// Runs [`PYTHON_SCRIPT`] with the companion package on `PYTHONPATH`,
@@ -733,7 +747,7 @@ fn ask_python(py: &Path) -> Result<serde_json::Value, String> {
     serde_json::from_str(out.trim()).map_err(|e| format!("unexpected answer {out:?}: {e}"))
 }
 
-fn python_verdict(py: &Path, info: serde_json::Value) -> Check {
+fn python_verdict(py: &Path, interpreter: &Interpreter, info: serde_json::Value) -> Check {
     let version = info["version"].as_str().unwrap_or("?").to_string();
     let torch = info["torch"].as_str().map(str::to_string);
     let companion = info["companion"].as_bool().unwrap_or(false);
@@ -746,12 +760,24 @@ fn python_verdict(py: &Path, info: serde_json::Value) -> Check {
     .iter()
     .filter_map(|k| info[*k].as_str().map(|v| format!("{k} {v}")))
     .collect();
-    let details = json!({"python3": py, "info": info});
+    let of_command = matches!(interpreter, Interpreter::OfCommand(_));
+    // The command's interpreter by its path; `python3` on PATH by name.
+    let name = if of_command {
+        py.display().to_string()
+    } else {
+        "python3".to_string()
+    };
+    let details = json!({
+        "python3": py,
+        "interpreter": py,
+        "source": if of_command { "command" } else { "path" },
+        "info": info,
+    });
     if !companion {
         return Check::new(
             "python",
             State::Warn,
-            format!("python3 {version} cannot load the companion"),
+            format!("{name} {version} cannot load the companion"),
         )
         .why(
             info["companion_error"]
@@ -763,6 +789,20 @@ fn python_verdict(py: &Path, info: serde_json::Value) -> Check {
         .details(details);
     }
     let Some(torch) = torch else {
+        if of_command {
+            return Check::new(
+                "python",
+                State::Warn,
+                format!(
+                    "{name} {version} (the command's Python) has no torch; the companion loads"
+                ),
+            )
+            .why(format!("torch is not importable from {name}"))
+            .remedy(format!(
+                "`{name} -m pip install torch`, if the job needs it"
+            ))
+            .details(details);
+        }
         return Check::new(
             "python",
             State::Warn,
@@ -774,7 +814,8 @@ fn python_verdict(py: &Path, info: serde_json::Value) -> Check {
         .why("torch is not importable from python3 on PATH")
         .remedy(
             "if training uses another Python (a venv, conda), activate it before running \
-             oomguard; otherwise `pip install torch`",
+             oomguard, or name it: `oomguard doctor -- <venv>/bin/python train.py`; \
+             otherwise `pip install torch`",
         )
         .details(details);
     };
@@ -787,7 +828,7 @@ fn python_verdict(py: &Path, info: serde_json::Value) -> Check {
         "python",
         State::Ok,
         format!(
-            "python3 {version}: torch {torch}{extra}; the companion loads (checkpoint on request)"
+            "{name} {version}: torch {torch}{extra}; the companion loads (checkpoint on request)"
         ),
     )
     .details(details)

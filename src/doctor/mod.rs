@@ -15,7 +15,10 @@
 //! whether a stop would lose its work (`probe.rs`).
 
 mod checks;
+pub mod interpreter;
 pub mod probe;
+
+pub use interpreter::Interpreter;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -173,6 +176,8 @@ pub struct Env {
     pub proc_root: PathBuf,
     pub nvml_lib: Option<PathBuf>,
     pub shm: PathBuf,
+    /// The Python the `python` check asks (`doctor -- CMD`: the command's).
+    pub python: Interpreter,
 }
 
 impl Default for Env {
@@ -181,6 +186,7 @@ impl Default for Env {
             proc_root: PathBuf::from("/proc"),
             nvml_lib: None,
             shm: PathBuf::from("/dev/shm"),
+            python: Interpreter::OnPath,
         }
     }
 }
@@ -197,7 +203,10 @@ pub fn diagnose(env: &Env) -> Report {
         let lib = env.nvml_lib.clone();
         move || checks::nvml(lib.as_deref())
     });
-    let python = checks::spawn_slow("python", checks::python);
+    let python = checks::spawn_slow("python", {
+        let interpreter = env.python.clone();
+        move || checks::python(&interpreter)
+    });
     let kernel_log = checks::spawn_slow("kernel_log", checks::kernel_log);
     let deadline = started + SLOW_CHECK_DEADLINE + Duration::from_millis(100);
     // Required first, then in the order the issue lists them.

@@ -473,25 +473,34 @@ fn check_log_path(path: &Path) -> Result<(), ConfigError> {
 pub fn command() -> clap::Command {
     let mut cmd = <Cli as clap::CommandFactory>::command();
     for sub in ["run", "attach", "demo"] {
-        cmd = cmd.mut_subcommand(sub, |mut s| {
-            for &(id, shown) in crate::options::DEFAULTS {
-                let present = s.get_arguments().any(|a| a.get_id() == id);
-                if present {
-                    s = s.mut_arg(id, |a| {
+        // `mut_args` keeps the arguments' order (`mut_arg` would move each
+        // to the end), which orders the headings of `--help`.
+        cmd = cmd.mut_subcommand(sub, |s| {
+            s.mut_args(|a| {
+                let default = crate::options::DEFAULTS
+                    .iter()
+                    .find(|(id, _)| a.get_id() == *id);
+                match default {
+                    Some((_, shown)) => {
                         let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
                         a.help(format!("{help} [default: {shown}]"))
-                    });
+                    }
+                    None => a,
                 }
-            }
-            s
+            })
         });
     }
     cmd
 }
 
-/// Parses the process's arguments (exits 2 with clap's message on error).
+/// Parses the process's arguments (exits 2 with clap's message on error,
+/// an unknown subcommand with `cli::similar_subcommands`' suggestion).
 pub fn parse_cli() -> Cli {
-    let matches = command().get_matches();
+    let cmd = command();
+    let matches = match cmd.clone().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => crate::cli::with_better_suggestions(e, &cmd).exit(),
+    };
     match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
