@@ -407,7 +407,7 @@ pub struct RunOnly {
 
     /// Start afresh: do not resume from the save a previous run of this
     /// command left (`.oomguard-resume.json`), and remove its record.
-    #[arg(long)]
+    #[arg(long, help_heading = heading::STOP)]
     pub fresh: bool,
 }
 

@@ -35,9 +35,14 @@ pub fn exit_codes() -> Vec<ExitCode> {
         },
         own(
             exit::POLICY,
-            "oomguard stopped the job by policy (graceful stop, kill, restarts exhausted): \
-             the stop code, 75 unless set otherwise (EX_TEMPFAIL: safe to requeue)",
+            "oomguard stopped the job (by policy: graceful stop, kill, restarts exhausted; \
+             or after the save a TERM, USR1 or USR2 it received asked for): the stop code, \
+             75 unless --stop-code says otherwise (EX_TEMPFAIL: safe to requeue)",
         ),
+        ExitCode {
+            code: "130".into(),
+            meaning: "the job was saved and stopped on Ctrl-C or a SIGINT sent to oomguard",
+        },
         own(
             exit::FAIL_ABOVE,
             "the job succeeded, but its peak PSS sum exceeded --fail-above",

@@ -274,7 +274,8 @@ settings_table! {
         /// every signal is passed on. Unnamed signals keep their default.
         #[arg(value_name = "SIG=ACTION,...")]
         on_signal: crate::values::SignalMap = values::signal_map,
-            default "TERM=checkpoint_and_exit,USR1=checkpoint_and_exit,USR2=checkpoint_and_exit,INT=checkpoint_and_exit";
+            default "TERM=checkpoint_and_exit,USR1=checkpoint_and_exit,USR2=checkpoint_and_exit,INT=checkpoint_and_exit",
+            under STOP;
 
         /// From a signal that asks for a save to the end of the whole tree:
         /// the save and the ranks' exit get this less --kill-after, then
@@ -282,13 +283,13 @@ settings_table! {
         /// scheduler's grace (SLURM's KillWait, Kubernetes'
         /// terminationGracePeriodSeconds).
         #[arg(value_name = "DURATION")]
-        signal_budget: Duration = values::positive_duration, default "30s";
+        signal_budget: Duration = values::positive_duration, default "30s", under STOP;
 
         /// The exit code of a stop (by the policy or a signal's save; not
         /// Ctrl-C's, which exits 130). 75 is EX_TEMPFAIL; a Kubeflow
         /// restartPolicy ExitCode retries only codes of 128 and above.
         #[arg(value_name = "CODE")]
-        stop_code: i32 = values::stop_code, default "75";
+        stop_code: i32 = values::stop_code, default "75", under STOP;
 
         /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
         /// when the job succeeded: a memory-regression gate for CI.

@@ -289,7 +289,7 @@ fn help_run_help_and_the_man_page_list_the_exit_codes() {
         &["man", "run"],
     ] {
         let text = stdout(args);
-        for code in ["75", "76", "74", "70", "2", "N", "128+S", "127, 126"] {
+        for code in ["75", "76", "74", "70", "2", "130", "N", "128+S", "127, 126"] {
             assert!(
                 lists_code(&text, code),
                 "`oomguard {args:?}` lacks exit code {code}\n{text}"
@@ -298,7 +298,7 @@ fn help_run_help_and_the_man_page_list_the_exit_codes() {
         let prose = unroff(&text).replace('\n', " ");
         let prose = prose.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
-            prose.contains("the stop code, 75 unless set otherwise"),
+            prose.contains("the stop code, 75 unless --stop-code says otherwise"),
             "`oomguard {args:?}`: {prose}"
         );
     }
