@@ -516,7 +516,7 @@ fn plain_loop_in_the_dashboard(
     s.keys("Enter");
     assert!(
         wait_for(Duration::from_secs(30), || std::fs::read_to_string(&out)
-            .is_ok_and(|t| t.contains("rank 0 completed step 10\n"))),
+            .is_ok_and(|t| t.contains("rank 0 completed step 10\r\n"))),
         "the job did not train:\n{}",
         s.screen()
     );

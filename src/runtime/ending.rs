@@ -157,7 +157,17 @@ impl Supervisor {
             (Outcome::Exited, _) if self.main_status == Some(Status::Exited(0)) => {
                 resume::remove_if_ours(&path, &run);
             }
-            (_, Some(done)) if stopped && !done.paths.is_empty() => {
+            (_, Some(done)) if stopped && !resume::beside(&path, &done.paths) => {
+                if !self.cfg.quiet {
+                    self.say(format!(
+                        "the save ({}) is not under {}: the next run will not resume from it \
+                         (--checkpoint-dir names where the checkpoints go)",
+                        done.paths[0].display(),
+                        path.parent().map_or(path.clone(), std::path::Path::to_path_buf).display()
+                    ));
+                }
+            }
+            (_, Some(done)) if stopped => {
                 let rec = resume::Record {
                     v: 1,
                     run,

@@ -93,6 +93,17 @@ pub fn path(checkpoint_dir: Option<&Path>, cwd: &Path) -> PathBuf {
     checkpoint_dir.unwrap_or(cwd).join(FILE)
 }
 
+/// Whether the saved `paths` lie under the record's directory: the record
+/// is kept only beside the checkpoints it names (a relative path is the
+/// job's, under the directory it was started in). Never for a save with
+/// no path.
+pub fn beside(record: &Path, paths: &[PathBuf]) -> bool {
+    let Some(dir) = record.parent() else {
+        return false;
+    };
+    !paths.is_empty() && paths.iter().all(|p| p.is_relative() || p.starts_with(dir))
+}
+
 /// Reads the record at `path` for `run`.
 pub fn find(path: &Path, run: &Identity) -> Found {
     let Ok(text) = std::fs::read(path) else {
@@ -192,6 +203,15 @@ mod tests {
         assert!(matches!(find(&at, &other_job), Found::NotOurs(w) if w.contains("SLURM job 42")));
         std::fs::remove_file(&ckpt).unwrap();
         assert!(matches!(find(&at, &ours), Found::NotOurs(w) if w.contains("is gone")));
+    }
+
+    #[test]
+    fn a_record_is_kept_only_beside_its_checkpoints() {
+        let at = Path::new("/work/run/.oomguard-resume.json");
+        assert!(beside(at, &[PathBuf::from("/work/run/ckpt/step-5.pt")]));
+        assert!(beside(at, &[PathBuf::from("ckpt/step-5.pt")]));
+        assert!(!beside(at, &[PathBuf::from("/scratch/step-5.pt")]));
+        assert!(!beside(at, &[]));
     }
 
     #[test]
