@@ -29,7 +29,8 @@ fn plain() -> PathBuf {
 /// stderr in files so the test can watch its progress.
 struct Live {
     child: Child,
-    dir: tempfile::TempDir,
+    /// Taken by [`Live::end`].
+    dir: Option<tempfile::TempDir>,
     started: Instant,
 }
 
@@ -73,7 +74,7 @@ impl Live {
         }
         Live {
             child: c.spawn().unwrap(),
-            dir,
+            dir: Some(dir),
             started: Instant::now(),
         }
     }
@@ -82,13 +83,17 @@ impl Live {
         self.child.id()
     }
 
+    fn path(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
+    }
+
     fn stdout(&self) -> String {
-        fs::read_to_string(self.dir.path().join("out")).unwrap_or_default()
+        fs::read_to_string(self.path().join("out")).unwrap_or_default()
     }
 
     /// Stdout and stderr (frameworks log to either).
     fn output(&self) -> String {
-        let err = fs::read_to_string(self.dir.path().join("err")).unwrap_or_default();
+        let err = fs::read_to_string(self.path().join("err")).unwrap_or_default();
         self.stdout() + &err
     }
 
@@ -103,7 +108,7 @@ impl Live {
             "no '{text}' after {:.0?}\nstdout tail:\n{}\nstderr:\n{}",
             self.started.elapsed(),
             tail(&self.stdout()),
-            fs::read_to_string(self.dir.path().join("err")).unwrap_or_default()
+            fs::read_to_string(self.path().join("err")).unwrap_or_default()
         );
     }
 
@@ -122,12 +127,12 @@ impl Live {
         }
         let status = self.child.wait().unwrap();
         let took = since.elapsed();
-        let path = self.dir.path().join("log.ndjson");
+        let path = self.path().join("log.ndjson");
         let raw = fs::read_to_string(&path).unwrap_or_default();
         Ended {
             code: status.code().unwrap_or(-1),
             stdout: self.stdout(),
-            stderr: fs::read_to_string(self.dir.path().join("err")).unwrap_or_default(),
+            stderr: fs::read_to_string(self.path().join("err")).unwrap_or_default(),
             log: if raw.is_empty() {
                 Vec::new()
             } else {
@@ -135,7 +140,18 @@ impl Live {
             },
             raw,
             took,
-            dir: self.dir,
+            dir: self.dir.take().unwrap(),
+        }
+    }
+}
+
+impl Drop for Live {
+    /// A test that failed midway leaves no job behind: oomguard is killed,
+    /// and its death signal (SIGTERM) reaches the job.
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }

@@ -190,7 +190,11 @@ struct Slurm {
 }
 
 impl Slurm {
-    fn start(dir: &Path, cgroups: [&MemCgroup; 2]) -> Slurm {
+    /// One node per cgroup, `ProctrackType=proctrack/<proctrack>`
+    /// (`linuxproc` signals every process of a step; `cgroup`, the usual
+    /// setting, only the step's top task, so a cgroup.conf for cgroup v1
+    /// comes with it).
+    fn start(dir: &Path, cgroups: &[&MemCgroup], proctrack: &str) -> Slurm {
         let host = fs::read_to_string("/proc/sys/kernel/hostname")
             .unwrap()
             .trim()
@@ -200,20 +204,43 @@ impl Slurm {
         }
         let d = dir.display();
         let conf = dir.join("slurm.conf");
+        let names: Vec<String> = (0..cgroups.len())
+            .map(|i| match i {
+                0 => host.clone(),
+                n => format!("{host}-{}", n + 1),
+            })
+            .collect();
+        let nodes: String = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                format!(
+                    "NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={} CPUs=2 RealMemory=4000\n",
+                    17818 + i
+                )
+            })
+            .collect();
+        if proctrack == "cgroup" {
+            fs::write(
+                dir.join("cgroup.conf"),
+                "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n\
+                 ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n",
+            )
+            .unwrap();
+        }
         fs::write(
             &conf,
             format!(
                 "ClusterName=oomguardtest\nSlurmctldHost=localhost\nSlurmctldPort=17817\n\
-                 AuthType=auth/munge\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 AuthType=auth/munge\nProctrackType=proctrack/{proctrack}\nTaskPlugin=task/none\n\
                  JobAcctGatherType=jobacct_gather/none\nSelectType=select/cons_tres\n\
                  SelectTypeParameters=CR_Core\nSlurmUser=root\nSlurmdUser=root\nMpiDefault=none\n\
                  StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
                  SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
                  SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
-                 ReturnToService=2\n\
-                 NodeName={host} NodeHostname=localhost NodeAddr=127.0.0.1 Port=17818 CPUs=2 RealMemory=4000\n\
-                 NodeName={host}-2 NodeHostname=localhost NodeAddr=127.0.0.1 Port=17819 CPUs=2 RealMemory=4000\n\
-                 PartitionName=debug Nodes={host},{host}-2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n"
+                 ReturnToService=2\n{nodes}\
+                 PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
+                names.join(",")
             ),
         )
         .unwrap();
@@ -226,7 +253,7 @@ impl Slurm {
         ctld.arg("-D").arg("-f").arg(&conf);
         let mut daemons = vec![quiet(ctld)];
         std::thread::sleep(Duration::from_secs(1));
-        for (cg, name) in cgroups.iter().zip([host.clone(), format!("{host}-2")]) {
+        for (cg, name) in cgroups.iter().zip(names.iter().cloned()) {
             let slurmd = which("slurmd");
             let c = cg.command(&slurmd, &["-D", "-f", conf.to_str().unwrap(), "-N", &name]);
             daemons.push(quiet(c));
@@ -238,9 +265,9 @@ impl Slurm {
                 .args(["-h", "-o", "%T %D"])
                 .output()
                 .unwrap();
-            String::from_utf8_lossy(&out.stdout).trim() == "idle 2"
+            String::from_utf8_lossy(&out.stdout).trim() == format!("idle {}", names.len())
         });
-        assert!(idle, "the two slurmd never came up: see {d}/log");
+        assert!(idle, "the slurmd never came up: see {d}/log");
         slurm
     }
 
@@ -341,7 +368,7 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
     };
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
-    let slurm = Slurm::start(dir.path(), [&cg0, &cg1]);
+    let slurm = Slurm::start(dir.path(), &[&cg0, &cg1], "linuxproc");
     let bin = dir.path().join("bin");
     fs::create_dir(&bin).unwrap();
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
@@ -425,4 +452,147 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
     drop(slurm);
     cg0.kill_all();
     cg1.kill_all();
+}
+
+/// The preemption recipe of docs/preemption.md (its bash block), on one
+/// node of a real SLURM with `proctrack/cgroup`: `scancel --signal=USR1`
+/// signals the step's top task alone, which is oomguard; every rank saves
+/// the step it completed, oomguard exits 75, the script requeues the job,
+/// and the requeued run resumes from the saved step and finishes.
+#[test]
+fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_requeue_resumes() {
+    let _serial = common::serial();
+    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
+        .iter()
+        .all(|t| which(t).is_file());
+    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
+        return;
+    }
+    if !common::require(is_root(), "a SLURM of its own needs root") {
+        return;
+    }
+    let freezer = Path::new("/sys/fs/cgroup/freezer").is_dir();
+    if !common::require(
+        freezer,
+        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
+    ) {
+        return;
+    }
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let Some(cg) = MemCgroup::or_skip("slurm-pc", 3000 << 20) else {
+        return;
+    };
+    common::deadline::arm();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = Slurm::start(dir.path(), &[&cg], "cgroup");
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let script = work.join("train.sbatch");
+    let recipe = preemption_recipe()
+        .replace("#SBATCH --nodes=2", "#SBATCH --nodes=1")
+        .replace("--nproc-per-node 8", "--nproc-per-node 2")
+        .replace("train.py", &format!("{} 500", plain.display()));
+    executable(&script, &recipe);
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = slurm
+        .cmd("sbatch")
+        .arg("--parsable")
+        .arg("-o")
+        .arg(work.join("slurm-%j.out"))
+        .arg(&script)
+        .current_dir(&work)
+        .env("PATH", path)
+        .env("DIST", "1")
+        .env("LEAK_MB", "0")
+        .env("CKPT_DIR", &work)
+        .env_remove("OOMGUARD_CONTROL")
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let output = || fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    let training = common::wait_for(Duration::from_secs(120), || {
+        output().contains("rank 1 completed step 30")
+    });
+    let signalled = training
+        && slurm
+            .cmd("scancel")
+            .args(["--signal=USR1", &id])
+            .status()
+            .is_ok_and(|s| s.success());
+    // Requeued (Restarts=1), resumed, and finished: COMPLETED.
+    let finished = signalled
+        && common::wait_for(Duration::from_secs(240), || {
+            slurm.job_field(&id, "JobState").as_deref() == Some("COMPLETED")
+        });
+    let restarts = slurm.job_field(&id, "Restarts");
+    let _ = slurm.cmd("scancel").arg(&id).status();
+    let text = output();
+    let why = format!(
+        "job {id}\n{text}\nslurmctld log:\n{}",
+        fs::read_to_string(dir.path().join("log/slurmctld.log")).unwrap_or_default()
+    );
+    assert!(training, "the job never trained\n{why}");
+    assert!(finished, "the job did not finish after its requeue\n{why}");
+    assert_eq!(restarts.as_deref(), Some("1"), "{why}");
+    // The signal reached oomguard, not torchrun (which would die of
+    // USR1): every rank saved and left. (The requeued run's log replaced
+    // the first's; the job's output keeps both runs.)
+    let step: u64 = text
+        .split("rank 0 left after its checkpoint at step ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no save\n{why}"));
+    for rank in 0..2 {
+        assert!(
+            work.join(format!("ckpt-r{rank}-{step}.json")).exists(),
+            "rank {rank} did not save step {step}\n{why}"
+        );
+        assert!(
+            text.contains(&format!(
+                "rank {rank} left after its checkpoint at step {step}"
+            )),
+            "rank {rank} did not leave after its save\n{why}"
+        );
+        assert!(
+            text.contains(&format!("rank {rank} resumed from step {step}")),
+            "rank {rank} did not resume from step {step}\n{why}"
+        );
+        assert!(
+            text.contains(&format!("rank {rank} finished at step 500")),
+            "{why}"
+        );
+    }
+    assert!(
+        text.contains("was preempted (SIGUSR1) and saved first; exit 75"),
+        "{why}"
+    );
+    drop(slurm);
+    cg.kill_all();
+}
+
+/// The first `bash` block of docs/preemption.md's `sbatch` section.
+fn preemption_recipe() -> String {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/preemption.md"))
+        .unwrap();
+    let from = doc
+        .find("## SLURM: the `sbatch` recipe")
+        .expect("the recipe's heading");
+    let block = &doc[from..];
+    let start = block.find("```bash\n").expect("a bash block") + "```bash\n".len();
+    let end = start + block[start..].find("```").unwrap();
+    block[start..end].to_string()
 }

@@ -163,7 +163,9 @@ impl Supervisor {
                         "the save ({}) is not under {}: the next run will not resume from it \
                          (--checkpoint-dir names where the checkpoints go)",
                         done.paths[0].display(),
-                        path.parent().map_or(path.clone(), std::path::Path::to_path_buf).display()
+                        path.parent()
+                            .map_or(path.clone(), std::path::Path::to_path_buf)
+                            .display()
                     ));
                 }
             }

@@ -300,7 +300,9 @@ pub fn kernel_wakeups_disabled() -> bool {
 /// the working directory cannot be read.
 fn resume_place(cfg: &RunConfig) -> Option<(PathBuf, resume::Identity)> {
     let cwd = std::env::current_dir().ok()?;
-    let path = resume::path(cfg.checkpoint_dir.as_deref(), &cwd);
+    let number = |name: &str| std::env::var(name).ok()?.trim().parse::<u32>().ok();
+    let node = number("SLURM_NODEID").filter(|_| number("SLURM_NNODES").is_some_and(|n| n > 1));
+    let path = resume::path(cfg.checkpoint_dir.as_deref(), &cwd, node);
     let job = std::env::var("SLURM_JOB_ID").ok();
     Some((path, resume::Identity::of(&cfg.argv, &cwd, job)))
 }

@@ -89,8 +89,15 @@ pub enum Found {
 }
 
 /// The record's path for a run with `--checkpoint-dir dir` (or none).
-pub fn path(checkpoint_dir: Option<&Path>, cwd: &Path) -> PathBuf {
-    checkpoint_dir.unwrap_or(cwd).join(FILE)
+/// `node`: this node's number in a job of several (`SLURM_NODEID` when
+/// `SLURM_NNODES` is above 1): each node's oomguard keeps its own record
+/// (its ranks saved their own files) in the shared directory.
+pub fn path(checkpoint_dir: Option<&Path>, cwd: &Path, node: Option<u32>) -> PathBuf {
+    let dir = checkpoint_dir.unwrap_or(cwd);
+    match node {
+        Some(n) => dir.join(format!(".oomguard-resume-node{n}.json")),
+        None => dir.join(FILE),
+    }
 }
 
 /// Whether the saved `paths` lie under the record's directory: the record
@@ -186,8 +193,12 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let ckpt = t.path().join("step-580.ckpt");
         std::fs::write(&ckpt, "x").unwrap();
-        let at = path(Some(t.path()), Path::new("/elsewhere"));
+        let at = path(Some(t.path()), Path::new("/elsewhere"), None);
         assert_eq!(at, t.path().join(FILE));
+        assert_eq!(
+            path(None, t.path(), Some(1)),
+            t.path().join(".oomguard-resume-node1.json")
+        );
         let ours = run(&["torchrun", "train.py"], Some("42"));
         assert_eq!(find(&at, &ours), Found::Nothing);
         write(&at, &record(ours.clone(), &ckpt)).unwrap();
