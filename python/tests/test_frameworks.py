@@ -2,7 +2,9 @@
 single-process gloo group (the job's own process group, as torchrun makes
 it; the vote then needs no all-reduce)."""
 
+import importlib
 import os
+import sys
 import types
 
 import pytest
@@ -44,16 +46,58 @@ def test_accelerate_reports_a_failed_save(control, tmp_path):
     assert done["ok"] is False and not og.should_exit()
 
 
-def test_lightnings_checkpoint_directory():
-    pytest.importorskip("lightning")
-    from oomguard.lightning import checkpoint_dir
+@pytest.fixture
+def lightning_module(monkeypatch):
+    """oomguard.lightning over a stand-in ``lightning.pytorch.callbacks``:
+    the callback's logic without Lightning's import (seconds per run)."""
 
-    with_cb = types.SimpleNamespace(checkpoint_callback=types.SimpleNamespace(dirpath="/ck"), default_root_dir="/r")
-    assert checkpoint_dir(with_cb) == "/ck"
-    without = types.SimpleNamespace(checkpoint_callback=None, default_root_dir="/r")
-    assert checkpoint_dir(without) == os.path.join("/r", "checkpoints")
-    no_dir = types.SimpleNamespace(checkpoint_callback=types.SimpleNamespace(dirpath=None), default_root_dir="/r")
-    assert checkpoint_dir(no_dir) == os.path.join("/r", "checkpoints")
+    class Callback:
+        pass
+
+    callbacks = types.ModuleType("lightning.pytorch.callbacks")
+    callbacks.Callback = Callback
+    for name in ("lightning", "lightning.pytorch"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "lightning.pytorch.callbacks", callbacks)
+    monkeypatch.delitem(sys.modules, "oomguard.lightning", raising=False)
+    module = importlib.import_module("oomguard.lightning")
+    yield module
+    sys.modules.pop("oomguard.lightning", None)
+
+
+def trainer(tmp_path, dirpath=None, step=5, epoch=1):
+    t = types.SimpleNamespace(
+        checkpoint_callback=types.SimpleNamespace(dirpath=dirpath) if dirpath is not None else None,
+        default_root_dir=tmp_path,
+        global_step=step,
+        current_epoch=epoch,
+        should_stop=False,
+        saved=[],
+    )
+    t.save_checkpoint = t.saved.append
+    return t
+
+
+def test_lightnings_checkpoint_directory(lightning_module, tmp_path):
+    checkpoint_dir = lightning_module.checkpoint_dir
+    assert checkpoint_dir(trainer(tmp_path, dirpath="/ck")) == "/ck"
+    assert checkpoint_dir(trainer(tmp_path)) == os.path.join(str(tmp_path), "checkpoints")
+    assert checkpoint_dir(trainer(tmp_path, dirpath="")) == os.path.join(str(tmp_path), "checkpoints")
+
+
+def test_the_lightning_callback_saves_the_agreed_step_and_stops_the_fit(lightning_module, control, tmp_path):
+    cb = lightning_module.OomguardCallback(Guard(framework="lightning"))
+    t = trainer(tmp_path, step=7, epoch=2)
+    cb.on_train_batch_end(t, None, None, None, 0)
+    assert t.saved == [] and not t.should_stop
+    control.request(3, "checkpoint_and_exit")
+    t.global_step = 8
+    cb.on_train_batch_end(t, None, None, None, 1)
+    expected = os.path.join(str(tmp_path), "checkpoints", "epoch=2-step=8.ckpt")
+    assert t.saved == [expected]
+    assert t.should_stop
+    done = [e for e in control.events() if e["type"] == "done"][0]
+    assert done["paths"] == [expected] and done["step"] == 8 and done["epoch"] == 2
 
 
 @pytest.fixture
