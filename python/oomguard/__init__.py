@@ -91,7 +91,7 @@ def _package_version() -> str:
     try:
         from . import _embedded  # type: ignore[attr-defined]
 
-        return str(_embedded.VERSION)
+        return str(_embedded.VERSION)  # type: ignore[attr-defined]
     except ImportError:
         pass
     try:
@@ -534,7 +534,7 @@ class _Faults:
                     return
                 continue
             if isinstance(info, dict) and info.get("node") != self.owner.node:
-                record = {"type": "fault"}
+                record = {"type": "fault"}  # type: Dict[str, Any]
                 record.update({k: info.get(k) for k in ("id", "node", "cause_rank", "reason", "detail", "then")})
                 self.owner._emit(record)
 
