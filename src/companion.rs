@@ -31,7 +31,8 @@ const READ_BUDGET: usize = 1 << 20;
 const MAX_LINE: usize = 8 << 10;
 
 /// The companion package, embedded so that `oomguard run` puts it on a
-/// Python job's path with nothing installed.
+/// Python job's path with nothing installed. Every `.py` file of
+/// `python/oomguard/` is here but [`WHEEL_ONLY`]'s (a test says so).
 pub const PACKAGE: &[(&str, &str)] = &[
     (
         "__init__.py",
@@ -48,6 +49,23 @@ pub const PACKAGE: &[(&str, &str)] = &[
         include_str!("../python/oomguard/accelerate.py"),
     ),
 ];
+
+/// Files of `python/oomguard/` that only the wheel carries: `python -m
+/// oomguard` and the helper that finds the installed binary. A job's
+/// embedded copy has no use for them.
+pub const WHEEL_ONLY: &[&str] = &["__main__.py", "_find_bin.py"];
+
+/// Written beside the embedded copy: its version, which is this binary's
+/// (Cargo.toml's), read by `oomguard.__version__`.
+const EMBEDDED_VERSION: (&str, &str) = (
+    "_embedded.py",
+    concat!(
+        "# Written by the oomguard binary that put this copy on the job's path.\n",
+        "VERSION = \"",
+        env!("CARGO_PKG_VERSION"),
+        "\"\n"
+    ),
+);
 
 /// Errors of the channel, each naming the path that failed.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +187,16 @@ pub enum Record {
         /// Ranks on this node (`LOCAL_WORLD_SIZE`).
         #[serde(default)]
         local_world: Option<u32>,
+        /// The protocol version the companion speaks (every record's `v`).
+        #[serde(default)]
+        v: Option<u32>,
+        /// Which copy of the companion runs: its package version and the
+        /// directory it was imported from (the embedded copy, or one
+        /// installed in the job's environment). Absent from older ones.
+        #[serde(default)]
+        version: Option<String>,
+        #[serde(default)]
+        path: Option<String>,
     },
     /// Where training is (rate-limited by the companion).
     Progress {
@@ -486,7 +514,7 @@ impl Drop for Channel {
 pub fn write_package(dir: &Path) -> io::Result<()> {
     let pkg = dir.join("companion").join("oomguard");
     fs::create_dir_all(&pkg)?;
-    for (name, text) in PACKAGE {
+    for (name, text) in PACKAGE.iter().chain([&EMBEDDED_VERSION]) {
         fs::write(pkg.join(name), text)?;
     }
     Ok(())
@@ -601,5 +629,207 @@ mod tests {
         assert!(dir.is_dir());
         drop(c);
         assert!(!dir.exists());
+    }
+
+    /// `python/oomguard/` at test time, so a file added there and not to
+    /// [`PACKAGE`] (or [`WHEEL_ONLY`]) fails this.
+    fn package_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("python/oomguard")
+    }
+
+    #[test]
+    fn the_embedded_copy_is_every_py_file_of_the_package_but_the_wheels_own() {
+        let mut on_disk: Vec<String> = fs::read_dir(package_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".py"))
+            .collect();
+        on_disk.sort();
+        for name in &on_disk {
+            let embedded = PACKAGE.iter().find(|(n, _)| n == name);
+            if WHEEL_ONLY.contains(&name.as_str()) {
+                assert!(embedded.is_none(), "{name} is wheel-only and embedded");
+                continue;
+            }
+            let (_, text) = embedded.unwrap_or_else(|| {
+                panic!(
+                    "python/oomguard/{name} is not in companion::PACKAGE: embed it \
+                     (include_str!) or list it in WHEEL_ONLY"
+                )
+            });
+            let file = fs::read_to_string(package_dir().join(name)).unwrap();
+            assert!(*text == file, "the embedded {name} differs from the file");
+        }
+        for (name, _) in PACKAGE {
+            assert!(on_disk.iter().any(|n| n == name), "{name} left the package");
+        }
+        for name in WHEEL_ONLY {
+            assert!(on_disk.iter().any(|n| n == name), "{name} left the package");
+        }
+        assert!(
+            !on_disk.iter().any(|n| *n == EMBEDDED_VERSION.0),
+            "{} is written by write_package, not kept in the package",
+            EMBEDDED_VERSION.0
+        );
+    }
+
+    /// `NAME = "text"` and `NAME = 123` lines at the top level of a module.
+    fn python_constants(text: &str) -> std::collections::BTreeMap<String, String> {
+        let re = regex::Regex::new(r#"(?m)^([A-Z_][A-Z0-9_]*) = (?:"([^"]*)"|(\d+))\s*(?:#.*)?$"#)
+            .unwrap();
+        re.captures_iter(text)
+            .map(|c| {
+                let value = c.get(2).or_else(|| c.get(3)).unwrap().as_str();
+                (c[1].to_string(), value.to_string())
+            })
+            .collect()
+    }
+
+    fn embedded(name: &str) -> &'static str {
+        PACKAGE.iter().find(|(n, _)| *n == name).unwrap().1
+    }
+
+    #[test]
+    fn the_companions_protocol_constants_are_these() {
+        let init = embedded("__init__.py");
+        let py = python_constants(init);
+        let rust = [
+            ("ENV_CONTROL", ENV_CONTROL.to_string()),
+            ("PROTOCOL", PROTOCOL.to_string()),
+            ("REQUEST", REQUEST.to_string()),
+            ("EVENTS", EVENTS.to_string()),
+            ("FAULT", FAULT.to_string()),
+        ];
+        for (name, value) in rust {
+            assert_eq!(
+                py.get(name),
+                Some(&value),
+                "python/oomguard/__init__.py's {name} disagrees with src/companion.rs"
+            );
+        }
+        // The caps differ on purpose: the companion writes each record in
+        // one write below PIPE_BUF (4096), so lines of ranks never mix;
+        // oomguard reads lines up to MAX_LINE, with room to spare.
+        let py_max: usize = py["_MAX_LINE"].parse().unwrap();
+        assert!(py_max < 4096, "_MAX_LINE {py_max} is not below PIPE_BUF");
+        const { assert!(MAX_LINE > 4096) };
+
+        // Record types: what the companion writes is what oomguard reads.
+        let written: std::collections::BTreeSet<String> =
+            regex::Regex::new(r#""type": "([a-z_]+)""#)
+                .unwrap()
+                .captures_iter(init)
+                .map(|c| c[1].to_string())
+                .collect();
+        let err = serde_json::from_str::<Record>(r#"{"type":"no such record"}"#)
+            .unwrap_err()
+            .to_string();
+        let read: std::collections::BTreeSet<String> = regex::Regex::new(r"`([a-z_]+)`")
+            .unwrap()
+            .captures_iter(err.split("expected").nth(1).unwrap())
+            .map(|c| c[1].to_string())
+            .collect();
+        assert_eq!(written, read, "record types: Python's vs Record's");
+
+        // Request kinds, and the request's and the fault's fields the
+        // companion reads.
+        for kind in [Kind::Checkpoint, Kind::CheckpointAndExit, Kind::Relieve] {
+            assert!(init.contains(&format!("\"{}\"", kind.name())), "{kind:?}");
+        }
+        let request = serde_json::to_value(Request {
+            v: PROTOCOL,
+            id: 1,
+            kind: Kind::Checkpoint,
+            reason: "r".into(),
+            detail: Some("d".into()),
+            deadline: 1.0,
+            then: Some("restart".into()),
+            cause_rank: Some(0),
+        })
+        .unwrap();
+        let read_fields = regex::Regex::new(r#"\breq(?:\.get\(|\[)"([a-z_]+)""#).unwrap();
+        let mut n = 0;
+        for c in read_fields.captures_iter(init) {
+            n += 1;
+            assert!(request.get(&c[1]).is_some(), "request field {}", &c[1]);
+        }
+        assert!(n >= 6, "the request reader moved: {n} fields found");
+        let mut fault = serde_json::to_value(Fault {
+            cause_rank: Some(0),
+            reason: "r".into(),
+            detail: "d".into(),
+            then: Some("restart".into()),
+        })
+        .unwrap();
+        fault["id"] = 1.into();
+        let fault_fields = regex::Regex::new(r#"for k in \(([^)]*)\)"#).unwrap();
+        let carried = fault_fields.captures(init).unwrap();
+        for field in regex::Regex::new(r#""([a-z_]+)""#)
+            .unwrap()
+            .captures_iter(&carried[1])
+        {
+            assert!(fault.get(&field[1]).is_some(), "fault field {}", &field[1]);
+        }
+    }
+
+    /// Runs `python3 -c CODE` with `PYTHONPATH`; None when there is no
+    /// python3 (outside CI).
+    fn python(pythonpath: &Path, code: &str) -> Option<String> {
+        let out = match std::process::Command::new("python3")
+            .arg("-c")
+            .arg(code)
+            .env("PYTHONPATH", pythonpath)
+            .env_remove(ENV_CONTROL)
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: no python3 ({e})");
+                return None;
+            }
+            Err(e) => panic!("python3: {e}"),
+        };
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    #[test]
+    fn every_copy_of_the_companion_says_cargo_tomls_version() {
+        let t = tempfile::tempdir().unwrap();
+        write_package(t.path()).unwrap();
+        let code = "import oomguard; print(oomguard.__version__)";
+        let Some(embedded) = python(&t.path().join("companion"), code) else {
+            return;
+        };
+        assert_eq!(embedded, env!("CARGO_PKG_VERSION"), "the embedded copy");
+        let checkout = python(&package_dir().join(".."), code).unwrap();
+        assert_eq!(checkout, env!("CARGO_PKG_VERSION"), "python/ of a checkout");
+        // The wheel's comes from its metadata, which maturin takes from
+        // Cargo.toml (`dynamic = ["version"]`); .ci/run compares it with
+        // `oomguard --version` of the installed wheel.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let pyproject = fs::read_to_string(root.join("pyproject.toml")).unwrap();
+        assert!(pyproject.contains("dynamic = [\"version\"]"));
+        assert!(!pyproject.lines().any(|l| l.starts_with("version")));
+    }
+
+    #[test]
+    fn one_python_floor_for_the_wheel_and_the_start_up_hook() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let pyproject = fs::read_to_string(root.join("pyproject.toml")).unwrap();
+        let floor = regex::Regex::new(r#"(?m)^requires-python = ">=3\.(\d+)"$"#)
+            .unwrap()
+            .captures(&pyproject)
+            .unwrap()[1]
+            .to_string();
+        let hook = include_str!("probe/torch_reporter.py");
+        assert!(
+            hook.contains(&format!("\n_OOMGUARD_MIN_PYTHON = (3, {floor})\n")),
+            "src/probe/torch_reporter.py's floor is not pyproject.toml's 3.{floor}"
+        );
     }
 }

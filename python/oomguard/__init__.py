@@ -23,6 +23,8 @@ training. This module needs nothing but the standard library; torch is used
 only when the job itself has initialised ``torch.distributed``.
 """
 
+from __future__ import annotations
+
 import atexit
 import gc
 from datetime import timedelta
@@ -32,8 +34,18 @@ import sys
 import threading
 import time
 
-__all__ = ["Guard", "guard", "PROTOCOL"]
+# Type hints only: `typing` is not imported at run time (this module is
+# imported at the start of every Python job oomguard runs).
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+    _Path = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+__all__ = ["Guard", "guard", "PROTOCOL", "__version__"]
+
+# The protocol's names and version: src/companion.rs has the same, and a
+# test there fails when the two disagree.
 PROTOCOL = 1
 ENV_CONTROL = "OOMGUARD_CONTROL"
 REQUEST = "request"
@@ -59,10 +71,59 @@ _NODE_MASK = (1 << _NODE_BITS) - 1
 # A line below PIPE_BUF is written whole even beside other ranks' writes.
 _MAX_LINE = 4000
 
-_GUARD = None
+_GUARD = None  # type: Optional[Guard]
 
 
-def guard(framework="plain"):
+def __getattr__(name: str) -> str:
+    # PEP 562: `oomguard.__version__` is worked out on first use only.
+    if name == "__version__":
+        version = _package_version()
+        globals()["__version__"] = version
+        return version
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def _package_version() -> str:
+    """This copy's version, which is Cargo.toml's: written beside it by the
+    binary that embedded it (``_embedded.py``), else the installed
+    distribution's when it is this copy, else the checkout's Cargo.toml."""
+    here = os.path.dirname(os.path.realpath(__file__))
+    try:
+        from . import _embedded  # type: ignore[attr-defined]
+
+        return str(_embedded.VERSION)  # type: ignore[attr-defined]
+    except ImportError:
+        pass
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution("oomguard")
+        located = os.path.realpath(str(dist.locate_file("oomguard/__init__.py")))
+        if os.path.dirname(located) == here:
+            return str(dist.version)
+    except Exception:
+        pass
+    return _cargo_version(os.path.join(here, os.pardir, os.pardir, "Cargo.toml")) or "0+unknown"
+
+
+def _cargo_version(path: str) -> Optional[str]:
+    """The ``[package]`` version of a Cargo.toml (a source checkout)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    section = None
+    for line in lines:
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[package]" and line.startswith("version") and "=" in line:
+            return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def guard(framework: str = "plain") -> Guard:
     """The process-wide :class:`Guard` (created on first use)."""
     global _GUARD
     if _GUARD is None or _GUARD._pid != os.getpid():
@@ -70,7 +131,7 @@ def guard(framework="plain"):
     return _GUARD
 
 
-def _env_int(name, default):
+def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
     except ValueError:
@@ -80,43 +141,43 @@ def _env_int(name, default):
 class Guard:
     """One process's end of the channel. Use :func:`guard` to share it."""
 
-    def __init__(self, control=None, framework="plain"):
-        self.control = control if control is not None else os.environ.get(ENV_CONTROL)
+    def __init__(self, control: Optional[str] = None, framework: str = "plain") -> None:
+        self.control = control if control is not None else os.environ.get(ENV_CONTROL)  # type: Optional[str]
         self.framework = framework
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self._pid = os.getpid()
-        self._fd = None
-        self._request_key = None
-        self._request = None
+        self._fd = None  # type: Optional[int]
+        self._request_key = None  # type: Optional[Tuple[int, int, int]]
+        self._request = None  # type: Optional[Dict[str, Any]]
         self._served = 0
         self._relieved = 0
-        self._agreed = None
-        self._agreed_at = None
+        self._agreed = None  # type: Optional[Tuple[int, str]]
+        self._agreed_at = None  # type: Optional[float]
         self._local_id = 0
         self._exit = False
         self._last_progress = 0.0
-        self._last_step = None
-        self._reported = None
-        self._epoch = None
+        self._last_step = None  # type: Optional[int]
+        self._reported = None  # type: Optional[int]
+        self._epoch = None  # type: Optional[float]
         self._phase = "train"
         self._said_hello = False
-        self._request_now = None
-        self._work = None
-        self._group = None
-        self._published_id = None
-        self._faults = None
+        self._request_now = None  # type: Optional[Dict[str, Any]]
+        self._work = None  # type: Optional[Tuple[Any, Any, Optional[Dict[str, Any]]]]
+        self._group = None  # type: Optional[Tuple[Any, Any]]
+        self._published_id = None  # type: Optional[int]
+        self._faults = None  # type: Optional[_Faults]
         # torchrun's node rank (GROUP_RANK), else SLURM's.
         self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
 
     @property
-    def active(self):
+    def active(self) -> bool:
         """Whether oomguard supervises this process."""
         return bool(self.control)
 
     # -- the trainer's calls -------------------------------------------
 
-    def step(self, step, epoch=None, phase="train"):
+    def step(self, step: int, epoch: Optional[float] = None, phase: str = "train") -> bool:
         """Call once per completed step on every rank. True when every rank
         has agreed to checkpoint now: save, then call :meth:`checkpointed`."""
         if not self.active:
@@ -139,11 +200,11 @@ class Guard:
             # A broken vote must never stop training.
             return False
 
-    def checkpoint_requested(self):
+    def checkpoint_requested(self) -> bool:
         """True between an agreed request and :meth:`checkpointed`."""
         return self._agreed is not None
 
-    def checkpointed(self, paths, ok=True):
+    def checkpointed(self, paths: Union[_Path, Sequence[_Path]], ok: bool = True) -> None:
         """Call on every rank once this rank's part of the save is written.
         Waits for the other ranks, then reports the checkpoint to oomguard."""
         if self._agreed is None:
@@ -151,7 +212,7 @@ class Guard:
         agreed_id, kind = self._agreed
         if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
-        paths = [os.path.abspath(os.fspath(p)) for p in paths]
+        absolute = [os.path.abspath(os.fspath(p)) for p in paths]  # type: List[Any]
         _barrier()
         seconds = time.monotonic() - (self._agreed_at or time.monotonic())
         if self.local_rank == 0:
@@ -162,7 +223,7 @@ class Guard:
                     "kind": kind,
                     "step": self._last_step,
                     "epoch": self._epoch,
-                    "paths": paths,
+                    "paths": absolute,
                     "ok": bool(ok),
                     "seconds": round(seconds, 3),
                 }
@@ -173,12 +234,12 @@ class Guard:
         if kind == "checkpoint_and_exit":
             self._exit = True
 
-    def should_exit(self):
+    def should_exit(self) -> bool:
         """True once a ``checkpoint_and_exit`` request has been served: leave
         the training loop (oomguard ends the job otherwise)."""
         return self._exit
 
-    def resume_path(self):
+    def resume_path(self) -> Optional[str]:
         """The checkpoint to resume from: a previous attempt's, on a
         restart, or the save a previous run of the same job left (a SLURM
         requeue, a new pod, the command typed again)."""
@@ -190,7 +251,7 @@ class Guard:
 
     # -- the channel ----------------------------------------------------
 
-    def _vote(self, step):
+    def _vote(self, step: int) -> bool:
         # With several ranks the vote is asynchronous: the all-reduce
         # started at one step is read at the next, so it overlaps a whole
         # step of training instead of adding a round trip to each. Every
@@ -214,7 +275,7 @@ class Guard:
         self._work = started + (req,)
         return False
 
-    def _all_max_async(self, values):
+    def _all_max_async(self, values: List[int]) -> Optional[Tuple[Any, Any]]:
         """Starts the all-reduce MAX of `values` over the job's process
         group: (work, tensor), or None in a single process. The group, its
         device and the tensor are looked up once."""
@@ -233,7 +294,7 @@ class Guard:
         t[1] = values[1]
         return dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), t
 
-    def _decide(self, agreed, req, step):
+    def _decide(self, agreed: List[int], req: Optional[Dict[str, Any]], step: int) -> bool:
         vote_id, node = agreed[0] >> _NODE_BITS, agreed[0] & _NODE_MASK
         if vote_id <= self._served or agreed[1] not in _CODE_KIND:
             return False
@@ -254,7 +315,7 @@ class Guard:
             self._emit(record)
         return True
 
-    def _publish(self, req):
+    def _publish(self, req: Dict[str, Any]) -> None:
         """Puts the request's reason in the job's rendezvous store (once), for
         the other nodes' oomguards."""
         if self._published_id == req["id"]:
@@ -280,7 +341,7 @@ class Guard:
         except Exception:
             pass
 
-    def _published(self, vote_id):
+    def _published(self, vote_id: int) -> Dict[str, Any]:
         store = _store()
         key = "oomguard/request/%d" % vote_id
         try:
@@ -291,14 +352,14 @@ class Guard:
             pass
         return {}
 
-    def _pending(self):
+    def _pending(self) -> Optional[Dict[str, Any]]:
         req = self._request_now
         if req and req.get("id", 0) > self._served and req.get("kind") in _KIND_CODE:
             return req
         return None
 
-    def _read_request(self):
-        path = os.path.join(self.control, REQUEST)
+    def _read_request(self) -> Optional[Dict[str, Any]]:
+        path = os.path.join(self.control or "", REQUEST)
         try:
             st = os.stat(path)
         except OSError:
@@ -314,7 +375,7 @@ class Guard:
                 self._request = None
         return self._request
 
-    def _maybe_relieve(self):
+    def _maybe_relieve(self) -> None:
         req = self._request_now
         if not req or req.get("kind") != "relieve" or req["id"] <= self._relieved:
             return
@@ -322,7 +383,7 @@ class Guard:
         freed = relieve()
         self._emit({"type": "relieved", "id": req["id"], "freed": freed})
 
-    def _progress(self):
+    def _progress(self) -> None:
         if self.local_rank != 0:
             return
         if self._last_step is not None and self._last_step != self._reported:
@@ -331,7 +392,7 @@ class Guard:
                 {"type": "progress", "step": self._last_step, "epoch": self._epoch, "phase": self._phase}
             )
 
-    def _hello(self):
+    def _hello(self) -> None:
         if self._said_hello:
             return
         self._said_hello = True
@@ -346,6 +407,10 @@ class Guard:
                 "world": world,
                 "local_world": local_world,
                 "local_rank": self.local_rank,
+                # Which copy runs: the one oomguard embedded, or one
+                # installed in the job's environment (docs/install.md).
+                "version": _safe_version(),
+                "path": os.path.dirname(os.path.abspath(__file__)),
             }
         )
         addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT", 0)
@@ -353,7 +418,7 @@ class Guard:
             self._faults = _Faults(self, addr, port)
             self._faults.start()
 
-    def _emit(self, record):
+    def _emit(self, record: Dict[str, Any]) -> None:
         record = dict(record, v=PROTOCOL, pid=os.getpid(), rank=self.rank, t=round(time.time(), 3))
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         if len(line) > _MAX_LINE:
@@ -361,7 +426,7 @@ class Guard:
         try:
             if self._fd is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._fd = os.open(os.path.join(self.control, EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._fd = os.open(os.path.join(self.control or "", EVENTS), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             os.write(self._fd, line)
         except OSError:
             pass
@@ -378,18 +443,18 @@ class _Faults:
     rank's node has moments before its launcher ends the rest); local rank
     0 brings the other nodes' in, woken by the store the moment one is put."""
 
-    def __init__(self, owner, addr, port):
+    def __init__(self, owner: Guard, addr: str, port: int) -> None:
         self.owner = owner
         self.addr, self.port = addr, port
-        self.key = None
+        self.key = None  # type: Optional[Tuple[int, int, int]]
         self.put = 0
 
-    def start(self):
+    def start(self) -> None:
         threading.Thread(target=self._carry_out, name="oomguard-fault-out", daemon=True).start()
         if self.owner.local_rank == 0:
             threading.Thread(target=self._bring_in, name="oomguard-fault-in", daemon=True).start()
 
-    def _connect(self, seconds=_FAULT_WAIT):
+    def _connect(self, seconds: float = _FAULT_WAIT) -> Any:
         from torch.distributed import TCPStore
 
         return TCPStore(
@@ -400,12 +465,12 @@ class _Faults:
             wait_for_workers=False,
         )
 
-    def _carry_out(self):
+    def _carry_out(self) -> None:
         # A `stat` every 50 ms, on a connection made beforehand: the fault
         # file is written when a rank of this node was killed, and the
         # launcher ends the others (and with node 0's launcher, the store)
         # within a fraction of a second.
-        path = os.path.join(self.owner.control, FAULT)
+        path = os.path.join(self.owner.control or "", FAULT)
         store = None
         while True:
             time.sleep(_FAULT_POLL)
@@ -425,7 +490,7 @@ class _Faults:
             except Exception:
                 store = None
 
-    def _new_fault(self, path):
+    def _new_fault(self, path: str) -> Optional[Dict[str, Any]]:
         try:
             st = os.stat(path)
         except OSError:
@@ -444,7 +509,7 @@ class _Faults:
         self.put = fault["id"]
         return fault
 
-    def _bring_in(self):
+    def _bring_in(self) -> None:
         store, n = None, None
         while True:
             try:
@@ -472,16 +537,16 @@ class _Faults:
                     return
                 continue
             if isinstance(info, dict) and info.get("node") != self.owner.node:
-                record = {"type": "fault"}
+                record = {"type": "fault"}  # type: Dict[str, Any]
                 record.update({k: info.get(k) for k in ("id", "node", "cause_rank", "reason", "detail", "then")})
                 self.owner._emit(record)
 
 
-def relieve():
+def relieve() -> Dict[str, int]:
     """Frees what can be freed without changing the job: Python's garbage,
     the C heap's free pages, PyTorch's cached CUDA blocks. Returns the bytes
     each step freed (by resident memory, or by CUDA reserved memory)."""
-    freed = {}
+    freed = {}  # type: Dict[str, int]
     before = _rss()
     gc.collect()
     after = _rss()
@@ -507,7 +572,7 @@ def relieve():
     return freed
 
 
-def _rss():
+def _rss() -> int:
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -515,7 +580,7 @@ def _rss():
         return 0
 
 
-def _dist():
+def _dist() -> Any:
     dist = sys.modules.get("torch.distributed")
     try:
         if dist is not None and dist.is_available() and dist.is_initialized():
@@ -525,12 +590,12 @@ def _dist():
     return None
 
 
-def _world_size():
+def _world_size() -> int:
     dist = _dist()
     return dist.get_world_size() if dist is not None else _env_int("WORLD_SIZE", 1)
 
 
-def _store():
+def _store() -> Any:
     """The job's rendezvous store (torchrun's TCPStore), when there is one."""
     if _dist() is None:
         return None
@@ -542,10 +607,17 @@ def _store():
         return None
 
 
-def _barrier():
+def _barrier() -> None:
     dist = _dist()
     if dist is not None and dist.get_world_size() > 1:
         try:
             dist.barrier()
         except Exception:
             pass
+
+
+def _safe_version() -> str:
+    try:
+        return str(globals().get("__version__") or __getattr__("__version__"))
+    except Exception:
+        return "0+unknown"

@@ -119,6 +119,16 @@ pub struct CompanionEvent {
     pub framework: String,
     #[serde(deserialize_with = "lenient")]
     pub world: Option<u32>,
+    /// The companion's protocol version (`v` of its records).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    /// Which copy ran: the companion's package version and the directory
+    /// it was imported from (oomguard's embedded copy, or one installed in
+    /// the job's environment, which wins: docs/install.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// `checkpoint_request`: what oomguard asked the ranks for (`kind`:
@@ -319,6 +329,7 @@ mod tests {
                 rank: 2,
                 framework: "lightning".into(),
                 world: Some(4),
+                ..CompanionEvent::default()
             }),
             "checkpoint_request" => Event::CheckpointRequest(CheckpointRequestEvent {
                 id: 3,

@@ -30,7 +30,12 @@
 #
 # Whatever goes wrong here stays here: every step is guarded, nothing is ever
 # printed, and the job's exit code and output are its own. The syntax is kept
-# to what old Python 3 releases parse.
+# to what old Python 3 releases parse; below the floor this file does nothing.
+
+# The oldest Python the companion and the reporter run on: pyproject.toml's
+# `requires-python` (a test in src/companion.rs checks that they agree, and
+# `vermin -t=3.8-` in .ci/run that neither needs a newer one).
+_OOMGUARD_MIN_PYTHON = (3, 8)
 
 
 def _oomguard_torch_stats():
@@ -44,7 +49,7 @@ def _oomguard_torch_stats():
     _oomguard_companion(here)
 
     path = os.environ.get("OOMGUARD_TORCH_STATS")
-    if not path or sys.version_info < (3, 4):
+    if not path or sys.version_info < _OOMGUARD_MIN_PYTHON:
         return
     interval = _oomguard_interval(os.environ.get("OOMGUARD_TORCH_STATS_INTERVAL"))
     reporter = _OomguardReporter(path, interval)
@@ -57,11 +62,12 @@ def _oomguard_torch_stats():
 def _oomguard_companion(here):
     # The companion package (python/oomguard in oomguard's repository) sits
     # in `companion/` beside this file. It goes last on sys.path, so a copy
-    # the job installed itself wins, and it only waits for a Trainer import.
+    # the job installed itself wins (docs/install.md, "Which copy of the
+    # companion runs"), and it only waits for a Trainer import.
     import os
     import sys
 
-    if not os.environ.get("OOMGUARD_CONTROL") or sys.version_info < (3, 6):
+    if not os.environ.get("OOMGUARD_CONTROL") or sys.version_info < _OOMGUARD_MIN_PYTHON:
         return
     sys.path.append(os.path.join(here, "companion"))
     try:

@@ -33,6 +33,9 @@ impl Supervisor {
                 rank,
                 framework,
                 world,
+                v,
+                version,
+                path,
                 ..
             } => {
                 self.sinks.log.write(&Event::Companion(CompanionEvent {
@@ -40,6 +43,9 @@ impl Supervisor {
                     rank,
                     framework,
                     world,
+                    protocol: v,
+                    version,
+                    path,
                 }));
             }
             Record::Progress {

@@ -429,6 +429,9 @@ mod tests {
             framework: "plain".into(),
             world: Some(4),
             local_world: Some(2),
+            v: None,
+            version: None,
+            path: None,
         };
         a.peers.note(&hello, Instant::now());
         a
