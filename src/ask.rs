@@ -113,6 +113,9 @@ mod tests {
             framework: "plain".into(),
             world: None,
             local_world: None,
+            v: None,
+            version: None,
+            path: None,
         }
     }
 

@@ -714,6 +714,18 @@ impl Actuator {
             st.frozen_all = false;
             st.frozen_since = None;
         }
+        if st.done_at.is_some() {
+            // The save is done and the ranks are leaving: a held process
+            // would take ten times as long to exit (a torchrun job's ranks
+            // are its growers), so nothing is held any more.
+            let held: Vec<Ident> = st.throttled.drain().collect();
+            if st.throttle_running || held.is_empty() {
+                return;
+            }
+            signal_all(sig, &held, SIG_CONT);
+            st.throttle_running = true;
+            return;
+        }
         st.throttled.extend(new_growers);
         let signalled = st.signalled.clone();
         st.throttled.retain(|id| !signalled.contains(id));

@@ -1088,6 +1088,46 @@ mod tests {
     }
 
     #[test]
+    fn once_the_save_is_done_no_grower_is_held_while_the_ranks_leave() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        run.core.act.cfg.grace = Duration::from_secs(30);
+        let mut script = Script::new();
+        say_as_companion(&events, r#"{"type":"hello","pid":100,"rank":0}"#);
+        run.tick(&script, 0.0, 50.0);
+        script.grow(W1, 64 << 20);
+        run.tick(&script, 1.0, 5.0);
+        let mut t = 1.0;
+        while t < 2.0 {
+            t += 0.02;
+            script.grow(W1, 1 << 20);
+            run.tick(&script, t, 5.0);
+        }
+        assert!(
+            run.sig.take().contains(&(W1, SIG_STOP)),
+            "the grower is held"
+        );
+        let id = request_id(&events);
+        say_as_companion(
+            &events,
+            &format!(r#"{{"type":"done","id":{id},"step":7,"paths":["/c/7"],"ok":true}}"#),
+        );
+        let mut after = Vec::new();
+        while t < 4.0 {
+            t += 0.02;
+            script.grow(W1, 1 << 20);
+            run.tick(&script, t, 5.0);
+            after.extend(run.sig.take());
+        }
+        // Let go once (unless it was in its run slice), and never held again.
+        assert!(!after.contains(&(W1, SIG_STOP)), "{after:?}");
+        assert!(
+            after.iter().filter(|s| s.1 == SIG_CONT).count() <= 1,
+            "{after:?}"
+        );
+    }
+
+    #[test]
     fn a_companion_that_does_not_acknowledge_gets_the_signal_after_all() {
         let t = tempfile::tempdir().unwrap();
         let (mut run, events) = with_companion(t.path());
