@@ -598,3 +598,70 @@ fn serial_a_relieve_rule_frees_caches_and_training_goes_on() {
     // read before the summary.
     assert!(r.stderr().contains("finished at step 60"), "{}", r.why());
 }
+
+/// Another copy of the `oomguard` package in the job's environment (first
+/// on its path, as a `pip install` of another version would be): `python/
+/// oomguard` copied, with a version of its own, or a protocol of its own.
+fn other_copy(version: &str, protocol: u32) -> tempfile::TempDir {
+    let site = tempfile::tempdir().unwrap();
+    let pkg = site.path().join("oomguard");
+    fs::create_dir(&pkg).unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/oomguard");
+    for e in fs::read_dir(&src).unwrap().flatten() {
+        fs::copy(e.path(), pkg.join(e.file_name())).unwrap();
+    }
+    fs::write(pkg.join("_embedded.py"), format!("VERSION = {version:?}\n")).unwrap();
+    let init = fs::read_to_string(pkg.join("__init__.py")).unwrap();
+    assert!(init.contains("\nPROTOCOL = 1\n"));
+    let init = init.replace("\nPROTOCOL = 1\n", &format!("\nPROTOCOL = {protocol}\n"));
+    fs::write(pkg.join("__init__.py"), init).unwrap();
+    site
+}
+
+/// Version skew: a job whose environment holds another version of the
+/// companion runs with it, and the log names the copy that spoke; one of
+/// another protocol is not asked (its records are not read) and the stop
+/// falls back to the signal, saying why.
+#[test]
+fn serial_another_copy_of_the_companion_runs_and_another_protocol_falls_back_to_signals() {
+    let _serial = common::serial();
+    let site = other_copy("0.0.9", 1);
+    let path = site.path().to_str().unwrap();
+    let r = run("400M", &[], &["python3", &plain()], &[("PYTHONPATH", path)]);
+    assert_eq!(r.code(), 75, "{}", r.why());
+    r.saved();
+    let hello = r
+        .log
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::Companion(v) => Some(v.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no companion event\n{}", r.why()));
+    assert_eq!(hello["version"], "0.0.9", "{hello}");
+    assert!(
+        hello["path"].as_str().is_some_and(|p| p.starts_with(path)),
+        "{hello}"
+    );
+    assert_eq!(hello["protocol"], 1, "{hello}");
+
+    let site = other_copy("9.0.0", 2);
+    let path = site.path().to_str().unwrap();
+    let r = run("400M", &[], &["python3", &plain()], &[("PYTHONPATH", path)]);
+    assert!(
+        r.stderr().contains("speaks protocol 2, this oomguard 1"),
+        "{}",
+        r.why()
+    );
+    assert!(
+        r.done().is_none(),
+        "a foreign companion was asked\n{}",
+        r.why()
+    );
+    assert!(
+        r.stop_signals().contains(&Some("SIGTERM".to_string())),
+        "{}",
+        r.why()
+    );
+    assert_eq!(r.code(), 75, "{}", r.why());
+}

@@ -23,6 +23,9 @@ pub struct CompanionState {
     pub done: Option<Saved>,
     /// The job's ranks in all, and on this node, as the companion says.
     pub world: Option<(u32, u32)>,
+    /// A companion that speaks another protocol said hello: nothing it
+    /// writes is read, and stops signal as without a companion.
+    pub(super) foreign: bool,
 }
 
 impl CompanionState {
@@ -49,7 +52,32 @@ impl Actuator {
         let Some(ch) = self.channel.as_mut() else {
             return;
         };
-        for r in ch.poll() {
+        let records = ch.poll();
+        for r in records {
+            if self.companion.foreign {
+                continue;
+            }
+            if let Record::Hello {
+                v: Some(v),
+                version,
+                path,
+                ..
+            } = &r
+                && *v != crate::companion::PROTOCOL
+            {
+                self.companion.foreign = true;
+                self.companion.connected = false;
+                self.say(format!(
+                    "the companion in the job ({}, version {}) speaks protocol {v}, this oomguard {}: \
+                     its records are not read, and a stop signals the trainer instead of asking it \
+                     (install the oomguard that matches, or remove the other from the job's environment)",
+                    path.as_deref().unwrap_or("?"),
+                    version.as_deref().unwrap_or("?"),
+                    crate::companion::PROTOCOL
+                ));
+                self.push(Acted::Companion(r));
+                continue;
+            }
             self.peers.note(&r, now);
             let c = &mut self.companion;
             match &r {

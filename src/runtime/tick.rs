@@ -1088,6 +1088,35 @@ mod tests {
     }
 
     #[test]
+    fn a_companion_of_another_protocol_is_not_asked_and_the_stop_signals() {
+        let t = tempfile::tempdir().unwrap();
+        let (mut run, events) = with_companion(t.path());
+        run.core.act.cfg.quiet = false;
+        let script = Script::new();
+        say_as_companion(
+            &events,
+            r#"{"type":"hello","pid":100,"rank":0,"v":2,"version":"9.0.0","path":"/venv/oomguard"}"#,
+        );
+        say_as_companion(&events, r#"{"type":"progress","pid":100,"step":5}"#);
+        run.tick(&script, 0.0, 50.0);
+        assert!(!run.core.act.companion.connected);
+        assert_eq!(
+            run.core.act.companion.step, None,
+            "a foreign record was read"
+        );
+        let said = run.said.join("\n");
+        assert!(
+            said.contains("speaks protocol 2, this oomguard 1"),
+            "{said}"
+        );
+        assert!(said.contains("/venv/oomguard"), "{said}");
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert_eq!(acts[0].0, "stop", "{acts:?}");
+        assert!(run.sig.take().contains(&(TRAINER, CKPT)), "no signal");
+        assert!(!events.with_file_name("request").exists(), "asked anyway");
+    }
+
+    #[test]
     fn once_the_save_is_done_no_grower_is_held_while_the_ranks_leave() {
         let t = tempfile::tempdir().unwrap();
         let (mut run, events) = with_companion(t.path());
