@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
         "units",
         "clock",
         "exit",
+        "help",
         "growth",
         "verdict",
         "companion",
