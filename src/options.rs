@@ -278,8 +278,8 @@ settings_table! {
             under STOP;
 
         /// From a signal that asks for a save to the end of the whole tree:
-        /// the save and the ranks' exit get this less --kill-after, then
-        /// SIGTERM, then SIGKILL after --kill-after. Fit it to the
+        /// the save and the ranks' exit get this less --kill-after (a third
+        /// of it at most), then SIGTERM, then SIGKILL. Fit it to the
         /// scheduler's grace (SLURM's KillWait, Kubernetes'
         /// terminationGracePeriodSeconds).
         #[arg(value_name = "DURATION")]

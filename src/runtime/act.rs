@@ -132,6 +132,26 @@ pub struct ActConfig {
     pub checkpoint_glob: String,
 }
 
+/// How the `--signal-budget` is spent: the save and the ranks' exit get
+/// the budget less the last part, SIGTERM to the rest to SIGKILL, which is
+/// `--kill-after` or a third of the budget if that is less (a long
+/// `--kill-after` must not leave the save no time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SaveBudget {
+    pub total: Duration,
+    pub kill_after: Duration,
+}
+
+impl SaveBudget {
+    pub fn kill_after(self) -> Duration {
+        self.kill_after.min(self.total / 3)
+    }
+
+    pub fn window(self) -> Duration {
+        self.total.saturating_sub(self.kill_after())
+    }
+}
+
 /// The graceful stop in progress.
 #[derive(Debug)]
 pub struct Stop {
@@ -162,6 +182,9 @@ pub struct Stop {
     /// How long the request may go unacknowledged before the signal is
     /// sent after all.
     ack_wait: Duration,
+    /// From SIGTERM to the rest of the tree to SIGKILL: `--kill-after`, or
+    /// less for a signal's save that must end within its budget.
+    kill_after: Duration,
     /// Another node's stop: this node is not short of memory, so nothing
     /// is throttled (a held rank would stall every node's collectives).
     joined: bool,
@@ -532,6 +555,7 @@ impl Actuator {
             done_at: None,
             fell_back: false,
             ack_wait: ACK_WAIT.min(self.cfg.grace / 2),
+            kill_after: self.cfg.kill_after,
             joined: joined.is_some(),
         });
     }
@@ -546,7 +570,7 @@ impl Actuator {
         &mut self,
         signal: i32,
         reason: &str,
-        window: Duration,
+        budget: SaveBudget,
         at: Scene<'_>,
         sig: &mut dyn Signaller,
     ) {
@@ -555,8 +579,10 @@ impl Actuator {
         self.begin_stop(Action::Stop, reason, at, sig);
         self.signal_end = Some(signal);
         if let Some(st) = self.stop.as_mut() {
+            let window = budget.window();
             st.grace_end = at.now + window;
             st.ack_wait = ACK_WAIT.min(window / 2);
+            st.kill_after = budget.kill_after();
             st.throttled.clear();
             st.joined = true;
         }
@@ -564,12 +590,14 @@ impl Actuator {
 
     /// A signal that asks for a save came while a stop of oomguard's own
     /// was saving: that save serves it, within the signal's budget too.
-    pub fn hurry_save(&mut self, window: Duration, now: Instant) {
+    pub fn hurry_save(&mut self, budget: SaveBudget, now: Instant) {
         if let Some(st) = self.stop.as_mut()
             && st.step == StopStep::Checkpoint
         {
+            let window = budget.window();
             st.grace_end = st.grace_end.min(now + window);
             st.ack_wait = st.ack_wait.min(window / 2);
+            st.kill_after = st.kill_after.min(budget.kill_after());
         }
     }
 
@@ -631,6 +659,7 @@ impl Actuator {
             done_at: None,
             fell_back: false,
             ack_wait: ACK_WAIT.min(self.cfg.grace / 2),
+            kill_after: self.cfg.kill_after,
             joined: true,
         });
     }
@@ -838,7 +867,7 @@ impl Actuator {
                 self.record(ActionKind::Stop, &why, sent, SIG_TERM);
             }
             st.step = StopStep::Terminate {
-                until: now + self.cfg.kill_after,
+                until: now + st.kill_after,
             };
         }
         if grace_over && trainers_alive && !self.cfg.quiet {
@@ -1109,4 +1138,25 @@ fn kernel_headroom(sample: &Sample) -> Option<f64> {
         .filter(|c| c.ceiling.source != CeilingSource::Budget)
         .map(|c| c.headroom_percent())
         .min_by(f64::total_cmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signals_budget_leaves_the_save_at_least_two_thirds() {
+        let b = |total: u64, kill_after: u64| SaveBudget {
+            total: Duration::from_secs(total),
+            kill_after: Duration::from_secs(kill_after),
+        };
+        // SLURM and Kubernetes by default: 20 s to save, 10 s to end.
+        assert_eq!(b(30, 10).window(), Duration::from_secs(20));
+        assert_eq!(b(30, 10).kill_after(), Duration::from_secs(10));
+        // A long --kill-after does not eat the save: a third at most.
+        assert_eq!(b(30, 60).kill_after(), Duration::from_secs(10));
+        assert_eq!(b(30, 60).window(), Duration::from_secs(20));
+        // docker stop's 10 s, as docs/preemption.md sets it.
+        assert_eq!(b(9, 2).window(), Duration::from_secs(7));
+    }
 }

@@ -1063,8 +1063,6 @@ impl Supervisor {
             supervise::reclaim_foreground(std::io::stdin().as_fd());
             self.foreground = false;
         }
-        // Validated at start-up: the budget is longer than --kill-after.
-        let window = self.cfg.signal_budget.saturating_sub(self.cfg.kill_after);
         self.refresh_tree();
         let at = act::Scene {
             tree: &self.sampler.tree,
@@ -1072,9 +1070,10 @@ impl Supervisor {
             job_pid: self.job.pid,
             now,
         };
+        let budget = self.save_budget();
         self.core
             .act
-            .begin_signal_save(sig, name, window, at, &mut *self.sig);
+            .begin_signal_save(sig, name, budget, at, &mut *self.sig);
         if sig == libc::SIGINT {
             // A second interrupt means now.
             self.shutdown_signal = Some(sig);
@@ -1098,8 +1097,8 @@ impl Supervisor {
     /// oomguard's own that had longer). An interrupt is remembered: the
     /// next one kills.
     fn already_saving(&mut self, sig: i32) {
-        let window = self.cfg.signal_budget.saturating_sub(self.cfg.kill_after);
-        self.core.act.hurry_save(window, crate::clock::now());
+        let budget = self.save_budget();
+        self.core.act.hurry_save(budget, crate::clock::now());
         self.core.act.served_signal(sig);
         if sig == libc::SIGINT {
             self.shutdown_signal = Some(sig);
@@ -1109,6 +1108,14 @@ impl Supervisor {
                 "{} received: the save under way already ends the job",
                 supervise::signal_name(sig)
             ));
+        }
+    }
+
+    /// `--signal-budget`, and the `--kill-after` it ends with.
+    fn save_budget(&self) -> act::SaveBudget {
+        act::SaveBudget {
+            total: self.cfg.signal_budget,
+            kill_after: self.cfg.kill_after,
         }
     }
 

@@ -257,13 +257,6 @@ impl Settings {
                 "the critical level ({crit}%) must be above the warning level ({warn}%): both are usage of the nearest ceiling"
             )));
         }
-        if values.signal_budget <= values.kill_after {
-            return Err(ConfigError::Flag(format!(
-                "--signal-budget ({}) must be longer than --kill-after ({}): the save gets the budget less --kill-after",
-                crate::units::human_duration(values.signal_budget),
-                crate::units::human_duration(values.kill_after)
-            )));
-        }
         let on_critical = Action::from(values.on_critical);
         let mut policy = match values.policy {
             PolicyName::None => Policy::none(),
