@@ -83,31 +83,61 @@ pub enum Command {
     },
 }
 
+/// A running job, named one of four ways (`attach`, `checkpoint`).
 #[derive(Debug, Args)]
 #[command(group(
     clap::ArgGroup::new("target")
         .required(true)
         .args(["pid", "cgroup", "slurm_job", "match_cmdline"])
 ))]
-pub struct AttachArgs {
-    /// The process to watch, with everything below it.
+pub struct JobTarget {
+    /// The job's process, with everything below it.
     pub pid: Option<u32>,
 
-    /// Watch every process of this memory cgroup (a directory under a
-    /// cgroup mount, or a path inside the hierarchy such as
+    /// Every process of this memory cgroup (a directory under a cgroup
+    /// mount, or a path inside the hierarchy such as
     /// /slurm/uid_1000/job_42).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
 
-    /// Watch a SLURM job: its cgroup, as SLURM lays it out under cgroup v1
+    /// A SLURM job: its cgroup, as SLURM lays it out under cgroup v1
     /// (slurm/uid_U/job_ID) or v2 (…/slurmstepd.scope/job_ID).
     #[arg(long, value_name = "ID")]
     pub slurm_job: Option<String>,
 
-    /// Watch the one process whose command line matches REGEX (with
-    /// everything below it).
+    /// The one process whose command line matches REGEX (with everything
+    /// below it).
     #[arg(long = "match", value_name = "REGEX")]
     pub match_cmdline: Option<String>,
+}
+
+impl JobTarget {
+    /// The target as `attach` finds one; `None` when nothing names it
+    /// (clap requires one).
+    pub fn target(&self) -> Option<crate::attach::Target> {
+        use crate::attach::Target;
+        Some(
+            match (
+                &self.pid,
+                &self.cgroup,
+                &self.slurm_job,
+                &self.match_cmdline,
+            ) {
+                (Some(pid), ..) => Target::Pid(*pid),
+                (_, Some(c), ..) => Target::Cgroup(c.clone()),
+                (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
+                (.., Some(re)) => Target::Match(re.clone()),
+                _ => return None,
+            },
+        )
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The job to watch.
+    #[command(flatten)]
+    pub job: JobTarget,
 
     /// Stop watching after this long (the job keeps running).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
@@ -137,53 +167,15 @@ pub struct AttachArgs {
     pub sampling: SamplingFlags,
 }
 
-/// The job to ask, named as for `attach`.
+/// `oomguard checkpoint`: the job to ask, named as for `attach`.
 #[derive(Debug, Args)]
-#[command(group(
-    clap::ArgGroup::new("target")
-        .required(true)
-        .args(["pid", "cgroup", "slurm_job", "match_cmdline"])
-))]
 pub struct CheckpointArgs {
-    /// A process of the job (the one `oomguard run` launched, or any above
-    /// its ranks).
-    pub pid: Option<u32>,
-
-    /// The job's memory cgroup.
-    #[arg(long, value_name = "PATH")]
-    pub cgroup: Option<String>,
-
-    /// A SLURM job.
-    #[arg(long, value_name = "ID")]
-    pub slurm_job: Option<String>,
-
-    /// The one process whose command line matches REGEX.
-    #[arg(long = "match", value_name = "REGEX")]
-    pub match_cmdline: Option<String>,
+    #[command(flatten)]
+    pub job: JobTarget,
 
     /// How long to wait for every rank's save.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "2m")]
     pub timeout: Duration,
-}
-
-impl CheckpointArgs {
-    /// The target as `attach` names one.
-    pub fn target(&self) -> crate::attach::Target {
-        use crate::attach::Target;
-        match (
-            &self.pid,
-            &self.cgroup,
-            &self.slurm_job,
-            &self.match_cmdline,
-        ) {
-            (Some(pid), ..) => Target::Pid(*pid),
-            (_, Some(c), ..) => Target::Cgroup(c.clone()),
-            (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
-            (.., Some(re)) => Target::Match(re.clone()),
-            // clap requires one of them; a pid that names nothing is refused.
-            _ => Target::Pid(0),
-        }
-    }
 }
 
 #[derive(Debug, Args)]

@@ -302,7 +302,12 @@ fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
 /// `oomguard checkpoint`: the `done` record on stdout, exit 0; else the
 /// reason on stderr, exit 1.
 fn checkpoint(args: &oomguard::cli::CheckpointArgs) -> i32 {
-    match oomguard::ask::checkpoint(&args.target(), std::path::Path::new("/proc"), args.timeout) {
+    // clap requires one way of naming the job.
+    let Some(target) = args.job.target() else {
+        eprintln!("oomguard: checkpoint: name a pid, --cgroup, --slurm-job or --match");
+        return 2;
+    };
+    match oomguard::ask::checkpoint(&target, std::path::Path::new("/proc"), args.timeout) {
         Ok(done) => {
             print(&format!("{done}\n"));
             0

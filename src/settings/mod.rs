@@ -174,19 +174,10 @@ impl Settings {
     /// watched: a target that names nothing (or several things) is a usage
     /// error.
     pub fn for_attach(a: AttachArgs) -> Result<Self, ConfigError> {
-        use crate::attach::Target;
-        let target = match (&a.pid, &a.cgroup, &a.slurm_job, &a.match_cmdline) {
-            (Some(pid), ..) => Target::Pid(*pid),
-            (_, Some(c), ..) => Target::Cgroup(c.clone()),
-            (_, _, Some(id), _) => Target::SlurmJob(id.clone()),
-            (.., Some(re)) => Target::Match(re.clone()),
-            // clap requires one of them.
-            _ => {
-                return Err(ConfigError::Flag(
-                    "attach: name a pid, --cgroup, --slurm-job or --match".into(),
-                ));
-            }
-        };
+        // clap requires one of them.
+        let target = a.job.target().ok_or_else(|| {
+            ConfigError::Flag("attach: name a pid, --cgroup, --slurm-job or --match".into())
+        })?;
         let mut spec = crate::attach::resolve(&target, Path::new("/proc"))
             .map_err(|e| ConfigError::Flag(e.to_string()))?;
         spec.watch_for = a.watch_for;
