@@ -65,7 +65,11 @@ impl Ran {
             .unwrap()
             .flatten()
             .map(|e| e.path())
-            .filter(|p| p.to_string_lossy().ends_with(".json"))
+            // The snippet's files, not oomguard's resume record.
+            .filter(|p| {
+                let name = p.file_name().unwrap_or_default().to_string_lossy();
+                name.ends_with(".json") && !name.starts_with(".oomguard-resume")
+            })
             .collect();
         found.sort();
         found
