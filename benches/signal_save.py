@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-binary, venv = sys.argv[1], sys.argv[2]
+binary, venv = os.path.abspath(sys.argv[1]), sys.argv[2]
 runs = int(sys.argv[3]) if len(sys.argv) > 3 else 5
 sig = getattr(signal, "SIG" + (sys.argv[4] if len(sys.argv) > 4 else "TERM"))
 here = os.path.dirname(os.path.abspath(__file__))
