@@ -158,16 +158,7 @@ impl Supervisor {
                 resume::remove_if_ours(&path, &run);
             }
             (_, Some(done)) if stopped && !resume::beside(&path, &done.paths) => {
-                if !self.cfg.quiet {
-                    self.say(format!(
-                        "the save ({}) is not under {}: the next run will not resume from it \
-                         (--checkpoint-dir names where the checkpoints go)",
-                        done.paths[0].display(),
-                        path.parent()
-                            .map_or(path.clone(), std::path::Path::to_path_buf)
-                            .display()
-                    ));
-                }
+                self.not_resumable(&path, &done.paths);
             }
             (_, Some(done)) if stopped => {
                 let rec = resume::Record {
@@ -194,6 +185,23 @@ impl Supervisor {
             }
             _ => {}
         }
+    }
+
+    /// Says that the save is not where the record would be kept, so the
+    /// next run will not resume from it.
+    fn not_resumable(&mut self, record: &std::path::Path, paths: &[std::path::PathBuf]) {
+        if self.cfg.quiet {
+            return;
+        }
+        let save = paths
+            .first()
+            .map_or_else(|| "no file".to_string(), |p| p.display().to_string());
+        let dir = record.parent().unwrap_or(record);
+        self.say(format!(
+            "the save ({save}) is not under {}: the next run will not resume from it \
+             (--checkpoint-dir names where the checkpoints go)",
+            dir.display()
+        ));
     }
 
     /// The job's last output, passed on before oomguard's own lines (unless
