@@ -116,6 +116,8 @@ mod tests {
             v: None,
             version: None,
             path: None,
+            node: None,
+            store: None,
         }
     }
 

@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 
 /// The variable naming the control directory in the job's environment.
 pub const ENV_CONTROL: &str = "OOMGUARD_CONTROL";
+/// Who carries this node's faults to the job's store (see [`Channel::env`]).
+pub const ENV_FAULTS: &str = "OOMGUARD_FAULTS";
 /// The protocol version both ends write as `v`.
 pub const PROTOCOL: u32 = 1;
 const REQUEST: &str = "request";
@@ -197,6 +199,31 @@ pub enum Record {
         version: Option<String>,
         #[serde(default)]
         path: Option<String>,
+        /// The node's index in a job across nodes (torchrun's
+        /// `GROUP_RANK`), and its rendezvous store (`host:port`, from
+        /// `MASTER_ADDR`/`MASTER_PORT`) that oomguard tells the other
+        /// nodes' oomguards through.
+        #[serde(default)]
+        node: Option<u32>,
+        #[serde(default)]
+        store: Option<String>,
+    },
+    /// The rank's main thread raised an exception nothing caught (the
+    /// rank ends): its type and message.
+    Crash {
+        pid: u32,
+        #[serde(default)]
+        rank: u32,
+        #[serde(default)]
+        error: Option<String>,
+    },
+    /// The rank's Python is shutting down (a return from the script or
+    /// `sys.exit`, after a crash too): a rank that ends without it was
+    /// killed by a signal.
+    Bye {
+        pid: u32,
+        #[serde(default)]
+        rank: u32,
     },
     /// Where training is (rate-limited by the companion).
     Progress {
@@ -381,9 +408,14 @@ impl Channel {
         &self.dir
     }
 
-    /// `OOMGUARD_CONTROL=<dir>`.
-    pub fn env(&self) -> (std::ffi::OsString, std::ffi::OsString) {
-        (ENV_CONTROL.into(), self.dir.as_os_str().to_owned())
+    /// `OOMGUARD_CONTROL=<dir>`, and `OOMGUARD_FAULTS=oomguard`: this
+    /// oomguard puts its node's faults in the job's store itself, so the
+    /// companion need not (one older than the store link still does).
+    pub fn env(&self) -> [(std::ffi::OsString, std::ffi::OsString); 2] {
+        [
+            (ENV_CONTROL.into(), self.dir.as_os_str().to_owned()),
+            (ENV_FAULTS.into(), "oomguard".into()),
+        ]
     }
 
     /// Writes a request (replacing any earlier one) and returns its id.
@@ -437,6 +469,11 @@ impl Channel {
         body["v"] = PROTOCOL.into();
         self.replace(FAULT, &serde_json::to_vec(&body).unwrap_or_default())?;
         Ok(id)
+    }
+
+    /// A new id for a fault that goes to the other nodes another way.
+    pub fn fault_id(&mut self) -> u64 {
+        self.next_id()
     }
 
     /// Ids grow with the clock (a restarted oomguard's requests stay newer

@@ -78,6 +78,7 @@ fn two_nodes(port: u16, extra_a: &[&str], steps: &str) -> Option<TwoNodes> {
         leak: "1",
         limit: 4 << 30,
         env: &[],
+        shared: &[],
     };
     two_nodes_during(port, &a_args, &[], &a, steps, |_| None)
 }
@@ -89,6 +90,8 @@ struct NodeA<'a> {
     /// Its memory cgroup's limit.
     limit: u64,
     env: &'a [(&'a str, &'a str)],
+    /// Given to both nodes.
+    shared: &'a [(&'a str, &'a str)],
 }
 
 /// [`two_nodes`] with each node's flags given whole, node A's differences,
@@ -134,6 +137,7 @@ fn two_nodes_during(
                 steps,
             ]);
             cg.command(&bin, &args)
+                .envs(node_a.shared.iter().copied())
                 .envs(env.iter().copied())
                 .env("TEST_NODE", name)
                 .env("NUM_WORKERS", "4")
@@ -380,6 +384,7 @@ fn serial_a_rank_stopped_on_one_node_ends_every_node_within_the_grace() {
         leak: "99",
         limit: 4 << 30,
         env: &[],
+        shared: &[],
     };
     let Some(r) = two_nodes_during(29690, &grace, &grace, &a, "100000", |dir| {
         // Training runs once every rank has said hello on both nodes.
@@ -438,6 +443,7 @@ fn serial_a_kernel_oom_kill_on_one_node_is_named_on_the_other() {
         leak: "1",
         limit: 1536 << 20,
         env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
+        shared: &[],
     };
     let Some(r) = two_nodes_during(29691, &["--policy", "none"], &[], &a, "100000", |_| None)
     else {
@@ -481,6 +487,7 @@ fn serial_a_kernel_oom_kill_on_one_node_restarts_every_node_from_the_last_save()
         leak: "1",
         limit: 1536 << 20,
         env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
+        shared: &[],
     };
     // Only a checkpoint rule: the kernel, not oomguard, ends node a's ranks.
     let conf = tempfile::tempdir().unwrap();
@@ -540,6 +547,7 @@ fn serial_a_cuda_oom_on_one_node_is_named_on_the_other() {
         leak: "1",
         limit: 4 << 30,
         env: &[("LEAK_MB", "0"), ("FAKE_CUDA_OOM_STEP", "40")],
+        shared: &[],
     };
     let Some(r) = two_nodes_during(29693, &[], &[], &a, "100000", |_| None) else {
         return;
@@ -556,4 +564,89 @@ fn serial_a_cuda_oom_on_one_node_is_named_on_the_other() {
             .any(|x| x.starts_with("node ") && x.contains("cuda-oom: CUDA out of memory")),
         "{b:?}\n{why}"
     );
+}
+
+/// Both nodes train until every rank has said hello, and 2 s more (3 s
+/// with `idle`: every rank then waits on the store); then `end` ends node
+/// A's local rank 1 (or sets it up to end itself). Node B ends within
+/// 10 s, exits 75, and names node A's rank and `cause` (a fault reason).
+fn a_rank_of_node_a_ends(port: u16, shared: &[(&str, &str)], kill: bool, cause: &str) {
+    let _serial = common::serial();
+    let a = NodeA {
+        leak: "99",
+        limit: 4 << 30,
+        env: &[],
+        shared,
+    };
+    let Some(r) = two_nodes_during(port, &[], &[], &a, "100000", |dir| {
+        let hellos = |name: &str| {
+            fs::read_to_string(dir.join(format!("{name}.ndjson")))
+                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
+        };
+        assert!(
+            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
+                && hellos("b") >= 2),
+            "the ranks never said hello"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        if !kill {
+            return None;
+        }
+        let pid = rank_pid("a", 1).expect("node a's local rank 1");
+        common::send(pid, "KILL");
+        Some(Instant::now())
+    }) else {
+        return;
+    };
+    let why = r.why();
+    let own = r.logs[0]
+        .iter()
+        .filter_map(|l| match &l.event {
+            Event::Fault(f) if f["remote"] == false => f["reason"].as_str().map(str::to_string),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(own, [cause], "node a told its own rank's end\n{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let b = stop_reasons(&r.logs[1]);
+    let named = format!("{cause}: rank ");
+    assert!(
+        b.iter()
+            .any(|x| x.starts_with("node ") && x.contains(&named)),
+        "{b:?}\n{why}"
+    );
+    // From the kill (or, for an exception, node a's word of it) to node
+    // b's end.
+    let from = r.marked.unwrap_or(r.ended[0]);
+    let took = r.ended[1].saturating_duration_since(from);
+    eprintln!("node b ended {took:?} after node a's rank");
+    assert!(took <= Duration::from_secs(10), "{took:?}\n{why}");
+}
+
+/// A rank SIGKILLed on node A (no exception, no exit of its own): node B
+/// names it within 10 s, though it learns no more from its own ranks than
+/// a closed socket.
+#[test]
+fn serial_a_rank_killed_on_one_node_is_named_on_the_other_within_10_s() {
+    a_rank_of_node_a_ends(29694, &[], true, "rank-killed");
+}
+
+/// A rank on node A raises an exception nothing catches: node B names the
+/// rank and the exception.
+#[test]
+fn serial_a_rank_that_raises_on_one_node_is_named_on_the_other() {
+    let shared = [
+        ("RAISE_AT_STEP", "60"),
+        ("RAISE_NODE", "a"),
+        ("RAISE_LOCAL_RANK", "1"),
+    ];
+    a_rank_of_node_a_ends(29695, &shared, false, "rank-crashed");
+}
+
+/// Every rank waits on the job's store (no socket to the dead rank is
+/// read) when a rank of node A is killed: only oomguard's word ends node
+/// B, within 10 s.
+#[test]
+fn serial_a_rank_killed_while_the_others_wait_on_the_store_is_named_within_10_s() {
+    a_rank_of_node_a_ends(29696, &[("IDLE_AT_STEP", "10")], true, "rank-killed");
 }

@@ -48,6 +48,7 @@ __all__ = ["Guard", "guard", "PROTOCOL", "__version__"]
 # test there fails when the two disagree.
 PROTOCOL = 1
 ENV_CONTROL = "OOMGUARD_CONTROL"
+ENV_FAULTS = "OOMGUARD_FAULTS"
 REQUEST = "request"
 EVENTS = "events"
 FAULT = "fault"
@@ -398,8 +399,15 @@ class Guard:
         self._said_hello = True
         # The last step is reported even when the rate limit held it back.
         atexit.register(self._progress)
+        # How this rank ends is news to the other nodes: an exception
+        # nothing caught, or Python's own shutdown; a rank that says
+        # neither was killed by a signal.
+        atexit.register(self._emit, {"type": "bye"})
+        _chain_excepthook(self)
         world = _world_size()
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT", 0)
+        across = world > local_world and bool(addr) and port > 0
         self._emit(
             {
                 "type": "hello",
@@ -411,10 +419,14 @@ class Guard:
                 # installed in the job's environment (docs/install.md).
                 "version": _safe_version(),
                 "path": os.path.dirname(os.path.abspath(__file__)),
+                "node": self.node,
+                "store": "%s:%d" % (addr, port) if across else None,
             }
         )
-        addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT", 0)
-        if world > local_world and addr and port and _dist() is not None:
+        # oomguard carries the faults itself when it says so (it needs no
+        # rank of the node alive for it); an older one leaves it to us.
+        carried = os.environ.get(ENV_FAULTS) == "oomguard"
+        if across and not carried and _dist() is not None:
             self._faults = _Faults(self, addr, port)
             self._faults.start()
 
@@ -430,6 +442,19 @@ class Guard:
             os.write(self._fd, line)
         except OSError:
             pass
+
+
+def _chain_excepthook(owner: Guard) -> None:
+    before = sys.excepthook
+
+    def hook(kind: Any, value: Any, tb: Any) -> None:
+        try:
+            owner._emit({"type": "crash", "error": ("%s: %s" % (kind.__name__, value))[:500]})
+        except Exception:
+            pass
+        before(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 class _Faults:

@@ -35,6 +35,7 @@ _ENV = (
     "SLURM_NODEID",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "OOMGUARD_FAULTS",
 )
 
 
@@ -44,6 +45,8 @@ def clean_env(monkeypatch):
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(oomguard, "_GUARD", None)
+    # A guard's hello chains the exception hook; each test gets its own.
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
 
 
 class Control:

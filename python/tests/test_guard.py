@@ -306,3 +306,45 @@ def test_the_embedded_copy_reads_its_version_beside_it(tmp_path, monkeypatch):
         env=dict(os.environ, PYTHONPATH=str(tmp_path)),
     )
     assert out.decode().strip() == "9.8.7"
+
+
+def _run_rank(control, script, **env):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-c", "import oomguard\ng = oomguard.guard()\ng.step(1)\n" + script],
+        env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(oomguard.__file__)), **env),
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_rank_says_how_it_ends_an_exception_or_pythons_shutdown(control):
+    r = _run_rank(control, "raise ValueError('bad batch')")
+    assert r.returncode == 1 and b"ValueError: bad batch" in r.stderr, "the job's own hook still runs"
+    events = control.events()
+    assert [e["type"] for e in events if e["type"] in ("crash", "bye")] == ["crash", "bye"]
+    crash = [e for e in events if e["type"] == "crash"][0]
+    assert crash["error"] == "ValueError: bad batch"
+    open(os.path.join(str(control.path), "events"), "w").close()
+    r = _run_rank(control, "import sys; sys.exit(3)")
+    assert r.returncode == 3
+    assert [e["type"] for e in control.events() if e["type"] in ("crash", "bye")] == ["bye"]
+    open(os.path.join(str(control.path), "events"), "w").close()
+    r = _run_rank(control, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.returncode == -9
+    assert [e["type"] for e in control.events() if e["type"] in ("crash", "bye")] == [], "a kill says nothing"
+
+
+def test_a_rank_of_a_job_across_nodes_names_its_node_and_store_and_leaves_the_faults_to_oomguard(control):
+    env = dict(WORLD_SIZE="4", LOCAL_WORLD_SIZE="2", RANK="3", LOCAL_RANK="1", GROUP_RANK="1")
+    env.update(MASTER_ADDR="node0.example", MASTER_PORT="29500", OOMGUARD_FAULTS="oomguard")
+    r = _run_rank(control, "import threading; print(sorted(t.name for t in threading.enumerate()))", **env)
+    assert r.returncode == 0, r.stderr
+    hello = control.events()[0]
+    assert hello["node"] == 1 and hello["store"] == "node0.example:29500"
+    assert b"oomguard-fault" not in r.stdout, "oomguard carries the faults"
+    open(os.path.join(str(control.path), "events"), "w").close()
+    r = _run_rank(control, "pass", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="h", MASTER_PORT="1")
+    assert control.events()[0]["store"] is None, "one node: no store to tell"

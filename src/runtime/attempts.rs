@@ -439,7 +439,7 @@ impl Supervisor {
                 .or_else(|| std::env::var_os("PYTHONPATH"));
             env.extend(inj.env(base.as_deref()));
         }
-        env.extend(self.next_channel());
+        env.extend(self.next_channel().into_iter().flatten());
         let slave = match (&self.tui, &self.sinks.app) {
             (Some(t), Some(a)) => match open_job_pty(t, a) {
                 Ok((m, s)) => {

@@ -165,6 +165,8 @@ impl Supervisor {
                     .log
                     .write(&Event::FaultPublished(FaultPublishedEvent { id }));
             }
+            // A rank's end: a fault names it, when it is one.
+            Record::Crash { .. } | Record::Bye { .. } => {}
             Record::Relieved { id, rank, freed } => {
                 self.sinks.log.write(&Event::Relieved(RelievedEvent {
                     id,
@@ -220,7 +222,7 @@ impl Supervisor {
 
     /// The next attempt's channel (and its variable), in the hook's
     /// directory.
-    pub(super) fn next_channel(&mut self) -> Option<(std::ffi::OsString, std::ffi::OsString)> {
+    pub(super) fn next_channel(&mut self) -> Option<[(std::ffi::OsString, std::ffi::OsString); 2]> {
         self.core.act.channel = None;
         let dir = self.torch.as_ref()?.dir().to_path_buf();
         if !self.cfg.companion() {

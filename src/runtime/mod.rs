@@ -50,6 +50,7 @@ mod loop_tests;
 mod oom;
 mod outside;
 mod peers;
+mod rank_exits;
 mod requests;
 mod resume;
 mod sampler;
@@ -60,6 +61,7 @@ mod signaller;
 mod signals;
 mod sinks;
 mod stop_saves;
+mod store_link;
 mod target;
 mod tick;
 mod wakeups;
@@ -171,6 +173,8 @@ struct Supervisor {
     cheap: Option<cheap::CheapLoop>,
     /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
+    /// The ranks of a job across nodes, for the moment one ends.
+    rank_exits: rank_exits::RankExits,
     /// The run's attempts: their number, the restart budget, the newest
     /// checkpoint, and when the next one starts.
     attempts: attempts::Attempts,

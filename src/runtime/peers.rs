@@ -16,6 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::act::{Acted, Actuator, Ident, Signaller};
+use super::store_link::{News, StoreLink};
 use crate::companion::{Fault, Record};
 use crate::model::{ProcSample, Role};
 use crate::policy::Action;
@@ -50,7 +51,36 @@ pub struct Peers {
     ranks: HashMap<u32, u32>,
     /// The job's store stopped answering: when, and where it was.
     store_lost: Option<(Instant, String)>,
+    /// This attempt's line to the job's store, once a rank named it.
+    link: Option<StoreLink>,
+    /// How each rank that is ending said it ends (its companion's `crash`
+    /// and `bye`), by pid.
+    ends: HashMap<u32, RankEnd>,
+    /// A rank of this node that died of a broken collective: most likely
+    /// a consequence of another node's fault, which is waited for a little
+    /// before this one is told as the cause.
+    held: Option<Held>,
+    /// The ranks whose end was handled.
+    gone: HashSet<u32>,
 }
+
+#[derive(Debug, Default)]
+struct RankEnd {
+    crash: Option<String>,
+    bye: bool,
+}
+
+#[derive(Debug)]
+struct Held {
+    rank: u32,
+    detail: String,
+    at: Instant,
+}
+
+/// How long a rank's death by a broken collective waits for another node's
+/// fault to explain it (the other node's oomguard tells its own the moment
+/// it happens, so this is ample).
+const HOLD: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 struct Raised {
@@ -75,8 +105,29 @@ impl Peers {
     /// Takes in one companion record.
     pub fn note(&mut self, r: &Record, now: Instant) {
         match r {
-            Record::Hello { pid, rank, .. } => {
+            Record::Hello {
+                pid,
+                rank,
+                world,
+                local_world,
+                node,
+                store,
+                ..
+            } => {
                 self.ranks.insert(*pid, *rank);
+                let spans = matches!((world, local_world), (Some(w), Some(l)) if w > l);
+                if let (true, Some(store)) = (spans, store)
+                    && self.link.as_ref().is_none_or(|l| l.addr() != store)
+                {
+                    self.link = StoreLink::start(store.clone(), node.unwrap_or(0)).ok();
+                }
+            }
+            Record::Crash { pid, error, .. } => {
+                self.ends.entry(*pid).or_default().crash =
+                    Some(error.clone().unwrap_or_else(|| "an exception".into()));
+            }
+            Record::Bye { pid, .. } => {
+                self.ends.entry(*pid).or_default().bye = true;
             }
             Record::StoreLost { addr } => {
                 let addr = addr.clone().unwrap_or_else(|| "?".into());
@@ -116,6 +167,21 @@ impl Peers {
                 "store-lost: the job's store at {addr} (hosted by node 0's launcher) went away while this node's ranks still ran: node 0's part of the job ended"
             )
         })
+    }
+
+    /// What the link to the job's store heard since the last call.
+    pub fn link_news(&self) -> Vec<News> {
+        self.link.as_ref().map(StoreLink::take).unwrap_or_default()
+    }
+
+    /// The pids of this node's ranks whose companion said hello, and
+    /// that have not ended.
+    pub fn rank_pids(&self) -> Vec<u32> {
+        self.ranks
+            .keys()
+            .filter(|p| !self.gone.contains(p))
+            .copied()
+            .collect()
     }
 
     /// The rank pid's global rank, when its companion said hello.
@@ -187,6 +253,7 @@ impl Actuator {
         if !self.companion.spans_nodes() || ending || self.stop.is_some() {
             return;
         }
+        self.release_held(now, false);
         if self.peers.raised.is_some() {
             // This node's own fault came first: another node's (a
             // consequence of it, as a rank there failed) is not the cause.
@@ -249,14 +316,7 @@ impl Actuator {
             detail: detail.clone(),
             then: None,
         };
-        let id = match self.channel.as_mut().map(|ch| ch.fault(&fault)) {
-            Some(Ok(id)) => Some(id),
-            Some(Err(e)) => {
-                self.push(Acted::Say(format!("cannot tell the other nodes: {e}")));
-                None
-            }
-            None => None,
-        };
+        let id = self.tell(&fault);
         let why = format!("rank-stopped: {detail}");
         self.push(Acted::Say(format!(
             "{detail} (not by oomguard): every node's ranks wait for it in their next collective; \
@@ -270,6 +330,90 @@ impl Actuator {
             told: None,
             ended: false,
         });
+    }
+
+    /// Puts this node's fault where the other nodes learn it: straight into
+    /// the job's store when a rank named it (no rank of this node need
+    /// live), else in the channel for the companion to carry (a companion
+    /// older than this oomguard). Its id, when it could go.
+    fn tell(&mut self, fault: &Fault) -> Option<u64> {
+        let ch = self.channel.as_mut()?;
+        if let Some(link) = &self.peers.link {
+            let id = ch.fault_id();
+            link.publish(id, fault);
+            return Some(id);
+        }
+        match ch.fault(fault) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                self.push(Acted::Say(format!("cannot tell the other nodes: {e}")));
+                None
+            }
+        }
+    }
+
+    /// A rank of this node ended (its pidfd said so, or the tick found it
+    /// gone). Unless the job is ending anyway, the other nodes' ranks would
+    /// wait for it in their next collective: they are told at once, naming
+    /// the rank and how it ended. A rank that ended by Python's own
+    /// shutdown with no exception is not news (its exit code, if not 0,
+    /// is its launcher's to report); one that died of a broken collective
+    /// waits [`HOLD`] for the fault that broke it.
+    pub fn rank_ended(&mut self, pid: u32, now: Instant) {
+        let end = self.peers.ends.remove(&pid).unwrap_or_default();
+        let Some(rank) = self.peers.rank_of(pid) else {
+            return;
+        };
+        if !self.peers.gone.insert(pid) {
+            return;
+        }
+        if !self.companion.spans_nodes()
+            || self.stop.is_some()
+            || self.signal_end().is_some()
+            || self.policy_end.is_some()
+            || self.peers.raised.is_some()
+            || self.peers.remote.is_some()
+            || self.peers.held.is_some()
+        {
+            return;
+        }
+        match end.crash {
+            Some(err) if broken_collective(&err) => {
+                self.peers.held = Some(Held {
+                    rank,
+                    detail: format!("rank {rank} (pid {pid}) raised {err}"),
+                    at: now,
+                });
+            }
+            Some(err) => {
+                let reason = if err.contains("CUDA out of memory") {
+                    "cuda-oom"
+                } else {
+                    "rank-crashed"
+                };
+                let detail = format!("rank {rank} (pid {pid}) raised {err}");
+                self.raise_death(reason, detail, Some(rank), false, now);
+            }
+            None if end.bye => {}
+            None => {
+                let detail = format!(
+                    "rank {rank} (pid {pid}) was killed by a signal (it ended without Python's shutdown)"
+                );
+                self.raise_death("rank-killed", detail, Some(rank), false, now);
+            }
+        }
+    }
+
+    /// A held death (see [`Actuator::rank_ended`]) that no other node's
+    /// fault explained in time is this node's own fault.
+    fn release_held(&mut self, now: Instant, force: bool) {
+        if self.peers.remote.is_some() {
+            self.peers.held = None;
+            return;
+        }
+        if let Some(h) = self.peers.held.take_if(|h| force || now >= h.at + HOLD) {
+            self.raise_death("rank-crashed", h.detail, Some(h.rank), false, now);
+        }
     }
 
     /// The kernel OOM killer took a process of this node's part of a job
@@ -310,7 +454,7 @@ impl Actuator {
             detail,
             then: restart.then(|| "restart".to_string()),
         };
-        let id = self.channel.as_mut().and_then(|ch| ch.fault(&fault).ok());
+        let id = self.tell(&fault);
         let why = format!("{reason}: {}", fault.detail);
         self.push(Acted::Fault { id, fault });
         self.peers.raised = Some(Raised {
@@ -327,6 +471,10 @@ impl Actuator {
     /// still says why the attempt ended. True when it did.
     pub fn adopt_remote_fault(&mut self, failed: bool) -> bool {
         if !failed || self.policy_end.is_some() || self.peers.raised.is_some() {
+            return false;
+        }
+        self.release_held(crate::clock::now(), true);
+        if self.peers.raised.is_some() {
             return false;
         }
         let lost = self.peers.store_lost_why().map(|why| RemoteFault {
@@ -359,6 +507,24 @@ impl Actuator {
             result: result.into(),
         });
     }
+}
+
+/// Whether a rank's exception is what a collective raises when a peer is
+/// gone (gloo's closed socket, NCCL's and the store's errors, a timeout):
+/// the death of a rank elsewhere, not a fault of this rank's own.
+fn broken_collective(error: &str) -> bool {
+    const SIGNS: [&str; 9] = [
+        "DistBackendError",
+        "DistNetworkError",
+        "DistStoreError",
+        "Connection closed by peer",
+        "Connection reset by peer",
+        "Broken pipe",
+        "gloo",
+        "NCCL",
+        "timed out",
+    ];
+    SIGNS.iter().any(|s| error.contains(s))
 }
 
 #[cfg(test)]
@@ -432,6 +598,8 @@ mod tests {
             v: None,
             version: None,
             path: None,
+            node: None,
+            store: None,
         };
         a.peers.note(&hello, Instant::now());
         a
@@ -647,5 +815,100 @@ mod tests {
         a.peers.note(&echo, now);
         a.watch_peers(&[rank(10, false)], false, now, &mut sig);
         assert!(a.stop.is_none() && sig.0.is_empty());
+    }
+
+    fn said(a: &mut Actuator, r: Record) {
+        a.peers.note(&r, Instant::now());
+    }
+
+    fn raised(a: &Actuator) -> Option<String> {
+        a.peers.raised.as_ref().map(|r| r.why.clone())
+    }
+
+    #[test]
+    fn a_rank_that_ends_without_pythons_shutdown_is_told_as_killed() {
+        let mut a = across_nodes();
+        a.rank_ended(11, Instant::now());
+        let why = raised(&a).expect("a kill is a fault");
+        assert!(why.starts_with("rank-killed: rank 3 (pid 11)"), "{why}");
+        assert!(!a.peers.rank_pids().contains(&11), "handled once");
+    }
+
+    #[test]
+    fn a_rank_that_returns_is_not_news_and_one_that_raises_is() {
+        let mut a = across_nodes();
+        said(&mut a, Record::Bye { pid: 11, rank: 3 });
+        a.rank_ended(11, Instant::now());
+        assert_eq!(raised(&a), None, "a normal end");
+        let mut a = across_nodes();
+        said(
+            &mut a,
+            Record::Crash {
+                pid: 11,
+                rank: 3,
+                error: Some("ValueError: bad batch".into()),
+            },
+        );
+        said(&mut a, Record::Bye { pid: 11, rank: 3 });
+        a.rank_ended(11, Instant::now());
+        let why = raised(&a).expect("a crash is a fault");
+        assert_eq!(
+            why,
+            "rank-crashed: rank 3 (pid 11) raised ValueError: bad batch"
+        );
+    }
+
+    #[test]
+    fn a_death_by_a_broken_collective_waits_for_the_fault_that_broke_it() {
+        let gloo = Record::Crash {
+            pid: 11,
+            rank: 3,
+            error: Some(
+                "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer".into(),
+            ),
+        };
+        let mut sig = Rec::default();
+        let t0 = Instant::now();
+        // The other node's fault comes: it is the cause.
+        let mut a = across_nodes();
+        said(&mut a, gloo.clone());
+        a.rank_ended(11, t0);
+        assert_eq!(raised(&a), None, "held");
+        a.peers.note(
+            &fault(
+                4,
+                0,
+                1,
+                "rank-killed",
+                Some("rank 1 (pid 7) was killed"),
+                false,
+            ),
+            t0,
+        );
+        a.watch_peers(&[rank(10, false)], false, t0 + HOLD, &mut sig);
+        assert_eq!(raised(&a), None);
+        assert!(
+            a.policy_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("node 0 (rank 1): rank-killed")),
+            "{:?}",
+            a.policy_reason
+        );
+        // None comes: after the hold, this node's own.
+        let mut a = across_nodes();
+        said(&mut a, gloo);
+        a.rank_ended(11, t0);
+        a.watch_peers(&[rank(10, false)], false, t0 + HOLD / 2, &mut sig);
+        assert_eq!(raised(&a), None);
+        a.watch_peers(&[rank(10, false)], false, t0 + HOLD, &mut sig);
+        assert!(raised(&a).is_some_and(|w| w.starts_with("rank-crashed: rank 3")));
+    }
+
+    #[test]
+    fn a_rank_ending_while_the_job_stops_is_not_news() {
+        let mut a = across_nodes();
+        a.policy_end = Some(Action::Stop);
+        a.rank_ended(11, Instant::now());
+        assert_eq!(raised(&a), None);
     }
 }

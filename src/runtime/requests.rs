@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::act::{Acted, Actuator, RemoteStop};
+use super::store_link::News;
 use crate::companion::{Kind, Record};
 
 /// What the companion of this attempt has said.
@@ -52,7 +53,17 @@ impl Actuator {
         let Some(ch) = self.channel.as_mut() else {
             return;
         };
-        let records = ch.poll();
+        let mut records = ch.poll();
+        // The other nodes' faults, and the store's news, as the companion
+        // said them before oomguard carried faults itself.
+        for news in self.peers.link_news() {
+            match news {
+                News::Heard(r) => records.push(r),
+                News::CannotTell(why) => {
+                    self.push(Acted::Say(format!("cannot tell the other nodes: {why}")));
+                }
+            }
+        }
         for r in records {
             if self.companion.foreign {
                 continue;
@@ -146,7 +157,9 @@ impl Actuator {
                 Record::Relieved { .. }
                 | Record::Fault { .. }
                 | Record::FaultPublished { .. }
-                | Record::StoreLost { .. } => {}
+                | Record::StoreLost { .. }
+                | Record::Crash { .. }
+                | Record::Bye { .. } => {}
             }
             self.push(Acted::Companion(r));
         }

@@ -133,7 +133,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
-    first_env.extend(channel.as_ref().map(crate::companion::Channel::env));
+    first_env.extend(channel.iter().flat_map(crate::companion::Channel::env));
     let resume_note = resume_from_a_previous_run(&cfg, &mut first_env);
     let start = Start {
         env: first_env,
@@ -210,6 +210,10 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
         let pri = pri_woken(&sup.pri_wakes);
         let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
         let term = term_event(sup.tui.as_mut());
+        if sup.core.act.companion.spans_nodes() {
+            sup.rank_exits.follow(&sup.core.act.peers.rank_pids());
+        }
+        let rank_ended = sup.rank_exits.ended();
         tokio::select! {
             () = outside.children.exited() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
@@ -224,6 +228,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
             n = output => sup.on_output(n, &pty_buf),
             pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
             ev = term => sup.on_term(ev),
+            pid = rank_ended => sup.on_rank_end(pid),
         }
         sup.draw();
         if sup.attempts.due(crate::clock::now()) {
@@ -817,6 +822,7 @@ impl Supervisor {
             thresholds: Vec::new(),
             cheap: None,
             pri_wakes: Vec::new(),
+            rank_exits: super::rank_exits::RankExits::default(),
             attempts: super::attempts::Attempts::new(
                 Budget::new(
                     max_restarts,

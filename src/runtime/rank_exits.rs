@@ -1,0 +1,121 @@
+//! The moment a rank of a job across nodes ends: a pidfd per rank whose
+//! companion said hello, readable when that process is gone.
+//!
+//! The ranks are torchrun's children, not oomguard's, so no `waitpid` tells
+//! of them; and the tick (1 s) is too slow: torchrun sees a dead rank within
+//! 0.1 s and ends the node's others, and on node 0 the job's store with
+//! them, so a fault told a tick later might find no store to go into.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+
+use tokio::io::unix::AsyncFd;
+
+/// The ranks watched, by pid.
+#[derive(Default)]
+pub struct RankExits {
+    fds: HashMap<u32, AsyncFd<OwnedFd>>,
+}
+
+impl RankExits {
+    /// Watches exactly `pids` (new ranks added, gone ones dropped). A rank
+    /// that cannot be watched (already gone, or a kernel before 5.3, which
+    /// has no pidfds) is not: its end is then told only by what its
+    /// launcher and its output say.
+    pub fn follow(&mut self, pids: &[u32]) {
+        self.fds.retain(|pid, _| pids.contains(pid));
+        for &pid in pids {
+            if self.fds.contains_key(&pid) {
+                continue;
+            }
+            let Some(p) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            else {
+                continue;
+            };
+            if let Ok(fd) = rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+                && let Some(w) = watch_pidfd(fd)
+            {
+                self.fds.insert(pid, w);
+            }
+        }
+    }
+
+    /// Stops watching `pid` (it ended, and was handled).
+    pub fn forget(&mut self, pid: u32) {
+        self.fds.remove(&pid);
+    }
+
+    /// Resolves with the pid of a rank that ended.
+    pub async fn ended(&self) -> u32 {
+        if self.fds.is_empty() {
+            return std::future::pending().await;
+        }
+        let mut futs: Vec<_> = self
+            .fds
+            .iter()
+            .map(|(pid, fd)| (*pid, Box::pin(fd.readable())))
+            .collect();
+        std::future::poll_fn(move |cx| {
+            for (pid, f) in &mut futs {
+                if let std::task::Poll::Ready(Ok(_)) = f.as_mut().poll(cx) {
+                    return std::task::Poll::Ready(*pid);
+                }
+            }
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
+impl super::Supervisor {
+    /// A rank of a job across nodes ended. A full tick first: it reads the
+    /// kernel's OOM kill (the better cause, and told as such) and the
+    /// rank's last records (its exception, its shutdown); then the end
+    /// becomes a fault when it is one.
+    pub(super) fn on_rank_end(&mut self, pid: u32) {
+        self.rank_exits.forget(pid);
+        self.tick(false);
+        if self.main_status.is_some() || self.shutdown_signal.is_some() {
+            return; // the job is ending anyway
+        }
+        self.core.act.rank_ended(pid, crate::clock::now());
+        self.acted(None);
+    }
+}
+
+#[allow(unsafe_code)]
+fn watch_pidfd(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: the pidfd is owned here and never replaced or closed while
+    // the AsyncFd holds it.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_process_that_ends_is_named_at_once() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .unwrap();
+        let mut r = RankExits::default();
+        r.follow(&[child.id()]);
+        let pid = tokio::time::timeout(Duration::from_secs(5), r.ended())
+            .await
+            .expect("the end is seen");
+        assert_eq!(pid, child.id());
+        child.wait().unwrap();
+        r.forget(pid);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), r.ended())
+                .await
+                .is_err(),
+            "nothing is left to end"
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! This node's line to the job's rendezvous store (torch's `TCPStore`,
+//! hosted by node 0's launcher under torchrun), spoken by oomguard itself.
+//!
+//! A fault of this node (a rank killed, crashed, stopped) must reach the
+//! other nodes even when no rank of this node is left to carry it, and
+//! before this node's launcher tears the store down (torchrun notices a dead
+//! rank within 0.1 s and ends the rest). So oomguard writes the fault into
+//! the store the moment it learns of it, and a thread waits in the store for
+//! the other nodes' faults, so they are heard even when this node's ranks
+//! have already died of the broken collective. The keys are the ones the
+//! companion used before oomguard carried faults itself:
+//! `oomguard/faults` counts the faults put, `oomguard/fault/<n>` is the n-th
+//! (JSON: id, node, cause_rank, reason, detail, then, t).
+//!
+//! The client speaks the store's wire protocol (one query byte, then
+//! length-prefixed keys and values in the host's byte order, after a
+//! `VALIDATE` with the store's magic number) over std's blocking sockets,
+//! on two threads of its own: nothing here ever blocks the loop.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::companion::{Fault, Record};
+
+const VALIDATE: u8 = 0;
+const SET: u8 = 1;
+const GET: u8 = 3;
+const ADD: u8 = 4;
+const WAIT: u8 = 6;
+const MAGIC: u32 = 0x3C85_F7CE;
+/// `WaitResponseType::STOP_WAITING`: every key waited for is set.
+const STOP_WAITING: u8 = 0;
+
+const COUNT_KEY: &str = "oomguard/faults";
+/// A store that does not take a connection within this is gone.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A wait for the next fault is renewed (on a new connection) this often,
+/// so a store that vanished without closing its socket is noticed.
+const WAIT_RENEW: Duration = Duration::from_secs(30);
+/// A query's answer takes at most this long from a live store.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One connection to a `TCPStore`.
+pub struct StoreClient {
+    stream: TcpStream,
+}
+
+impl StoreClient {
+    /// Connects to `addr` (`host:port`) and introduces itself.
+    pub fn connect(addr: &str) -> io::Result<Self> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr}: no address"));
+        for sa in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&sa, CONNECT_TIMEOUT) {
+                Ok(stream) => {
+                    stream.set_nodelay(true)?;
+                    stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+                    stream.set_write_timeout(Some(ANSWER_TIMEOUT))?;
+                    let mut c = StoreClient { stream };
+                    let mut q = vec![VALIDATE];
+                    q.extend_from_slice(&MAGIC.to_ne_bytes());
+                    c.stream.write_all(&q)?;
+                    return Ok(c);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn query(kind: u8, key: &str) -> Vec<u8> {
+        let mut q = vec![kind];
+        push_bytes(&mut q, key.as_bytes());
+        q
+    }
+
+    /// Adds `n` to the counter `key` (0 reads it); the new value.
+    pub fn add(&mut self, key: &str, n: i64) -> io::Result<i64> {
+        let mut q = Self::query(ADD, key);
+        q.extend_from_slice(&n.to_ne_bytes());
+        self.stream.write_all(&q)?;
+        let mut v = [0u8; 8];
+        self.stream.read_exact(&mut v)?;
+        Ok(i64::from_ne_bytes(v))
+    }
+
+    pub fn set(&mut self, key: &str, value: &[u8]) -> io::Result<()> {
+        let mut q = Self::query(SET, key);
+        push_bytes(&mut q, value);
+        self.stream.write_all(&q)
+    }
+
+    /// The value of `key`, which must be set (the store holds a `GET` of a
+    /// missing key until it is).
+    pub fn get(&mut self, key: &str) -> io::Result<Vec<u8>> {
+        self.stream.write_all(&Self::query(GET, key))?;
+        let mut len = [0u8; 8];
+        self.stream.read_exact(&mut len)?;
+        let len = u64::from_ne_bytes(len);
+        if len > 1 << 20 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{key}: a value of {len} bytes"),
+            ));
+        }
+        let mut v = vec![0u8; len as usize];
+        self.stream.read_exact(&mut v)?;
+        Ok(v)
+    }
+
+    /// Waits until `key` is set, at most `within` (then `TimedOut` or
+    /// `WouldBlock`, and the connection must be dropped: its answer may
+    /// still come).
+    pub fn wait(&mut self, key: &str, within: Duration) -> io::Result<()> {
+        let mut q = vec![WAIT];
+        q.extend_from_slice(&1u64.to_ne_bytes());
+        push_bytes(&mut q, key.as_bytes());
+        self.stream.write_all(&q)?;
+        self.stream.set_read_timeout(Some(within))?;
+        let mut r = [0u8; 1];
+        self.stream.read_exact(&mut r)?;
+        self.stream.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+        if r[0] == STOP_WAITING {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("{key}: the wait was cancelled")))
+        }
+    }
+
+    fn shutdown_handle(&self) -> Option<TcpStream> {
+        self.stream.try_clone().ok()
+    }
+}
+
+fn push_bytes(q: &mut Vec<u8>, b: &[u8]) {
+    q.extend_from_slice(&(b.len() as u64).to_ne_bytes());
+    q.extend_from_slice(b);
+}
+
+/// What the link heard, for the loop (as the companion's records said it
+/// before oomguard carried faults itself).
+#[derive(Debug)]
+pub enum News {
+    Heard(Record),
+    /// A fault could not be put in the store: why.
+    CannotTell(String),
+}
+
+/// The link of one attempt: its threads stop (and say nothing more) when it
+/// is dropped.
+pub struct StoreLink {
+    addr: String,
+    out: mpsc::Sender<(u64, Fault)>,
+    news: mpsc::Receiver<News>,
+    stopped: Arc<AtomicBool>,
+    /// The waiting thread's connection, shut down on drop to end its wait.
+    waiting: Arc<std::sync::Mutex<Option<TcpStream>>>,
+}
+
+impl std::fmt::Debug for StoreLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreLink")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl StoreLink {
+    /// Starts the link to the store at `addr` for node `node`.
+    pub fn start(addr: String, node: u32) -> io::Result<Self> {
+        let (out, out_rx) = mpsc::channel::<(u64, Fault)>();
+        let (news_tx, news) = mpsc::channel();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let waiting = Arc::new(std::sync::Mutex::new(None));
+        {
+            let (addr, tx, stopped) = (addr.clone(), news_tx.clone(), stopped.clone());
+            std::thread::Builder::new()
+                .name("oomguard-store-out".into())
+                .spawn(move || tell(&addr, node, &out_rx, &tx, &stopped))?;
+        }
+        {
+            let (addr, stopped, waiting) = (addr.clone(), stopped.clone(), waiting.clone());
+            std::thread::Builder::new()
+                .name("oomguard-store-in".into())
+                .spawn(move || listen(&addr, node, &news_tx, &stopped, &waiting))?;
+        }
+        Ok(StoreLink {
+            addr,
+            out,
+            news,
+            stopped,
+            waiting,
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Puts this node's fault `id` in the store (at once, on the link's
+    /// thread); [`Record::FaultPublished`] follows once it is there.
+    pub fn publish(&self, id: u64, fault: &Fault) {
+        let _ = self.out.send((id, fault.clone()));
+    }
+
+    /// What was heard since the last call.
+    pub fn take(&self) -> Vec<News> {
+        self.news.try_iter().collect()
+    }
+}
+
+impl Drop for StoreLink {
+    fn drop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        if let Ok(mut w) = self.waiting.lock()
+            && let Some(s) = w.take()
+        {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The outgoing thread: each fault goes into the store on a connection
+/// made for it (a fault is rare; a connection kept open could be stale).
+fn tell(
+    addr: &str,
+    node: u32,
+    faults: &mpsc::Receiver<(u64, Fault)>,
+    news: &mpsc::Sender<News>,
+    stopped: &AtomicBool,
+) {
+    for (id, fault) in faults {
+        if stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut body = serde_json::to_value(&fault).unwrap_or_default();
+        body["id"] = id.into();
+        body["node"] = node.into();
+        body["t"] = unix_now().into();
+        let put = StoreClient::connect(addr).and_then(|mut c| {
+            let n = c.add(COUNT_KEY, 1)?;
+            c.set(&format!("oomguard/fault/{n}"), body.to_string().as_bytes())?;
+            // The set has no answer: a read of the counter makes sure the
+            // store has taken it before the fault counts as told.
+            c.add(COUNT_KEY, 0).map(|_| ())
+        });
+        let said = match put {
+            Ok(()) => News::Heard(Record::FaultPublished { id }),
+            Err(e) => News::CannotTell(format!("the job's store at {addr}: {e}")),
+        };
+        if news.send(said).is_err() {
+            return;
+        }
+    }
+}
+
+/// The listening thread: waits in the store for each next fault, and says
+/// the other nodes' ones; says once that the store is gone, and ends.
+fn listen(
+    addr: &str,
+    node: u32,
+    news: &mpsc::Sender<News>,
+    stopped: &AtomicBool,
+    waiting: &std::sync::Mutex<Option<TcpStream>>,
+) {
+    let mut next: Option<i64> = None;
+    loop {
+        if stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(mut c) = StoreClient::connect(addr) else {
+            if !stopped.load(Ordering::SeqCst) {
+                let _ = news.send(News::Heard(Record::StoreLost {
+                    addr: Some(addr.to_string()),
+                }));
+            }
+            return;
+        };
+        if let Ok(mut w) = waiting.lock() {
+            *w = c.shutdown_handle();
+        }
+        loop {
+            let n = match next {
+                Some(n) => n,
+                None => match c.add(COUNT_KEY, 0) {
+                    Ok(count) => *next.insert(count + 1),
+                    Err(_) => break,
+                },
+            };
+            let key = format!("oomguard/fault/{n}");
+            if c.wait(&key, WAIT_RENEW).is_err() {
+                // Renewed on a new connection; a store that is gone
+                // refuses it.
+                break;
+            }
+            let Ok(body) = c.get(&key) else { break };
+            next = Some(n + 1);
+            if let Some(r) = remote_fault(&body, node)
+                && !stopped.load(Ordering::SeqCst)
+                && news.send(News::Heard(r)).is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Another node's fault as the loop takes it (`None`: this node's own, or
+/// not a fault).
+fn remote_fault(body: &[u8], own: u32) -> Option<Record> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let node = u32::try_from(v["node"].as_u64()?).ok()?;
+    if node == own {
+        return None;
+    }
+    let text = |k: &str| v[k].as_str().map(str::to_string);
+    Some(Record::Fault {
+        id: v["id"].as_u64().unwrap_or(0),
+        node,
+        cause_rank: v["cause_rank"].as_u64().and_then(|r| u32::try_from(r).ok()),
+        reason: text("reason"),
+        detail: text("detail"),
+        then: text("then"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::net::TcpListener;
+    use std::sync::Mutex;
+
+    type Data = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+    /// A store that answers as torch's does, for the queries the link uses.
+    fn fake_store() -> (String, Data) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let data: Data = Arc::default();
+        let d = data.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let d = d.clone();
+                std::thread::spawn(move || serve(s, &d));
+            }
+        });
+        (addr, data)
+    }
+
+    fn serve(mut s: TcpStream, data: &Mutex<HashMap<String, Vec<u8>>>) {
+        let mut u8b = [0u8; 1];
+        let read_bytes = |s: &mut TcpStream| -> Option<Vec<u8>> {
+            let mut n = [0u8; 8];
+            s.read_exact(&mut n).ok()?;
+            let mut b = vec![0u8; u64::from_ne_bytes(n) as usize];
+            s.read_exact(&mut b).ok()?;
+            Some(b)
+        };
+        s.read_exact(&mut u8b).unwrap();
+        assert_eq!(u8b[0], VALIDATE);
+        let mut m = [0u8; 4];
+        s.read_exact(&mut m).unwrap();
+        assert_eq!(u32::from_ne_bytes(m), MAGIC);
+        while s.read_exact(&mut u8b).is_ok() {
+            match u8b[0] {
+                ADD => {
+                    let k = String::from_utf8(read_bytes(&mut s).unwrap()).unwrap();
+                    let mut n = [0u8; 8];
+                    s.read_exact(&mut n).unwrap();
+                    let mut d = data.lock().unwrap();
+                    let old = d
+                        .get(&k)
+                        .map_or(0, |v| String::from_utf8_lossy(v).parse::<i64>().unwrap());
+                    let new = old + i64::from_ne_bytes(n);
+                    d.insert(k, new.to_string().into_bytes());
+                    s.write_all(&new.to_ne_bytes()).unwrap();
+                }
+                SET => {
+                    let k = String::from_utf8(read_bytes(&mut s).unwrap()).unwrap();
+                    let v = read_bytes(&mut s).unwrap();
+                    data.lock().unwrap().insert(k, v);
+                }
+                GET => {
+                    let k = String::from_utf8(read_bytes(&mut s).unwrap()).unwrap();
+                    let v = data.lock().unwrap().get(&k).cloned().unwrap();
+                    let mut a = (v.len() as u64).to_ne_bytes().to_vec();
+                    a.extend(v);
+                    s.write_all(&a).unwrap();
+                }
+                WAIT => {
+                    let mut n = [0u8; 8];
+                    s.read_exact(&mut n).unwrap();
+                    let k = String::from_utf8(read_bytes(&mut s).unwrap()).unwrap();
+                    while !data.lock().unwrap().contains_key(&k) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    s.write_all(&[STOP_WAITING]).unwrap();
+                }
+                q => panic!("query {q}"),
+            }
+        }
+    }
+
+    fn fault(reason: &str) -> Fault {
+        Fault {
+            cause_rank: Some(3),
+            reason: reason.into(),
+            detail: "rank 3 (pid 9) killed by SIGKILL".into(),
+            then: None,
+        }
+    }
+
+    /// What `link` heard, once `enough` holds of it (5 s at most).
+    fn heard(link: &StoreLink, enough: impl Fn(&[News]) -> bool) -> Vec<News> {
+        let mut all = Vec::new();
+        for _ in 0..500 {
+            all.extend(link.take());
+            if enough(&all) {
+                return all;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("never heard it: {all:?}");
+    }
+
+    #[test]
+    fn a_fault_one_node_puts_is_heard_by_the_other_and_not_by_itself() {
+        let (addr, data) = fake_store();
+        let (a, b) = (
+            StoreLink::start(addr.clone(), 0).unwrap(),
+            StoreLink::start(addr, 1).unwrap(),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        a.publish(42, &fault("rank-killed"));
+        let on_a = heard(&a, |all| {
+            all.iter()
+                .any(|n| matches!(n, News::Heard(Record::FaultPublished { id: 42 })))
+        });
+        let on_b = heard(&b, |all| {
+            all.iter()
+                .any(|n| matches!(n, News::Heard(Record::Fault { .. })))
+        });
+        let Some(News::Heard(Record::Fault {
+            id,
+            node,
+            cause_rank,
+            reason,
+            ..
+        })) = on_b
+            .into_iter()
+            .find(|n| matches!(n, News::Heard(Record::Fault { .. })))
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (id, node, cause_rank, reason.as_deref()),
+            (42, 0, Some(3), Some("rank-killed"))
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !a.take()
+                .iter()
+                .chain(&on_a)
+                .any(|n| matches!(n, News::Heard(Record::Fault { .. }))),
+            "a node hears its own fault"
+        );
+        let stored = data
+            .lock()
+            .unwrap()
+            .get("oomguard/fault/1")
+            .cloned()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(v["node"], 0);
+        assert!(v["t"].as_f64().unwrap() > 1.0e9);
+    }
+
+    #[test]
+    fn a_store_that_is_gone_is_said_once_and_a_fault_that_cannot_go_says_why() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        drop(l);
+        let link = StoreLink::start(addr.clone(), 1).unwrap();
+        link.publish(7, &fault("rank-crashed"));
+        let all = heard(&link, |all| {
+            all.iter().any(|n| matches!(n, News::CannotTell(_)))
+                && all
+                    .iter()
+                    .any(|n| matches!(n, News::Heard(Record::StoreLost { .. })))
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let all: Vec<News> = all.into_iter().chain(link.take()).collect();
+        let lost = all
+            .iter()
+            .filter(|n| matches!(n, News::Heard(Record::StoreLost { .. })))
+            .count();
+        assert!(lost <= 1, "{all:?}");
+        assert!(
+            all.iter()
+                .any(|n| matches!(n, News::CannotTell(w) if w.contains(&addr))),
+            "{all:?}"
+        );
+    }
+
+    #[test]
+    fn what_is_not_another_nodes_fault_is_not_news() {
+        assert_eq!(remote_fault(br#"{"node":2,"id":1}"#, 2), None);
+        assert_eq!(remote_fault(b"not json", 2), None);
+        assert!(matches!(
+            remote_fault(br#"{"node":0,"id":5,"reason":"rank-crashed"}"#, 2),
+            Some(Record::Fault { node: 0, id: 5, .. })
+        ));
+    }
+}
