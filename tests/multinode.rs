@@ -244,6 +244,90 @@ fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
     merged_report_names_the_cause(&r, step);
 }
 
+/// The pid of `node`'s oomguard, found as [`rank_pid`] finds a rank.
+fn oomguard_pid(node: &str) -> Option<u32> {
+    for e in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let env = fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let node_var = format!("TEST_NODE={node}");
+        if comm.trim() == "oomguard" && env.split(|&b| b == 0).any(|v| v == node_var.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// A preemption reaches one node's oomguard only (SLURM signals a step's
+/// top task): every rank of both nodes saves the same step, the step each
+/// rank last completed, and both oomguards exit 75.
+#[test]
+fn serial_a_sigterm_to_one_nodes_oomguard_saves_every_rank_of_both_nodes() {
+    let _serial = common::serial();
+    let a = NodeA {
+        leak: "99",
+        limit: 4 << 30,
+        env: &[],
+        shared: &[],
+    };
+    let Some(r) = two_nodes_during(29697, &[], &[], &a, "100000", |dir| {
+        let hellos = |name: &str| {
+            fs::read_to_string(dir.join(format!("{name}.ndjson")))
+                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
+        };
+        assert!(
+            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
+                && hellos("b") >= 2),
+            "the ranks never said hello"
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        common::send(oomguard_pid("b").expect("node b's oomguard"), "TERM");
+        Some(Instant::now())
+    }) else {
+        return;
+    };
+    let why = r.why();
+    assert_eq!(r.out[0].status.code(), Some(75), "{why}");
+    assert_eq!(r.out[1].status.code(), Some(75), "{why}");
+    let step = done_step(&r.logs[1]).unwrap_or_else(|| panic!("node b: no checkpoint_done\n{why}"));
+    assert_eq!(done_step(&r.logs[0]), Some(step), "{why}");
+    let stdout: String = r
+        .out
+        .iter()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .collect();
+    for rank in 0..4 {
+        let last = stdout
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix(&format!("rank {rank} completed step "))?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max();
+        assert_eq!(
+            last,
+            Some(step),
+            "rank {rank} went past the saved step\n{why}"
+        );
+        let saved = r.dir.path().join(format!("ckpt-r{rank}-{step}.json"));
+        assert!(
+            saved.exists(),
+            "rank {rank} did not save step {step}\n{why}"
+        );
+    }
+    assert_eq!(
+        common::schema::run_end(&r.logs[1]).outcome,
+        "stopped_by_signal",
+        "{why}"
+    );
+    let took = r.ended[0].max(r.ended[1]) - r.marked.unwrap();
+    eprintln!("both nodes ended {took:?} after the SIGTERM");
+    assert!(took <= Duration::from_secs(30), "{took:?}\n{why}");
+}
+
 /// `oomguard report` of both logs: one report, both nodes on one clock,
 /// node a as the one that ran short, the step both saved; and its HTML in
 /// headless Chromium without a console error.
@@ -456,22 +540,14 @@ fn serial_a_kernel_oom_kill_on_one_node_is_named_on_the_other() {
     assert!(killed, "no kernel OOM kill on node a\n{why}");
     assert_eq!(r.out[1].status.code(), Some(75), "{why}");
     let b = stop_reasons(&r.logs[1]);
-    let named = b
-        .iter()
-        .any(|x| x.starts_with("node ") && x.contains("oom-kill: rank "));
-    // When node a hosts the job's store (node 0) and torchrun ends its
-    // other rank before the news is out, node b learns only that node 0 is
-    // gone: it still stops (never waits in its collective) and says so.
-    let store_lost = b.iter().any(|x| x.starts_with("store-lost: "));
-    eprintln!(
-        "node b: {}",
-        if named {
-            "named the kill"
-        } else {
-            "lost the store"
-        }
+    // Named, wherever the job's store lives: node a's oomguard puts the
+    // kill in the store the moment the rank is gone, before torchrun ends
+    // node a's other rank (and, on node 0, the store).
+    assert!(
+        b.iter()
+            .any(|x| x.starts_with("node ") && x.contains("oom-kill: rank ")),
+        "{b:?}\n{why}"
     );
-    assert!(named || store_lost, "{b:?}\n{why}");
 }
 
 /// The kernel OOM-kills a rank on node A, which restarts on a kernel kill

@@ -99,17 +99,23 @@ impl Live {
 
     /// Waits until `text` is in the job's output (and fails with what
     /// there is when it never comes).
-    fn wait_for(&mut self, text: &str) {
+    /// Waits for `text` in the job's output; the line it is on.
+    fn wait_for(&mut self, text: &str) -> String {
         let seen = common::wait_for(Duration::from_secs(120), || {
             self.output().contains(text) || self.child.try_wait().unwrap().is_some()
         });
+        let out = self.output();
         assert!(
-            seen && self.output().contains(text),
+            seen && out.contains(text),
             "no '{text}' after {:.0?}\nstdout tail:\n{}\nstderr:\n{}",
             self.started.elapsed(),
             tail(&self.stdout()),
             fs::read_to_string(self.path().join("err")).unwrap_or_default()
         );
+        out.lines()
+            .find(|l| l.contains(text.trim_end()))
+            .unwrap_or_default()
+            .to_string()
     }
 
     fn signal(&self, sig: &str) -> Instant {
@@ -675,6 +681,70 @@ fn serial_the_hf_trainer_is_preempted_with_a_save_and_resumes_when_run_again() {
     framework_is_preempted_and_resumes("hf_job.py", |step| {
         format!("Resuming training from checkpoint with epoch 0 and global step {step}")
     });
+}
+
+/// A SIGTERM that arrives while Lightning validates (no training step for
+/// `seconds`) under `--signal-budget 30s`.
+fn lightning_validating(val_seconds: &str) -> Option<(Ended, u64)> {
+    let venv = common::torch_venv()?;
+    common::deadline::arm_for(Duration::from_secs(300));
+    let py = venv.join("bin/python");
+    let mut live = Live::start_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[py.to_str().unwrap(), &fixture("lightning_job.py"), "100000"],
+        &[
+            ("LEAK_ONLY_ATTEMPT", "0"),
+            ("STEP_SECONDS", "0.02"),
+            ("PRINT_STEPS", "1"),
+            ("VAL_EVERY", "40"),
+            ("VAL_BATCHES", "4"),
+            ("VAL_SECONDS", val_seconds),
+        ],
+    );
+    let line = live.wait_for("validation started after step ");
+    let val_step = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line:?}"));
+    let at = live.signal("TERM");
+    Some((live.end(at), val_step))
+}
+
+/// A request that arrives during a validation loop is served at the next
+/// training step: the save is of the step after the validation, inside the
+/// budget.
+#[test]
+fn serial_a_signal_during_a_short_validation_is_served_at_the_next_step() {
+    let _serial = common::serial();
+    let Some((r, val_step)) = lightning_validating("1") else {
+        return;
+    };
+    assert_eq!(r.code, 75, "{}", r.why());
+    let (step, _) = r.saved();
+    assert_eq!(step, val_step + 1, "{}", r.why());
+    assert!(r.took < Duration::from_secs(30), "{}", r.why());
+    assert!(!r.stderr.contains("did not acknowledge"), "{}", r.why());
+}
+
+/// A validation loop longer than the wait for the acknowledgement (half
+/// the save's part of the budget): the trainer gets the checkpoint signal
+/// instead, the log says so, and the end still comes inside the budget.
+#[test]
+fn serial_a_signal_during_a_validation_longer_than_the_budget_falls_back_and_says_so() {
+    let _serial = common::serial();
+    let Some((r, _)) = lightning_validating("5") else {
+        return;
+    };
+    assert!(
+        r.stderr
+            .contains("the companion did not acknowledge the checkpoint request within"),
+        "{}",
+        r.why()
+    );
+    assert!(r.took < Duration::from_secs(32), "{}", r.why());
 }
 
 /// The plain loop resumes through `resume_path()`: the same command run
