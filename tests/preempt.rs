@@ -660,13 +660,18 @@ fn framework_is_preempted_and_resumes(script: &str, resumed: impl Fn(u64) -> Str
     let all = format!("{}{}", changed.stdout, changed.stderr);
     assert!(!all.contains(&resumed(step2)), "{}", changed.why());
 
-    // --fresh: the record of the same command is set aside.
+    // --fresh: the record of the same command is set aside. And USR1
+    // (`#SBATCH --signal=USR1@N`) saves the same way as TERM.
     let mut live = framework(changed.dir, script, &["--fresh"], &py);
     live.wait_for("completed step 3\n");
-    let at = live.signal("TERM");
+    let at = live.signal("USR1");
     let fresh = live.end(at);
     let all = format!("{}{}", fresh.stdout, fresh.stderr);
     assert!(!all.contains("resuming from the save"), "{}", fresh.why());
+    assert_eq!(fresh.code, 75, "{}", fresh.why());
+    let (usr1_step, _) = fresh.saved();
+    assert!(usr1_step >= 3, "{}", fresh.why());
+    assert!(fresh.took < Duration::from_secs(30), "{}", fresh.why());
 }
 
 #[test]

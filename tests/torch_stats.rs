@@ -1,6 +1,8 @@
 //! `--torch-stats` end to end: real `python3` jobs with the injected
 //! environment and the stub `torch` package from `tests/fixtures/stub-torch`.
 
+mod common;
+
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::fs;
@@ -27,6 +29,7 @@ fn job(
     let script_path = dir.join("job.py");
     fs::write(&script_path, script).expect("write the job script");
     let existing = std::env::join_paths(pythonpath).expect("join PYTHONPATH");
+    common::deadline::arm();
     let mut cmd = Command::new("python3");
     cmd.arg(&script_path)
         .current_dir(dir)
