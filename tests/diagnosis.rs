@@ -138,7 +138,12 @@ struct Case {
     html_path: PathBuf,
     truth: Truth,
     ceiling: f64,
+    /// The run clock (`t`) of each of oomguard's sample lines.
+    sample_times: Vec<f64>,
     _dir: tempfile::TempDir,
+    /// Held until the case's checks are done, its Chromium run included:
+    /// another test's job must not share the machine with it.
+    _serial: common::Serial,
 }
 
 /// The wall-clock time at which oomguard's run clock (`t`) was 0, from
@@ -158,7 +163,7 @@ fn run_clock(log: &Path) -> f64 {
 /// `limit_mib`, with the reader; None when this machine cannot (skipped).
 fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
     let venv = common::torch_venv()?;
-    let _serial = common::serial();
+    let serial = common::serial();
     common::deadline::arm_for(Duration::from_secs(150));
     let cg = common::MemCgroup::or_skip(name, limit_mib << 20)?;
     let python = venv.join("bin/python");
@@ -236,7 +241,13 @@ fn record(name: &str, limit_mib: u64, args: &[&str]) -> Option<Case> {
         html_path,
         truth,
         ceiling: (limit_mib << 20) as f64,
+        sample_times: common::read_log(&log)
+            .iter()
+            .filter(|l| matches!(l.event, common::schema::Event::Sample(_)))
+            .map(|l| l.t)
+            .collect(),
         _dir: dir,
+        _serial: serial,
     })
 }
 
@@ -332,6 +343,7 @@ fn figures(c: &Case) {
     for f in findings(&c.json) {
         let kind = f["kind"].as_str().unwrap();
         eprintln!(" {kind}");
+        states_its_figures(f, kind);
         if let Some(v) = number(f, "per_worker_private_peak_bytes") {
             let t = workers
                 .iter()
@@ -396,9 +408,11 @@ fn figures(c: &Case) {
             close("trainer released", v, trainer[top].rss - low);
         }
         if let Some(v) = number(f, "growth_bytes_per_second") {
-            // The trend of the 10 s before oomguard's last reading of the
-            // trainer (what the finding states), not of the reader's last
-            // ones: Python's teardown frees what leaked.
+            // Like with like: the finding's rate is the least-squares
+            // slope over oomguard's own sample lines of the last 10 s
+            // before its last reading of the trainer (Python's teardown
+            // frees what leaked after it), so the truth is read at those
+            // same times, not at the reader's cadence.
             let end = c.json["processes"]
                 .as_array()
                 .unwrap()
@@ -406,10 +420,12 @@ fn figures(c: &Case) {
                 .find(|p| p["pid"].as_f64() == number(f, "pid"))
                 .and_then(|p| p["last_t"].as_f64())
                 .unwrap_or(trainer[trainer.len() - 1].t);
-            let pts: Vec<(f64, f64)> = trainer
+            let times: Vec<f64> = c.sample_times.iter().copied().filter(|t| *t <= end).collect();
+            let last = times.last().copied().unwrap_or(end);
+            let pts: Vec<(f64, f64)> = times
                 .iter()
-                .filter(|p| p.t <= end && end - p.t <= 10.0)
-                .map(|p| (p.t, p.uss))
+                .filter(|t| last - **t <= 10.0)
+                .map(|t| (*t, at(trainer, *t)))
                 .collect();
             close("trainer growth per second", v, slope(&pts));
         }
@@ -423,6 +439,41 @@ fn figures(c: &Case) {
             assert!(fit <= allowed, "{fit} workers advised, {allowed} fit");
         }
     }
+}
+
+/// The figures each kind of finding must state: a finding that stops
+/// stating one fails here, rather than skipping the check of it below.
+fn states_its_figures(f: &Value, kind: &str) {
+    let required: &[&str] = match kind {
+        "worker_flat" => &["per_worker_private_peak_bytes"],
+        "worker_cow" => &["per_worker_growth_bytes", "per_worker_private_peak_bytes"],
+        "worker_load" => &["per_worker_growth_bytes", "per_worker_settled_bytes"],
+        "worker_leak" => &["per_worker_growth_bytes_per_second", "peak_private_bytes"],
+        "trainer_growth" => &["growth_bytes_per_second", "peak_private_bytes"],
+        "trainer_accumulation" => &["released_bytes", "peak_private_bytes"],
+        "trainer_load" => &["loaded_bytes", "peak_private_bytes"],
+        _ => &[],
+    };
+    for name in required {
+        assert!(number(f, name).is_some(), "{kind} states no {name}: {f}");
+    }
+    if kind == "worker_cow" {
+        // Settled at a level, or still copying with its RSS as the bound.
+        assert!(
+            number(f, "per_worker_settled_bytes").is_some()
+                || number(f, "per_worker_bound_bytes").is_some(),
+            "worker_cow states neither its level nor its bound: {f}"
+        );
+    }
+}
+
+/// The truth's USS at `t`, between its readings on either side.
+fn at(pts: &[Point], t: f64) -> f64 {
+    let (before, after) = around(pts, t);
+    if after.t <= before.t {
+        return before.uss;
+    }
+    before.uss + (after.uss - before.uss) * (t - before.t) / (after.t - before.t)
 }
 
 fn slope(pts: &[(f64, f64)]) -> f64 {
