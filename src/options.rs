@@ -295,6 +295,12 @@ settings_table! {
         /// when the job succeeded: a memory-regression gate for CI.
         #[arg(value_name = "SIZE")]
         fail_above: u64 = values::positive_size, under BUDGET;
+
+        /// How many of the job's last lines of output the dashboard leaves
+        /// on the terminal when it closes (with the run's events and the
+        /// summary); 0 leaves none.
+        #[arg(value_name = "N")]
+        output_lines: u32 = values::count, default "20", under OUTPUT;
     }
 
     /// What oomguard does about memory (`run`, `attach` and `replay`).
@@ -386,7 +392,7 @@ mod tests {
             crate::probe::pss::SweepConfig::DEFAULT_BUDGET,
             "the sweeper's own default and the setting's disagree"
         );
-        assert_eq!(DEFAULTS.len(), 20);
+        assert_eq!(DEFAULTS.len(), 21);
     }
 
     #[test]
@@ -397,7 +403,7 @@ mod tests {
         let e = l.set("cgroup", "sometimes").unwrap().unwrap_err();
         assert_eq!(e, "cgroup: unknown value 'sometimes' (expected auto, off)");
         assert_eq!(l.set("kil_after", "3s"), None);
-        assert_eq!(Layer::KEYS.len(), 24);
+        assert_eq!(Layer::KEYS.len(), 25);
     }
 
     #[test]

@@ -170,6 +170,17 @@ impl PtyMaster {
         }
     }
 
+    /// Reads what is there now, without waiting: `Ok(0)` when nothing is
+    /// (or the terminal has no writer left). For the job's last output,
+    /// once its processes are gone and nothing more can come.
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match rustix::io::read(self.fd.get_ref(), buf) {
+            Ok(n) => Ok(n),
+            Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::IO => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Sets the job's terminal size (call on every resize of the output
     /// pane); the job gets SIGWINCH.
     pub fn resize(&self, cols: u16, rows: u16) -> Result<(), PtyError> {

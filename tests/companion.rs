@@ -166,8 +166,20 @@ fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
     assert!(r.has(|e| matches!(e, Event::CheckpointAck(_))));
     // The request replaced the signal: the trainer was never signalled.
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
-    assert!(r.stderr().contains(&format!("checkpoint at step {step} (")));
-    assert!(r.stderr().contains("0 steps lost"), "{}", r.why());
+    // Said once (by the summary), with the file it saved.
+    let said: Vec<String> = r
+        .stderr()
+        .lines()
+        .filter(|l| l.contains(&format!("checkpoint at step {step} (")))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(said.len(), 1, "{}", r.why());
+    assert!(said[0].contains("0 steps lost"), "{}", r.why());
+    assert!(
+        said[0].ends_with(&format!(": {}", paths[0].display())),
+        "{}",
+        r.why()
+    );
 }
 
 /// The control: without the companion the stop is SIGTERM, which a plain

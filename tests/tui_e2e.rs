@@ -589,3 +589,71 @@ fn a_second_ctrl_c_during_the_save_reaches_the_job() {
     assert!(job.contains("KeyboardInterrupt"), "{job}\n{}", s.screen());
     assert!(!job.contains("left after its checkpoint"), "{job}");
 }
+
+/// The whole pane: what scrolled off the screen too.
+fn scrollback(s: &Session) -> String {
+    s.tmux(&["capture-pane", "-t", &s.0, "-p", "-S", "-"])
+}
+
+/// When the dashboard closes, the terminal keeps what it showed: the
+/// run's events (the warning, the checkpoint with its file, the stop) and
+/// the job's last output, then the summary.
+#[test]
+fn the_dashboard_leaves_its_events_and_the_jobs_last_output_behind() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plain = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/companion/plain.py");
+    let log = dir.path().join("run.ndjson");
+    let s = Session::start(
+        format!("oomguard-afterword-{}", std::process::id()),
+        140,
+        40,
+    );
+    let cmd = format!(
+        "CKPT_DIR={d} {} run --tui --cgroup off --no-notify --budget 400M --output-lines 5 \
+         --log {} -- python3 {} 100000; echo EXIT=$?",
+        env!("CARGO_BIN_EXE_oomguard"),
+        log.display(),
+        plain.display(),
+        d = dir.path().display(),
+    );
+    s.keys(&cmd);
+    s.keys("Enter");
+    assert_eq!(exit_line(&s, 90), "EXIT=75", "{}", s.screen());
+    let lines = read_log(&log);
+    let (step, path) = lines
+        .iter()
+        .rev()
+        .find_map(|l| match &l.event {
+            schema::Event::CheckpointDone(v) => {
+                Some((v["step"].as_u64()?, v["paths"][0].as_str()?.to_string()))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no save\n{}", s.screen()));
+    let back = scrollback(&s);
+    let after = back
+        .split_once("oomguard: events:")
+        .map(|(_, a)| a)
+        .unwrap_or_else(|| panic!("no events after the dashboard closed:\n{back}"));
+    let event = |what: &str| {
+        after
+            .lines()
+            .any(|l| l.starts_with("oomguard: ") && l.contains(what))
+    };
+    assert!(event("warn"), "no warning:\n{back}");
+    assert!(event(&path), "no checkpoint path:\n{back}");
+    // The job's last lines, as it printed them.
+    let (_, tail) = after
+        .split_once("oomguard: the job's last 5 lines of output:")
+        .unwrap_or_else(|| panic!("no output:\n{back}"));
+    let last = tail.lines().take(5).collect::<Vec<_>>().join("\n");
+    assert!(
+        last.contains(&format!("rank 0 completed step {step}")),
+        "{last}\n---\n{back}"
+    );
+    assert!(tail.contains("was stopped by oomguard ("), "{back}");
+}

@@ -107,7 +107,13 @@ impl Supervisor {
                 if let Some(p) = paths.first().filter(|p| ok && p.exists()) {
                     self.attempts.saved(p.clone());
                 }
+                // Without the dashboard, a save that ends the run is said
+                // once, by the summary that follows in moments (with the
+                // steps the end lost); the dashboard's events pane has it
+                // when it happens.
+                let summary_says_it = self.sinks.app.is_none() && self.save_ends_run();
                 if !self.cfg.quiet
+                    && !summary_says_it
                     && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
                 {
                     self.say(line);
@@ -184,14 +190,25 @@ impl Supervisor {
             || !matches!(self.main_status, Some(crate::supervise::Status::Exited(0)))
     }
 
+    /// Whether the save under way ends the run: a stop's or a signal's,
+    /// or a restart's when no restart is left.
+    fn save_ends_run(&self) -> bool {
+        self.core.act.stop.as_ref().is_some_and(|st| {
+            st.action != crate::policy::Action::Restart
+                || self.attempts.restarts() >= self.cfg.max_restarts
+        })
+    }
+
     /// Whether the companion reports progress (the output's progress bars
     /// are then not read for it: the companion's step is exact).
     pub(super) fn exact_progress(&self) -> bool {
         self.core.act.companion.step.is_some()
     }
 
-    /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost";
-    /// the steps lost only when the save ends the attempt (`ending`).
+    /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost:
+    /// ckpt/step-580.pt"; the steps lost only when the save ends the
+    /// attempt (`ending`). The path is what the user needs next (to
+    /// resume, to copy it off the node), so it is in the line.
     pub(super) fn checkpoint_line(&self, ending: bool) -> Option<String> {
         let c = &self.core.act.companion;
         let saved = c.done.as_ref()?;
@@ -215,8 +232,9 @@ impl Supervisor {
             "the request"
         };
         Some(format!(
-            "{at} ({:.1} s after {after}){lost}",
-            saved.after_request_seconds
+            "{at} ({:.1} s after {after}){lost}{}",
+            saved.after_request_seconds,
+            paths_said(&saved.paths)
         ))
     }
 
@@ -253,4 +271,39 @@ fn phase_of(name: &str) -> Option<Phase> {
         "sanity" => Phase::Sanity,
         _ => return None,
     })
+}
+
+/// ": a.ckpt", ": a.ckpt, b.ckpt", ": a.ckpt, b.ckpt and 6 more" (a save
+/// of many ranks names a few; the log has every one).
+fn paths_said(paths: &[std::path::PathBuf]) -> String {
+    const NAMED: usize = 2;
+    if paths.is_empty() {
+        return String::new();
+    }
+    let named: Vec<String> = paths
+        .iter()
+        .take(NAMED)
+        .map(|p| p.display().to_string())
+        .collect();
+    let more = paths.len().saturating_sub(NAMED);
+    let rest = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(": {}{rest}", named.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paths_said;
+    use std::path::PathBuf;
+
+    #[test]
+    fn a_save_names_its_files() {
+        assert_eq!(paths_said(&[]), "");
+        assert_eq!(paths_said(&[PathBuf::from("ckpt/a.pt")]), ": ckpt/a.pt");
+        let many: Vec<PathBuf> = (0..5).map(|i| PathBuf::from(format!("r{i}.pt"))).collect();
+        assert_eq!(paths_said(&many), ": r0.pt, r1.pt and 3 more");
+    }
 }

@@ -24,7 +24,7 @@ impl Supervisor {
 
     pub(super) fn finish(mut self) -> i32 {
         // Give the terminal back before anything is printed to it.
-        self.close_dashboard();
+        self.leave_dashboard();
         self.pty_keeper = None;
         let relay_stats = self.drain_output();
         let status = self.main_status.unwrap_or(Status::Exited(0));

@@ -58,7 +58,7 @@ impl Supervisor {
                         self.end_watch("detached from the dashboard".to_string());
                     }
                     UiCommand::Quit { stop_job: false } => {
-                        self.close_dashboard();
+                        self.leave_dashboard();
                         eprintln!(
                             "oomguard: dashboard closed; the job keeps running under oomguard (pid {}); its output is discarded",
                             std::process::id()
@@ -84,6 +84,47 @@ impl Supervisor {
             self.signal_save(libc::SIGINT, true, "Ctrl-C");
         } else if let Some(p) = &self.pty {
             let _ = p.interrupt();
+        }
+    }
+
+    /// The end of the run: the dashboard closes, and what it showed that
+    /// the summary does not repeat (the run's events, the job's last
+    /// lines) is left on the terminal, where the alternate screen would
+    /// otherwise take it away. The job's last bytes still in its terminal
+    /// are read first: they are often why it ended.
+    pub(super) fn leave_dashboard(&mut self) {
+        if let Some(p) = self.pty.as_ref() {
+            let mut buf = vec![0u8; 64 * 1024];
+            // Bounded: a job that is gone cannot fill it again, but a tree
+            // oomguard does not wait for (attach) might.
+            for _ in 0..64 {
+                match p.try_read(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        if let Some(app) = self.sinks.app.as_mut() {
+                            app.on_output(&buf[..n]);
+                        }
+                        if let Some(f) = self.pty_log.as_mut() {
+                            use std::io::Write;
+                            let _ = f.write_all(&buf[..n]);
+                        }
+                        self.pty_scanner.feed(&buf[..n]);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let app = self.sinks.app.take();
+        self.close_dashboard();
+        if let Some(app) = app
+            && !self.cfg.quiet
+            && !self.hung_up
+        {
+            let lines = crate::tui::afterword(&app, self.cfg.output_lines as usize);
+            let mut err = std::io::stderr().lock();
+            for line in lines {
+                use std::io::Write;
+                let _ = writeln!(err, "{line}");
+            }
         }
     }
 

@@ -129,6 +129,13 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             from_file: "15000ms",
         },
         Case {
+            flag: &["--output-lines", "5"],
+            file: "output_lines = 50",
+            get: |s| s.output_lines.to_string(),
+            from_flag: "5",
+            from_file: "50",
+        },
+        Case {
             flag: &["--stop-code", "138"],
             file: "stop_code = 99",
             get: |s| s.stop_code.to_string(),

@@ -8,13 +8,15 @@
 //! - `ui` and `widgets`: pure rendering of that state into a buffer;
 //! - `term`: the real terminal (raw mode, alternate screen, restore on
 //!   exit, panic and signals; keys and resizes as async events);
-//! - `output`: turning the job's bytes (progress bars, colours) into lines.
+//! - `output`: turning the job's bytes (progress bars, colours) into lines;
+//!   `afterword`: what is left on the terminal when the dashboard closes.
 //!
 //! The loop's part, per iteration: `select!` on the sampler tick, the
 //! job's pty (`PtyMaster::read` → `App::on_output`), `Tui::next_event`
 //! (keys → `App::on_key`, resizes → `PtyMaster::resize`) and its own
 //! signals; after any of them, `Tui::draw`.
 
+mod afterword;
 pub mod app;
 mod growth;
 pub mod keys;
@@ -24,6 +26,7 @@ pub mod theme;
 pub mod ui;
 pub mod widgets;
 
+pub use afterword::afterword;
 pub use app::{
     ActionKind, App, KEYS, Overlay, Pane, PolicyState, Severity, SortKey, UiCommand, UiEvent,
 };
