@@ -182,6 +182,33 @@ fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
     );
 }
 
+/// A stop is one decision, whatever it took: the log counts each of its
+/// `action` lines (here the request, then SIGTERM to a process the trainer
+/// left behind), the summary counts one stop and names its parts.
+#[test]
+fn serial_one_stop_is_counted_as_one_stop() {
+    let _serial = common::serial();
+    let cmd = format!("sleep 60 & exec python3 {}", plain());
+    let r = run("400M", &[], &["bash", "-c", &cmd], &[]);
+    assert_eq!(r.code(), 75, "{}", r.why());
+    let logged = r
+        .log
+        .iter()
+        .filter(|l| matches!(&l.event, Event::Action(a) if a.action == "stop"))
+        .count();
+    assert!(logged >= 2, "the stop's parts were not logged\n{}", r.why());
+    let end = common::schema::run_end(&r.log);
+    assert_eq!(end.actions.get("stop").copied(), Some(logged as u32));
+    let actions = r
+        .stderr()
+        .lines()
+        .find(|l| l.starts_with("oomguard: actions: "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no actions line\n{}", r.why()));
+    assert!(actions.contains("stop ×1 ("), "{actions}");
+    assert!(actions.contains("tree cleanup"), "{actions}");
+}
+
 /// The control: without the companion the stop is SIGTERM, which a plain
 /// loop does not catch: no checkpoint. (The package is importable as if
 /// installed, with no oomguard channel to talk to.)

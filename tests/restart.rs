@@ -643,3 +643,58 @@ if __name__ == "__main__":
         .collect();
     assert_eq!(workers, [2, 2], "the report's workers per attempt");
 }
+
+/// One restart is one restart in the summary (as in `run_end.restarts`),
+/// and the last attempt, ended by a `restart` with none left, says so.
+#[test]
+fn one_restart_reads_as_one_and_the_refused_one_as_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    // Leaks in the trainer (at most 400 MiB, safe outside a cgroup) on
+    // every attempt.
+    let job = script(
+        dir.path(),
+        "job.py",
+        r#"
+import time
+held = []
+while len(held) < 50:
+    held.append(b"x" * (8 << 20))
+    time.sleep(0.05)
+time.sleep(30)
+"#,
+    );
+    let log = dir.path().join("run.ndjson");
+    let out = oomguard()
+        .args(["run", "--no-tui", "--cgroup", "off", "--budget", "200MiB"])
+        .args(["--on-critical", "restart", "--max-restarts", "1"])
+        .args(["--restart-delay", "100ms", "--grace", "2s", "--log"])
+        .arg(&log)
+        .arg("--")
+        .arg("python3")
+        .arg(&job)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    let lines = read_log(&log);
+    let end = schema::run_end(&lines);
+    assert_eq!((end.outcome.as_str(), end.restarts), ("restart_limit", 1));
+    // The log counts both `restart` decisions, as documented.
+    assert_eq!(end.actions.get("restart").copied(), Some(2), "{err}");
+    let actions = err
+        .lines()
+        .find(|l| l.starts_with("oomguard: actions: "))
+        .unwrap_or_else(|| panic!("no actions line\n{err}"));
+    assert!(actions.contains("restart ×1"), "{actions}");
+    assert!(!actions.contains("restart ×2"), "{actions}");
+    let last = err
+        .lines()
+        .find(|l| l.starts_with("oomguard: attempt 2: "))
+        .unwrap_or_else(|| panic!("no line for attempt 2\n{err}"));
+    assert!(
+        last.contains("stopped by oomguard (critical-")
+            && last.contains("; --max-restarts reached)"),
+        "{last}"
+    );
+}

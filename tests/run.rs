@@ -1111,3 +1111,85 @@ fn a_log_pattern_gives_each_node_its_own_file() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("'%q' is not a pattern"));
 }
+
+/// Training that grows 1 MiB a step, printing `step N/100000`; an
+/// interrupt starts its teardown, which takes 10 MiB a step for 12 more
+/// steps (steps still print), then it exits 1. It writes the step it was
+/// at when the interrupt came to argv[1].
+const GROWS_THEN_TEARS_DOWN: &str = r#"
+import signal, sys, time
+held, stop = [], []
+signal.signal(signal.SIGINT, lambda *_: stop.append(1))
+step = 0
+while not stop:
+    step += 1
+    held.append(b"x" * (1 << 20))
+    print("step %d/100000" % step, flush=True)
+    time.sleep(0.04)
+open(sys.argv[1], "w").write(str(step))
+time.sleep(0.5)
+for _ in range(12):
+    step += 1
+    held.append(b"x" * (10 << 20))
+    print("step %d/100000" % step, flush=True)
+    time.sleep(0.1)
+sys.exit(1)
+"#;
+
+/// The end's estimate of the ceiling's step is the last one made before
+/// the job began to exit (the interrupt), not one skewed by the teardown;
+/// and an interrupt passed on to the job reads as one.
+#[test]
+fn the_ceiling_estimate_is_the_last_before_the_job_began_to_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = py(dir.path(), "job.py", GROWS_THEN_TEARS_DOWN);
+    let at = dir.path().join("interrupted-at");
+    let log = dir.path().join("run.ndjson");
+    let child = oomguard()
+        .args([
+            "run",
+            "--no-tui",
+            "--no-companion",
+            "--cgroup",
+            "off",
+            "--policy",
+            "none",
+            "--budget",
+            "1GiB",
+            "--interval",
+            "100ms",
+            "--log-every-tick",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "python3", &job])
+        .arg(&at)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough for the growth per step to be measured.
+    std::thread::sleep(Duration::from_secs(3));
+    send(child.id(), "INT");
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let interrupted_at: u64 = fs::read_to_string(&at).unwrap().trim().parse().unwrap();
+    let lines = read_log(&log);
+    // The estimate the log carried while the job still trained.
+    let before = lines
+        .iter()
+        .filter(|l| matches!(l.event, Event::Sample(_)))
+        .filter_map(|l| l.progress.as_ref())
+        .filter(|p| p.step.is_some_and(|s| s <= interrupted_at))
+        .filter_map(|p| p.ceiling_step)
+        .next_back()
+        .unwrap_or_else(|| panic!("no estimate before step {interrupted_at}\n{err}"));
+    let said: u64 = err
+        .split("the ceiling would be reached near step ")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no estimate in the summary\n{err}"));
+    assert_eq!(said, before, "{err}");
+    assert!(err.contains("was interrupted (Ctrl-C)"), "{err}");
+}

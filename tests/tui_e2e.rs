@@ -55,7 +55,7 @@ impl Session {
         });
         let screen = self.screen();
         assert!(
-            screen.contains("stopped by oomguard (manual stop (dashboard))"),
+            screen.contains("was stopped from the dashboard; exit"),
             "{screen}"
         );
         screen
@@ -486,7 +486,7 @@ fn the_dashboard_shows_warning_while_the_warn_rule_fires() {
     s.wait_screen(3, "no stop prompt", |sc| sc.contains("stop it gracefully"));
     s.keys("s");
     s.wait_screen(30, "oomguard did not end", |sc| {
-        sc.contains("stopped by oomguard (manual stop (dashboard))")
+        sc.contains("was stopped from the dashboard; exit")
     });
 }
 
@@ -559,35 +559,37 @@ fn a_first_ctrl_c_in_the_dashboard_saves_the_last_step_and_exits_130() {
     );
     assert!(dir.path().join(format!("ckpt-r0-{step}.json")).exists());
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_signal");
+    // What the interrupt got, in the summary's first line.
     assert!(
-        s.screen().contains("interrupted (Ctrl-C)"),
+        s.screen().contains(&format!(
+            "was interrupted (Ctrl-C): checkpoint at step {step} ("
+        )),
         "{}",
         s.screen()
     );
 }
 
-/// A second Ctrl-C while the save is under way is typed into the job's
-/// terminal, as before: the person means now.
+/// Ctrl-C in the dashboard with no companion to save is typed into the
+/// job's terminal; the job ends as it handles an interrupt, and the
+/// summary says it was interrupted (not just "was killed by SIGINT").
 #[test]
-fn a_second_ctrl_c_during_the_save_reaches_the_job() {
+fn a_ctrl_c_in_the_dashboard_without_a_companion_reads_as_an_interrupt() {
     if !require(have_tmux(), "needs tmux") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (s, out, _log) = plain_loop_in_the_dashboard(dir.path(), "ctrl-c-twice", 30);
+    let (s, _og, _job, log) =
+        dashboard_under_a_shell(dir.path(), "ctrl-c-plain", "--no-companion", DIES_ON_HUP);
     s.keys("C-c");
+    // Python dies of the SIGINT its KeyboardInterrupt re-raises.
+    s.wait_screen(20, "no interrupt in the summary", |sc| {
+        sc.contains("was interrupted (Ctrl-C) and killed by SIGINT (exit 130)")
+    });
     assert!(
-        wait_for(Duration::from_secs(20), || std::fs::read_to_string(&out)
-            .is_ok_and(|t| t.contains("rank 0 saving step"))),
-        "no save began:\n{}",
-        s.screen()
+        wait_for(Duration::from_secs(5), || last_event(&log) == "run_end"),
+        "no run_end"
     );
-    s.keys("C-c");
-    // Far sooner than the 30 s save: the job got the interrupt.
-    exit_line(&s, 15);
-    let job = std::fs::read_to_string(&out).unwrap();
-    assert!(job.contains("KeyboardInterrupt"), "{job}\n{}", s.screen());
-    assert!(!job.contains("left after its checkpoint"), "{job}");
+    assert_eq!(schema::run_end(&read_log(&log)).outcome, "signaled");
 }
 
 /// The whole pane: what scrolled off the screen too.
@@ -656,4 +658,28 @@ fn the_dashboard_leaves_its_events_and_the_jobs_last_output_behind() {
         "{last}\n---\n{back}"
     );
     assert!(tail.contains("was stopped by oomguard ("), "{back}");
+}
+
+/// A second Ctrl-C while the save is under way is typed into the job's
+/// terminal, as before: the person means now.
+#[test]
+fn a_second_ctrl_c_during_the_save_reaches_the_job() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (s, out, _log) = plain_loop_in_the_dashboard(dir.path(), "ctrl-c-twice", 30);
+    s.keys("C-c");
+    assert!(
+        wait_for(Duration::from_secs(20), || std::fs::read_to_string(&out)
+            .is_ok_and(|t| t.contains("rank 0 saving step"))),
+        "no save began:\n{}",
+        s.screen()
+    );
+    s.keys("C-c");
+    // Far sooner than the 30 s save: the job got the interrupt.
+    exit_line(&s, 15);
+    let job = std::fs::read_to_string(&out).unwrap();
+    assert!(job.contains("KeyboardInterrupt"), "{job}\n{}", s.screen());
+    assert!(!job.contains("left after its checkpoint"), "{job}");
 }

@@ -576,6 +576,11 @@ pub struct ProgressTracker {
     printed_rate: Option<f64>,
     memory_points: VecDeque<(u64, f64)>,
     phase_entry: Option<PhaseEntry>,
+    /// The job began to exit: its teardown (freeing, or a last burst of
+    /// allocations while steps still print) says nothing about training,
+    /// so the estimate of the ceiling's step stays the last one made
+    /// before.
+    frozen: bool,
 }
 
 impl ProgressTracker {
@@ -678,12 +683,20 @@ impl ProgressTracker {
         p.steps_per_second = measured.or(self.printed_rate).map(round3);
     }
 
+    /// The job began to exit (a stop, a signal, Ctrl-C, its main process
+    /// ended): the growth per step and the ceiling's step are kept as
+    /// they are now.
+    pub fn freeze(&mut self) {
+        self.frozen = true;
+    }
+
     /// Ties the progress to memory at run time `t`: `used` is the usage
     /// toward the nearest ceiling, `headroom` what is left below it.
     /// Returns a phase, just ended, that grew memory sharply while it ran.
     pub fn observe_memory(&mut self, used: u64, headroom: Option<u64>) -> Option<PhaseMemory> {
         let p = self.current.as_mut()?;
         if p.phase == Some(Phase::Train)
+            && !self.frozen
             && self.last_train_step.is_some()
             && self
                 .memory_points
@@ -1012,6 +1025,29 @@ mod tests {
         // 4096 MiB left at step 0 / 1.5 MiB per step: step 2730.
         let at = c.ceiling_step.unwrap_or(0);
         assert!((2729..=2731).contains(&at), "{at}");
+    }
+
+    #[test]
+    fn the_estimate_stays_as_it_was_when_the_job_began_to_exit() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        for step in (0..=100u64).step_by(10) {
+            feed(&mut t, &format!("step {step}/2000"), step as f64);
+            let used = 4096 * mib + step * mib;
+            t.observe_memory(used, Some(8192 * mib - used));
+        }
+        let before = t.current().cloned().unwrap_or_default();
+        t.freeze();
+        // The teardown: steps still print while memory jumps.
+        for step in (110..=150u64).step_by(10) {
+            feed(&mut t, &format!("step {step}/2000"), step as f64);
+            let used = 4096 * mib + step * 40 * mib;
+            t.observe_memory(used, Some((8192 * mib).saturating_sub(used)));
+        }
+        let after = t.current().cloned().unwrap_or_default();
+        assert_eq!(after.bytes_per_step, before.bytes_per_step);
+        assert_eq!(after.ceiling_step, before.ceiling_step);
+        assert_eq!(after.step, Some(150));
     }
 
     #[test]

@@ -36,6 +36,7 @@ use crate::restart::CheckpointWatch;
 use crate::supervise::{self, SignalError};
 
 mod checkpoint_wait;
+pub mod parts;
 
 /// Identity of a process: pid and start time.
 pub type Ident = (u32, u64);
@@ -259,6 +260,9 @@ pub struct Actuator {
     /// The framework's warning was given this attempt.
     pub(super) framework_warned: bool,
     pub companion: CompanionState,
+    /// The parts of the run's stops, for the summary (kept across attempts,
+    /// as the log's counts are).
+    pub parts: parts::StopParts,
     out: Vec<Acted>,
 }
 
@@ -283,6 +287,7 @@ impl Actuator {
             framework: None,
             framework_warned: false,
             companion: CompanionState::default(),
+            parts: parts::StopParts::default(),
             out: Vec::new(),
         }
     }
@@ -698,7 +703,9 @@ impl Actuator {
                     let sent = signal_all(sig, &rest, SIG_KILL);
                     if !sent.0.is_empty() {
                         let why = format!("{}: --kill-after expired", st.reason);
+                        let mark = self.mark();
                         self.record(ActionKind::Kill, &why, sent, SIG_KILL);
+                        self.parts_since(mark, st.action, parts::Part::Kill);
                     }
                     self.killed = true;
                     st.step = StopStep::Killed;
@@ -735,12 +742,16 @@ impl Actuator {
             st.frozen_since = Some(now);
             st.throttle_running = false;
             let why = format!("last resort during {}", st.reason);
+            let mark = self.mark();
             self.record(ActionKind::Pause, &why, sent, SIG_STOP);
+            self.parts_since(mark, st.action, parts::Part::Freeze);
         } else if st.frozen_all && hard.is_some_and(|h| h >= levels.last_resort * 1.5) {
             // Room again: the trainers may go on to their checkpoint.
             let sent = signal_all(sig, &st.signalled, SIG_CONT);
             let why = format!("room again during {}", st.reason);
+            let mark = self.mark();
             self.record(ActionKind::Resume, &why, sent, SIG_CONT);
+            self.parts_since(mark, st.action, parts::Part::Thaw);
             st.frozen_all = false;
             st.frozen_since = None;
         }
@@ -779,7 +790,9 @@ impl Actuator {
                     THROTTLE_RUN.as_millis(),
                     THROTTLE_CYCLE.as_millis()
                 );
+                let mark = self.mark();
                 self.record(ActionKind::Pause, &why, (new, result), SIG_STOP);
+                self.parts_since(mark, st.action, parts::Part::Throttle);
             }
         } else {
             signal_all(sig, &targets, SIG_CONT);

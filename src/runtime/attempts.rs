@@ -282,7 +282,6 @@ impl Supervisor {
             cuda_oom: self.cuda_oom,
             succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
-        self.note_attempt(&end);
         let rules = crate::restart::RestartRules {
             on_memory: self.restart_enabled(),
             on_cuda_oom: self.cfg.restart.restart_on.contains(&RestartOn::CudaOom),
@@ -300,10 +299,12 @@ impl Supervisor {
         };
         let stopping = self.shutdown_signal.is_some() || self.core.act.signal_end().is_some();
         let spans_nodes = self.core.act.companion.spans_nodes();
-        let delay = match self
+        let next = self
             .attempts
-            .plan(reason.as_deref(), stopping, spans_nodes, newest, now)
-        {
+            .plan(reason.as_deref(), stopping, spans_nodes, newest, now);
+        // After the plan: a restart that had none left reads as such.
+        self.note_attempt(&end, !matches!(next, Next::GaveUp));
+        let delay = match next {
             Next::Over => return false,
             Next::GaveUp => {
                 if !self.cfg.quiet {
@@ -337,7 +338,9 @@ impl Supervisor {
     }
 
     /// The summary's line for the attempt that just ended.
-    pub(super) fn note_attempt(&mut self, end: &crate::restart::AttemptEnd) {
+    /// `restart_left`: a `restart` that ended it was not refused for
+    /// want of restarts.
+    pub(super) fn note_attempt(&mut self, end: &crate::restart::AttemptEnd, restart_left: bool) {
         if self.attempts.lines().len() >= self.attempts.number() as usize {
             return;
         }
@@ -349,10 +352,11 @@ impl Supervisor {
                     self.internal_error.as_deref().unwrap_or("")
                 )
             }
-            _ if end.policy_end.is_some() => format!(
-                "stopped by oomguard ({})",
-                end.policy_end.map_or("", |a| a.name())
-            ),
+            _ if end.policy_end.is_some() => {
+                let action = end.policy_end.unwrap_or(Action::Stop);
+                let reason = end.stop_reason.as_deref().unwrap_or(action.name());
+                words::ended_by(action, reason, restart_left)
+            }
             _ if end.kernel_killed => "hit by the kernel OOM killer".to_string(),
             Status::Exited(c) => format!("exited with {c}"),
             Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
@@ -497,6 +501,7 @@ impl Supervisor {
                 self.cuda_oom = None;
                 self.memory_death = false;
                 self.progress = crate::forensics::progress::ProgressTracker::new();
+                self.typed_interrupt = false;
                 self.sinks.log.set_progress(None, false);
                 self.sinks.metrics.set_progress(None, None);
                 self.next_tick = now;

@@ -322,6 +322,43 @@ impl Supervisor {
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
+        let (how, saved_said) = self.how_it_ended(status, outcome, exit_code);
+        let s = &self.sinks.stats;
+        match self.attach_headline(outcome, duration) {
+            Some(line) => eprintln!("oomguard: {line}"),
+            None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
+        }
+        if let Some(line) = self.progress_line(outcome, exit_code) {
+            eprintln!("oomguard: {line}");
+        }
+        self.memory_lines();
+        for note in &self.rank_notes {
+            eprintln!("oomguard: {note}");
+        }
+        if !saved_said && let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
+            eprintln!("oomguard: {line}");
+        }
+        if let Some(line) =
+            words::actions_line(&s.actions, &self.core.act.parts, self.attempts.restarts())
+        {
+            eprintln!("oomguard: {line}");
+        }
+        if self.attempts.lines().len() > 1 {
+            for a in self.attempts.lines() {
+                eprintln!("oomguard: {a}");
+            }
+        }
+    }
+
+    /// The headline's verb: "exited with 0", "was stopped by oomguard
+    /// (critical-headroom) before the kernel OOM killer; exit 75", …; and
+    /// whether it already said the checkpoint (Ctrl-C's save says it
+    /// there, as what the interrupt got).
+    fn how_it_ended(&self, status: Status, outcome: Outcome, exit_code: i32) -> (String, bool) {
+        // A Ctrl-C typed into the job from the dashboard, or an INT passed
+        // on to a job with no companion: the job ended as it handles an
+        // interrupt, and that is what the user did.
+        let interrupted = self.typed_interrupt || self.shutdown_signal == Some(libc::SIGINT);
         let how = match (outcome, status) {
             (Outcome::RestartLimit, _) => format!(
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",
@@ -341,18 +378,39 @@ impl Supervisor {
             ),
             (Outcome::StoppedBySignal, _) => {
                 let sig = self.core.act.signal_end().unwrap_or(libc::SIGTERM);
-                let what = if sig == libc::SIGINT {
-                    "interrupted (Ctrl-C)".to_string()
-                } else {
-                    format!("preempted ({})", supervise::signal_name(sig))
-                };
-                format!("was {what} and saved first; exit {exit_code}")
+                if sig == libc::SIGINT {
+                    return match self.checkpoint_line(true) {
+                        Some(saved) => (
+                            format!("was interrupted (Ctrl-C): {saved}; exit {exit_code}"),
+                            true,
+                        ),
+                        None => (format!("was interrupted (Ctrl-C); exit {exit_code}"), false),
+                    };
+                }
+                format!(
+                    "was preempted ({}) and saved first; exit {exit_code}",
+                    supervise::signal_name(sig)
+                )
             }
-            (Outcome::StoppedByPolicy, _) => format!(
-                "was stopped by oomguard ({}) before the kernel OOM killer; exit {exit_code}",
+            (Outcome::StoppedByPolicy, _) => {
                 // The rule, also when the stop is over (an attached
                 // trainer that checkpointed and left ends it early).
-                self.core.act.policy_reason.as_deref().unwrap_or("kill")
+                let reason = self.core.act.policy_reason.as_deref().unwrap_or("kill");
+                if reason == words::MANUAL_STOP {
+                    format!("was stopped from the dashboard; exit {exit_code}")
+                } else {
+                    format!(
+                        "was stopped by oomguard ({reason}) before the kernel OOM killer; exit {exit_code}"
+                    )
+                }
+            }
+            (_, Status::Exited(c)) if interrupted => {
+                format!("was interrupted (Ctrl-C) and exited with {c}")
+            }
+            (_, Status::Signaled(s)) if interrupted => format!(
+                "was interrupted (Ctrl-C) and killed by {} (exit {})",
+                supervise::signal_name(s),
+                128 + s
             ),
             (_, Status::Exited(c)) => format!("exited with {c}"),
             (_, Status::Signaled(s)) => {
@@ -363,29 +421,36 @@ impl Supervisor {
                 )
             }
         };
+        (how, false)
+    }
+
+    /// Where training got to and, when memory grew with the steps, where
+    /// the ceiling would have been reached (estimated before the job began
+    /// to exit: a teardown's memory is not training's).
+    fn progress_line(&self, outcome: Outcome, exit_code: i32) -> Option<String> {
+        let p = self.progress.current()?;
+        let at = p.describe();
+        if at.is_empty() {
+            return None;
+        }
+        let verb = match outcome {
+            Outcome::Exited if exit_code == 0 => "finished",
+            Outcome::Exited => "ended",
+            _ => "stopped",
+        };
+        let growth = match (p.bytes_per_step, p.ceiling_step) {
+            (Some(per), Some(at)) if per > 0 => format!(
+                "; memory grew {}/step, the ceiling would be reached near step {at}",
+                HumanBytes(per.unsigned_abs())
+            ),
+            _ => String::new(),
+        };
+        Some(format!("{verb} at {at}{growth}"))
+    }
+
+    /// The peak and the nearest ceiling.
+    fn memory_lines(&self) {
         let s = &self.sinks.stats;
-        match self.attach_headline(outcome, duration) {
-            Some(line) => eprintln!("oomguard: {line}"),
-            None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
-        }
-        if let Some(p) = self.progress.current() {
-            let at = p.describe();
-            if !at.is_empty() {
-                let verb = match outcome {
-                    Outcome::Exited if exit_code == 0 => "finished",
-                    Outcome::Exited => "ended",
-                    _ => "stopped",
-                };
-                let growth = match (p.bytes_per_step, p.ceiling_step) {
-                    (Some(per), Some(at)) if per > 0 => format!(
-                        "; memory grew {}/step, the ceiling would be reached near step {at}",
-                        HumanBytes(per.unsigned_abs())
-                    ),
-                    _ => String::new(),
-                };
-                eprintln!("oomguard: {verb} at {at}{growth}");
-            }
-        }
         let holder = s
             .peak_holder
             .as_ref()
@@ -421,21 +486,6 @@ impl Supervisor {
                 l.headroom_percent(),
                 HumanBytes(s.peak.swap_used_bytes),
             );
-        }
-        for note in &self.rank_notes {
-            eprintln!("oomguard: {note}");
-        }
-        if let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
-            eprintln!("oomguard: {line}");
-        }
-        if !s.actions.is_empty() {
-            let list: Vec<String> = s.actions.iter().map(|(a, n)| format!("{a} ×{n}")).collect();
-            eprintln!("oomguard: actions: {}", list.join(", "));
-        }
-        if self.attempts.lines().len() > 1 {
-            for a in self.attempts.lines() {
-                eprintln!("oomguard: {a}");
-            }
         }
     }
 }

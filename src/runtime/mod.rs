@@ -65,6 +65,7 @@ mod store_link;
 mod target;
 mod tick;
 mod wakeups;
+mod words;
 
 use act::{Acted, Ident, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
@@ -193,6 +194,9 @@ struct Supervisor {
     pty_keeper: Option<crate::keeper::Keeper>,
     /// The dashboard's terminal hung up (handled once).
     hung_up: bool,
+    /// Ctrl-C was typed into the job's terminal from the dashboard this
+    /// attempt (no save asked for: the job was interrupted).
+    typed_interrupt: bool,
     /// oomguard itself failed after the job started (exit 70).
     internal_error: Option<String>,
     /// The job's stdout and stderr, passed on to where they would have gone
@@ -683,6 +687,9 @@ impl Supervisor {
         waits_changed: bool,
         readings: Option<&Readings>,
     ) {
+        if self.began_to_exit() {
+            self.progress.freeze();
+        }
         if let Some(n) = view.nearest
             && self.progress.current().is_some()
         {
@@ -1022,6 +1029,17 @@ impl Supervisor {
         self.core.act.unpause(&mut *self.sig);
         self.shutdown_signal = Some(sig);
         self.core.act.arm_kill_after(crate::clock::now());
+    }
+
+    /// Whether the job was told to end, or its main process did: from
+    /// then on its memory is a teardown's, not training's.
+    fn began_to_exit(&self) -> bool {
+        self.main_status.is_some()
+            || self.core.act.stop.is_some()
+            || self.core.act.policy_end.is_some()
+            || self.core.act.signal_end().is_some()
+            || self.shutdown_signal.is_some()
+            || self.typed_interrupt
     }
 
     /// Where the run stands for a signal's decision (`signals.rs`).

@@ -49,10 +49,10 @@ impl Supervisor {
                         }
                     }
                     UiCommand::Stop | UiCommand::Quit { stop_job: true } if alive => {
-                        self.begin_stop(Action::Stop, "manual stop (dashboard)");
+                        self.begin_stop(Action::Stop, words::MANUAL_STOP);
                     }
                     UiCommand::Restart if alive => {
-                        self.begin_stop(Action::Restart, "manual restart (dashboard)");
+                        self.begin_stop(Action::Restart, words::MANUAL_RESTART);
                     }
                     UiCommand::Quit { stop_job: false } if self.target.quit_detaches() => {
                         self.end_watch("detached from the dashboard".to_string());
@@ -83,7 +83,7 @@ impl Supervisor {
         if saves {
             self.signal_save(libc::SIGINT, true, "Ctrl-C");
         } else if let Some(p) = &self.pty {
-            let _ = p.interrupt();
+            self.typed_interrupt |= p.interrupt().is_ok() && self.main_status.is_none();
         }
     }
 

@@ -839,6 +839,7 @@ impl Supervisor {
             pty: screen.pty,
             pty_keeper: None,
             hung_up: false,
+            typed_interrupt: false,
             internal_error: None,
             relay: output.relay,
             pty_scanner: OutputScanner::new(),

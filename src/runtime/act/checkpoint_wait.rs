@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::parts::Part;
 use super::{
     Acted, Actuator, EXIT_AFTER_DONE, Ident, LAST_RESORT_HOLD, SIG_CONT, SIG_KILL, SIG_TERM,
     Signaller, Stop, StopStep, idents, signal_all,
@@ -84,7 +85,9 @@ impl Actuator {
             // end it here instead.
             let sent = signal_all(sig, &rest, SIG_KILL);
             let why = format!("last resort during {}", st.reason);
+            let mark = self.mark();
             self.record(ActionKind::Kill, &why, sent, SIG_KILL);
+            self.parts_since(mark, st.action, Part::Kill);
             self.killed = true;
             st.step = StopStep::Killed;
         } else {
@@ -92,7 +95,9 @@ impl Actuator {
             signal_all(sig, &rest, SIG_CONT);
             if !sent.0.is_empty() {
                 let why = format!("{}: terminating the rest of the tree", st.reason);
+                let mark = self.mark();
                 self.record(ActionKind::Stop, &why, sent, SIG_TERM);
+                self.parts_since(mark, st.action, Part::Cleanup);
             }
             st.step = StopStep::Terminate {
                 until: now + st.kill_after,
@@ -145,7 +150,9 @@ impl Actuator {
             ));
             let why = format!("{}: the companion did not answer", st.reason);
             let targets = st.signalled.clone();
+            let mark = self.mark();
             self.checkpoint_signal(ActionKind::Stop, &why, &targets, sig);
+            self.parts_since(mark, st.action, Part::SignalFallback);
         }
     }
 
