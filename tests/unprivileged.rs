@@ -7,8 +7,10 @@
 //! 4 GiB: the cheap loop over the limit's usage counter
 //! (`src/runtime/cheap.rs`) wakes the loop at the crossing.
 //!
-//! Breaking the mechanism fails it: with `OOMGUARD_CHEAP_LOOP=off` the same
-//! runs were stopped in 0–2 of 10 (design.md, *Controls*).
+//! Each run must also say (`run_end.wakeups`) that the kernel refused the
+//! usage threshold, with why, and that the cheap loop woke the loop: with
+//! `--without cheap-loop` every run fails that, and the same runs were
+//! stopped in 0–2 of 10 in 1 and 2 GiB (design.md, *Controls*).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -51,10 +53,30 @@ fn fast_leak_as_nobody(limit: u64) {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         // The run really was unprivileged: no cgroup of its own.
         assert!(text.contains(r#""owned":false"#), "{text}");
-        if run.kills == 0 && run.exit == Some(75) {
+        let lines = common::read_log(&log);
+        let w = common::schema::run_end(&lines)
+            .wakeups
+            .as_ref()
+            .unwrap_or_else(|| panic!("no run_end.wakeups\n{text}"));
+        // The kernel refused the usage threshold to a user who does not own
+        // the cgroup, and the log says why.
+        assert!(
+            !w.usage_threshold.armed
+                && w.usage_threshold
+                    .refused
+                    .as_deref()
+                    .is_some_and(|r| r.contains("cgroup.event_control")),
+            "{w:?}"
+        );
+        // Stopped, and by the cheap loop's reads: without them (or with
+        // the threshold somehow armed) the run does not count.
+        if run.kills == 0 && run.exit == Some(75) && w.cheap_loop.woke > 0 {
             prevented += 1;
         } else {
-            failures.push(format!("seed {seed}: {run:?}"));
+            failures.push(format!(
+                "seed {seed}: {run:?}, cheap loop {:?}",
+                w.cheap_loop
+            ));
         }
     }
     eprintln!(

@@ -694,6 +694,39 @@ pub struct RunEnd {
     /// stranger spared. Absent when there was none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reused_pids_refused: Option<u64>,
+    /// What could wake the loop between ticks, and how often each did.
+    /// Absent when the run ended before its loop ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wakeups: Option<Wakeups>,
+}
+
+/// `run_end.wakeups`: each source of a wake-up, armed or not, and the
+/// times it woke the loop to a tick.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Wakeups {
+    /// The kernel's v1 usage threshold (`cgroup.event_control`).
+    pub usage_threshold: WakeSource,
+    /// A PSI trigger on `memory.pressure` (the job's v2 cgroup, or the
+    /// machine's).
+    pub psi: WakeSource,
+    /// A v2 `memory.events` change (`high`, `max`, `oom`).
+    pub memory_events: WakeSource,
+    /// The cheap loop's read of the limit's usage counter, closer to the
+    /// limit than the tick.
+    pub cheap_loop: WakeSource,
+    /// The `--interval` tick itself.
+    pub poll: WakeSource,
+}
+
+/// One source of wake-ups.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WakeSource {
+    pub armed: bool,
+    pub woke: u64,
+    /// Why it could not be armed, when the kernel refused it (absent when
+    /// it was armed, turned off, or does not apply here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 impl RunEnd {
@@ -721,6 +754,7 @@ impl RunEnd {
             still_running_pids: None,
             cheap_loop: None,
             reused_pids_refused: None,
+            wakeups: None,
         }
     }
 }
