@@ -647,6 +647,7 @@ fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
         .unwrap_or_else(|| panic!("no oom_kill event; stderr:\n{err}"));
     assert_eq!(kill["pid"], victim, "{kill}");
     assert_eq!(kill["role"], "worker", "{kill}");
+    common::assert_from_the_kernels_report(&kill);
     assert!(
         kill["place"]
             .as_str()

@@ -157,3 +157,46 @@ fn serial_unprivileged_fast_leak_in_2_gib_is_stopped_before_the_kernel() {
 fn serial_unprivileged_fast_leak_in_4_gib_is_stopped_before_the_kernel() {
     fast_leak_as_nobody(4 * GIB);
 }
+
+/// The kernel kills a normal user's leak (`--policy none`): with
+/// `kernel.dmesg_restrict=1` uid 65534 cannot read the kernel's report, so
+/// the kill is attributed from the OOM-kill counter and the tree, and the
+/// event says so (a `reason`, no constraint, no `kill` record), while the
+/// tests of the report's path (policy, lifecycle, restart, the VM's G3)
+/// require the opposite.
+#[test]
+fn serial_unprivileged_kill_is_attributed_from_the_counter_when_the_kernel_log_is_closed() {
+    if !require(
+        shapes::available(),
+        "needs root and a cgroup v1 memory hierarchy",
+    ) {
+        return;
+    }
+    let restricted = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict")
+        .is_ok_and(|v| v.trim() == "1");
+    if !require(restricted, "needs kernel.dmesg_restrict=1") {
+        return;
+    }
+    let _lock = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let log = dir.path().join("killed.ndjson");
+    let run = shapes::run(&shapes::Spec {
+        unprivileged: true,
+        flags: &["--policy", "none"],
+        ..shapes::Spec::new("linear", 3, GIB, &log)
+    })
+    .expect("a memory cgroup for the shape");
+    assert!(run.kills > 0, "the kernel killed nothing: {run:?}");
+    let lines = common::read_log(&log);
+    let kill = common::first_oom_kill(&lines)
+        .unwrap_or_else(|| panic!("no oom_kill event: {run:?}"));
+    assert!(
+        kill["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("attributed from the OOM-kill counter")),
+        "{kill}"
+    );
+    assert!(kill["constraint"].is_null() && kill["kill"].is_null(), "{kill}");
+    assert_eq!(common::schema::run_end(&lines).outcome, "oom_killed");
+}

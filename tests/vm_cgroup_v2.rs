@@ -519,6 +519,7 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
         .expect("G3: no oom_kill event");
     assert_eq!(kill["comm"], "leak", "G3: {kill}");
     assert!(kill["pid"].is_u64(), "G3: the victim is not named: {kill}");
+    common::assert_from_the_kernels_report(&kill);
     let forensics = out.section("forensics").join("\n");
     assert!(forensics.contains("leak"), "forensics: {forensics}");
     clean(&g3);

@@ -118,6 +118,32 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+/// An `oom_kill` event written from the kernel's own report, not from the
+/// OOM-kill counter's fallback: only the report gives the constraint and
+/// the `kill` record, and only the fallback says a `reason`.
+pub fn assert_from_the_kernels_report(kill: &serde_json::Value) {
+    assert!(
+        kill["constraint"].as_str().is_some_and(|c| !c.is_empty()),
+        "no constraint: not from the kernel's report: {kill}"
+    );
+    assert!(
+        kill["kill"]["pid"].is_u64(),
+        "no kill record: not from the kernel's report: {kill}"
+    );
+    assert!(
+        kill["reason"].is_null(),
+        "a reason: attributed from the counter: {kill}"
+    );
+}
+
+/// The first `oom_kill` event of a log.
+pub fn first_oom_kill(lines: &[schema::Line]) -> Option<serde_json::Value> {
+    lines.iter().find_map(|l| match &l.event {
+        schema::Event::OomKill(v) => Some(v.clone()),
+        _ => None,
+    })
+}
+
 /// Reads the NDJSON log, every line checked against the strict schema.
 pub fn read_log(path: &Path) -> Vec<schema::Line> {
     let text = fs::read_to_string(path).unwrap();
