@@ -172,8 +172,8 @@ fn serial_unprivileged_kill_is_attributed_from_the_counter_when_the_kernel_log_i
     ) {
         return;
     }
-    let restricted = std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict")
-        .is_ok_and(|v| v.trim() == "1");
+    let restricted =
+        std::fs::read_to_string("/proc/sys/kernel/dmesg_restrict").is_ok_and(|v| v.trim() == "1");
     if !require(restricted, "needs kernel.dmesg_restrict=1") {
         return;
     }
@@ -189,14 +189,17 @@ fn serial_unprivileged_kill_is_attributed_from_the_counter_when_the_kernel_log_i
     .expect("a memory cgroup for the shape");
     assert!(run.kills > 0, "the kernel killed nothing: {run:?}");
     let lines = common::read_log(&log);
-    let kill = common::first_oom_kill(&lines)
-        .unwrap_or_else(|| panic!("no oom_kill event: {run:?}"));
+    let kill =
+        common::first_oom_kill(&lines).unwrap_or_else(|| panic!("no oom_kill event: {run:?}"));
     assert!(
         kill["reason"]
             .as_str()
             .is_some_and(|r| r.contains("attributed from the OOM-kill counter")),
         "{kill}"
     );
-    assert!(kill["constraint"].is_null() && kill["kill"].is_null(), "{kill}");
+    assert!(
+        kill["constraint"].is_null() && kill["kill"].is_null(),
+        "{kill}"
+    );
     assert_eq!(common::schema::run_end(&lines).outcome, "oom_killed");
 }

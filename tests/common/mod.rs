@@ -136,6 +136,28 @@ pub fn assert_from_the_kernels_report(kill: &serde_json::Value) {
     );
 }
 
+/// What decided the end: the rule of the first `stop`, `kill` or
+/// `restart` action (its reason), and the ceiling (`source`, bytes) of the
+/// last sample before it, the one the rule read.
+pub fn stop_decision(lines: &[schema::Line]) -> Option<(String, String, u64)> {
+    let (at, rule) = lines.iter().find_map(|l| match &l.event {
+        schema::Event::Action(a) if matches!(a.action.as_str(), "stop" | "kill" | "restart") => {
+            Some((l.t, a.reason.clone()))
+        }
+        _ => None,
+    })?;
+    let ceiling = lines
+        .iter()
+        .filter(|l| l.t <= at)
+        .filter_map(|l| l.sample()?.ceiling.as_ref())
+        .next_back()?;
+    eprintln!(
+        "stop decided by {rule} against the {} ceiling of {} bytes",
+        ceiling.source, ceiling.bytes
+    );
+    Some((rule, ceiling.source.clone(), ceiling.bytes))
+}
+
 /// The first `oom_kill` event of a log.
 pub fn first_oom_kill(lines: &[schema::Line]) -> Option<serde_json::Value> {
     lines.iter().find_map(|l| match &l.event {
