@@ -250,6 +250,12 @@ settings_table! {
         /// A memory budget for the job: bytes (40GiB) or a share of RAM (75%).
         #[arg(value_name = "SIZE|PCT", display_order = 0)]
         budget: SizeOrPercent = values::budget, under BUDGET;
+
+        /// Mechanisms to turn off, for tests and debugging: usage-threshold,
+        /// psi, memory-events, cheap-loop, memory-high, or wakeups (all four
+        /// wake-ups: --interval polling only).
+        #[arg(value_name = "LIST", hide = true)]
+        without: crate::values::Without = values::without, default "none", under ADVANCED;
     }
 
     /// What only a job oomguard launches has (`run`).
@@ -392,7 +398,8 @@ mod tests {
             crate::probe::pss::SweepConfig::DEFAULT_BUDGET,
             "the sweeper's own default and the setting's disagree"
         );
-        assert_eq!(DEFAULTS.len(), 21);
+        assert_eq!(DEFAULTS.len(), 22);
+        assert_eq!(v.without, crate::values::Without::default());
     }
 
     #[test]
@@ -403,7 +410,7 @@ mod tests {
         let e = l.set("cgroup", "sometimes").unwrap().unwrap_err();
         assert_eq!(e, "cgroup: unknown value 'sometimes' (expected auto, off)");
         assert_eq!(l.set("kil_after", "3s"), None);
-        assert_eq!(Layer::KEYS.len(), 25);
+        assert_eq!(Layer::KEYS.len(), 26);
     }
 
     #[test]

@@ -264,6 +264,65 @@ pub fn listen_addr(text: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("'{text}' resolves to no address ({expected})"))
 }
 
+/// The mechanisms `--without` turns off, one by one: for the tests that
+/// prove each acts (a control with only that one missing), and for ruling
+/// one out when debugging. Hidden from `--help`: a user has no reason to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Without {
+    /// The v1 usage threshold (`cgroup.event_control`).
+    pub usage_threshold: bool,
+    /// The PSI trigger.
+    pub psi: bool,
+    /// The v2 `memory.events` wake-up.
+    pub memory_events: bool,
+    /// The cheap loop over the limit's usage counter.
+    pub cheap_loop: bool,
+    /// `memory.high` on oomguard's own v2 cgroup.
+    pub memory_high: bool,
+}
+
+impl Without {
+    /// The names, as `--without` reads them.
+    pub const NAMES: [&'static str; 6] = [
+        "usage-threshold",
+        "psi",
+        "memory-events",
+        "cheap-loop",
+        "memory-high",
+        "wakeups",
+    ];
+}
+
+/// `usage-threshold,psi,...`: `wakeups` is every wake-up at once (the
+/// threshold, PSI, `memory.events` and the cheap loop: `--interval` polling
+/// only); `none` turns nothing off.
+pub fn without(text: &str) -> Result<Without, String> {
+    let mut w = Without::default();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "usage-threshold" => w.usage_threshold = true,
+            "psi" => w.psi = true,
+            "memory-events" => w.memory_events = true,
+            "cheap-loop" => w.cheap_loop = true,
+            "memory-high" => w.memory_high = true,
+            "wakeups" => {
+                w.usage_threshold = true;
+                w.psi = true;
+                w.memory_events = true;
+                w.cheap_loop = true;
+            }
+            "none" => {}
+            other => {
+                return Err(format!(
+                    "'{other}' is not a mechanism --without knows (expected a list of {}, or none)",
+                    Without::NAMES.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,5 +408,20 @@ mod tests {
             assert!(stop_code(bad).is_err(), "{bad}");
         }
         assert!(stop_code("74").unwrap_err().contains("output"));
+    }
+
+    #[test]
+    fn without_turns_off_each_mechanism_by_name_and_refuses_others() {
+        let w = without("psi, cheap-loop").unwrap();
+        assert!(w.psi && w.cheap_loop && !w.usage_threshold && !w.memory_events);
+        let all = without("wakeups").unwrap();
+        assert!(all.usage_threshold && all.psi && all.memory_events && all.cheap_loop);
+        assert!(!all.memory_high);
+        assert_eq!(without("none").unwrap(), Without::default());
+        let e = without("psi,turbo").unwrap_err();
+        assert!(
+            e.contains("'turbo'") && e.contains("usage-threshold"),
+            "{e}"
+        );
     }
 }

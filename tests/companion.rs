@@ -305,6 +305,27 @@ fn serial_an_unmodified_lightning_script_saves_its_last_step() {
     assert_eq!(saved, step.to_string(), "{err}");
     assert_eq!(r.stop_signals(), vec![None], "{}", r.why());
     assert!(!r.stderr().contains("PyTorch Lightning"), "{}", r.why());
+    // Lightning's own ModelCheckpoint does not save the same step again
+    // (`…-v1.ckpt`), the companion's save says nothing about
+    // `weights_only`, and the fit's end is said in the job's output.
+    let files: Vec<String> = std::fs::read_dir(ckpt.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !files.iter().any(|f| f.contains("-v1")),
+        "a second checkpoint of the step: {files:?}"
+    );
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    assert!(!all.contains("weights_only"), "{}", r.why());
+    assert!(
+        all.contains(&format!(
+            "oomguard: stopping the fit after the checkpoint at step {step} ("
+        )),
+        "no stop line in the job's output\n{}",
+        r.why()
+    );
 }
 
 /// The control, and the warning: without the companion Lightning gets

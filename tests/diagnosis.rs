@@ -420,7 +420,12 @@ fn figures(c: &Case) {
                 .find(|p| p["pid"].as_f64() == number(f, "pid"))
                 .and_then(|p| p["last_t"].as_f64())
                 .unwrap_or(trainer[trainer.len() - 1].t);
-            let times: Vec<f64> = c.sample_times.iter().copied().filter(|t| *t <= end).collect();
+            let times: Vec<f64> = c
+                .sample_times
+                .iter()
+                .copied()
+                .filter(|t| *t <= end)
+                .collect();
             let last = times.last().copied().unwrap_or(end);
             let pts: Vec<(f64, f64)> = times
                 .iter()

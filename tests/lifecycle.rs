@@ -242,6 +242,8 @@ fn serial_a_worker_killed_by_the_kernel_makes_the_outcome_oom_killed() {
     // The trainer's own exit code is kept; the outcome says why.
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(schema::run_end(&lines).outcome, "oom_killed");
+    let kill = common::first_oom_kill(&lines).expect("an oom_kill event");
+    common::assert_from_the_kernels_report(&kill);
 }
 
 /// Ignores SIGTERM, so only oomguard's SIGKILL after --kill-after ends it.

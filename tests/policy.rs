@@ -103,11 +103,16 @@ fn actions(lines: &[schema::Line]) -> Vec<(String, String, Option<String>)> {
         .collect()
 }
 
+/// A leak of 40 MiB/s (2 MiB every 0.05 s) in 512 MiB: past the
+/// critical level before its ETA has held for the 2 s `critical-eta`
+/// needs, so `critical-headroom` decides.
 fn prevented(leak_in: &str, workers: &str) {
-    prevented_with(leak_in, workers, &[]);
+    prevented_with(leak_in, workers, &[], "0.05", "critical-headroom");
 }
 
-fn prevented_with(leak_in: &str, workers: &str, extra: &[&str]) {
+/// A leak of 2 MiB every `period` seconds in a 512 MiB cgroup, stopped
+/// before the kernel by `rule`.
+fn prevented_with(leak_in: &str, workers: &str, extra: &[&str], period: &str, rule: &str) {
     let name = format!("prevent-{leak_in}{}", extra.join("").replace('-', ""));
     let Some(cg) = MemCgroup::or_skip(&name, 512 << 20) else {
         return;
@@ -126,7 +131,7 @@ fn prevented_with(leak_in: &str, workers: &str, extra: &[&str]) {
         "--chunk-mib",
         "2",
         "--period",
-        "0.05",
+        period,
         "--ckpt-dir",
         ckpt.to_str().unwrap(),
         "--signals-dir",
@@ -139,6 +144,13 @@ fn prevented_with(leak_in: &str, workers: &str, extra: &[&str]) {
         &[("NUM_WORKERS", workers)],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        (rule, "cgroup", 512 << 20),
+        "stderr:\n{err}"
+    );
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
     assert_eq!(
         kills, 0,
@@ -170,6 +182,15 @@ fn serial_leaking_workers_are_stopped_before_the_kernel() {
 fn serial_leaking_trainer_is_stopped_before_the_kernel() {
     let _serial = serial();
     prevented("trainer", "2");
+}
+
+/// A slower leak (10 MiB/s): its ETA falls under 10 s while the headroom
+/// is still well above the critical 8 %, and holds for 2 s, so
+/// `critical-eta` (not `critical-headroom`) stops it.
+#[test]
+fn serial_a_steady_leak_is_stopped_by_its_eta_before_the_critical_level() {
+    let _serial = serial();
+    prevented_with("trainer", "2", &[], "0.2", "critical-eta");
 }
 
 #[test]
@@ -226,6 +247,13 @@ fn serial_fast_leak_is_stopped_before_the_kernel() {
         &[],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("critical-headroom", "cgroup", 1 << 30),
+        "stderr:\n{err}"
+    );
     assert_eq!(kills, 0, "the kernel killed something");
     assert_eq!(max_oom_kill_count(&lines), 0);
     assert!(t0.elapsed() < Duration::from_secs(30));
@@ -252,6 +280,13 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
         &[("NUM_WORKERS", "3")],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("critical-headroom", "budget", 160 << 20),
+        "stderr:\n{err}"
+    );
     let mut trainer_got = String::new();
     for e in fs::read_dir(&sigs).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -300,6 +335,13 @@ fn a_trainer_that_saves_and_leaves_at_once_has_its_checkpoint_logged() {
         &[("NUM_WORKERS", "0")],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("critical-headroom", "budget", 160 << 20),
+        "stderr:\n{err}"
+    );
     let saved = fs::read_dir(&ckpt)
         .unwrap()
         .flatten()
@@ -335,6 +377,13 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
     );
     let took = t0.elapsed();
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("critical-headroom", "budget", 160 << 20),
+        "stderr:\n{err}"
+    );
     assert!(err.contains("did not exit within"), "{err}");
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
     let stop_t = lines
@@ -647,6 +696,7 @@ fn serial_a_kernel_oom_kill_is_explained_with_the_victims_role() {
         .unwrap_or_else(|| panic!("no oom_kill event; stderr:\n{err}"));
     assert_eq!(kill["pid"], victim, "{kill}");
     assert_eq!(kill["role"], "worker", "{kill}");
+    common::assert_from_the_kernels_report(&kill);
     assert!(
         kill["place"]
             .as_str()
@@ -733,7 +783,13 @@ fn serial_a_sudden_kernel_kill_is_advised_as_one_and_logged_before_the_death() {
 #[test]
 fn serial_leaking_workers_are_stopped_before_the_kernel_with_cgroup_off() {
     let _serial = serial();
-    prevented_with("workers", "4", &["--cgroup", "off"]);
+    prevented_with(
+        "workers",
+        "4",
+        &["--cgroup", "off"],
+        "0.05",
+        "critical-headroom",
+    );
 }
 
 fn leaking_workers(sigs: &Path) -> Vec<String> {
@@ -774,6 +830,13 @@ fn serial_the_kill_action_ends_the_tree_before_the_kernel() {
         &[("NUM_WORKERS", "4")],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("critical-headroom", "cgroup", 512 << 20),
+        "stderr:\n{err}"
+    );
     assert_eq!(kills, 0, "the kernel killed something");
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
     let acts = actions(&lines);
@@ -811,6 +874,13 @@ fn serial_a_pause_longer_than_max_pause_escalates_to_a_stop() {
         &[("NUM_WORKERS", "4")],
     );
     assert_eq!(code, Some(75), "stderr:\n{err}");
+    let decided = common::stop_decision(&lines).expect("a stop action after a sample");
+    // The rule that decided, and the ceiling it read.
+    assert_eq!(
+        (decided.0.as_str(), decided.1.as_str(), decided.2),
+        ("max-pause (critical-headroom)", "cgroup", 512 << 20),
+        "stderr:\n{err}"
+    );
     assert_eq!(kills, 0, "the kernel killed something");
     assert_eq!(schema::run_end(&lines).outcome, "stopped_by_policy");
     let at = |name: &str| {

@@ -228,6 +228,8 @@ fn serial_restart_after_a_real_kernel_oom_kill_of_a_worker() {
     let rs = restarts(&lines);
     assert!(!rs.is_empty());
     assert_eq!(rs[0]["reason"], "kernel OOM kill");
+    let kill = common::first_oom_kill(&lines).expect("an oom_kill event");
+    common::assert_from_the_kernels_report(&kill);
     assert!(stdout.contains("done at step 600"), "{stdout}");
 }
 

@@ -141,8 +141,11 @@ fn serial_shape_fast_leak_is_stopped_before_the_kernel() {
 /// The kernel's v1 usage thresholds wake oomguard between two slow polls:
 /// with `--interval 30s` a linear leak reaches the limit long before the
 /// second poll, so only a wake-up at the warn level (which brings the fast
-/// ticks) can stop it. The control, `OOMGUARD_KERNEL_WAKEUPS=off` (no
-/// thresholds, no PSI trigger, no cheap loop), must lose to the kernel.
+/// ticks) can stop it, and `run_end.wakeups` says the threshold was the
+/// one. The controls: `--without usage-threshold` alone leaves its count at
+/// zero (the cheap loop, which runs where no threshold is armed, then
+/// covers, and says so); `--without wakeups` (no threshold, PSI trigger
+/// or cheap loop) must lose to the kernel.
 #[test]
 fn serial_v1_kernel_wakeup_stops_a_leak_between_slow_polls() {
     if !require(
@@ -153,25 +156,43 @@ fn serial_v1_kernel_wakeup_stops_a_leak_between_slow_polls() {
     }
     let _lock = serial();
     let dir = tempfile::tempdir().unwrap();
-    let run = |wakeups: bool| {
-        let log = dir.path().join(format!("wakeup-{wakeups}.ndjson"));
+    let run = |name: &str, without: &str| {
+        let log = dir.path().join(format!("wakeup-{name}.ndjson"));
+        let flags = ["--interval", "30s", "--without", without];
         let spec = shapes::Spec {
-            flags: &["--interval", "30s"],
+            flags: &flags,
             ..shapes::Spec::new("linear", 7, 1024 * MIB, &log)
         };
-        let r = shapes::run_with_env(
-            &spec,
-            &[(
-                "OOMGUARD_KERNEL_WAKEUPS",
-                if wakeups { "on" } else { "off" },
-            )],
-        )
-        .expect("a memory cgroup for the shape");
-        (r, std::fs::read_to_string(&log).unwrap_or_default())
+        let r = shapes::run(&spec).expect("a memory cgroup for the shape");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines = common::read_log(&log);
+        let wakeups = common::schema::run_end(&lines).wakeups.as_ref().map(|w| {
+            (
+                w.usage_threshold.woke,
+                w.cheap_loop.woke,
+                w.usage_threshold.armed,
+            )
+        });
+        (r, wakeups, text)
     };
-    let (with, log) = run(true);
+    let (with, woke, log) = run("all", "none");
     assert_eq!((with.exit, with.kills), (Some(75), 0), "{with:?}\n{log}");
-    let (without, log) = run(false);
+    let (threshold, _, armed) = woke.expect("run_end.wakeups");
+    assert!(
+        armed && threshold > 0,
+        "the threshold did not wake the loop: {woke:?}\n{log}"
+    );
+
+    let (alone, woke, log) = run("no-threshold", "usage-threshold");
+    let (threshold, cheap, armed) = woke.expect("run_end.wakeups");
+    assert_eq!((threshold, armed), (0, false), "{log}");
+    assert!(
+        cheap > 0,
+        "the cheap loop covers the threshold: {woke:?}\n{log}"
+    );
+    assert_eq!((alone.exit, alone.kills), (Some(75), 0), "{alone:?}\n{log}");
+
+    let (without, _, log) = run("none", "wakeups");
     assert!(
         without.kills > 0 && without.exit != Some(75),
         "without kernel wake-ups the leak should reach the kernel between two 30 s polls: {without:?}\n{log}"

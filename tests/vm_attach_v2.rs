@@ -295,11 +295,10 @@ echo "@@ c.exit=$?"; echo "@@ c.pid=$jc"; wait $jc; echo "@@ c.job_exit=$?"; rep
 for w in w w0; do
   mkdir -p /sys/fs/cgroup/$w; echo 200M > /sys/fs/cgroup/$w/memory.max; echo 186M > /sys/fs/cgroup/$w/memory.high
   job $w $w 200 190 1000; jw=$job
-  if [ $w = w0 ]; then export OOMGUARD_KERNEL_WAKEUPS=off; fi
-  timeout 120 oomguard attach --no-tui --no-notify --interval 30s --cgroup /$w --log /tmp/$w.ndjson >/dev/null 2>/tmp/$w.err
+  without=none; if [ $w = w0 ]; then without=wakeups; fi
+  timeout 120 oomguard attach --no-tui --no-notify --interval 30s --without $without --cgroup /$w --log /tmp/$w.ndjson >/dev/null 2>/tmp/$w.err
   echo "@@ $w.exit=$?"; echo "@@ $w.pid=$jw"; wait $jw; echo "@@ $w.job_exit=$?"; report $w $w $jw
 done
-unset OOMGUARD_KERNEL_WAKEUPS
 "#
     );
     let out = vm::run_scenario(&m, img, &scenario, &vm::Boot::default());

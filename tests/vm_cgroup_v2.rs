@@ -202,15 +202,19 @@ run a a {og} --log /tmp/a.ndjson -- leak 200 4096
 # critical level (184) and memory.high (~186). Only a kernel wake-up can
 # act before the first poll.
 MAX=200M run b b {og} --interval 30s --log /tmp/b.ndjson -- leak 200 190
-# B0: control for B, kernel wake-ups off (memory.high still holds the leak).
-MAX=200M OOMGUARD_KERNEL_WAKEUPS=off run b0 b0 {og} --interval 30s --log /tmp/b0.ndjson -- leak 200 190
+# B1, B2: one kernel wake-up each, no cheap loop: memory.events alone
+# (no PSI), the PSI trigger alone (no memory.events).
+MAX=200M run b1 b1 {og} --interval 30s --without psi,cheap-loop --log /tmp/b1.ndjson -- leak 200 190
+MAX=200M run b2 b2 {og} --interval 30s --without memory-events,cheap-loop --log /tmp/b2.ndjson -- leak 200 190
+# B0: control for B, every wake-up off (memory.high still holds the leak).
+MAX=200M run b0 b0 {og} --interval 30s --without wakeups --log /tmp/b0.ndjson -- leak 200 190
 # C: memory.high evaluated: a 2 GB/s leak, with and without it.
 run c c {og} --log /tmp/c.ndjson -- leak 2000 4096
-OOMGUARD_MEMORY_HIGH=off run c0 c0 {og} --log /tmp/c0.ndjson -- leak 2000 4096
+run c0 c0 {og} --without memory-high --log /tmp/c0.ndjson -- leak 2000 4096
 # C2: a trainer deaf to SIGTERM leaks on past the stop into memory.high
 # (with it) or on towards the last resort (without).
 LEAK_DEAF=1 run c2 c2 {og} --grace 3s --kill-after 1s --log /tmp/c2.ndjson -- leak 2000 4096
-LEAK_DEAF=1 OOMGUARD_MEMORY_HIGH=off run c20 c20 {og} --grace 3s --kill-after 1s --log /tmp/c20.ndjson -- leak 2000 4096
+LEAK_DEAF=1 run c20 c20 {og} --without memory-high --grace 3s --kill-after 1s --log /tmp/c20.ndjson -- leak 2000 4096
 # D: oomguard ends on SIGTERM mid-run and cleans up.
 mkdir -p /sys/fs/cgroup/d; echo 300M > /sys/fs/cgroup/d/memory.max
 sh -c 'echo $$ > /sys/fs/cgroup/d/cgroup.procs && exec {og} --log /tmp/d.ndjson -- leak 10 100' </dev/null >/tmp/d.out 2>/tmp/d.err &
@@ -268,6 +272,38 @@ rc=$?; echo; echo "@@ i.exit=$rc"; report i i
         tb0 >= 29.0,
         "B0 (control): stopped at {tb0:.2} s without wake-ups"
     );
+    let woke = |r: &Run| {
+        let w = common::schema::run_end(&r.log)
+            .wakeups
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no run_end.wakeups", r.name));
+        (w.psi.woke, w.memory_events.woke, w.cheap_loop.armed)
+    };
+    let (psi, events, _) = woke(&b);
+    assert!(psi + events > 0, "B: no kernel wake-up woke the loop");
+    // Each kernel wake-up alone (no cheap loop) stops the leak before the
+    // poll, and says it was the one; the one turned off counts nothing.
+    for (r, name) in [(get("b1"), "memory.events"), (get("b2"), "PSI")] {
+        assert_eq!(r.exit(), 75, "{}: {}", r.name, r.err);
+        let t = r.first_action("stop").expect("no stop action");
+        eprintln!("{name} alone: stop at {t:.2} s, woke {:?}", woke(&r));
+        assert!(
+            t < 28.0,
+            "{name} alone: the stop waited for the poll ({t:.2} s)"
+        );
+        let (psi, events, cheap) = woke(&r);
+        let (own, other) = if name == "PSI" {
+            (psi, events)
+        } else {
+            (events, psi)
+        };
+        assert!(
+            own > 0 && other == 0 && !cheap,
+            "{name} alone: {:?}",
+            woke(&r)
+        );
+        r.assert_clean();
+    }
     b.assert_clean();
     b0.assert_clean();
 
@@ -483,6 +519,7 @@ MAX=120M run s s {og} --config /etc/swap-storm.toml --log /tmp/s.ndjson -- leak 
         .expect("G3: no oom_kill event");
     assert_eq!(kill["comm"], "leak", "G3: {kill}");
     assert!(kill["pid"].is_u64(), "G3: the victim is not named: {kill}");
+    common::assert_from_the_kernels_report(&kill);
     let forensics = out.section("forensics").join("\n");
     assert!(forensics.contains("leak"), "forensics: {forensics}");
     clean(&g3);

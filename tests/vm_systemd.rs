@@ -49,6 +49,9 @@ fn rootfs() -> Option<PathBuf> {
         return None;
     }
     fs::create_dir_all(&cache).unwrap();
+    // Over the network (Debian's mirror): a hung download must fail by
+    // name, not hang CI. About a minute when it works.
+    common::deadline::arm_for(Duration::from_secs(900));
     let started = Instant::now();
     let ok = Command::new("sh")
         .arg(RECIPE)

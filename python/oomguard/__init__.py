@@ -157,6 +157,10 @@ class Guard:
         self._agreed_at = None  # type: Optional[float]
         self._local_id = 0
         self._exit = False
+        self._agreed_reason = None  # type: Optional[str]
+        #: Why the job was asked to stop (the rule, the signal), once
+        #: :meth:`should_exit` is true; for a line in the job's output.
+        self.stop_reason = None  # type: Optional[str]
         self._last_progress = 0.0
         self._last_step = None  # type: Optional[int]
         self._reported = None  # type: Optional[int]
@@ -234,6 +238,7 @@ class Guard:
         self._local_id = 0
         if kind == "checkpoint_and_exit":
             self._exit = True
+            self.stop_reason = self._agreed_reason
 
     def should_exit(self) -> bool:
         """True once a ``checkpoint_and_exit`` request has been served: leave
@@ -306,6 +311,7 @@ class Guard:
         # request it serves is the one there now.
         req = req or self._pending()
         self._local_id = req["id"] if req else 0
+        self._agreed_reason = req.get("reason") if req else None
         if req:
             self._emit({"type": "ack", "id": req["id"], "step": step})
         elif self.local_rank == 0 and node != self.node:
@@ -313,6 +319,7 @@ class Guard:
             # and why, and waits for the same save.
             record = {"type": "remote", "id": vote_id, "kind": kind, "node": node, "step": step}
             record.update(self._published(vote_id))
+            self._agreed_reason = record.get("reason")
             self._emit(record)
         return True
 

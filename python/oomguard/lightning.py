@@ -10,6 +10,7 @@ Under ``oomguard run`` every ``Trainer`` gets it without code (see
 """
 
 import os
+import sys
 
 from . import guard
 
@@ -40,14 +41,52 @@ def callback_class(base):
             )
             ok = True
             try:
-                trainer.save_checkpoint(path)
+                _save(trainer, path)
             except Exception:
                 ok = False
+            if ok:
+                _saved_for_model_checkpoints(trainer, path)
             g.checkpointed([path], ok=ok)
             if g.should_exit():
                 trainer.should_stop = True
+                if getattr(trainer, "is_global_zero", True):
+                    sys.stderr.write(
+                        "oomguard: stopping the fit after the checkpoint at step {} ({})\n".format(
+                            step, g.stop_reason or "asked to stop"
+                        )
+                    )
+                    sys.stderr.flush()
 
     return OomguardCallback
+
+
+def _save(trainer, path):
+    """A full checkpoint (the optimizer's state too: a resume needs it),
+    asked for by name so Lightning does not log that it chose; a Lightning
+    too old for the argument saves a full one anyway."""
+    try:
+        trainer.save_checkpoint(path, weights_only=False)
+    except TypeError:
+        trainer.save_checkpoint(path)
+
+
+def _saved_for_model_checkpoints(trainer, path):
+    """Tells the fit's ``ModelCheckpoint`` callbacks that this step is
+    saved, so none saves it again as ``…-v1.ckpt`` when the fit ends (twice
+    the time and the disk at the worst moment); a ``last.ckpt`` the user
+    asked for (``save_last``) is still made, of this save. Best effort:
+    these are Lightning's internals, and any failure leaves Lightning as
+    it was."""
+    for cb in getattr(trainer, "checkpoint_callbacks", None) or []:
+        try:
+            if not hasattr(cb, "_last_global_step_saved"):
+                continue
+            cb._last_global_step_saved = trainer.global_step
+            cb._last_checkpoint_saved = path
+            if getattr(cb, "save_last", None):
+                cb._save_last_checkpoint(trainer, cb._monitor_candidates(trainer))
+        except Exception:
+            pass
 
 
 def checkpoint_dir(trainer):

@@ -59,7 +59,7 @@ class Control:
         open(os.path.join(str(path), "events"), "w").close()
 
     def request(self, id, kind="checkpoint", **extra):
-        body = dict(v=1, id=id, kind=kind, reason="test", deadline=0.0, **extra)
+        body = dict(dict(v=1, id=id, kind=kind, reason="test", deadline=0.0), **extra)
         self.write("request", json.dumps(body))
 
     def write(self, name, text):

@@ -85,17 +85,23 @@ def test_lightnings_checkpoint_directory(lightning_module, tmp_path):
     assert checkpoint_dir(trainer(tmp_path, dirpath="")) == os.path.join(str(tmp_path), "checkpoints")
 
 
-def test_the_lightning_callback_saves_the_agreed_step_and_stops_the_fit(lightning_module, control, tmp_path):
+def test_the_lightning_callback_saves_the_agreed_step_and_stops_the_fit(lightning_module, control, tmp_path, capsys):
     cb = lightning_module.OomguardCallback(Guard(framework="lightning"))
     t = trainer(tmp_path, step=7, epoch=2)
+    # Lightning's ModelCheckpoint, as far as the callback touches it.
+    mc = types.SimpleNamespace(_last_global_step_saved=0, _last_checkpoint_saved=None, save_last=None)
+    t.checkpoint_callbacks = [mc]
     cb.on_train_batch_end(t, None, None, None, 0)
     assert t.saved == [] and not t.should_stop
-    control.request(3, "checkpoint_and_exit")
+    control.request(3, "checkpoint_and_exit", reason="critical-headroom")
     t.global_step = 8
     cb.on_train_batch_end(t, None, None, None, 1)
     expected = os.path.join(str(tmp_path), "checkpoints", "epoch=2-step=8.ckpt")
     assert t.saved == [expected]
     assert t.should_stop
+    assert (mc._last_global_step_saved, mc._last_checkpoint_saved) == (8, expected), "saved once"
+    err = capsys.readouterr().err
+    assert "oomguard: stopping the fit after the checkpoint at step 8 (critical-headroom)\n" == err
     done = [e for e in control.events() if e["type"] == "done"][0]
     assert done["paths"] == [expected] and done["step"] == 8 and done["epoch"] == 2
 
@@ -122,3 +128,22 @@ def test_a_single_process_gloo_group_decides_at_once(control, gloo):
     g.checkpointed(["p"])  # the barrier of one rank returns
     assert [e["type"] for e in control.events()] == ["hello", "progress", "ack", "done"]
     assert control.events()[0]["world"] == 1
+
+
+def test_a_last_ckpt_the_user_asked_for_is_still_made_of_the_companions_save(lightning_module, control, tmp_path):
+    cb = lightning_module.OomguardCallback(Guard(framework="lightning"))
+    t = trainer(tmp_path, step=4, epoch=0)
+    made = []
+    mc = types.SimpleNamespace(
+        _last_global_step_saved=0,
+        _last_checkpoint_saved=None,
+        save_last=True,
+        _monitor_candidates=lambda trainer: {"step": trainer.global_step},
+        _save_last_checkpoint=lambda trainer, candidates: made.append(candidates),
+    )
+    t.checkpoint_callbacks = [mc]
+    control.request(5, "checkpoint")
+    cb.on_train_batch_end(t, None, None, None, 0)
+    assert len(t.saved) == 1 and not t.should_stop
+    assert made == [{"step": 4}], "save_last still honoured"
+    assert mc._last_global_step_saved == 4

@@ -127,9 +127,6 @@ pub fn ceiling(f: &Facts) -> Check {
 /// The kernel wake-ups a run would register, tried for real and dropped.
 fn kernel_wakeups(f: &Facts) -> Vec<String> {
     let mut found = Vec::new();
-    if crate::runtime::kernel_wakeups_disabled() {
-        return found;
-    }
     if let (Some(loc), Some(cg)) = (&f.loc, &f.cg)
         && let (Some(limit), Some(path)) = (cg.limit_bytes, cg.limit_path.as_deref())
     {

@@ -24,13 +24,17 @@ use crate::model::{
 use crate::policy::{Metric, Policy, Readings};
 
 mod event;
+mod lenient;
 pub mod read;
+mod run_end;
 mod vocab;
 
 pub use event::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
     FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
 };
+use lenient::{device_index, lenient, lenient_list, lenient_vec, role_name, signal_name, truthy};
+pub use run_end::{CheapLoopStats, FailAbove, Outcome, Peak, RunEnd, WakeSource, Wakeups};
 pub use vocab::{ActionKind, RuleState};
 
 /// The schema name every line carries.
@@ -632,130 +636,6 @@ pub struct ChildExit {
     pub signal: Option<String>,
 }
 
-/// Peaks over the run.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Peak {
-    pub tree_pss_bytes: u64,
-    pub tree_rss_bytes: u64,
-    pub swap_used_bytes: u64,
-    pub gpu_used_bytes: u64,
-    /// When the tree PSS peaked.
-    pub t: f64,
-    /// The highest RSS one process of the job reached, as the kernel
-    /// recorded it when the process ended (0 under `attach`, and in logs
-    /// older than it): a spike between two samples, which no sampled
-    /// figure shows, is here.
-    #[serde(default)]
-    pub largest_process_rss_bytes: u64,
-}
-
-/// `run_end`: always the last line.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunEnd {
-    pub outcome: Outcome,
-    pub exit_code: i32,
-    #[serde(default)]
-    pub peak: Peak,
-    #[serde(default)]
-    pub restarts: u32,
-    #[serde(default)]
-    pub actions: BTreeMap<String, u32>,
-    #[serde(default)]
-    pub duration_seconds: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// `--fail-above`, when given, and whether the peak exceeded it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fail_above: Option<FailAbove>,
-    /// Bytes of the job's stdout and stderr read but never passed on:
-    /// dropped under `--output-drop`, or left when the reader closed its
-    /// end. Absent when oomguard did not relay the output (the dashboard,
-    /// `attach`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_dropped_bytes: Option<u64>,
-    /// `attach`: always false (a non-parent never sees the job's exit
-    /// code). Absent under `run`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_code_known: Option<bool>,
-    /// `attach`, outcome `detached`: why the watch ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detached_reason: Option<String>,
-    /// `attach`, outcome `detached`: the job's processes still alive.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub still_running_pids: Option<Vec<u32>>,
-    /// The cheap loop's reads of the limit's usage counter and the time
-    /// they took: its whole cost. Absent when it did not run (no cgroup
-    /// limit, or kernel thresholds watch the limit).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cheap_loop: Option<CheapLoopStats>,
-    /// Signals not sent because the pid had become another process
-    /// (its start time changed since it was a tree process): each one a
-    /// stranger spared. Absent when there was none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reused_pids_refused: Option<u64>,
-}
-
-impl RunEnd {
-    /// The `run_end` of a run that ended before its job ran (it could not
-    /// be started, or oomguard failed first): nothing measured, the error
-    /// said.
-    pub fn without_a_run(
-        outcome: Outcome,
-        exit_code: i32,
-        duration_seconds: f64,
-        error: &str,
-    ) -> Self {
-        Self {
-            outcome,
-            exit_code,
-            peak: Peak::default(),
-            restarts: 0,
-            actions: BTreeMap::new(),
-            duration_seconds,
-            error: Some(error.to_string()),
-            fail_above: None,
-            output_dropped_bytes: None,
-            exit_code_known: None,
-            detached_reason: None,
-            still_running_pids: None,
-            cheap_loop: None,
-            reused_pids_refused: None,
-        }
-    }
-}
-
-/// `run_end.cheap_loop`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct CheapLoopStats {
-    pub reads: u64,
-    pub seconds: f64,
-}
-
-/// The CI memory gate's verdict.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FailAbove {
-    pub limit_bytes: u64,
-    pub exceeded: bool,
-}
-
-/// How the run ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Exited,
-    Signaled,
-    StoppedByPolicy,
-    /// A signal oomguard received (a scheduler's TERM or USR1, an
-    /// interrupt) asked for a save, and the job ended after it.
-    StoppedBySignal,
-    OomKilled,
-    RestartLimit,
-    InternalError,
-    /// `attach`: the watch ended while the job was still running.
-    Detached,
-}
-
 /// The envelope every line carries, as a reader sees it: the fields the
 /// report needs before it knows the event. `schema` is kept as any JSON
 /// value so a reader can tell a missing or non-string schema (a stray
@@ -1095,98 +975,6 @@ impl PhaseMemoryEvent {
 // Readers are lenient field by field: a value of the wrong type reads as
 // absent rather than costing the whole line (a log is written by versions
 // that add fields, and by hand in tests and bug reports).
-
-/// A field that reads as `None` when its value has the wrong type.
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    let v = serde_json::Value::deserialize(d)?;
-    Ok(serde_json::from_value(v).ok())
-}
-
-/// A list that keeps the entries that read, and is empty when it is not a
-/// list.
-fn lenient_vec<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    Ok(lenient_list(d)?.unwrap_or_default())
-}
-
-fn lenient_list<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    Ok(match serde_json::Value::deserialize(d)? {
-        serde_json::Value::Array(a) => Some(
-            a.into_iter()
-                .filter_map(|v| serde_json::from_value(v).ok())
-                .collect(),
-        ),
-        _ => None,
-    })
-}
-
-/// A signal as a name: `"SIGKILL"` stays, a number becomes `signal 9`.
-fn signal_name<'de, D>(d: D) -> Result<Option<String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(match serde_json::Value::deserialize(d)? {
-        serde_json::Value::String(s) => Some(s),
-        serde_json::Value::Number(n) => Some(format!("signal {n}")),
-        _ => None,
-    })
-}
-
-/// A device index, also when written as a string (`"0"`).
-fn device_index<'de, D>(d: D) -> Result<Option<u32>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(match serde_json::Value::deserialize(d)? {
-        serde_json::Value::String(s) => s.trim().parse().ok(),
-        v => v.as_u64().and_then(|n| u32::try_from(n).ok()),
-    })
-}
-
-/// A role name, or for the richer shapes other writers may use
-/// (`{"role": "worker", "index": 3}`), its `role` (or `name`) member.
-fn role_name<'de, D>(d: D) -> Result<Option<String>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Shape {
-        Name(String),
-        Object {
-            role: Option<String>,
-            name: Option<String>,
-        },
-        Other(serde::de::IgnoredAny),
-    }
-    Ok(match Shape::deserialize(d)? {
-        Shape::Name(s) => Some(s),
-        Shape::Object { role, name } => role.or(name),
-        Shape::Other(_) => None,
-    })
-}
-
-/// `true`, or any other value than `false` and null (a hint given as text).
-fn truthy<'de, D>(d: D) -> Result<bool, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    Ok(match serde_json::Value::deserialize(d)? {
-        serde_json::Value::Bool(b) => b,
-        v => !v.is_null(),
-    })
-}
 
 #[cfg(test)]
 mod tests {

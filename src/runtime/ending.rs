@@ -120,6 +120,7 @@ impl Supervisor {
                     seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
                 }),
                 reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
+                wakeups: Some(self.wakeups_armed()),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

@@ -543,10 +543,11 @@ async fn the_next_attempt_resumes_from_the_checkpoint_the_stop_saved() {
         })
         .await;
     assert_eq!(code, 0);
+    // The checkpoint, not the resume record beside it (`.oomguard-resume.json`).
     let saved = std::fs::read_dir(ckpt.path())
         .unwrap()
         .flatten()
-        .next()
+        .find(|e| !e.file_name().to_string_lossy().starts_with('.'))
         .unwrap()
         .path();
     let checkpoints = of(&events, "checkpoint");

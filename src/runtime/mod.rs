@@ -172,8 +172,13 @@ struct Supervisor {
     /// The cheap loop over the limit's usage counter, where no kernel
     /// threshold watches it (`cheap.rs`).
     cheap: Option<cheap::CheapLoop>,
-    /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups).
+    /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups), and
+    /// which of the two each one is (true: PSI).
     pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
+    pri_is_psi: Vec<bool>,
+    /// Which wake-ups were armed, and how often each woke the loop
+    /// (`run_end.wakeups`).
+    wakes: crate::log::Wakeups,
     /// The ranks of a job across nodes, for the moment one ends.
     rank_exits: rank_exits::RankExits,
     /// The run's attempts: their number, the restart budget, the newest
@@ -296,13 +301,6 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
         start_time: st.start_time,
         pidfd,
     })
-}
-
-/// `OOMGUARD_KERNEL_WAKEUPS=off`: no v1 thresholds, PSI triggers or
-/// `memory.events` wake-ups, polling only. For tests that prove the
-/// wake-ups matter, and for ruling them out when debugging.
-pub fn kernel_wakeups_disabled() -> bool {
-    std::env::var("OOMGUARD_KERNEL_WAKEUPS").is_ok_and(|v| v == "off")
 }
 
 /// Where this run's resume record lives, and which run it is; `None` when
@@ -566,7 +564,8 @@ impl Supervisor {
 
     fn on_timer(&mut self) {
         let now = crate::clock::now();
-        if self.cheap.as_mut().is_some_and(|c| c.check(now)) {
+        let cheap = self.cheap.as_mut().is_some_and(|c| c.check(now));
+        if cheap {
             self.next_tick = now;
         }
         self.reap();
@@ -576,6 +575,12 @@ impl Supervisor {
         self.expire_hooks(now);
         self.check_watch_time(now);
         if now >= self.next_tick && !self.attempts.between() {
+            let woke = if cheap {
+                &mut self.wakes.cheap_loop
+            } else {
+                &mut self.wakes.poll
+            };
+            woke.woke += 1;
             let full = now >= self.next_full;
             self.tick(!full);
         }

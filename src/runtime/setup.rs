@@ -218,11 +218,20 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
             () = outside.children.exited() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
-            () = threshold => sup.tick(true),
+            () = threshold => {
+                sup.wakes.usage_threshold.woke += 1;
+                sup.tick(true);
+            }
             i = pri => {
                 if let Some(w) = sup.pri_wakes.get_mut(i) {
                     w.get_mut().rearm();
                 }
+                let source = if sup.pri_is_psi.get(i).copied().unwrap_or(false) {
+                    &mut sup.wakes.psi
+                } else {
+                    &mut sup.wakes.memory_events
+                };
+                source.woke += 1;
                 sup.tick(true);
             }
             n = output => sup.on_output(n, &pty_buf),
@@ -822,6 +831,8 @@ impl Supervisor {
             thresholds: Vec::new(),
             cheap: None,
             pri_wakes: Vec::new(),
+            pri_is_psi: Vec::new(),
+            wakes: crate::log::Wakeups::default(),
             rank_exits: super::rank_exits::RankExits::default(),
             attempts: super::attempts::Attempts::new(
                 Budget::new(

@@ -7,17 +7,10 @@ use super::*;
 impl Supervisor {
     /// Hands the cheap loop this tick's limit, levels and working set (and
     /// starts it on the first tick that has a cgroup limit). Not where a
-    /// v1 threshold already watches the limit, nor with kernel wake-ups
-    /// off: that switch leaves `--interval` polling alone, for the tests
-    /// that prove a wake-up acted.
+    /// v1 threshold already watches the limit, nor `--without cheap-loop`
+    /// (for the tests that prove each wake-up acted).
     pub(super) fn pace_cheap_loop(&mut self, now: Instant) {
-        // The switches are read once, not on every tick.
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off = *OFF.get_or_init(|| {
-            kernel_wakeups_disabled()
-                || std::env::var("OOMGUARD_CHEAP_LOOP").is_ok_and(|v| v == "off")
-        });
-        if off || !self.thresholds.is_empty() {
+        if self.cfg.without.cheap_loop || !self.thresholds.is_empty() {
             return;
         }
         let (Some(reader), Some(sample)) = (&self.sampler.cgroup, &self.core.last_sample) else {
@@ -50,7 +43,7 @@ impl Supervisor {
     /// owns (its usage is the job's footprint), so a fast leak cannot race
     /// past the budget between two ticks either.
     pub(super) fn register_thresholds(&mut self, cg: Option<&crate::model::CgroupSample>) {
-        if kernel_wakeups_disabled() {
+        if self.cfg.without.usage_threshold {
             return;
         }
         let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {
@@ -73,14 +66,44 @@ impl Supervisor {
         for (dir, ceiling) in targets {
             for &h in &levels {
                 let bytes = (ceiling as f64 * (1.0 - h / 100.0)) as u64;
-                let Ok(t) = Threshold::register(&dir, bytes) else {
-                    return; // not permitted: polling still covers it
-                };
-                if let Ok(fd) = watch_threshold(t) {
-                    self.thresholds.push(fd);
+                match Threshold::register(&dir, bytes) {
+                    Ok(t) => {
+                        if let Ok(fd) = watch_threshold(t) {
+                            self.thresholds.push(fd);
+                        }
+                    }
+                    Err(e) => {
+                        // Not permitted (a user who does not own the
+                        // cgroup): said once, and the cheap loop covers it.
+                        let why = format!("{}: {e}", dir.join("cgroup.event_control").display());
+                        self.wakeup_not_armed("the kernel's usage threshold", &why);
+                        self.wakes.usage_threshold.refused = Some(why);
+                        return;
+                    }
                 }
             }
         }
+    }
+
+    /// A wake-up that could not be armed, said (and logged) with why: the
+    /// run goes on with the others and the tick.
+    fn wakeup_not_armed(&mut self, what: &str, why: &str) {
+        if !self.cfg.quiet {
+            self.say(format!(
+                "{what} could not be armed ({why}); polling covers it"
+            ));
+        }
+    }
+
+    /// `run_end.wakeups`: the counts so far, and which were armed.
+    pub(super) fn wakeups_armed(&self) -> crate::log::Wakeups {
+        let mut w = self.wakes.clone();
+        w.usage_threshold.armed = !self.thresholds.is_empty();
+        w.psi.armed = self.pri_is_psi.iter().any(|p| *p);
+        w.memory_events.armed = self.pri_is_psi.iter().any(|p| !*p);
+        w.cheap_loop.armed = self.cheap.is_some();
+        w.poll.armed = true;
+        w
     }
 
     /// Kernel wake-ups beyond v1 thresholds: a PSI trigger (200 ms of memory
@@ -90,9 +113,6 @@ impl Supervisor {
     pub(super) fn register_pri_wakes(&mut self) {
         use crate::probe::cgroup::Version;
         use crate::probe::system::PriWake;
-        if kernel_wakeups_disabled() {
-            return;
-        }
         let v2 = self
             .sampler
             .cgroup
@@ -103,13 +123,23 @@ impl Supervisor {
             .filter(|p| p.exists())
             .unwrap_or_else(|| self.cfg.proc_root.join("pressure/memory"));
         // A 2 s window: what every kernel accepts, also from non-root.
-        let trigger = PriWake::psi_trigger(&psi_path, 200_000, 2_000_000);
-        if let Ok(w) = trigger
-            && let Some(fd) = watch_pri(w)
-        {
-            self.pri_wakes.push(fd);
+        let mut refused = None;
+        if !self.cfg.without.psi {
+            match PriWake::psi_trigger(&psi_path, 200_000, 2_000_000) {
+                Ok(w) => {
+                    if let Some(fd) = watch_pri(w) {
+                        self.pri_wakes.push(fd);
+                        self.pri_is_psi.push(true);
+                    }
+                }
+                // A kernel without PSI (no file) is not news.
+                Err(e) if psi_path.exists() => {
+                    refused = Some((format!("the PSI trigger on {}", psi_path.display()), e));
+                }
+                Err(_) => {}
+            }
         }
-        if let Some(c) = v2 {
+        if let Some(c) = v2.filter(|_| !self.cfg.without.memory_events) {
             let sample = c.read();
             let limit_dir = sample
                 .and_then(|s| s.limit_path)
@@ -126,8 +156,14 @@ impl Supervisor {
                     && let Some(fd) = watch_pri(w)
                 {
                     self.pri_wakes.push(fd);
+                    self.pri_is_psi.push(false);
                 }
             }
+        }
+        if let Some((what, e)) = refused {
+            let why = e.to_string();
+            self.wakeup_not_armed(&what, &why);
+            self.wakes.psi.refused = Some(why);
         }
     }
 
@@ -136,12 +172,12 @@ impl Supervisor {
     /// leak that races past the critical level between two ticks is slowed
     /// by the kernel (reclaim and allocation throttling, no kill) while the
     /// graceful stop runs, and the crossing raises a `high` event that
-    /// wakes the loop. `OOMGUARD_MEMORY_HIGH=off`
-    /// leaves it alone (for measuring; see docs/design.md).
+    /// wakes the loop. `--without memory-high` leaves it alone (for
+    /// measuring; see docs/design.md).
     /// Sets `memory.high` on oomguard's own v2 cgroup; the value written.
     pub(super) fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) -> Option<u64> {
         use crate::probe::cgroup::Version;
-        if std::env::var("OOMGUARD_MEMORY_HIGH").is_ok_and(|v| v == "off") {
+        if self.cfg.without.memory_high {
             return None;
         }
         let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) else {

@@ -94,6 +94,13 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             from_file: "0.030",
         },
         Case {
+            flag: &["--without", "psi"],
+            file: "without = \"cheap-loop\"",
+            get: |s| format!("{}{}", s.without.psi, s.without.cheap_loop),
+            from_flag: "truefalse",
+            from_file: "falsetrue",
+        },
+        Case {
             flag: &["--procs-interval", "2s"],
             file: "procs_interval = \"3s\"",
             get: |s| dur(s.procs_interval),

@@ -1,7 +1,8 @@
 //! A deadline for every test that starts a process: `cargo test` has none,
 //! so a hung job, oomguard or VM would hang the whole CI run without a
-//! name. The first process a test starts through this harness arms its
-//! deadline (`arm`, or `arm_for` with a longer one); a watchdog thread,
+//! name. Each process a test starts through this harness re-arms its
+//! deadline (`arm`: 300 s from that start), unless the test set one for
+//! all its runs (`arm_for`); a watchdog thread,
 //! one per test binary, checks every 200 ms. Past a deadline it names the
 //! test, SIGKILLs every process this test binary started (its whole
 //! descendant tree), and exits the binary with 101: the hang becomes a
@@ -17,7 +18,9 @@ use std::time::{Duration, Instant};
 /// A test's deadline unless it asks for another.
 pub const DEFAULT: Duration = Duration::from_secs(300);
 
-type Armed = Mutex<HashMap<ThreadId, (String, Instant, Duration)>>;
+/// Per test thread: its name, deadline, limit, and whether the test set
+/// it itself (`arm_for`) rather than the harness (`arm`).
+type Armed = Mutex<HashMap<ThreadId, (String, Instant, Duration, bool)>>;
 
 fn armed() -> &'static Armed {
     static ARMED: OnceLock<Armed> = OnceLock::new();
@@ -42,18 +45,21 @@ thread_local! {
     static GUARD: RefCell<Option<Disarm>> = const { RefCell::new(None) };
 }
 
-/// Arms the calling test's deadline at [`DEFAULT`] if it has none yet.
+/// Arms the calling test's deadline at [`DEFAULT`] from now: called for
+/// each process a test starts through the harness, so a test that runs
+/// several jobs gives each its own [`DEFAULT`] rather than sharing one.
+/// A deadline the test set itself ([`arm_for`]) is left alone.
 pub fn arm() {
     arm_at(DEFAULT, false);
 }
 
 /// Sets the calling test's deadline to `limit` from now (a test that is
-/// slow on purpose: a VM boot, a corpus of runs).
+/// slow on purpose: a VM boot, a corpus of runs), sized for all its runs.
 pub fn arm_for(limit: Duration) {
     arm_at(limit, true);
 }
 
-fn arm_at(limit: Duration, replace: bool) {
+fn arm_at(limit: Duration, explicit: bool) {
     let me = std::thread::current();
     // A bench's `main` (not a test) keeps no deadline.
     let Some(name) = me.name().filter(|n| *n != "main").map(str::to_string) else {
@@ -61,10 +67,10 @@ fn arm_at(limit: Duration, replace: bool) {
     };
     let id = me.id();
     let Ok(mut m) = armed().lock() else { return };
-    if m.contains_key(&id) && !replace {
+    if !explicit && m.get(&id).is_some_and(|e| e.3) {
         return;
     }
-    m.insert(id, (name, Instant::now() + limit, limit));
+    m.insert(id, (name, Instant::now() + limit, limit, explicit));
     drop(m);
     GUARD.with(|g| {
         g.borrow_mut().get_or_insert(Disarm(id));
@@ -76,8 +82,8 @@ fn watch() {
         std::thread::sleep(Duration::from_millis(200));
         let late = armed().lock().ok().and_then(|m| {
             m.values()
-                .find(|(_, at, _)| Instant::now() >= *at)
-                .map(|(name, _, limit)| (name.clone(), *limit))
+                .find(|(_, at, _, _)| Instant::now() >= *at)
+                .map(|(name, _, limit, _)| (name.clone(), *limit))
         });
         if let Some((name, limit)) = late {
             eprintln!(

@@ -118,6 +118,54 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+/// An `oom_kill` event written from the kernel's own report, not from the
+/// OOM-kill counter's fallback: only the report gives the constraint and
+/// the `kill` record, and only the fallback says a `reason`.
+pub fn assert_from_the_kernels_report(kill: &serde_json::Value) {
+    assert!(
+        kill["constraint"].as_str().is_some_and(|c| !c.is_empty()),
+        "no constraint: not from the kernel's report: {kill}"
+    );
+    assert!(
+        kill["kill"]["pid"].is_u64(),
+        "no kill record: not from the kernel's report: {kill}"
+    );
+    assert!(
+        kill["reason"].is_null(),
+        "a reason: attributed from the counter: {kill}"
+    );
+}
+
+/// What decided the end: the rule of the first `stop`, `kill` or
+/// `restart` action (its reason), and the ceiling (`source`, bytes) of the
+/// last sample before it, the one the rule read.
+pub fn stop_decision(lines: &[schema::Line]) -> Option<(String, String, u64)> {
+    let (at, rule) = lines.iter().find_map(|l| match &l.event {
+        schema::Event::Action(a) if matches!(a.action.as_str(), "stop" | "kill" | "restart") => {
+            Some((l.t, a.reason.clone()))
+        }
+        _ => None,
+    })?;
+    let ceiling = lines
+        .iter()
+        .filter(|l| l.t <= at)
+        .filter_map(|l| l.sample()?.ceiling.as_ref())
+        .next_back()?;
+    eprintln!(
+        "stop decided by {rule} against the {} ceiling of {} bytes",
+        ceiling.source, ceiling.bytes
+    );
+    Some((rule, ceiling.source.clone(), ceiling.bytes))
+}
+
+/// The first `oom_kill` event of a log.
+pub fn first_oom_kill(lines: &[schema::Line]) -> Option<serde_json::Value> {
+    lines.iter().find_map(|l| match &l.event {
+        schema::Event::OomKill(v) => Some(v.clone()),
+        _ => None,
+    })
+}
+
 /// Reads the NDJSON log, every line checked against the strict schema.
 pub fn read_log(path: &Path) -> Vec<schema::Line> {
     let text = fs::read_to_string(path).unwrap();

@@ -325,6 +325,28 @@ pub struct RunEnd {
     /// Signals refused because the pid had become another process.
     #[serde(default)]
     pub reused_pids_refused: Option<u64>,
+    /// Which wake-ups were armed and how often each woke the loop.
+    #[serde(default)]
+    pub wakeups: Option<Wakeups>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Wakeups {
+    pub usage_threshold: WakeSource,
+    pub psi: WakeSource,
+    pub memory_events: WakeSource,
+    pub cheap_loop: WakeSource,
+    pub poll: WakeSource,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WakeSource {
+    pub armed: bool,
+    pub woke: u64,
+    #[serde(default)]
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -100,12 +100,6 @@ impl<'a> Spec<'a> {
 /// Runs `spec` in a fresh memory cgroup of its own (removed after, with
 /// anything left in it killed). `None` where no memory cgroup can be made.
 pub fn run(spec: &Spec<'_>) -> Option<ShapeRun> {
-    run_with_env(spec, &[])
-}
-
-/// `run`, with `env` set for oomguard (switches such as
-/// `OOMGUARD_KERNEL_WAKEUPS=off` for a control run).
-pub fn run_with_env(spec: &Spec<'_>, env: &[(&str, &str)]) -> Option<ShapeRun> {
     let cg = MemCgroup::new(&format!("shape-{}-{}", spec.shape, spec.seed), spec.limit)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/shapes.py");
     let usage = cg.dir.join("memory.usage_in_bytes").display().to_string();
@@ -122,8 +116,7 @@ pub fn run_with_env(spec: &Spec<'_>, env: &[(&str, &str)]) -> Option<ShapeRun> {
     argv.extend(["--usage-file", &usage, "--limit", &limit, "--seed", &seed]);
     let program = if spec.unprivileged { "setpriv" } else { og };
     let mut cmd = cg.command(Path::new(program), &argv);
-    cmd.envs(env.iter().copied())
-        .env_remove("GITHUB_ACTIONS")
+    cmd.env_remove("GITHUB_ACTIONS")
         .env_remove("GITHUB_STEP_SUMMARY")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
