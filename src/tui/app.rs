@@ -755,6 +755,12 @@ impl App {
     }
 
     /// The process table's rows in display order.
+    /// The growth column's figure for a process (bytes per minute of its
+    /// family's PSS), when it has enough history.
+    pub(crate) fn growth_per_minute(&self, pid: u32, start_time: u64) -> Option<f64> {
+        self.growth.per_minute(pid, start_time)
+    }
+
     pub(crate) fn proc_rows(&self) -> Vec<ProcRow> {
         let Some(sample) = &self.sample else {
             return Vec::new();

@@ -528,3 +528,37 @@ fn right_after_the_fork_the_trainer_shows_its_familys_growth() {
     // A worker has no children: its own growth, unmarked.
     assert!(!row("4200 worker").contains('Σ'), "{text}");
 }
+
+/// The growth of the fastest process, in the header and in its table row:
+/// one figure per process in one frame (each row's last column).
+#[test]
+fn the_header_and_the_table_give_the_fastest_process_the_same_growth() {
+    for app in [warned(), fixtures::app(&Run::default())] {
+        let text = screen(&app, 160, 45);
+        let header = text
+            .lines()
+            .find_map(|l| l.split(" fastest ").nth(1))
+            .expect("a fastest process in the header");
+        let mut words = header.split_whitespace();
+        let pid = words.next().unwrap();
+        // `+904 MiB/min` in the header, `▲+904 MiB` (or `Σ…`) in the row.
+        let before_min = header.split("/min").next().unwrap();
+        let words: Vec<&str> = before_min.split_whitespace().collect();
+        let figure = words[words.len() - 2..].join(" ");
+        let row = text
+            .lines()
+            .find(|l| {
+                l.trim_start_matches(['┃', ' '])
+                    .starts_with(&format!("{pid} "))
+            })
+            .unwrap_or_else(|| panic!("no row for {pid}\n{text}"));
+        let part = row
+            .split('┃')
+            .find(|part| part.trim_start().starts_with(pid))
+            .unwrap();
+        let cells: Vec<&str> = part.split_whitespace().collect();
+        let cell = cells[cells.len() - 2..].join(" ");
+        let cell = cell.trim_start_matches(['Σ', '▲']);
+        assert_eq!(cell, figure, "header: {header}\nrow: {row}");
+    }
+}

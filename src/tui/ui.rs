@@ -280,12 +280,13 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
         y += 1;
     }
     if y < area.y + area.height {
-        let fastest = view.fastest.and_then(|(pid, rate)| {
-            sample
-                .procs
-                .iter()
-                .find(|p| p.pid == pid)
-                .map(|p| (pid, p.comm.as_str(), rate))
+        // The process the table marks, with the table's own figure for it
+        // (its growth over the last minute): one figure per process on the
+        // screen, not a second rate over another window.
+        let fastest = view.fastest.and_then(|(pid, _)| {
+            let p = sample.procs.iter().find(|p| p.pid == pid)?;
+            let per_minute = app.growth_per_minute(p.pid, p.start_time)?;
+            Some((pid, p.comm.as_str(), per_minute / 60.0))
         });
         (&SummaryView {
             tree: &sample.tree,
