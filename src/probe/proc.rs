@@ -64,6 +64,35 @@ pub fn parse_stat(text: &str) -> Option<StatLine> {
     })
 }
 
+/// How a process that has ended but not been reaped yet (a zombie) ended,
+/// from its `/proc/PID/stat` (field 52, `exit_code`, since Linux 3.5): the
+/// wait status its parent will read. `None` for a live process, or once
+/// reaped (the file is gone), or on a kernel without the field.
+pub fn zombie_status(text: &str) -> Option<i32> {
+    let close = text.rfind(')')?;
+    let mut rest = text[close + 1..].split_ascii_whitespace();
+    if rest.next()? != "Z" {
+        return None;
+    }
+    // `rest` is at field 4 now; field 52 is 48 further.
+    rest.nth(48)?.parse().ok()
+}
+
+/// A wait status in words: `exited with 1`, `killed by SIGKILL`.
+pub enum Ended {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl Ended {
+    pub fn from_wait_status(status: i32) -> Self {
+        match status & 0x7f {
+            0 => Ended::Exited((status >> 8) & 0xff),
+            sig => Ended::Signaled(sig),
+        }
+    }
+}
+
 /// The totals of `/proc/PID/smaps_rollup`, in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Rollup {
@@ -751,6 +780,27 @@ pub fn totals(procs: &[ProcSample]) -> TreeTotals {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_zombies_exit_status_is_read_from_field_52_and_a_live_process_has_none() {
+        // 52 fields; a zombie killed by SIGKILL (status 9), then one that
+        // exited with 3 (status 3 << 8), then the same line while alive.
+        let line = |state: &str, status: i32| {
+            let mut f: Vec<String> = vec!["4242".into(), "(python3 (x))".into(), state.into()];
+            f.extend((4..52).map(|_| "0".to_string()));
+            f.push(status.to_string());
+            f.join(" ")
+        };
+        let killed = zombie_status(&line("Z", 9)).unwrap();
+        assert!(matches!(
+            Ended::from_wait_status(killed),
+            Ended::Signaled(9)
+        ));
+        let exited = zombie_status(&line("Z", 3 << 8)).unwrap();
+        assert!(matches!(Ended::from_wait_status(exited), Ended::Exited(3)));
+        assert_eq!(zombie_status(&line("S", 0)), None);
+        assert_eq!(zombie_status("4242 (x) Z 1 2"), None);
+    }
+
     use super::*;
     use std::path::Path;
 

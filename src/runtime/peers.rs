@@ -73,6 +73,7 @@ struct RankEnd {
 #[derive(Debug)]
 struct Held {
     rank: u32,
+    reason: &'static str,
     detail: String,
     at: Instant,
 }
@@ -352,14 +353,18 @@ impl Actuator {
         }
     }
 
-    /// A rank of this node ended (its pidfd said so, or the tick found it
-    /// gone). Unless the job is ending anyway, the other nodes' ranks would
-    /// wait for it in their next collective: they are told at once, naming
-    /// the rank and how it ended. A rank that ended by Python's own
-    /// shutdown with no exception is not news (its exit code, if not 0,
-    /// is its launcher's to report); one that died of a broken collective
-    /// waits [`HOLD`] for the fault that broke it.
-    pub fn rank_ended(&mut self, pid: u32, now: Instant) {
+    /// A rank of this node ended (its pidfd said so). Unless the job is
+    /// ending anyway, the other nodes' ranks would wait for it in their
+    /// next collective: they are told at once, naming the rank and how it
+    /// ended: `status`, its wait status read while it was a zombie (before
+    /// its launcher reaped it), and what its companion said (an exception,
+    /// Python's shutdown). A rank that exited 0, or (status unknown) by
+    /// Python's own shutdown with no exception, is not news. One that died
+    /// of a broken collective, or exited non-zero with no exception (its
+    /// output may name a better cause: a CUDA OOM), waits [`HOLD`] for the
+    /// fault that explains it.
+    pub fn rank_ended(&mut self, pid: u32, status: Option<i32>, now: Instant) {
+        use crate::probe::proc::Ended;
         let end = self.peers.ends.remove(&pid).unwrap_or_default();
         let Some(rank) = self.peers.rank_of(pid) else {
             return;
@@ -377,28 +382,44 @@ impl Actuator {
         {
             return;
         }
-        match end.crash {
-            Some(err) if broken_collective(&err) => {
-                self.peers.held = Some(Held {
-                    rank,
-                    detail: format!("rank {rank} (pid {pid}) raised {err}"),
-                    at: now,
-                });
+        let who = format!("rank {rank} (pid {pid})");
+        let hold = |reason, detail| Held {
+            rank,
+            reason,
+            detail,
+            at: now,
+        };
+        match (status.map(Ended::from_wait_status), end.crash) {
+            (Some(Ended::Exited(0)), _) => {}
+            (_, Some(err)) if broken_collective(&err) => {
+                self.peers.held = Some(hold("rank-crashed", format!("{who} raised {err}")));
             }
-            Some(err) => {
+            (_, Some(err)) => {
                 let reason = if err.contains("CUDA out of memory") {
                     "cuda-oom"
                 } else {
                     "rank-crashed"
                 };
-                let detail = format!("rank {rank} (pid {pid}) raised {err}");
-                self.raise_death(reason, detail, Some(rank), false, now);
-            }
-            None if end.bye => {}
-            None => {
-                let detail = format!(
-                    "rank {rank} (pid {pid}) was killed by a signal (it ended without Python's shutdown)"
+                self.raise_death(
+                    reason,
+                    format!("{who} raised {err}"),
+                    Some(rank),
+                    false,
+                    now,
                 );
+            }
+            (Some(Ended::Signaled(sig)), None) => {
+                let detail = format!("{who} was killed by {}", crate::model::signal_name(sig));
+                self.raise_death("rank-killed", detail, Some(rank), false, now);
+            }
+            (Some(Ended::Exited(code)), None) => {
+                let detail = format!("{who} exited with {code}");
+                self.peers.held = Some(hold("rank-exited", detail));
+            }
+            (None, None) if end.bye => {}
+            (None, None) => {
+                let detail =
+                    format!("{who} was killed by a signal (it ended without Python's shutdown)");
                 self.raise_death("rank-killed", detail, Some(rank), false, now);
             }
         }
@@ -412,7 +433,7 @@ impl Actuator {
             return;
         }
         if let Some(h) = self.peers.held.take_if(|h| force || now >= h.at + HOLD) {
-            self.raise_death("rank-crashed", h.detail, Some(h.rank), false, now);
+            self.raise_death(h.reason, h.detail, Some(h.rank), false, now);
         }
     }
 
@@ -828,7 +849,7 @@ mod tests {
     #[test]
     fn a_rank_that_ends_without_pythons_shutdown_is_told_as_killed() {
         let mut a = across_nodes();
-        a.rank_ended(11, Instant::now());
+        a.rank_ended(11, None, Instant::now());
         let why = raised(&a).expect("a kill is a fault");
         assert!(why.starts_with("rank-killed: rank 3 (pid 11)"), "{why}");
         assert!(!a.peers.rank_pids().contains(&11), "handled once");
@@ -838,7 +859,7 @@ mod tests {
     fn a_rank_that_returns_is_not_news_and_one_that_raises_is() {
         let mut a = across_nodes();
         said(&mut a, Record::Bye { pid: 11, rank: 3 });
-        a.rank_ended(11, Instant::now());
+        a.rank_ended(11, None, Instant::now());
         assert_eq!(raised(&a), None, "a normal end");
         let mut a = across_nodes();
         said(
@@ -850,7 +871,7 @@ mod tests {
             },
         );
         said(&mut a, Record::Bye { pid: 11, rank: 3 });
-        a.rank_ended(11, Instant::now());
+        a.rank_ended(11, None, Instant::now());
         let why = raised(&a).expect("a crash is a fault");
         assert_eq!(
             why,
@@ -872,7 +893,7 @@ mod tests {
         // The other node's fault comes: it is the cause.
         let mut a = across_nodes();
         said(&mut a, gloo.clone());
-        a.rank_ended(11, t0);
+        a.rank_ended(11, None, t0);
         assert_eq!(raised(&a), None, "held");
         a.peers.note(
             &fault(
@@ -897,7 +918,7 @@ mod tests {
         // None comes: after the hold, this node's own.
         let mut a = across_nodes();
         said(&mut a, gloo);
-        a.rank_ended(11, t0);
+        a.rank_ended(11, None, t0);
         a.watch_peers(&[rank(10, false)], false, t0 + HOLD / 2, &mut sig);
         assert_eq!(raised(&a), None);
         a.watch_peers(&[rank(10, false)], false, t0 + HOLD, &mut sig);
@@ -908,7 +929,33 @@ mod tests {
     fn a_rank_ending_while_the_job_stops_is_not_news() {
         let mut a = across_nodes();
         a.policy_end = Some(Action::Stop);
-        a.rank_ended(11, Instant::now());
+        a.rank_ended(11, None, Instant::now());
         assert_eq!(raised(&a), None);
+    }
+
+    #[test]
+    fn a_ranks_wait_status_says_how_it_ended() {
+        let t0 = Instant::now();
+        // Killed: named with its signal, at once.
+        let mut a = across_nodes();
+        a.rank_ended(11, Some(libc::SIGKILL), t0);
+        assert_eq!(
+            raised(&a).as_deref(),
+            Some("rank-killed: rank 3 (pid 11) was killed by SIGKILL")
+        );
+        // Exited 0: a normal end, even with no `bye` heard.
+        let mut a = across_nodes();
+        a.rank_ended(11, Some(0), t0);
+        assert_eq!(raised(&a), None);
+        // Exited 1: held for a better cause from the output, then told.
+        let mut a = across_nodes();
+        let mut sig = Rec::default();
+        a.rank_ended(11, Some(1 << 8), t0);
+        assert_eq!(raised(&a), None, "held");
+        a.watch_peers(&[rank(10, false)], false, t0 + HOLD, &mut sig);
+        assert_eq!(
+            raised(&a).as_deref(),
+            Some("rank-exited: rank 3 (pid 11) exited with 1")
+        );
     }
 }
