@@ -273,15 +273,7 @@ fn serial_a_sigterm_to_one_nodes_oomguard_saves_every_rank_of_both_nodes() {
         shared: &[],
     };
     let Some(r) = two_nodes_during(29697, &[], &[], &a, "100000", |dir| {
-        let hellos = |name: &str| {
-            fs::read_to_string(dir.join(format!("{name}.ndjson")))
-                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
-        };
-        assert!(
-            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
-                && hellos("b") >= 2),
-            "the ranks never said hello"
-        );
+        every_rank_said_hello(dir);
         std::thread::sleep(Duration::from_secs(3));
         common::send(oomguard_pid("b").expect("node b's oomguard"), "TERM");
         Some(Instant::now())
@@ -436,6 +428,20 @@ fn serial_a_restart_on_one_node_restarts_every_node_from_the_same_step() {
     every_rank_resumed(&r, step, 300);
 }
 
+/// Waits until both ranks of both nodes said hello (their companions'
+/// `companion` events in the nodes' logs): training runs from then on.
+fn every_rank_said_hello(dir: &Path) {
+    let hellos = |name: &str| {
+        fs::read_to_string(dir.join(format!("{name}.ndjson")))
+            .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
+    };
+    assert!(
+        common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
+            && hellos("b") >= 2),
+        "the ranks never said hello"
+    );
+}
+
 /// The pid of `node`'s rank with local rank `local` (found by its
 /// environment), once it runs.
 fn rank_pid(node: &str, local: u32) -> Option<u32> {
@@ -471,16 +477,7 @@ fn serial_a_rank_stopped_on_one_node_ends_every_node_within_the_grace() {
         shared: &[],
     };
     let Some(r) = two_nodes_during(29690, &grace, &grace, &a, "100000", |dir| {
-        // Training runs once every rank has said hello on both nodes.
-        let hellos = |name: &str| {
-            fs::read_to_string(dir.join(format!("{name}.ndjson")))
-                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
-        };
-        assert!(
-            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
-                && hellos("b") >= 2),
-            "the ranks never said hello"
-        );
+        every_rank_said_hello(dir);
         std::thread::sleep(Duration::from_secs(2));
         let pid = rank_pid("a", 1).expect("node a's local rank 1");
         common::send(pid, "STOP");
@@ -655,15 +652,7 @@ fn a_rank_of_node_a_ends(port: u16, shared: &[(&str, &str)], kill: bool, cause: 
         shared,
     };
     let Some(r) = two_nodes_during(port, &[], &[], &a, "100000", |dir| {
-        let hellos = |name: &str| {
-            fs::read_to_string(dir.join(format!("{name}.ndjson")))
-                .map_or(0, |t| t.matches("\"event\":\"companion\"").count())
-        };
-        assert!(
-            common::wait_for(Duration::from_secs(180), || hellos("a") >= 2
-                && hellos("b") >= 2),
-            "the ranks never said hello"
-        );
+        every_rank_said_hello(dir);
         std::thread::sleep(Duration::from_secs(3));
         if !kill {
             return None;

@@ -5,18 +5,24 @@
 use super::*;
 
 impl Supervisor {
+    /// Bytes the job wrote to its terminal: to the dashboard, the
+    /// `--output-log` copy and the scanner.
+    pub(super) fn take_pty_output(&mut self, bytes: &[u8]) {
+        if let Some(app) = self.sinks.app.as_mut() {
+            app.on_output(bytes);
+        }
+        if let Some(f) = self.pty_log.as_mut() {
+            use std::io::Write;
+            let _ = f.write_all(bytes);
+        }
+        self.pty_scanner.feed(bytes);
+    }
+
     /// The job wrote to its terminal (the dashboard's pty).
     pub(super) fn on_output(&mut self, n: std::io::Result<usize>, buf: &[u8]) {
         match n {
             Ok(n) if n > 0 => {
-                if let Some(app) = self.sinks.app.as_mut() {
-                    app.on_output(&buf[..n]);
-                }
-                if let Some(f) = self.pty_log.as_mut() {
-                    use std::io::Write;
-                    let _ = f.write_all(&buf[..n]);
-                }
-                self.pty_scanner.feed(&buf[..n]);
+                self.take_pty_output(&buf[..n]);
                 self.log_output_events();
             }
             // EOF or EIO: nobody has the job's side open any more.

@@ -93,24 +93,13 @@ impl Supervisor {
     /// otherwise take it away. The job's last bytes still in its terminal
     /// are read first: they are often why it ended.
     pub(super) fn leave_dashboard(&mut self) {
-        if let Some(p) = self.pty.as_ref() {
-            let mut buf = vec![0u8; 64 * 1024];
-            // Bounded: a job that is gone cannot fill it again, but a tree
-            // oomguard does not wait for (attach) might.
-            for _ in 0..64 {
-                match p.try_read(&mut buf) {
-                    Ok(n) if n > 0 => {
-                        if let Some(app) = self.sinks.app.as_mut() {
-                            app.on_output(&buf[..n]);
-                        }
-                        if let Some(f) = self.pty_log.as_mut() {
-                            use std::io::Write;
-                            let _ = f.write_all(&buf[..n]);
-                        }
-                        self.pty_scanner.feed(&buf[..n]);
-                    }
-                    _ => break,
-                }
+        let mut buf = vec![0u8; 64 * 1024];
+        // Bounded: a job that is gone cannot fill it again, but a tree
+        // oomguard does not wait for (attach) might.
+        for _ in 0..64 {
+            match self.pty.as_ref().map(|p| p.try_read(&mut buf)) {
+                Some(Ok(n)) if n > 0 => self.take_pty_output(&buf[..n]),
+                _ => break,
             }
         }
         let app = self.sinks.app.take();
