@@ -289,7 +289,15 @@ pub fn step_summary(d: &RunSummaryData) -> String {
     );
     row("Attempts", d.attempts.to_string());
     row(
-        "Peak tree PSS",
+        "Peak footprint (what the ceilings were compared with)",
+        format!(
+            "**{}** at {}",
+            HumanBytes(d.peak.footprint_bytes),
+            human_duration(Duration::from_secs_f64(d.peak.footprint_t.max(0.0)))
+        ),
+    );
+    row(
+        "Peak PSS sum",
         format!(
             "**{}** at {}",
             HumanBytes(d.peak.tree_pss_bytes),
@@ -488,6 +496,8 @@ mod tests {
                 gpu_used_bytes: 0,
                 t: 61.0,
                 largest_process_rss_bytes: 0,
+                footprint_bytes: 2 << 30,
+                footprint_t: 60.0,
             },
             ceilings: vec![
                 Ceiling {
@@ -521,7 +531,8 @@ mod tests {
 | Exit code | 75 |
 | Duration | 2m 05s |
 | Attempts | 2 |
-| Peak tree PSS | **3.0 GiB** at 1m 01s |
+| Peak footprint (what the ceilings were compared with) | **2.0 GiB** at 1m 00s |
+| Peak PSS sum | **3.0 GiB** at 1m 01s |
 | Peak tree RSS (sum, counts shared pages per process) | 5.0 GiB |
 | Peak swap used (machine) | 0 B |
 | Ceilings | cgroup 4.0 GiB, system 16.0 GiB |

@@ -297,8 +297,9 @@ settings_table! {
         #[arg(value_name = "CODE")]
         stop_code: i32 = values::stop_code, default "75", under STOP;
 
-        /// Exit 76 if the job's peak footprint (tree PSS) exceeded SIZE, even
-        /// when the job succeeded: a memory-regression gate for CI.
+        /// Exit 76 if the job's peak PSS sum exceeded SIZE, even when the
+        /// job succeeded: a memory-regression gate for CI (the PSS sum is
+        /// repeatable; a cgroup's working set includes page cache).
         #[arg(value_name = "SIZE")]
         fail_above: u64 = values::positive_size, under BUDGET;
 

@@ -24,7 +24,10 @@ pub enum Metric {
     HeadroomPercent,
     /// Headroom under the nearest ceiling, in bytes.
     HeadroomBytes,
-    /// The job's footprint (PSS sum, or the owned cgroup's working set).
+    /// The job's footprint, the figure compared with the ceilings: the
+    /// owned cgroup's working set, or else the PSS sum.
+    Footprint,
+    /// The PSS sum over the job's tree.
     TreePss,
     /// Machine swap in use, bytes.
     SwapUsed,
@@ -47,9 +50,10 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 12] = [
+    pub const ALL: [Metric; 13] = [
         Metric::HeadroomPercent,
         Metric::HeadroomBytes,
+        Metric::Footprint,
         Metric::TreePss,
         Metric::SwapUsed,
         Metric::SwapInRate,
@@ -66,6 +70,7 @@ impl Metric {
         match self {
             Metric::HeadroomPercent => "headroom_percent",
             Metric::HeadroomBytes => "headroom_bytes",
+            Metric::Footprint => "footprint",
             Metric::TreePss => "tree_pss",
             Metric::SwapUsed => "swap_used",
             Metric::SwapInRate => "swap_in_rate",
@@ -362,9 +367,11 @@ pub fn unit(m: Metric) -> &'static str {
         Metric::HeadroomPercent | Metric::PsiSome | Metric::PsiFull | Metric::GpuUsedPercent => {
             "percent"
         }
-        Metric::HeadroomBytes | Metric::TreePss | Metric::SwapUsed | Metric::TorchFragmentation => {
-            "bytes"
-        }
+        Metric::HeadroomBytes
+        | Metric::Footprint
+        | Metric::TreePss
+        | Metric::SwapUsed
+        | Metric::TorchFragmentation => "bytes",
         Metric::SwapInRate | Metric::FastestGrowth => "bytes_per_second",
         Metric::Eta | Metric::GpuEta => "seconds",
     }
@@ -376,7 +383,7 @@ pub fn unit(m: Metric) -> &'static str {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Readings {
     pub t: f64,
-    pub values: [Option<f64>; 12],
+    pub values: [Option<f64>; Metric::ALL.len()],
 }
 
 impl Readings {
@@ -400,6 +407,7 @@ impl Readings {
             headroom_percent: view.headroom_percent(),
             headroom_bytes: view.headroom_bytes(),
             footprint_bytes: sample.tree.footprint_bytes,
+            pss_bytes: sample.tree.pss_bytes,
             system: &sample.system,
             psi: sample.psi,
             has_ceiling: view.nearest.is_some(),
@@ -420,7 +428,8 @@ impl Readings {
         };
         r.set(Metric::HeadroomPercent, i.headroom_percent);
         r.set(Metric::HeadroomBytes, i.headroom_bytes.map(|b| b as f64));
-        r.set(Metric::TreePss, Some(i.footprint_bytes as f64));
+        r.set(Metric::Footprint, Some(i.footprint_bytes as f64));
+        r.set(Metric::TreePss, Some(i.pss_bytes as f64));
         let sys_known = i.system.mem_total_bytes > 0;
         r.set(
             Metric::SwapUsed,
@@ -462,6 +471,7 @@ pub struct Inputs<'a> {
     pub headroom_percent: Option<f64>,
     pub headroom_bytes: Option<u64>,
     pub footprint_bytes: u64,
+    pub pss_bytes: u64,
     pub system: &'a SystemSample,
     pub psi: Option<Psi>,
     /// A ceiling is known (the ETA means something).

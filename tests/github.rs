@@ -98,6 +98,8 @@ fn summary_data(command: &str) -> RunSummaryData {
             gpu_used_bytes: 40 << 30,
             t: 3500.0,
             largest_process_rss_bytes: 6 << 30,
+            footprint_bytes: 6 << 30,
+            footprint_t: 3400.0,
         },
         ceilings: vec![Ceiling {
             source: CeilingSource::Cgroup,
@@ -162,7 +164,11 @@ fn an_oom_run_summary() {
     assert_eq!(rows["Outcome"], "`oom_killed`");
     assert_eq!(rows["Exit code"], "137");
     assert_eq!(rows["Attempts"], "3");
-    assert_eq!(rows["Peak tree PSS"], "**7.0 GiB** at 58m 20s");
+    assert_eq!(rows["Peak PSS sum"], "**7.0 GiB** at 58m 20s");
+    assert_eq!(
+        rows["Peak footprint (what the ceilings were compared with)"],
+        "**6.0 GiB** at 56m 40s"
+    );
     assert_eq!(rows["Peak GPU memory"], "40.0 GiB");
     assert_eq!(rows["Ceilings"], "cgroup 8.0 GiB");
     assert_eq!(rows["Least headroom"], "0 B");

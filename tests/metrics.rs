@@ -631,7 +631,7 @@ fn promtool_accepts_the_endpoint_and_the_textfile() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("content-type"), Some(CONTENT_TYPE));
     let names = metric_names(&r.body);
-    assert_eq!(names.len(), 22, "every metric of design.md §4.4: {names:?}");
+    assert_eq!(names.len(), 23, "every metric of design.md §4.4: {names:?}");
     prometheus::promtool_check_metrics(&r.body).unwrap();
     assert_eq!(
         prometheus::http_get(endpoint.addr, "/").unwrap().status,
@@ -708,6 +708,7 @@ fn live_samples_scraped_by_prometheus() {
     let text = std::fs::read_to_string(&textfile_path).unwrap();
     prometheus::promtool_check_metrics(&text).unwrap();
     assert!(text.contains("oomguard_tree_pss_bytes{"), "{text}");
+    assert!(text.contains("oomguard_footprint_bytes{"), "{text}");
 
     drop(feeder);
     assert!(

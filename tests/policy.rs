@@ -905,3 +905,96 @@ fn serial_a_pause_longer_than_max_pause_escalates_to_a_stop() {
         .collect();
     assert!(trainer_got.contains("SIGTERM"), "{trainer_got:?}");
 }
+
+/// The figure in `--budget`'s place: with a cgroup of its own the job's
+/// footprint is that cgroup's working set. 200 MiB written to /dev/shm is
+/// charged to the job but mapped by no process, so the working set stands
+/// ≥ 100 MiB above the PSS sum by construction. The summary's peak
+/// footprint is the largest `tree.footprint_bytes` logged, named as the
+/// working set; PSS appears only labelled as PSS, and `--fail-above` still
+/// compares the PSS sum (the working set would exceed it).
+#[test]
+fn serial_the_footprint_shown_is_the_working_set_the_policy_compared() {
+    let _serial = serial();
+    let Some(cg) = MemCgroup::or_skip("footprint", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let shm = format!("/dev/shm/oomguard-footprint-test-{}", std::process::id());
+    let job = script(
+        dir.path(),
+        "job.sh",
+        &format!(
+            "trap 'rm -f {shm}' EXIT\n\
+             dd if=/dev/zero of={shm} bs=1M count=200 status=none\n\
+             sleep 4\n"
+        ),
+    );
+    let log = dir.path().join("run.ndjson");
+    let (code, lines, err) = run_in(
+        &cg,
+        &log,
+        &[
+            "--budget",
+            "900MiB",
+            "--fail-above",
+            "100MiB",
+            "--",
+            "bash",
+            job.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let _ = fs::remove_file(&shm);
+    assert_eq!(
+        code,
+        Some(0),
+        "the PSS sum stayed under --fail-above; stderr:\n{err}"
+    );
+    let start = lines
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::RunStart(s) => Some(s),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        start
+            .cgroup
+            .as_ref()
+            .is_some_and(|c| c.owned && c.exclusive),
+        "oomguard ran the job in a cgroup of its own: {err}"
+    );
+    let samples: Vec<&schema::Sample> = lines.iter().filter_map(|l| l.sample()).collect();
+    let top = samples
+        .iter()
+        .max_by_key(|s| s.tree.footprint_bytes)
+        .unwrap();
+    assert!(
+        top.tree.footprint_bytes >= top.tree.pss_bytes + (100 << 20),
+        "the working set is above the PSS sum by construction: {:?}",
+        top.tree
+    );
+    let end = schema::run_end(&lines);
+    assert_eq!(end.peak.footprint_bytes, top.tree.footprint_bytes);
+    assert!(end.peak.tree_pss_bytes < 100 << 20, "{:?}", end.peak);
+    // The summary's figure, to its printed precision.
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("oomguard: peak footprint "))
+        .unwrap_or_else(|| panic!("no peak line:\n{err}"));
+    let mib = line["oomguard: peak footprint ".len()..]
+        .split_once(" MiB (the cgroup's working set)")
+        .and_then(|(n, _)| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    let want = top.tree.footprint_bytes as f64 / (1 << 20) as f64;
+    assert!((mib - want).abs() <= 0.5, "{mib} MiB vs {want} MiB: {line}");
+    for l in err.lines().filter(|l| l.contains("PSS")) {
+        for (i, _) in l.match_indices("PSS") {
+            assert!(
+                l[i..].starts_with("PSS sum") || l[..i].ends_with("B "),
+                "PSS unlabelled: {l}"
+            );
+        }
+    }
+}

@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Peak {
+    /// The largest footprint, the figure the policy compares with the
+    /// ceilings (`sample.tree.footprint_bytes`: the owned cgroup's working
+    /// set, or the PSS sum), and when it was reached.
+    pub footprint_bytes: u64,
+    pub footprint_t: f64,
+    /// The largest PSS sum (`--fail-above` compares it: it is repeatable,
+    /// where a working set includes page cache).
     pub tree_pss_bytes: u64,
     pub tree_rss_bytes: u64,
     pub swap_used_bytes: u64,

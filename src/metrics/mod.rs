@@ -163,6 +163,7 @@ struct State {
 /// What one tick contributed, already reduced to metric values.
 #[derive(Debug, Clone, PartialEq)]
 struct Tick {
+    footprint: u64,
     tree_pss: u64,
     tree_rss: u64,
     tree_uss: u64,
@@ -219,6 +220,7 @@ impl Metrics {
             }
         }
         let tick = Tick {
+            footprint: sample.tree.footprint_bytes,
             tree_pss: sample.tree.pss_bytes,
             tree_rss: sample.tree.rss_bytes,
             tree_uss: sample.tree.uss_bytes,
@@ -558,9 +560,15 @@ fn tree_families(b: &mut Builder<'_>, t: Option<&Tick>) {
     use Kind::Gauge;
     let int = |x: u64| Some(Value::Int(x));
     b.one(
+        "oomguard_footprint_bytes",
+        Gauge,
+        "The job's memory footprint, the figure compared with its ceilings: the working set of the cgroup oomguard runs it in, or else the PSS sum.",
+        t.and_then(|t| int(t.footprint)),
+    );
+    b.one(
         "oomguard_tree_pss_bytes",
         Gauge,
-        "Proportional set size summed over the job's process tree: its memory footprint.",
+        "Proportional set size summed over the job's process tree (the PSS sum).",
         t.and_then(|t| int(t.tree_pss)),
     );
     b.one(
@@ -814,6 +822,9 @@ oomguard_cgroup_oom_kills_total{job_id="42",node="n1",rank="3"} 1
 # HELP oomguard_eta_seconds Predicted seconds until headroom reaches zero at the current growth; absent when not growing.
 # TYPE oomguard_eta_seconds gauge
 oomguard_eta_seconds{job_id="42",node="n1",rank="3"} 81.5
+# HELP oomguard_footprint_bytes The job's memory footprint, the figure compared with its ceilings: the working set of the cgroup oomguard runs it in, or else the PSS sum.
+# TYPE oomguard_footprint_bytes gauge
+oomguard_footprint_bytes{job_id="42",node="n1",rank="3"} 751000
 # HELP oomguard_gpu_memory_total_bytes GPU memory of the device.
 # TYPE oomguard_gpu_memory_total_bytes gauge
 oomguard_gpu_memory_total_bytes{gpu="0",job_id="42",node="n1",rank="3",uuid="GPU-1234"} 8000000
@@ -847,7 +858,7 @@ oomguard_swap_used_bytes{job_id="42",node="n1",rank="3"} 8192
 # HELP oomguard_system_memory_available_bytes MemAvailable of the machine.
 # TYPE oomguard_system_memory_available_bytes gauge
 oomguard_system_memory_available_bytes{job_id="42",node="n1",rank="3"} 9000000
-# HELP oomguard_tree_pss_bytes Proportional set size summed over the job's process tree: its memory footprint.
+# HELP oomguard_tree_pss_bytes Proportional set size summed over the job's process tree (the PSS sum).
 # TYPE oomguard_tree_pss_bytes gauge
 oomguard_tree_pss_bytes{job_id="42",node="n1",rank="3"} 751000
 # HELP oomguard_tree_rss_bytes Resident set size summed over the job's process tree (double-counts pages shared by forked workers).

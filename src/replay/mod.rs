@@ -342,6 +342,7 @@ pub fn readings(t: f64, s: &SampleEvent, gpus: &[GpuSample]) -> Readings {
         headroom_percent: s.headroom_percent,
         headroom_bytes: s.headroom_bytes,
         footprint_bytes: s.tree.footprint_bytes,
+        pss_bytes: s.tree.pss_bytes,
         system: &s.system,
         psi: s.psi,
         has_ceiling: s.ceiling.is_some(),

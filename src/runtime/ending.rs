@@ -250,13 +250,13 @@ impl Supervisor {
             let peak = &self.sinks.stats.peak;
             let what = if peak.tree_pss_bytes > limit {
                 format!(
-                    "peak footprint {} exceeded --fail-above {}",
+                    "peak PSS sum {} exceeded --fail-above {}",
                     HumanBytes(peak.tree_pss_bytes),
                     HumanBytes(limit),
                 )
             } else {
                 format!(
-                    "one process reached {} RSS (the kernel's high-water mark; the samples saw at most {}) and exceeded --fail-above {}",
+                    "one process reached {} RSS (the kernel's high-water mark; the samples saw a PSS sum of at most {}) and exceeded --fail-above {}",
                     HumanBytes(peak.largest_process_rss_bytes),
                     HumanBytes(peak.tree_pss_bytes),
                     HumanBytes(limit),
@@ -451,42 +451,8 @@ impl Supervisor {
 
     /// The peak and the nearest ceiling.
     fn memory_lines(&self) {
-        let s = &self.sinks.stats;
-        let holder = s
-            .peak_holder
-            .as_ref()
-            .map_or(String::new(), |(pid, comm, role, pss)| {
-                format!(
-                    "; largest: {comm} (pid {pid}, {}) {}",
-                    role.as_str(),
-                    HumanBytes(*pss)
-                )
-            });
-        // A process that peaked between samples (a short job, a spike):
-        // what the kernel recorded says more than the samples.
-        let spike = if s.peak.largest_process_rss_bytes > s.peak.tree_rss_bytes {
-            format!(
-                "; one process reached {} RSS between samples (kernel high-water mark)",
-                HumanBytes(s.peak.largest_process_rss_bytes)
-            )
-        } else {
-            String::new()
-        };
-        eprintln!(
-            "oomguard: peak footprint {} PSS at {:.0}s{holder}; peak RSS sum {}{spike}",
-            HumanBytes(s.peak.tree_pss_bytes),
-            s.peak.t,
-            HumanBytes(s.peak.tree_rss_bytes),
-        );
-        if let Some(l) = s.least_headroom {
-            eprintln!(
-                "oomguard: nearest ceiling: {} {} (least headroom {}, {:.1}%); peak swap used {}",
-                l.ceiling.source.as_str(),
-                HumanBytes(l.ceiling.bytes),
-                HumanBytes(l.headroom_bytes),
-                l.headroom_percent(),
-                HumanBytes(s.peak.swap_used_bytes),
-            );
+        for line in self.sinks.stats.memory_lines() {
+            eprintln!("oomguard: {line}");
         }
     }
 }

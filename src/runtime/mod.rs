@@ -538,6 +538,7 @@ impl Supervisor {
                 .and_then(|a| a.not_exclusive_reason.clone()),
             memory_high_bytes: memory_high,
         });
+        self.sinks.stats.footprint_is_working_set = cgroup.as_ref().is_some_and(|c| c.exclusive);
         let start = RunStart {
             argv: self
                 .cfg

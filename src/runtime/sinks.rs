@@ -11,13 +11,17 @@ use crate::log::{ActionKind, LogWriter, Peak, SampleEvent};
 use crate::model::{CeilingState, Role, Sample, View};
 use crate::policy::{Policy, Readings};
 use crate::supervise;
+use crate::units::HumanBytes;
 
 /// Running totals for `run_end` and the summary.
 #[derive(Debug, Default)]
 pub struct RunStats {
     pub peak: Peak,
-    /// The process holding the most PSS at the peak.
+    /// The process holding the most PSS at the footprint's peak.
     pub peak_holder: Option<(u32, String, Role, u64)>,
+    /// The footprint is the owned (or exclusive) cgroup's working set, not
+    /// the PSS sum: the summary says which of the two it shows.
+    pub footprint_is_working_set: bool,
     pub least_headroom: Option<CeilingState>,
     pub actions: BTreeMap<String, u32>,
     pub samples: u64,
@@ -83,6 +87,95 @@ pub const MOVED_SHARE: f64 = 0.1;
 pub const MOVED_MIN_BYTES: u64 = 8 << 20;
 pub const MOVED_SPACING: f64 = 2.0;
 
+impl RunStats {
+    /// One tick's sample into the run's peaks and least headroom.
+    pub fn record(&mut self, sample: &Sample, view: &View) {
+        self.samples += 1;
+        let first = self.samples == 1;
+        let p = &mut self.peak;
+        if sample.tree.footprint_bytes > p.footprint_bytes || first {
+            p.footprint_bytes = sample.tree.footprint_bytes;
+            p.footprint_t = sample.t;
+            self.peak_holder = sample
+                .procs
+                .iter()
+                .max_by_key(|p| p.pss_bytes)
+                .map(|p| (p.pid, p.comm.clone(), p.role, p.pss_bytes));
+        }
+        if sample.tree.pss_bytes > p.tree_pss_bytes || first {
+            p.tree_pss_bytes = sample.tree.pss_bytes;
+            p.t = sample.t;
+        }
+        p.tree_rss_bytes = p.tree_rss_bytes.max(sample.tree.rss_bytes);
+        p.swap_used_bytes = p.swap_used_bytes.max(sample.system.swap_used_bytes);
+        let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
+        p.gpu_used_bytes = p.gpu_used_bytes.max(gpu);
+        if let Some(n) = view.nearest
+            && self
+                .least_headroom
+                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
+        {
+            self.least_headroom = Some(n);
+        }
+    }
+}
+
+impl RunStats {
+    /// The summary's memory lines: the peak footprint (named for what it
+    /// is, the figure the ceilings were compared with), PSS and RSS as its
+    /// breakdown, and the nearest ceiling.
+    pub fn memory_lines(&self) -> Vec<String> {
+        let p = &self.peak;
+        let holder = self
+            .peak_holder
+            .as_ref()
+            .map_or(String::new(), |(pid, comm, role, pss)| {
+                format!(
+                    "; largest: {comm} (pid {pid}, {}) {} PSS",
+                    role.as_str(),
+                    HumanBytes(*pss)
+                )
+            });
+        let what = if self.footprint_is_working_set {
+            " (the cgroup's working set)"
+        } else {
+            " (PSS sum)"
+        };
+        let breakdown = if self.footprint_is_working_set {
+            format!("; peak PSS sum {}", HumanBytes(p.tree_pss_bytes))
+        } else {
+            String::new()
+        };
+        // A process that peaked between samples (a short job, a spike):
+        // what the kernel recorded says more than the samples.
+        let spike = if p.largest_process_rss_bytes > p.tree_rss_bytes {
+            format!(
+                "; one process reached {} RSS between samples (kernel high-water mark)",
+                HumanBytes(p.largest_process_rss_bytes)
+            )
+        } else {
+            String::new()
+        };
+        let mut lines = vec![format!(
+            "peak footprint {}{what} at {:.0}s{holder}{breakdown}; peak RSS sum {}{spike}",
+            HumanBytes(p.footprint_bytes),
+            p.footprint_t,
+            HumanBytes(p.tree_rss_bytes),
+        )];
+        if let Some(l) = self.least_headroom {
+            lines.push(format!(
+                "nearest ceiling: {} {} (least headroom {}, {:.1}%); peak swap used {}",
+                l.ceiling.source.as_str(),
+                HumanBytes(l.ceiling.bytes),
+                HumanBytes(l.headroom_bytes),
+                l.headroom_percent(),
+                HumanBytes(p.swap_used_bytes),
+            ));
+        }
+        lines
+    }
+}
+
 impl Sinks {
     /// The next attempt starts at `t`: a line at its first sample, and its
     /// early process list.
@@ -135,27 +228,7 @@ impl Sinks {
             let m = self.rss_max.entry(p.pid).or_default();
             *m = (*m).max(p.rss_bytes);
         }
-        self.stats.samples += 1;
-        let s = &mut self.stats;
-        if sample.tree.pss_bytes > s.peak.tree_pss_bytes || s.samples == 1 {
-            s.peak.tree_pss_bytes = sample.tree.pss_bytes;
-            s.peak.t = sample.t;
-            s.peak_holder = sample
-                .procs
-                .iter()
-                .max_by_key(|p| p.pss_bytes)
-                .map(|p| (p.pid, p.comm.clone(), p.role, p.pss_bytes));
-        }
-        s.peak.tree_rss_bytes = s.peak.tree_rss_bytes.max(sample.tree.rss_bytes);
-        s.peak.swap_used_bytes = s.peak.swap_used_bytes.max(sample.system.swap_used_bytes);
-        let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
-        s.peak.gpu_used_bytes = s.peak.gpu_used_bytes.max(gpu);
-        if let Some(n) = view.nearest
-            && s.least_headroom
-                .is_none_or(|l| n.headroom_bytes < l.headroom_bytes)
-        {
-            s.least_headroom = Some(n);
-        }
+        self.stats.record(sample, view);
         // Fast ticks are not all logged: one line per --interval, plus
         // every tick where a rule or action happened.
         let due = self.every_tick
@@ -337,6 +410,53 @@ mod tests {
     use super::*;
     use crate::model::Role;
     use crate::model::testing::{bare_view as view, budget_sample, proc_sample};
+
+    /// The summary names the figure the ceilings were compared with: in
+    /// a cgroup of its own, the working set (here 300 MiB below the PSS
+    /// sum, as file pages already cached make it), with PSS only as a
+    /// labelled breakdown.
+    #[test]
+    fn the_summary_gives_the_working_set_as_the_footprint_and_pss_by_name() {
+        const MIB: u64 = 1 << 20;
+        let mut stats = RunStats {
+            footprint_is_working_set: true,
+            ..Default::default()
+        };
+        for (t, ws, pss) in [(1.0, 400, 700), (2.0, 716, 1018), (3.0, 650, 1100)] {
+            let mut s = budget_sample(t, ws * MIB);
+            s.tree.pss_bytes = pss * MIB;
+            s.tree.rss_bytes = 2 * pss * MIB;
+            s.procs = vec![proc_sample(7, Role::Trainer, 0)];
+            stats.record(&s, &view(t));
+        }
+        let lines = stats.memory_lines();
+        assert!(
+            lines[0].starts_with("peak footprint 716 MiB (the cgroup's working set) at 2s"),
+            "{lines:?}"
+        );
+        assert!(lines[0].contains("peak PSS sum 1.1 GiB"), "{lines:?}");
+        assert_eq!(stats.peak.footprint_bytes, 716 * MIB);
+        assert_eq!(stats.peak.tree_pss_bytes, 1100 * MIB);
+        // PSS appears only as a labelled figure ("… PSS sum 1.1 GiB",
+        // "… 0 B PSS"), never as what "footprint" names.
+        for l in &lines {
+            for (i, _) in l.match_indices("PSS") {
+                assert!(
+                    l[i..].starts_with("PSS sum ") || l[..i].ends_with("B "),
+                    "{l}"
+                );
+            }
+            assert!(!l.contains("footprint 1.1 GiB"), "{l}");
+        }
+        // Without a cgroup of its own the footprint is the PSS sum, said so.
+        let mut plain = RunStats::default();
+        plain.record(&budget_sample(1.0, 500 * MIB), &view(1.0));
+        let lines = plain.memory_lines();
+        assert!(
+            lines[0].starts_with("peak footprint 500 MiB (PSS sum) at 1s"),
+            "{lines:?}"
+        );
+    }
 
     struct Quiet;
 

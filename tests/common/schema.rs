@@ -285,6 +285,8 @@ pub struct ChildExit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Peak {
+    pub footprint_bytes: u64,
+    pub footprint_t: f64,
     pub tree_pss_bytes: u64,
     pub tree_rss_bytes: u64,
     pub swap_used_bytes: u64,
