@@ -516,6 +516,9 @@ impl Actuator {
                 .collect();
             signal_all(sig, &resume, SIG_CONT);
         }
+        // Before the request or signal goes: a trainer that saves at once
+        // writes its file before anything after the signal is read.
+        let asked_at = SystemTime::now();
         // With a companion listening, the request replaces the signal: the
         // ranks agree on a step, save it together, and leave.
         let joined = self.joined.take();
@@ -536,9 +539,11 @@ impl Actuator {
         } else {
             self.checkpoint_signal(action.into(), reason, &trainers, sig);
         }
-        let watch = self.cfg.checkpoint_dir.clone().map(|dir| {
-            CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), SystemTime::now())
-        });
+        let watch = self
+            .cfg
+            .checkpoint_dir
+            .clone()
+            .map(|dir| CheckpointWatch::new(dir, self.cfg.checkpoint_glob.clone(), asked_at));
         self.stop = Some(Stop {
             reason: reason.to_string(),
             action,

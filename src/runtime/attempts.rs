@@ -504,8 +504,7 @@ impl Supervisor {
                 self.typed_interrupt = false;
                 self.sinks.log.set_progress(None, false);
                 self.sinks.metrics.set_progress(None, None);
-                self.next_tick = now;
-                self.next_full = now;
+                self.wakeups.tick_now(now);
                 self.sinks
                     .start_attempt(crate::clock::since(self.started).as_secs_f64());
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());

@@ -115,12 +115,9 @@ impl Supervisor {
                 exit_code_known: None,
                 detached_reason: None,
                 still_running_pids: None,
-                cheap_loop: self.cheap.as_ref().map(|c| crate::log::CheapLoopStats {
-                    reads: c.reads,
-                    seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
-                }),
+                cheap_loop: self.wakeups.cheap_loop_stats(),
                 reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
-                wakeups: Some(self.wakeups_armed()),
+                wakeups: Some(self.wakeups.armed()),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

@@ -24,12 +24,10 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokio::io::unix::AsyncFd;
-
 use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
-use crate::probe::cgroup::{self, OwnedCgroup, Threshold};
+use crate::probe::cgroup::{self, OwnedCgroup};
 use crate::relay::{OutputRelay, OutputScanner, Pumped};
 use crate::restart::Budget;
 use crate::supervise::{self, Job, Status};
@@ -73,7 +71,7 @@ use signals::{FORWARDED, HangupPlan, SignalPlan};
 use sinks::Sinks;
 pub use sinks::session_bus;
 pub use stop_saves::StopVerdict;
-use tick::{Core, FAST, TickInputs};
+use tick::{Core, TickInputs};
 
 pub use crate::exit::{
     FAIL_ABOVE as EXIT_FAIL_ABOVE, INTERNAL as EXIT_INTERNAL, OUTPUT_LOST as EXIT_OUTPUT_LOST,
@@ -166,19 +164,9 @@ struct Supervisor {
     output_abandoned: bool,
     /// The hooks running, and when a hung one is killed.
     hooks: hooks::Hooks,
-    next_tick: Instant,
-    next_full: Instant,
-    thresholds: Vec<AsyncFd<Threshold>>,
-    /// The cheap loop over the limit's usage counter, where no kernel
-    /// threshold watches it (`cheap.rs`).
-    cheap: Option<cheap::CheapLoop>,
-    /// PSI trigger and cgroup v2 `memory.events` (POLLPRI wake-ups), and
-    /// which of the two each one is (true: PSI).
-    pri_wakes: Vec<AsyncFd<crate::probe::system::PriWake>>,
-    pri_is_psi: Vec<bool>,
-    /// Which wake-ups were armed, and how often each woke the loop
-    /// (`run_end.wakeups`).
-    wakes: crate::log::Wakeups,
+    /// The tick's schedule and everything that wakes the loop between
+    /// ticks, with their counts.
+    wakeups: wakeups::Wakeups,
     /// The ranks of a job across nodes, for the moment one ends.
     rank_exits: rank_exits::RankExits,
     /// The run's attempts: their number, the restart budget, the newest
@@ -263,29 +251,6 @@ async fn drain_output(
         }
     }
     true
-}
-
-/// Resolves when any threshold eventfd fires (and drains it).
-async fn threshold_crossed(fds: &[AsyncFd<Threshold>]) {
-    if fds.is_empty() {
-        return std::future::pending().await;
-    }
-    let mut futs: Vec<_> = fds.iter().map(|fd| Box::pin(fd.readable())).collect();
-    std::future::poll_fn(move |cx| {
-        for f in futs.iter_mut() {
-            if let std::task::Poll::Ready(Ok(mut guard)) = f.as_mut().poll(cx) {
-                let mut buf = [0u8; 8];
-                let fd = guard.get_inner().eventfd.as_fd();
-                match rustix::io::read(fd, &mut buf) {
-                    Ok(_) => {}
-                    Err(_) => guard.clear_ready(),
-                }
-                return std::task::Poll::Ready(());
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 /// Identifies a running process to watch (`attach`).
@@ -378,41 +343,6 @@ async fn term_event(
         Some(t) => t.next_event().await,
         None => std::future::pending().await,
     }
-}
-
-/// Resolves with the index of the first POLLPRI wake source that fired.
-async fn pri_woken(fds: &[AsyncFd<crate::probe::system::PriWake>]) -> usize {
-    if fds.is_empty() {
-        return std::future::pending().await;
-    }
-    let mut futs: Vec<_> = fds
-        .iter()
-        .map(|fd| Box::pin(fd.ready(tokio::io::Interest::PRIORITY)))
-        .collect();
-    std::future::poll_fn(move |cx| {
-        for (i, f) in futs.iter_mut().enumerate() {
-            if let std::task::Poll::Ready(Ok(mut guard)) = f.as_mut().poll(cx) {
-                guard.clear_ready();
-                return std::task::Poll::Ready(i);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
-}
-
-#[allow(unsafe_code)]
-fn watch_pri(w: crate::probe::system::PriWake) -> Option<AsyncFd<crate::probe::system::PriWake>> {
-    // SAFETY: `PriWake` owns its file and never replaces it, so the fd stays
-    // open and the same for the whole life of the AsyncFd.
-    unsafe { AsyncFd::register_with_interest(w, tokio::io::Interest::PRIORITY) }.ok()
-}
-
-#[allow(unsafe_code)]
-fn watch_threshold(t: Threshold) -> Result<AsyncFd<Threshold>, ()> {
-    // SAFETY: `Threshold` owns its eventfd and never replaces it, so the fd
-    // stays open and the same for the whole life of the AsyncFd.
-    unsafe { AsyncFd::register(t) }.map_err(|_| ())
 }
 
 /// oomguard failed after the log was opened but before the job ran: the
@@ -563,26 +493,67 @@ impl Supervisor {
         self.core.last_sample = Some(sample);
     }
 
+    /// The next moment the loop must wake without being woken: the tick,
+    /// the cheap loop's read, the kill deadline, a hook's, a restart's or
+    /// an `attach` watch's end.
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.wakeups.next();
+        if let Some(k) = self.core.act.kill_deadline() {
+            wake = wake.min(k);
+        }
+        if self.main_status.is_some() {
+            wake = wake.min(crate::clock::now() + Duration::from_millis(50));
+        }
+        if let Some(d) = self.hooks.next_deadline() {
+            wake = wake.min(d);
+        }
+        if let Some(r) = self.attempts.relaunch_at() {
+            wake = r;
+        }
+        if let Some(w) = self.watch_deadline() {
+            wake = wake.min(w);
+        }
+        wake
+    }
+
+    /// The cheap loop follows this tick's limit and working set.
+    fn pace_cheap_loop(&mut self, now: Instant) {
+        let cg = self
+            .core
+            .last_sample
+            .as_ref()
+            .and_then(|s| s.cgroup.as_ref());
+        if let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) {
+            let levels = self.core.wake_levels();
+            self.wakeups
+                .pace_cheap_loop(reader, cg, &levels, self.cfg.interval, now);
+        }
+    }
+
+    /// A wake-up the kernel would not arm, said once (unless `--quiet`).
+    fn not_armed(&mut self, refused: Option<wakeups::Refused>) {
+        if let Some(r) = refused
+            && !self.cfg.quiet
+        {
+            self.say(format!(
+                "{} could not be armed ({}); polling covers it",
+                r.what, r.why
+            ));
+        }
+    }
+
     fn on_timer(&mut self) {
         let now = crate::clock::now();
-        let cheap = self.cheap.as_mut().is_some_and(|c| c.check(now));
-        if cheap {
-            self.next_tick = now;
-        }
+        let cheap = self.wakeups.cheap_loop_moved(now);
         self.reap();
         if self.core.act.kill_due(now) {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
         self.check_watch_time(now);
-        if now >= self.next_tick && !self.attempts.between() {
-            let woke = if cheap {
-                &mut self.wakes.cheap_loop
-            } else {
-                &mut self.wakes.poll
-            };
-            woke.woke += 1;
-            let full = now >= self.next_full;
+        if self.wakeups.tick_due(now) && !self.attempts.between() {
+            self.wakeups.count_timer(cheap);
+            let full = self.wakeups.full_due(now);
             self.tick(!full);
         }
     }
@@ -597,7 +568,7 @@ impl Supervisor {
         let now = crate::clock::now();
         let quick = quick && !self.core.needs_full_scan();
         if !quick {
-            self.next_full = now + self.cfg.interval.min(Duration::from_millis(250)).max(FAST);
+            self.wakeups.full_scan_ran(now, self.cfg.interval);
         }
         let sample = self.sample(quick);
         self.core.act.prune(&self.sampler.tree, &*self.sig);
@@ -651,10 +622,7 @@ impl Supervisor {
         self.acted(Some(&out.view));
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);
-        self.next_tick = now + every;
-        if every >= self.cfg.interval {
-            self.next_full = self.next_tick;
-        }
+        self.wakeups.schedule(now, every, self.cfg.interval);
         self.core.last_view = Some(out.view);
     }
 

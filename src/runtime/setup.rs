@@ -18,8 +18,7 @@ use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
     EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
-    open_job_pty, pri_woken, pty_read, relay_pump, report_stale, spawn_failed, term_event,
-    threshold_crossed,
+    open_job_pty, pty_read, relay_pump, report_stale, spawn_failed, term_event,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -192,10 +191,34 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
     }
-    let memory_high = sup.set_memory_high(cg_first.as_ref());
+    let memory_high = match (&sup.sampler.cgroup, cg_first.as_ref()) {
+        (Some(reader), Some(cg)) => sup.core.engine.policy().thresholds().1.and_then(|crit| {
+            super::wakeups::set_memory_high(
+                &sup.cfg.without,
+                reader,
+                cg,
+                crit,
+                sup.sampler.budget_bytes,
+            )
+        }),
+        _ => None,
+    };
     sup.write_run_start(not_owned_reason, memory_high);
-    sup.register_thresholds(cg_first.as_ref());
-    sup.register_pri_wakes();
+    if let (Some(reader), Some(cg)) = (&sup.sampler.cgroup, cg_first.as_ref()) {
+        let budget_here = reader.owned() || sup.attached_exclusive();
+        let refused = sup.wakeups.register_thresholds(
+            reader,
+            cg,
+            sup.sampler.budget_bytes,
+            budget_here,
+            &sup.core.wake_levels(),
+        );
+        sup.not_armed(refused);
+    }
+    let refused = sup
+        .wakeups
+        .register_pri(sup.sampler.cgroup.as_ref(), &sup.cfg.proc_root);
+    sup.not_armed(refused);
     run_loop(sup, outside).await
 }
 
@@ -206,8 +229,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
     loop {
         let forwarded = outside.signals.next();
         let wake = sup.next_wake();
-        let threshold = threshold_crossed(&sup.thresholds);
-        let pri = pri_woken(&sup.pri_wakes);
+        let kernel = sup.wakeups.kernel();
         let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
         let term = term_event(sup.tui.as_mut());
         if sup.core.act.companion.spans_nodes() {
@@ -218,20 +240,8 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
             () = outside.children.exited() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
-            () = threshold => {
-                sup.wakes.usage_threshold.woke += 1;
-                sup.tick(true);
-            }
-            i = pri => {
-                if let Some(w) = sup.pri_wakes.get_mut(i) {
-                    w.get_mut().rearm();
-                }
-                let source = if sup.pri_is_psi.get(i).copied().unwrap_or(false) {
-                    &mut sup.wakes.psi
-                } else {
-                    &mut sup.wakes.memory_events
-                };
-                source.woke += 1;
+            k = kernel => {
+                sup.wakeups.woke(k);
                 sup.tick(true);
             }
             n = output => sup.on_output(n, &pty_buf),
@@ -752,6 +762,7 @@ impl Supervisor {
             None => (None, None),
         };
         let now = crate::clock::now();
+        let wakeups = super::wakeups::Wakeups::new(cfg.without, now);
         let (max_restarts, restart_delay, restart_reset) =
             (cfg.max_restarts, cfg.restart_delay, cfg.restart_reset);
         Supervisor {
@@ -826,13 +837,7 @@ impl Supervisor {
             shutdown_signal: None,
             output_abandoned: false,
             hooks: super::hooks::Hooks::default(),
-            next_tick: now,
-            next_full: now,
-            thresholds: Vec::new(),
-            cheap: None,
-            pri_wakes: Vec::new(),
-            pri_is_psi: Vec::new(),
-            wakes: crate::log::Wakeups::default(),
+            wakeups,
             rank_exits: super::rank_exits::RankExits::default(),
             attempts: super::attempts::Attempts::new(
                 Budget::new(
