@@ -254,10 +254,7 @@ impl Supervisor {
     pub(super) fn plan_restart(&mut self) -> bool {
         // The attempt's processes are gone: the rest of its output is in the
         // channels. Read it and log what it said, in this attempt.
-        if let Some(r) = self.relay.as_mut() {
-            r.finish();
-        }
-        self.pty_scanner.finish();
+        self.output.finish(false);
         self.log_output_events();
         // The companion's last words (its final step, written at exit, or
         // a done that came after the last tick) belong to this attempt.
@@ -278,8 +275,8 @@ impl Supervisor {
             stop_reason: (self.core.act.stop.as_ref().map(|st| st.reason.clone()))
                 .or_else(|| self.core.act.policy_reason.clone()),
             kernel_killed: self.oom.kernel_killed(&sample),
-            memory_death: self.memory_death,
-            cuda_oom: self.cuda_oom,
+            memory_death: self.output.memory_death(),
+            cuda_oom: self.output.cuda_oom(),
             succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
         let rules = crate::restart::RestartRules {
@@ -318,7 +315,7 @@ impl Supervisor {
             Next::Restart(delay) => delay,
         };
         let reason = reason.unwrap_or_default();
-        let fragmented = reason == "CUDA out of memory" && self.cuda_oom == Some(true);
+        let fragmented = reason == "CUDA out of memory" && self.output.cuda_oom() == Some(true);
         let env = self.attempts.env();
         let (changes, problems) = crate::restart::degrade_env(
             &self.cfg.restart.degrade,
@@ -362,7 +359,8 @@ impl Supervisor {
             Status::Signaled(s) => format!("killed by {}", supervise::signal_name(s)),
         };
         let at = self
-            .progress
+            .output
+            .progress()
             .current()
             .map(|p| p.describe())
             .filter(|d| !d.is_empty())
@@ -458,7 +456,12 @@ impl Supervisor {
             },
             _ => None,
         };
-        let relayed = match self.relay.as_mut().map(|r| r.next_attempt()).transpose() {
+        let relayed = match self
+            .output
+            .relay_mut()
+            .map(|r| r.next_attempt())
+            .transpose()
+        {
             Ok(s) => s,
             Err(e) => {
                 self.say(format!("cannot restart: {e}"));
@@ -480,10 +483,12 @@ impl Supervisor {
             },
         );
         drop(slave);
-        if let Some(r) = self.relay.as_mut() {
+        let relay = self.output.relay_mut();
+        let keeper = relay.map(|r| {
             r.after_spawn();
-        }
-        if let Some(pid) = self.relay.as_ref().and_then(|r| r.keeper_pid()) {
+            r.keeper_pid()
+        });
+        if let Some(pid) = keeper.flatten() {
             self.sampler.scanner.exclude(pid);
         }
         if let Some(app) = self.sinks.app.as_mut() {
@@ -498,9 +503,7 @@ impl Supervisor {
                 self.sampler.tree.clear();
                 self.sampler.zombie_children = 0;
                 self.core.reset();
-                self.cuda_oom = None;
-                self.memory_death = false;
-                self.progress = crate::forensics::progress::ProgressTracker::new();
+                self.output.new_attempt();
                 self.typed_interrupt = false;
                 self.sinks.log.set_progress(None, false);
                 self.sinks.metrics.set_progress(None, None);

@@ -65,7 +65,7 @@ impl Supervisor {
                     printed_rate: None,
                 };
                 let t = crate::clock::since(self.started).as_secs_f64();
-                self.progress.update(u, t);
+                self.output.progress_mut().update(u, t);
                 self.publish_progress();
             }
             Record::Ack { id, rank, step } => {
@@ -99,7 +99,7 @@ impl Supervisor {
                         ..ProgressUpdate::default()
                     };
                     let t = crate::clock::since(self.started).as_secs_f64();
-                    self.progress.update(u, t);
+                    self.output.progress_mut().update(u, t);
                     self.publish_progress();
                 }
                 // The newest saved checkpoint is the one a restart resumes

@@ -19,7 +19,7 @@ impl Supervisor {
             return;
         }
         let waited = self.attempts.age(crate::clock::now());
-        let step = self.progress.current().and_then(|p| p.step);
+        let step = self.output.progress().current().and_then(|p| p.step);
         if step.is_none() && waited < watch.wait {
             return;
         }

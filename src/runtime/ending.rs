@@ -208,16 +208,10 @@ impl Supervisor {
     fn drain_output(&mut self) -> Option<crate::relay::RelayStats> {
         // The job's last bytes come before oomguard's own lines (unless
         // oomguard was told to stop waiting for them).
-        if let Some(r) = self.relay.as_mut() {
-            r.finish();
-            if !self.output_abandoned {
-                r.flush(Duration::from_secs(2));
-            }
-        }
-        self.pty_scanner.finish();
+        self.output.finish(true);
         self.log_output_events();
         // Final now: the relay has finished and nothing more is written.
-        let relay_stats = self.relay.as_ref().map(OutputRelay::stats);
+        let relay_stats = self.output.relay_stats();
         if let Some(stats) = &relay_stats
             && !self.cfg.quiet
         {
@@ -330,7 +324,7 @@ impl Supervisor {
             eprintln!("oomguard: {line}");
         }
         self.memory_lines();
-        for note in &self.rank_notes {
+        for note in self.output.rank_notes() {
             eprintln!("oomguard: {note}");
         }
         if !saved_said && let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
@@ -426,7 +420,7 @@ impl Supervisor {
     /// the ceiling would have been reached (estimated before the job began
     /// to exit: a teardown's memory is not training's).
     fn progress_line(&self, outcome: Outcome, exit_code: i32) -> Option<String> {
-        let p = self.progress.current()?;
+        let p = self.output.progress().current()?;
         let at = p.describe();
         if at.is_empty() {
             return None;

@@ -1,8 +1,160 @@
 //! The job's output as oomguard reads it: the bytes relayed or shown, the
 //! PyTorch and torchrun messages found in them (logged, shown, and turned
 //! into the memory-death and progress facts the ending reads).
+//!
+//! `JobOutput` owns the readers (the relay of stdout and stderr, the
+//! dashboard pty's scanner and its `--output-log` copy) and what this
+//! attempt's output said; the `Supervisor` chapter below hands what they
+//! found to the log, the dashboard, the actuator and the other nodes.
 
-use super::*;
+use std::io::Write;
+use std::time::Duration;
+
+use super::Supervisor;
+use crate::forensics::progress::ProgressTracker;
+use crate::forensics::torch::TorchEvent;
+use crate::relay::{OutputError, OutputRelay, OutputScanner, Pumped, RelayStats};
+
+/// The job's output and what it said this attempt.
+pub(super) struct JobOutput {
+    /// The job's stdout and stderr, passed on to where they would have
+    /// gone and scanned for PyTorch's messages (not with the dashboard,
+    /// whose pty output is scanned by `pty_scanner`, nor under `attach`).
+    relay: Option<OutputRelay>,
+    pty_scanner: OutputScanner,
+    /// `--output-log`: a copy of what the job wrote to the dashboard's pty.
+    pty_log: Option<std::fs::File>,
+    /// oomguard stopped waiting for a reader to take the job's last
+    /// output (see `drain_output`).
+    abandoned: bool,
+    /// This attempt printed a CUDA OOM; `true` when the allocator was
+    /// fragmented (reserved-but-unallocated ≥ the failed request).
+    cuda_oom: Option<bool>,
+    /// This attempt's job printed a `worker_died` or `rank_failed` by
+    /// SIGKILL while memory was at or past the warn level.
+    memory_death: bool,
+    /// Training progress read from the job's output, this attempt.
+    progress: ProgressTracker,
+    /// What torchrun said about failed ranks, for the summary.
+    rank_notes: Vec<String>,
+}
+
+impl JobOutput {
+    pub fn new(relay: Option<OutputRelay>, pty_log: Option<std::fs::File>) -> Self {
+        Self {
+            relay,
+            pty_scanner: OutputScanner::new(),
+            pty_log,
+            abandoned: false,
+            cuda_oom: None,
+            memory_death: false,
+            progress: ProgressTracker::new(),
+            rank_notes: Vec::new(),
+        }
+    }
+
+    /// A new attempt: nothing said yet.
+    pub fn new_attempt(&mut self) {
+        self.cuda_oom = None;
+        self.memory_death = false;
+        self.progress = ProgressTracker::new();
+    }
+
+    /// Bytes the job wrote to the dashboard's pty: to the `--output-log`
+    /// copy and the scanner.
+    pub fn take_pty_bytes(&mut self, bytes: &[u8]) {
+        if let Some(f) = self.pty_log.as_mut() {
+            let _ = f.write_all(bytes);
+        }
+        self.pty_scanner.feed(bytes);
+    }
+
+    /// What the output said since the last call.
+    pub fn take_events(&mut self) -> Vec<TorchEvent> {
+        let mut events = self.pty_scanner.take_events();
+        if let Some(r) = self.relay.as_mut() {
+            events.extend(r.take_events());
+        }
+        events
+    }
+
+    /// What could not be passed on since the last call.
+    pub fn take_errors(&mut self) -> Vec<OutputError> {
+        self.relay
+            .as_mut()
+            .map(|r| r.take_errors())
+            .unwrap_or_default()
+    }
+
+    /// Resolves when the relay moved bytes (never without one).
+    pub async fn pump(&mut self) -> Pumped {
+        match self.relay.as_mut() {
+            Some(r) => r.pump().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn relay_mut(&mut self) -> Option<&mut OutputRelay> {
+        self.relay.as_mut()
+    }
+
+    /// The attempt's processes are gone: the rest of its output is in the
+    /// channels, read to the end (and passed on, within 2 s, unless
+    /// oomguard stopped waiting for a reader: `flush`).
+    pub fn finish(&mut self, flush: bool) {
+        if let Some(r) = self.relay.as_mut() {
+            r.finish();
+            if flush && !self.abandoned {
+                r.flush(Duration::from_secs(2));
+            }
+        }
+        self.pty_scanner.finish();
+    }
+
+    /// oomguard stopped waiting for a reader to take the last output.
+    pub fn abandon(&mut self) {
+        self.abandoned = true;
+    }
+
+    pub fn relay_stats(&self) -> Option<RelayStats> {
+        self.relay.as_ref().map(OutputRelay::stats)
+    }
+
+    pub fn note_cuda_oom(&mut self, fragmented: bool) {
+        self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || fragmented);
+    }
+
+    pub fn cuda_oom(&self) -> Option<bool> {
+        self.cuda_oom
+    }
+
+    pub fn note_memory_death(&mut self) {
+        self.memory_death = true;
+    }
+
+    pub fn memory_death(&self) -> bool {
+        self.memory_death
+    }
+
+    pub fn progress(&self) -> &ProgressTracker {
+        &self.progress
+    }
+
+    pub fn progress_mut(&mut self) -> &mut ProgressTracker {
+        &mut self.progress
+    }
+
+    /// A line for the summary about a failed rank (the first 16).
+    pub fn note_rank(&mut self, line: String) {
+        if self.rank_notes.len() < 16 {
+            self.rank_notes.push(line);
+        }
+    }
+
+    pub fn rank_notes(&self) -> &[String] {
+        &self.rank_notes
+    }
+}
 
 impl Supervisor {
     /// Bytes the job wrote to its terminal: to the dashboard, the
@@ -11,11 +163,7 @@ impl Supervisor {
         if let Some(app) = self.sinks.app.as_mut() {
             app.on_output(bytes);
         }
-        if let Some(f) = self.pty_log.as_mut() {
-            use std::io::Write;
-            let _ = f.write_all(bytes);
-        }
-        self.pty_scanner.feed(bytes);
+        self.output.take_pty_bytes(bytes);
     }
 
     /// The job wrote to its terminal (the dashboard's pty).
@@ -46,45 +194,38 @@ impl Supervisor {
 
     /// Logs what the job's output said (CUDA OOM, dead workers).
     pub(super) fn log_output_events(&mut self) {
-        let mut events = self.pty_scanner.take_events();
-        if let Some(r) = self.relay.as_mut() {
-            events.extend(r.take_events());
-        }
+        let events = self.output.take_events();
         // A process reported dead: the kernel's OOM-kill counters now, not
         // at the last tick (the trainer can report a worker's death first),
         // so its kill is logged before the death and the advice knows.
-        let death = events.iter().any(|e| {
-            matches!(
-                e,
-                crate::forensics::torch::TorchEvent::WorkerDied(_)
-                    | crate::forensics::torch::TorchEvent::RankFailed(_)
-            )
-        });
+        let death = events
+            .iter()
+            .any(|e| matches!(e, TorchEvent::WorkerDied(_) | TorchEvent::RankFailed(_)));
         if death {
             let sample = self.sample(true);
             self.check_oom_kills(&sample);
         }
         let critical = self.host_memory_critical();
         for event in events {
-            if let crate::forensics::torch::TorchEvent::Framework(f) = event {
+            if let TorchEvent::Framework(f) = event {
                 self.core.act.note_framework(f, crate::clock::now());
                 continue;
             }
-            if let crate::forensics::torch::TorchEvent::Progress(u) = event {
+            if let TorchEvent::Progress(u) = event {
                 if self.exact_progress() {
                     continue;
                 }
                 let t = crate::clock::since(self.started).as_secs_f64();
-                self.progress.update(u, t);
+                self.output.progress_mut().update(u, t);
                 self.publish_progress();
                 continue;
             }
             if self.killed_by_memory(&event) {
-                self.memory_death = true;
+                self.output.note_memory_death();
             }
-            if let crate::forensics::torch::TorchEvent::CudaOom(e) = &event {
+            if let TorchEvent::CudaOom(e) = &event {
                 let frag = crate::forensics::torch::is_fragmentation(e);
-                self.cuda_oom = Some(self.cuda_oom.unwrap_or(false) || frag);
+                self.output.note_cuda_oom(frag);
             }
             if let Some(mut record) = crate::log::output_event(&event, critical) {
                 if let crate::log::Event::RankFailed(r) = &mut record {
@@ -117,12 +258,7 @@ impl Supervisor {
                 }
             }
         }
-        let errors = self
-            .relay
-            .as_mut()
-            .map(|r| r.take_errors())
-            .unwrap_or_default();
-        for e in errors {
+        for e in self.output.take_errors() {
             let broken_pipe = matches!(
                 &e,
                 crate::relay::OutputError::Write { source, .. }
@@ -157,7 +293,7 @@ impl Supervisor {
                     e.exit_code
                         .map_or("an unknown cause".into(), |c| format!("exit code {c}"))
                 });
-                let restart = self.memory_death && self.restart_enabled();
+                let restart = self.output.memory_death() && self.restart_enabled();
                 (
                     "worker-died",
                     format!("a DataLoader worker died ({how})"),
@@ -186,16 +322,15 @@ impl Supervisor {
         if r.pid.is_some_and(|p| self.oom.reported(p)) {
             r.tie_to_oom_kill();
         }
-        if self.rank_notes.len() < 16 {
-            self.rank_notes.push(r.describe());
-        }
+        self.output.note_rank(r.describe());
     }
 
     /// Hands the current progress to the log (and the next sample, when it
     /// moved), the metrics and the dashboard.
     pub(super) fn publish_progress(&mut self) {
-        let changed = self.progress.take_changed();
-        let current = self.progress.current();
+        let progress = self.output.progress_mut();
+        let changed = progress.take_changed();
+        let current = progress.current();
         self.sinks.log.set_progress(current, changed);
         self.sinks
             .metrics
@@ -207,8 +342,7 @@ impl Supervisor {
 
     /// A worker or rank killed by SIGKILL while memory was at or past the
     /// warn level: a memory-motivated death, as an OOM-kill counter rise is.
-    pub(super) fn killed_by_memory(&self, event: &crate::forensics::torch::TorchEvent) -> bool {
-        use crate::forensics::torch::TorchEvent;
+    pub(super) fn killed_by_memory(&self, event: &TorchEvent) -> bool {
         let sigkill = match event {
             TorchEvent::WorkerDied(w) => w.signal.as_deref() == Some("SIGKILL"),
             TorchEvent::RankFailed(r) => r

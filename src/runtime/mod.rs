@@ -28,7 +28,7 @@ use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunE
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup::{self, OwnedCgroup};
-use crate::relay::{OutputRelay, OutputScanner, Pumped};
+use crate::relay::OutputRelay;
 use crate::restart::Budget;
 use crate::supervise::{self, Job, Status};
 use crate::units::{HumanBytes, human_duration};
@@ -159,9 +159,6 @@ struct Supervisor {
     main_status: Option<Status>,
     /// The INT or TERM that started the shutdown, if one did.
     shutdown_signal: Option<i32>,
-    /// oomguard stopped waiting for a reader to take the job's last
-    /// output (see `drain_output`).
-    output_abandoned: bool,
     /// The hooks running, and when a hung one is killed.
     hooks: hooks::Hooks,
     /// The tick's schedule and everything that wakes the loop between
@@ -192,22 +189,9 @@ struct Supervisor {
     typed_interrupt: bool,
     /// oomguard itself failed after the job started (exit 70).
     internal_error: Option<String>,
-    /// The job's stdout and stderr, passed on to where they would have gone
-    /// and scanned for PyTorch's messages (not with the dashboard, whose
-    /// pty output is scanned by `pty_scanner`, nor under `attach`).
-    relay: Option<OutputRelay>,
-    pty_scanner: OutputScanner,
-    /// This attempt printed a CUDA OOM; `true` when the allocator was
-    /// fragmented (reserved-but-unallocated ≥ the failed request).
-    cuda_oom: Option<bool>,
-    /// Training progress read from the job's output, this attempt.
-    progress: crate::forensics::progress::ProgressTracker,
-    /// This attempt's job printed a `worker_died` or `rank_failed` by
-    /// SIGKILL while memory was at or past the warn level.
-    memory_death: bool,
-    /// What torchrun said about failed ranks, for the summary.
-    rank_notes: Vec<String>,
-    pty_log: Option<std::fs::File>,
+    /// The job's output (relayed, or the dashboard pty's) and what it
+    /// said this attempt.
+    output: job_output::JobOutput,
     /// `--torch-stats`: the injected reporter (removed on drop); its
     /// reader is the sampler's.
     torch: Option<crate::probe::torch_stats::TorchStatsInjector>,
@@ -325,13 +309,6 @@ fn open_job_pty(
 async fn pty_read(pty: Option<&crate::tui::PtyMaster>, buf: &mut [u8]) -> std::io::Result<usize> {
     match pty {
         Some(p) => p.read(buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn relay_pump(relay: Option<&mut OutputRelay>) -> Pumped {
-    match relay {
-        Some(r) => r.pump().await,
         None => std::future::pending().await,
     }
 }
@@ -613,7 +590,12 @@ impl Supervisor {
             .any(|r| r.action.is_critical());
         if can_stop {
             let (tree, pid) = (&self.sampler.tree, self.job.pid);
-            if self.progress.current().is_some_and(|p| p.step.is_some()) {
+            if self
+                .output
+                .progress()
+                .current()
+                .is_some_and(|p| p.step.is_some())
+            {
                 self.core.act.check_stop_saves(tree, pid, &*self.sig);
             }
             self.core.act.check_framework(now, tree, pid, &*self.sig);
@@ -662,13 +644,14 @@ impl Supervisor {
         readings: Option<&Readings>,
     ) {
         if self.began_to_exit() {
-            self.progress.freeze();
+            self.output.progress_mut().freeze();
         }
         if let Some(n) = view.nearest
-            && self.progress.current().is_some()
+            && self.output.progress().current().is_some()
         {
             if let Some(flag) = self
-                .progress
+                .output
+                .progress_mut()
                 // The job's own footprint: under the system ceiling the
                 // ceiling's usage is the whole machine's.
                 .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes))

@@ -18,7 +18,7 @@ use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
     EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
-    open_job_pty, pty_read, relay_pump, report_stale, spawn_failed, term_event,
+    open_job_pty, pty_read, report_stale, spawn_failed, term_event,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -29,7 +29,7 @@ use crate::probe::proc::{TreeRoot, TreeScanner};
 use crate::probe::pss::{PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
 use crate::probe::torch_stats::{TorchStatsInjector, TorchStatsReader};
-use crate::relay::{JobStdio, OutputError, OutputRelay, OutputScanner, RelayOptions};
+use crate::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
 use crate::restart::Budget;
 use crate::supervise::{self, Job};
 use crate::units::SizeOrPercent;
@@ -245,7 +245,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
                 sup.tick(true);
             }
             n = output => sup.on_output(n, &pty_buf),
-            pumped = relay_pump(sup.relay.as_mut()) => sup.on_relay(pumped),
+            pumped = sup.output.pump() => sup.on_relay(pumped),
             ev = term => sup.on_term(ev),
             pid = rank_ended => sup.on_rank_end(pid),
         }
@@ -258,8 +258,9 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
         }
     }
     let shutting_down = sup.shutdown_signal.is_some();
-    sup.output_abandoned =
-        !drain_output(sup.relay.as_mut(), &mut outside.signals, shutting_down).await;
+    if !drain_output(sup.output.relay_mut(), &mut outside.signals, shutting_down).await {
+        sup.output.abandon();
+    }
     sup.finish()
 }
 
@@ -835,7 +836,6 @@ impl Supervisor {
             foreground,
             main_status: None,
             shutdown_signal: None,
-            output_abandoned: false,
             hooks: super::hooks::Hooks::default(),
             wakeups,
             rank_exits: super::rank_exits::RankExits::default(),
@@ -857,13 +857,7 @@ impl Supervisor {
             hung_up: false,
             typed_interrupt: false,
             internal_error: None,
-            relay: output.relay,
-            pty_scanner: OutputScanner::new(),
-            pty_log: output.pty_log,
-            cuda_oom: None,
-            progress: crate::forensics::progress::ProgressTracker::new(),
-            memory_death: false,
-            rank_notes: Vec::new(),
+            output: super::job_output::JobOutput::new(output.relay, output.pty_log),
         }
     }
 }
