@@ -442,19 +442,16 @@ impl Supervisor {
             env.extend(inj.env(base.as_deref()));
         }
         env.extend(self.next_channel().into_iter().flatten());
-        let slave = match (&self.tui, &self.sinks.app) {
-            (Some(t), Some(a)) => match open_job_pty(t, a) {
-                Ok((m, s)) => {
-                    self.pty = Some(m);
-                    self.keep_pty();
-                    Some(s)
-                }
-                Err(e) => {
-                    self.say(format!("cannot open a terminal for the job: {e}"));
-                    None
-                }
-            },
-            _ => None,
+        let slave = match self.screen.open_job_pty(self.sinks.app.as_ref()) {
+            Some(Ok(s)) => {
+                self.keep_pty();
+                Some(s)
+            }
+            Some(Err(e)) => {
+                self.say(format!("cannot open a terminal for the job: {e}"));
+                None
+            }
+            None => None,
         };
         let relayed = match self
             .output
@@ -504,7 +501,7 @@ impl Supervisor {
                 self.sampler.zombie_children = 0;
                 self.core.reset();
                 self.output.new_attempt();
-                self.typed_interrupt = false;
+                self.screen.new_attempt();
                 self.sinks.log.set_progress(None, false);
                 self.sinks.metrics.set_progress(None, None);
                 self.wakeups.tick_now(now);

@@ -25,7 +25,7 @@ impl Supervisor {
     pub(super) fn finish(mut self) -> i32 {
         // Give the terminal back before anything is printed to it.
         self.leave_dashboard();
-        self.pty_keeper = None;
+        self.screen.drop_keeper();
         let relay_stats = self.drain_output();
         let status = self.main_status.unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
@@ -350,7 +350,8 @@ impl Supervisor {
         // A Ctrl-C typed into the job from the dashboard, or an INT passed
         // on to a job with no companion: the job ended as it handles an
         // interrupt, and that is what the user did.
-        let interrupted = self.typed_interrupt || self.shutdown_signal == Some(libc::SIGINT);
+        let interrupted =
+            self.screen.typed_interrupt() || self.shutdown_signal == Some(libc::SIGINT);
         let how = match (outcome, status) {
             (Outcome::RestartLimit, _) => format!(
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",

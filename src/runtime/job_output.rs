@@ -175,8 +175,7 @@ impl Supervisor {
             }
             // EOF or EIO: nobody has the job's side open any more.
             _ => {
-                self.pty = None;
-                self.pty_keeper = None;
+                self.screen.lost_pty();
             }
         }
     }

@@ -67,7 +67,7 @@ mod words;
 
 use act::{Acted, Ident, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
-use signals::{FORWARDED, HangupPlan, SignalPlan};
+use signals::{FORWARDED, SignalPlan};
 use sinks::Sinks;
 pub use sinks::session_bus;
 pub use stop_saves::StopVerdict;
@@ -176,17 +176,8 @@ struct Supervisor {
     /// Launched or attached; for `attach`, the job's cgroup and how the
     /// watch ends.
     target: target::Target,
-    /// The live dashboard, its state, and the job's pty (the dashboard owns
-    /// the real terminal; the job gets a terminal of its own).
-    tui: Option<crate::tui::Tui>,
-    pty: Option<crate::tui::PtyMaster>,
-    /// Holds the dashboard's pty in case oomguard dies (see `keeper`).
-    pty_keeper: Option<crate::keeper::Keeper>,
-    /// The dashboard's terminal hung up (handled once).
-    hung_up: bool,
-    /// Ctrl-C was typed into the job's terminal from the dashboard this
-    /// attempt (no save asked for: the job was interrupted).
-    typed_interrupt: bool,
+    /// The dashboard's terminal and the job's pty.
+    screen: screen::Screen,
     /// oomguard itself failed after the job started (exit 70).
     internal_error: Option<String>,
     /// The job's output (relayed, or the dashboard pty's) and what it
@@ -304,22 +295,6 @@ fn open_job_pty(
     let (master, slave) = crate::tui::open_pty(c, r).map_err(|e| e.to_string())?;
     let master = crate::tui::PtyMaster::new(master).map_err(|e| e.to_string())?;
     Ok((master, slave))
-}
-
-async fn pty_read(pty: Option<&crate::tui::PtyMaster>, buf: &mut [u8]) -> std::io::Result<usize> {
-    match pty {
-        Some(p) => p.read(buf).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn term_event(
-    tui: Option<&mut crate::tui::Tui>,
-) -> Result<crate::tui::TermEvent, crate::tui::TermError> {
-    match tui {
-        Some(t) => t.next_event().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// oomguard failed after the log was opened but before the job ran: the
@@ -878,20 +853,13 @@ impl Supervisor {
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
     /// the job's output goes to the terminal rather than failing.
     pub(super) fn keep_pty(&mut self) {
-        let Some(pty) = &self.pty else {
-            return;
-        };
-        let stdout = std::io::stdout();
-        match crate::keeper::Keeper::spawn(&[(pty.as_fd(), stdout.as_fd())]) {
-            Ok(k) => {
-                self.sampler.scanner.exclude(k.pid());
-                self.pty_keeper = Some(k);
-            }
-            Err(e) => {
-                self.pty_keeper = None;
+        match self.screen.keep_pty() {
+            Some(Ok(pid)) => self.sampler.scanner.exclude(pid),
+            Some(Err(e)) => {
                 let e = crate::relay::OutputError::Keeper(e);
                 self.say(e.to_string());
             }
+            None => {}
         }
     }
 
@@ -908,16 +876,14 @@ impl Supervisor {
             // A hangup brings more than one SIGHUP (the kernel's, then the
             // shell's to its jobs): once it is handled, the rest are its
             // echo, not something for the job.
-            if self.hung_up {
+            if self.screen.hung_up() {
                 return;
             }
             // The dashboard's terminal went away (not a HUP sent by hand);
             // with --on-hangup detach a dashboard's SIGHUP is that hangup
             // even before the terminal reports it.
             let detach = self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach;
-            if let Some(t) = &self.tui
-                && (t.hung_up() || detach)
-            {
+            if self.screen.is_open() && (self.screen.terminal_hung_up() || detach) {
                 self.on_hangup();
                 return;
             }
@@ -996,7 +962,7 @@ impl Supervisor {
             || self.core.act.policy_end.is_some()
             || self.core.act.signal_end().is_some()
             || self.shutdown_signal.is_some()
-            || self.typed_interrupt
+            || self.screen.typed_interrupt()
     }
 
     /// Where the run stands for a signal's decision (`signals.rs`).

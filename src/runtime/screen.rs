@@ -1,20 +1,194 @@
-//! The dashboard's side of the loop: the user's keys and commands, the
-//! redraw, and a terminal that hangs up.
+//! The dashboard's side of the loop. `Screen` owns the terminal
+//! (`Tui`), the job's pty and its keeper, and what happened to them (a
+//! hangup, a Ctrl-C typed into the job); the `Supervisor` chapter below
+//! handles the user's keys and commands, the redraw, and a terminal that
+//! hangs up.
 
-use super::*;
+use std::os::fd::AsFd;
+
+use super::signals::{self, HangupPlan, SignalPlan};
+use super::{SIG_TERM, Supervisor, words};
+use crate::policy::Action;
+use crate::tui::{App, PtyMaster, TermError, TermEvent, Tui};
+
+/// What the dashboard's terminal or the job's pty brought.
+pub(super) enum Brought {
+    Output(std::io::Result<usize>),
+    Term(Result<TermEvent, TermError>),
+}
+
+/// The dashboard's terminal and the job's pty.
+#[derive(Default)]
+pub(super) struct Screen {
+    /// The live dashboard's terminal (it owns the real terminal; the job
+    /// gets a terminal of its own, `pty`).
+    tui: Option<Tui>,
+    pty: Option<PtyMaster>,
+    /// Holds the job's pty in case oomguard dies (see `keeper`).
+    keeper: Option<crate::keeper::Keeper>,
+    /// The terminal hung up (handled once).
+    hung_up: bool,
+    /// Ctrl-C was typed into the job's terminal from the dashboard this
+    /// attempt (no save asked for: the job was interrupted).
+    typed_interrupt: bool,
+}
+
+impl Screen {
+    pub fn new(tui: Option<Tui>, pty: Option<PtyMaster>) -> Self {
+        Self {
+            tui,
+            pty,
+            ..Self::default()
+        }
+    }
+
+    /// Resolves with the job's next output on its pty, or the terminal's
+    /// next key or resize; never when neither is open.
+    pub async fn next(&mut self, buf: &mut [u8]) -> Brought {
+        let output = async {
+            match self.pty.as_ref() {
+                Some(p) => p.read(buf).await,
+                None => std::future::pending().await,
+            }
+        };
+        let term = async {
+            match self.tui.as_mut() {
+                Some(t) => t.next_event().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            n = output => Brought::Output(n),
+            ev = term => Brought::Term(ev),
+        }
+    }
+
+    /// A pty for the next attempt's job, sized like the dashboard's output
+    /// pane; its slave end for the job. None without a dashboard.
+    pub fn open_job_pty(
+        &mut self,
+        app: Option<&App>,
+    ) -> Option<Result<std::os::fd::OwnedFd, String>> {
+        let (tui, app) = (self.tui.as_ref()?, app?);
+        Some(super::open_job_pty(tui, app).map(|(m, s)| {
+            self.pty = Some(m);
+            s
+        }))
+    }
+
+    /// The job's pty gave EOF or EIO: nobody has its side open any more.
+    pub fn lost_pty(&mut self) {
+        self.pty = None;
+        self.keeper = None;
+    }
+
+    /// Starts an output keeper for the job's pty: if oomguard dies, the
+    /// job's output goes to the terminal rather than failing. Its pid
+    /// (not the job's), or why it could not start.
+    pub fn keep_pty(&mut self) -> Option<Result<u32, std::io::Error>> {
+        let pty = self.pty.as_ref()?;
+        let stdout = std::io::stdout();
+        Some(
+            match crate::keeper::Keeper::spawn(&[(pty.as_fd(), stdout.as_fd())]) {
+                Ok(k) => {
+                    let pid = k.pid();
+                    self.keeper = Some(k);
+                    Ok(pid)
+                }
+                Err(e) => {
+                    self.keeper = None;
+                    Err(e)
+                }
+            },
+        )
+    }
+
+    /// The run is over: the keeper is no longer needed.
+    pub fn drop_keeper(&mut self) {
+        self.keeper = None;
+    }
+
+    /// Reads what the job left in its pty (bounded: a tree oomguard does
+    /// not wait for might fill it again).
+    pub fn drain_pty(&mut self, mut take: impl FnMut(&[u8])) {
+        let mut buf = vec![0u8; 64 * 1024];
+        for _ in 0..64 {
+            match self.pty.as_ref().map(|p| p.try_read(&mut buf)) {
+                Some(Ok(n)) if n > 0 => take(&buf[..n]),
+                _ => break,
+            }
+        }
+    }
+
+    /// The terminal took a new size: so does the job's pane.
+    pub fn resize(&self, app: &App, cols: u16, rows: u16) {
+        if let Some(pty) = &self.pty {
+            let (c, r) = crate::tui::output_pane_size(app, cols, rows);
+            let _ = pty.resize(c, r);
+        }
+    }
+
+    /// Ctrl-C typed into the job's terminal (when the job still runs).
+    pub fn type_interrupt(&mut self, job_running: bool) {
+        if let Some(p) = &self.pty {
+            self.typed_interrupt |= p.interrupt().is_ok() && job_running;
+        }
+    }
+
+    pub fn typed_interrupt(&self) -> bool {
+        self.typed_interrupt
+    }
+
+    /// A new attempt: nothing typed into it yet.
+    pub fn new_attempt(&mut self) {
+        self.typed_interrupt = false;
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.tui.is_some()
+    }
+
+    /// The terminal is gone (as the terminal itself reports it).
+    pub fn terminal_hung_up(&self) -> bool {
+        self.tui.as_ref().is_some_and(Tui::hung_up)
+    }
+
+    /// Whether a hangup was handled already.
+    pub fn hung_up(&self) -> bool {
+        self.hung_up
+    }
+
+    /// Marks the hangup handled; false when it already was.
+    pub fn mark_hung_up(&mut self) -> bool {
+        !std::mem::replace(&mut self.hung_up, true)
+    }
+
+    /// Gives the terminal back (the pty stays open, and drained, so the
+    /// job is not hung up).
+    pub fn close(&mut self) {
+        if let Some(mut t) = self.tui.take() {
+            let _ = t.restore();
+        }
+    }
+
+    /// Draws `app`; false when the terminal failed.
+    pub fn draw(&mut self, app: &App) -> bool {
+        self.tui.as_mut().is_none_or(|t| t.draw(app).is_ok())
+    }
+}
 
 impl Supervisor {
     /// A key or a resize on the dashboard.
-    pub(super) fn on_term(&mut self, ev: Result<crate::tui::TermEvent, crate::tui::TermError>) {
-        use crate::tui::{TermEvent, UiCommand};
+    pub(super) fn on_term(&mut self, ev: Result<TermEvent, TermError>) {
+        use crate::tui::UiCommand;
         let ev = match ev {
             Ok(ev) => ev,
-            Err(crate::tui::TermError::HangUp) => {
+            Err(TermError::HangUp) => {
                 self.on_hangup();
                 return;
             }
             Err(e) => {
-                if self.tui.as_ref().is_some_and(|t| t.hung_up()) {
+                if self.screen.terminal_hung_up() {
                     self.on_hangup();
                     return;
                 }
@@ -26,9 +200,8 @@ impl Supervisor {
         };
         match ev {
             TermEvent::Resize { cols, rows } => {
-                if let (Some(app), Some(pty)) = (&self.sinks.app, &self.pty) {
-                    let (c, r) = crate::tui::output_pane_size(app, cols, rows);
-                    let _ = pty.resize(c, r);
+                if let Some(app) = &self.sinks.app {
+                    self.screen.resize(app, cols, rows);
                 }
             }
             TermEvent::Key(key) => {
@@ -82,8 +255,8 @@ impl Supervisor {
                 == SignalPlan::Save { exit: true };
         if saves {
             self.signal_save(libc::SIGINT, true, "Ctrl-C");
-        } else if let Some(p) = &self.pty {
-            self.typed_interrupt |= p.interrupt().is_ok() && self.main_status.is_none();
+        } else {
+            self.screen.type_interrupt(self.main_status.is_none());
         }
     }
 
@@ -93,20 +266,16 @@ impl Supervisor {
     /// otherwise take it away. The job's last bytes still in its terminal
     /// are read first: they are often why it ended.
     pub(super) fn leave_dashboard(&mut self) {
-        let mut buf = vec![0u8; 64 * 1024];
-        // Bounded: a job that is gone cannot fill it again, but a tree
-        // oomguard does not wait for (attach) might.
-        for _ in 0..64 {
-            match self.pty.as_ref().map(|p| p.try_read(&mut buf)) {
-                Some(Ok(n)) if n > 0 => self.take_pty_output(&buf[..n]),
-                _ => break,
-            }
+        let mut taken = Vec::new();
+        self.screen.drain_pty(|b| taken.extend_from_slice(b));
+        if !taken.is_empty() {
+            self.take_pty_output(&taken);
         }
         let app = self.sinks.app.take();
         self.close_dashboard();
         if let Some(app) = app
             && !self.cfg.quiet
-            && !self.hung_up
+            && !self.screen.hung_up()
         {
             let lines = crate::tui::afterword(&app, self.cfg.output_lines as usize);
             let mut err = std::io::stderr().lock();
@@ -120,16 +289,14 @@ impl Supervisor {
     /// Leaves the dashboard and gives the terminal back. The pty stays
     /// open (and drained) so the job is not hung up.
     pub(super) fn close_dashboard(&mut self) {
-        if let Some(mut t) = self.tui.take() {
-            let _ = t.restore();
-        }
+        self.screen.close();
         self.sinks.app = None;
     }
 
     /// Redraws the dashboard (after every event; nothing runs while idle).
     pub(super) fn draw(&mut self) {
         use crate::tui::PolicyState;
-        let (Some(tui), Some(app)) = (self.tui.as_mut(), self.sinks.app.as_mut()) else {
+        let Some(app) = self.sinks.app.as_mut().filter(|_| self.screen.is_open()) else {
             return;
         };
         app.set_elapsed(crate::clock::since(self.started).as_secs_f64());
@@ -142,8 +309,8 @@ impl Supervisor {
             None => PolicyState::Normal,
         };
         app.set_policy_state(state);
-        if tui.draw(app).is_err() {
-            if tui.hung_up() {
+        if !self.screen.draw(app) {
+            if self.screen.terminal_hung_up() {
                 self.on_hangup();
             } else {
                 self.close_dashboard();
@@ -158,10 +325,9 @@ impl Supervisor {
     /// on supervising headless. Either way the dead terminal is never read
     /// or written again.
     pub(super) fn on_hangup(&mut self) {
-        if self.hung_up {
+        if !self.screen.mark_hung_up() {
             return;
         }
-        self.hung_up = true;
         // First: ratatui reports a failed cleanup with `eprintln!`, which
         // panics on a dead terminal.
         crate::tui::detach_dead_terminal();

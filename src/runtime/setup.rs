@@ -4,6 +4,7 @@
 //! the loop itself. A usage problem found here exits 2 before the job
 //! starts; a failure after `run_start` ends the log with `run_end`.
 
+use super::screen::Brought;
 use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
 use std::os::fd::{AsFd, OwnedFd};
@@ -18,7 +19,7 @@ use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
     EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
-    open_job_pty, pty_read, report_stale, spawn_failed, term_event,
+    open_job_pty, report_stale, spawn_failed,
 };
 use crate::cli::CgroupMode;
 use crate::log::{GpuInfo, LogWriter};
@@ -48,7 +49,7 @@ struct Outputs {
 /// The dashboard, its state, and the job's pty (the dashboard owns the real
 /// terminal; the job gets a terminal of its own).
 #[derive(Default)]
-struct Screen {
+struct OpenedDashboard {
     tui: Option<crate::tui::Tui>,
     app: Option<crate::tui::App>,
     pty: Option<crate::tui::PtyMaster>,
@@ -230,8 +231,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
         let forwarded = outside.signals.next();
         let wake = sup.next_wake();
         let kernel = sup.wakeups.kernel();
-        let output = pty_read(sup.pty.as_ref(), &mut pty_buf);
-        let term = term_event(sup.tui.as_mut());
+        let brought = sup.screen.next(&mut pty_buf);
         if sup.core.act.companion.spans_nodes() {
             sup.rank_exits.follow(&sup.core.act.peers.rank_pids());
         }
@@ -244,9 +244,11 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
                 sup.wakeups.woke(k);
                 sup.tick(true);
             }
-            n = output => sup.on_output(n, &pty_buf),
+            b = brought => match b {
+                Brought::Output(n) => sup.on_output(n, &pty_buf),
+                Brought::Term(ev) => sup.on_term(ev),
+            },
             pumped = sup.output.pump() => sup.on_relay(pumped),
-            ev = term => sup.on_term(ev),
             pid = rank_ended => sup.on_rank_end(pid),
         }
         sup.draw();
@@ -488,18 +490,18 @@ fn attached_channel(cfg: &RunConfig, job: &Job) -> Option<crate::companion::Chan
 /// The dashboard: when stdin and stdout are terminals and CI is unset, or
 /// forced with --tui; never with --no-tui. Without a pty for the job there
 /// is no dashboard (the job matters more).
-fn open_dashboard(cfg: &RunConfig) -> Screen {
+fn open_dashboard(cfg: &RunConfig) -> OpenedDashboard {
     let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
     let terminal = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let want = !cfg.tui.no_tui && (cfg.tui.tui || (terminal && !in_ci));
     if !want {
-        return Screen::default();
+        return OpenedDashboard::default();
     }
     let tui = match crate::tui::Tui::new() {
         Ok(t) => t,
         Err(e) => {
             eprintln!("oomguard: no dashboard ({e}); running without it");
-            return Screen::default();
+            return OpenedDashboard::default();
         }
     };
     let cmd = cfg
@@ -512,14 +514,14 @@ fn open_dashboard(cfg: &RunConfig) -> Screen {
     let (w, c) = cfg.policy.policy.thresholds();
     app.set_thresholds(w, c);
     if cfg.attach.is_some() {
-        return Screen {
+        return OpenedDashboard {
             tui: Some(tui),
             app: Some(app),
-            ..Screen::default()
+            ..OpenedDashboard::default()
         };
     }
     match open_job_pty(&tui, &app) {
-        Ok((m, s)) => Screen {
+        Ok((m, s)) => OpenedDashboard {
             tui: Some(tui),
             app: Some(app),
             pty: Some(m),
@@ -528,7 +530,7 @@ fn open_dashboard(cfg: &RunConfig) -> Screen {
         // No /dev/pts (a minimal container or initramfs).
         Err(e) => {
             eprintln!("oomguard: {e}; running the job with pipes and no dashboard");
-            Screen::default()
+            OpenedDashboard::default()
         }
     }
 }
@@ -735,7 +737,7 @@ struct Parts {
     foreground: bool,
     torch: Option<Torch>,
     channel: Option<crate::companion::Channel>,
-    screen: Screen,
+    screen: OpenedDashboard,
     output: Output,
     /// The job cgroup's OOM-kill counter at the start.
     cg_oom_kills: Option<u64>,
@@ -851,11 +853,7 @@ impl Supervisor {
             gpu_info,
             torch,
             target: super::target::Target::new(readers.attached),
-            tui: screen.tui,
-            pty: screen.pty,
-            pty_keeper: None,
-            hung_up: false,
-            typed_interrupt: false,
+            screen: super::screen::Screen::new(screen.tui, screen.pty),
             internal_error: None,
             output: super::job_output::JobOutput::new(output.relay, output.pty_log),
         }
@@ -897,7 +895,7 @@ pub(super) fn assemble_started(cfg: RunConfig, job: Job, log: &std::path::Path) 
         foreground: false,
         torch: None,
         channel: None,
-        screen: Screen {
+        screen: OpenedDashboard {
             tui: None,
             app: None,
             pty: None,
