@@ -18,6 +18,7 @@
 
 mod afterword;
 pub mod app;
+mod event;
 mod growth;
 pub mod keys;
 pub mod output;
