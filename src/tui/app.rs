@@ -207,6 +207,8 @@ pub struct TorchMem {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ChartPoint {
     pub t: f64,
+    /// What the policy holds against the ceilings (`footprint::of`).
+    pub footprint: u64,
     pub pss: u64,
     pub rss: u64,
     pub swap: u64,
@@ -219,6 +221,7 @@ pub(crate) struct ChartPoint {
 impl ChartPoint {
     fn merge_max(&mut self, o: ChartPoint) {
         self.t = o.t;
+        self.footprint = self.footprint.max(o.footprint);
         self.pss = self.pss.max(o.pss);
         self.rss = self.rss.max(o.rss);
         self.swap = self.swap.max(o.swap);
@@ -339,6 +342,7 @@ impl App {
         self.elapsed = sample.t;
         let point = ChartPoint {
             t: sample.t,
+            footprint: super::footprint::of(sample).0,
             pss: sample.tree.pss_bytes,
             rss: sample.tree.rss_bytes,
             swap: sample.tree.swap_bytes,

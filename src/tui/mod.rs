@@ -19,6 +19,7 @@
 mod afterword;
 pub mod app;
 mod event;
+mod footprint;
 mod growth;
 pub mod keys;
 pub mod output;
