@@ -448,15 +448,21 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn series_thresholds_and_span() {
-        let v = ChartView::memory(
-            &points(),
+    /// The memory chart of `pts` under a cgroup limit, warned at 20 % and
+    /// critical at 10 % headroom.
+    fn thresholds(pts: &VecDeque<ChartPoint>, kind: footprint::Kind) -> ChartView {
+        ChartView::memory(
+            pts,
             Some(CeilingSource::Cgroup),
             Some(20.0),
             Some(10.0),
-            footprint::Kind::WorkingSet,
-        );
+            kind,
+        )
+    }
+
+    #[test]
+    fn series_thresholds_and_span() {
+        let v = thresholds(&points(), footprint::Kind::WorkingSet);
         let names: Vec<&str> = v.series.iter().map(|s| s.name.as_str()).collect();
         // The cgroup's used is the footprint: one curve, named footprint.
         assert_eq!(
@@ -490,13 +496,7 @@ mod tests {
         for p in &mut pts {
             p.footprint = p.pss;
         }
-        let v = ChartView::memory(
-            &pts,
-            Some(CeilingSource::Cgroup),
-            Some(20.0),
-            Some(10.0),
-            footprint::Kind::Pss,
-        );
+        let v = thresholds(&pts, footprint::Kind::Pss);
         let names: Vec<&str> = v.series.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
@@ -576,15 +576,7 @@ mod tests {
     /// room, all three stay, each on its own row.
     #[test]
     fn threshold_lines_that_would_share_a_row_are_left_out() {
-        let make = || {
-            ChartView::memory(
-                &points(),
-                Some(CeilingSource::Cgroup),
-                Some(20.0),
-                Some(10.0),
-                footprint::Kind::WorkingSet,
-            )
-        };
+        let make = || thresholds(&points(), footprint::Kind::WorkingSet);
         let mut v = make();
         v.fit_rows(Rect::new(0, 0, 40, 3));
         let names: Vec<&str> = v.series.iter().map(|s| s.name.as_str()).collect();

@@ -222,6 +222,18 @@ mod tests {
         );
     }
 
+    /// The pane, 30 cells wide and `rows` high, following the newest.
+    fn draw(ev: &VecDeque<EventLine>, rows: u16) -> Buffer {
+        let area = Rect::new(0, 0, 30, rows);
+        let mut buf = Buffer::empty(area);
+        (&EventsView {
+            events: ev,
+            scroll: 0,
+        })
+            .render(area, &mut buf);
+        buf
+    }
+
     fn warning(t: f64) -> EventLine {
         EventLine {
             t,
@@ -235,20 +247,12 @@ mod tests {
     /// and an older one at the top of a full pane.
     #[test]
     fn an_event_that_does_not_fit_keeps_its_start() {
-        let area = Rect::new(0, 0, 30, 2);
         let ev: VecDeque<EventLine> = [warning(262.0)].into_iter().collect();
-        let mut buf = Buffer::empty(area);
-        (&EventsView {
-            events: &ev,
-            scroll: 0,
-        })
-            .render(area, &mut buf);
         assert_eq!(
-            buffer_text(&buf),
+            buffer_text(&draw(&ev, 2)),
             "04:22 ! headroom-warn firing:\n        headroom 19.6%…"
         );
 
-        let area = Rect::new(0, 0, 30, 3);
         let mut ev = events(1);
         ev.push_back(warning(262.0));
         ev.push_back(EventLine {
@@ -256,14 +260,8 @@ mod tests {
             severity: Severity::Act,
             text: "warn (headroom-warn)".into(),
         });
-        let mut buf = Buffer::empty(area);
-        (&EventsView {
-            events: &ev,
-            scroll: 0,
-        })
-            .render(area, &mut buf);
         assert_eq!(
-            buffer_text(&buf),
+            buffer_text(&draw(&ev, 3)),
             "04:22 ! headroom-warn firing:\n        headroom 19.6%…\n04:23 » warn (headroom-warn)"
         );
     }
