@@ -655,6 +655,16 @@ impl App {
         };
         let depth = tree_order(sample);
         let parents = has_children(sample);
+        // A tree being torn down holds no pages: the sweeper's PSS and USS
+        // estimates of it are stale, and beside an RSS of 0 they would
+        // contradict it.
+        let held = |bytes: u64| {
+            if super::footprint::tree_released(sample) {
+                0
+            } else {
+                bytes
+            }
+        };
         let mut rows: Vec<(usize, ProcRow)> = sample
             .procs
             .iter()
@@ -669,8 +679,8 @@ impl App {
                         comm: p.comm.clone(),
                         depth: d,
                         rss: p.rss_bytes,
-                        pss: p.pss_bytes,
-                        uss: p.uss_bytes,
+                        pss: held(p.pss_bytes),
+                        uss: held(p.uss_bytes),
                         swap: p.swap_bytes,
                         gpu: p.gpu_bytes,
                         growth: self.growth.per_minute(p.pid, p.start_time),

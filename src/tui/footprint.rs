@@ -46,13 +46,17 @@ pub(crate) fn of(sample: &Sample) -> (u64, Kind) {
     }
 }
 
-/// Whether no process of the tree holds memory any more: the tree is gone,
-/// or every process left is being torn down (a zombie, or exiting with its
+/// Whether no process of the tree holds memory any more: none is left, or
+/// every process left is being torn down (a zombie, or exiting with its
 /// pages already unmapped). Its PSS and USS are then stale estimates and
 /// its RSS 0, while the cgroup still holds what the kernel has not
 /// uncharged yet: totals of such a tree would contradict the gauge.
 pub(crate) fn tree_released(sample: &Sample) -> bool {
-    sample.tree.procs == 0 || (sample.tree.rss_bytes == 0 && !sample.procs.is_empty())
+    if sample.procs.is_empty() {
+        sample.tree.procs == 0
+    } else {
+        sample.procs.iter().all(|p| p.rss_bytes == 0)
+    }
 }
 
 /// The name of what a ceiling's gauge counts as used: `footprint` where it
@@ -102,5 +106,21 @@ mod tests {
         let labels: Vec<&str> = pss.ceilings().iter().map(|c| used_label(&pss, c)).collect();
         assert_eq!(labels, ["working set", "footprint", "used"]);
         assert!(!tree_released(&pss));
+    }
+
+    #[test]
+    fn a_tree_whose_processes_hold_no_pages_is_released() {
+        let run = Run {
+            exiting_at: Some(100),
+            ..Run::default()
+        };
+        let s = fixtures::sample(&run, 100);
+        assert!(tree_released(&s));
+        // The cgroup still holds its working set: the gauge says so.
+        let labels: Vec<&str> = s.ceilings().iter().map(|c| used_label(&s, c)).collect();
+        assert_eq!(labels, ["working set", "used"]);
+        assert!(!tree_released(&fixtures::sample(&run, 98)));
+        let none = crate::tui::fixtures::bare_sample(1.0, vec![]);
+        assert!(tree_released(&none));
     }
 }

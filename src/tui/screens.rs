@@ -744,5 +744,11 @@ fn a_stopping_frame_agrees_with_itself() {
     }
     let gauge = text.lines().find(|l| l.contains("▶ cgroup")).unwrap();
     assert!(gauge.contains("working set 12."), "{gauge}");
+    assert!(!gauge.contains("ETA"), "{gauge}");
+    // Nor does the table give the exiting processes the sweeper's stale
+    // PSS beside their RSS of 0.
+    let trainer = text.lines().find(|l| l.contains("4101 trainer")).unwrap();
+    let cells = trainer.split('┃').nth(1).unwrap();
+    assert!(!cells.contains("MiB"), "{trainer}");
     insta::assert_snapshot!("stopping", text);
 }

@@ -267,6 +267,7 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
         return;
     };
     let nearest = view.nearest.map(|n| n.ceiling.source);
+    let released = footprint::tree_released(sample);
     let mut gauges: Vec<GaugeView> = sample
         .ceilings()
         .into_iter()
@@ -280,8 +281,13 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
                 warn_percent: app.warn_percent,
                 critical_percent: app.critical_percent,
                 nearest: is_nearest,
-                eta_seconds: if is_nearest { view.eta_seconds } else { None },
-                growth_per_second: if is_nearest {
+                // A tree being torn down is not growing towards anything.
+                eta_seconds: if is_nearest && !released {
+                    view.eta_seconds
+                } else {
+                    None
+                },
+                growth_per_second: if is_nearest && !released {
                     view.headroom_slope.map(|s| -s)
                 } else {
                     None
@@ -305,7 +311,6 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
         // The process the table marks, with the table's own figure for it
         // (its growth over the last minute): one figure per process on the
         // screen, not a second rate over another window.
-        let released = footprint::tree_released(sample);
         let fastest = view.fastest.and_then(|(pid, _)| {
             let p = sample.procs.iter().find(|p| p.pid == pid)?;
             let per_minute = app.growth_per_minute(p.pid, p.start_time)?;

@@ -102,7 +102,7 @@ impl Widget for &SummaryView<'_> {
         let bold = Style::new().add_modifier(Modifier::BOLD);
         let mut items: Vec<Item<'_>> = if self.released {
             let state = if self.tree.procs == 0 {
-                "the tree is gone"
+                "no process left"
             } else {
                 "exiting, holding no memory"
             };
