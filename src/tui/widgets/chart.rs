@@ -1,8 +1,13 @@
-//! Memory over the last minutes. The memory chart has the tree's PSS and
-//! RSS, what the nearest ceiling counts as used, the ceiling with its warn
-//! and critical lines, and swap. GPU memory per device gets its own chart
-//! (in the GPU panel): on one axis, 80 GiB of GPU memory would flatten a
-//! 16 GiB cgroup limit and everything under it into the bottom rows.
+//! Memory over the last minutes. The memory chart has the tree's
+//! footprint (what the policy holds against the ceilings), its PSS where
+//! the footprint is a working set apart from it, the RSS sum, what the
+//! nearest ceiling counts as used where that is not the footprint, the
+//! ceiling with its warn and critical lines, and swap. What it cannot draw
+//! faithfully it leaves out and names (`left_out_note`): threshold lines
+//! that would share a row, an RSS sum above the axis. GPU memory per
+//! device gets its own chart (in the GPU panel): on one axis, 80 GiB of GPU
+//! memory would flatten a 16 GiB cgroup limit and everything under it into
+//! the bottom rows.
 
 use std::collections::VecDeque;
 

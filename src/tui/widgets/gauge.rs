@@ -1,5 +1,7 @@
-//! One headroom gauge per ceiling: how full it is, where the warn and
-//! critical marks sit, how much is left, and when it runs out.
+//! One headroom gauge per ceiling: how full it is, what it counts as used
+//! and under which name (`footprint`, a cgroup's `working set`, the
+//! machine's `used`: see `tui::footprint`), where the warn and critical
+//! marks sit, how much is left, and when it runs out.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
