@@ -69,16 +69,22 @@ fn gpus_on_a_tall_terminal() {
     insta::assert_snapshot!("gpus_on_a_tall_terminal", text);
 }
 
-#[test]
-fn warning() {
-    let run = Run {
+/// `run` with a 15 MiB/s leak in worker 2, which crossed the warning at
+/// 4:22, in policy state `state`.
+fn past_the_warning(run: Run, state: PolicyState) -> App {
+    let mut app = fixtures::app(&Run {
         leak: 15 * MIB,
-        ..Run::default()
-    };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Warning);
+        ..run
+    });
+    app.set_policy_state(state);
     started(&mut app);
     app.on_event(firing(262.0, 19.6));
+    app
+}
+
+#[test]
+fn warning() {
+    let mut app = past_the_warning(Run::default(), PolicyState::Warning);
     app.on_event(UiEvent::Action {
         t: 262.0,
         action: ActionKind::Warn,
@@ -186,14 +192,10 @@ fn tree_of_64_workers() {
 /// A leaking job with one GPU, past its warning, with some output.
 fn warned() -> App {
     let run = Run {
-        leak: 15 * MIB,
         gpus: 1,
         ..Run::default()
     };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Warning);
-    started(&mut app);
-    app.on_event(firing(262.0, 19.6));
+    let mut app = past_the_warning(run, PolicyState::Warning);
     fixtures::output(&mut app);
     app
 }
@@ -720,14 +722,10 @@ fn the_gauge_is_the_footprint_and_pss_shows_only_as_pss() {
 #[test]
 fn a_stopping_frame_agrees_with_itself() {
     let run = Run {
-        leak: 15 * MIB,
         exiting_at: Some(300),
         ..Run::default()
     };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Stopping);
-    started(&mut app);
-    app.on_event(firing(262.0, 19.6));
+    let mut app = past_the_warning(run, PolicyState::Stopping);
     app.on_event(UiEvent::Action {
         t: 298.0,
         action: ActionKind::Stop,
