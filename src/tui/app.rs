@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 use crate::model::{CeilingSource, Role, Sample, View};
-use crate::units::HumanBytes;
 
+use super::event::describe;
+pub use super::event::{ActionKind, EventLine, Severity, UiEvent};
 use super::growth::{Growth, has_children};
 use super::output::OutputBuffer;
 
@@ -82,115 +83,6 @@ impl PolicyState {
             PolicyState::Restarting => "RESTARTING",
         }
     }
-}
-
-/// An action the policy (or the user) took, for the events pane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActionKind {
-    Warn,
-    Checkpoint,
-    Pause,
-    Resume,
-    Stop,
-    Kill,
-    Restart,
-}
-
-impl ActionKind {
-    /// The action's name as the NDJSON log spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActionKind::Warn => "warn",
-            ActionKind::Checkpoint => "checkpoint",
-            ActionKind::Pause => "pause",
-            ActionKind::Resume => "resume",
-            ActionKind::Stop => "stop",
-            ActionKind::Kill => "kill",
-            ActionKind::Restart => "restart",
-        }
-    }
-}
-
-/// How an event is coloured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Severity {
-    /// Neutral information.
-    Info,
-    /// Something got better (a rule cleared, the job resumed).
-    Ok,
-    /// A warning threshold was crossed.
-    Warn,
-    /// oomguard intervened (pause, stop, restart).
-    Act,
-    /// Something died or failed (OOM kill, CUDA OOM, worker death, kill).
-    Critical,
-}
-
-/// Something that happened, for the events pane. `t` is seconds since the
-/// run started, like `Sample::t`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum UiEvent {
-    /// A rule started firing.
-    RuleFiring {
-        t: f64,
-        rule: String,
-        metric: String,
-        value: f64,
-        threshold: f64,
-    },
-    /// A rule stopped firing.
-    RuleCleared {
-        t: f64,
-        rule: String,
-        metric: String,
-        value: f64,
-        threshold: f64,
-    },
-    /// An action was taken; `error` is `None` when it succeeded.
-    Action {
-        t: f64,
-        action: ActionKind,
-        reason: String,
-        pids: Vec<u32>,
-        error: Option<String>,
-    },
-    /// A new attempt started; `degraded` lists the settings lowered for it
-    /// (`("NUM_WORKERS", "2")`).
-    Restart {
-        t: f64,
-        attempt: u32,
-        degraded: Vec<(String, String)>,
-    },
-    /// The kernel OOM killer killed a process (`role` when it was ours).
-    OomKill {
-        t: f64,
-        pid: u32,
-        comm: String,
-        role: Option<Role>,
-    },
-    /// PyTorch reported CUDA out of memory.
-    CudaOom {
-        t: f64,
-        pid: Option<u32>,
-        device: Option<u32>,
-        tried_bytes: Option<u64>,
-    },
-    /// A worker process died; `how` is e.g. `killed by SIGKILL`.
-    WorkerDied {
-        t: f64,
-        pid: u32,
-        comm: String,
-        how: String,
-    },
-    /// The job's main process exited; `how` is e.g. `exited with 0`.
-    ChildExit { t: f64, pid: u32, how: String },
-    /// Anything else worth a line (oomguard's own messages while the
-    /// dashboard owns the terminal, where stderr would garble it).
-    Note {
-        t: f64,
-        severity: Severity,
-        text: String,
-    },
 }
 
 /// What the user asked for; the loop carries it out.
@@ -303,14 +195,6 @@ pub enum Overlay {
     ConfirmRestart,
 }
 
-/// One line of the events pane.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EventLine {
-    pub t: f64,
-    pub severity: Severity,
-    pub text: String,
-}
-
 /// PyTorch allocator figures of one process on one device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TorchMem {
@@ -323,6 +207,8 @@ pub struct TorchMem {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ChartPoint {
     pub t: f64,
+    /// What the policy holds against the ceilings (`footprint::of`).
+    pub footprint: u64,
     pub pss: u64,
     pub rss: u64,
     pub swap: u64,
@@ -335,6 +221,7 @@ pub(crate) struct ChartPoint {
 impl ChartPoint {
     fn merge_max(&mut self, o: ChartPoint) {
         self.t = o.t;
+        self.footprint = self.footprint.max(o.footprint);
         self.pss = self.pss.max(o.pss);
         self.rss = self.rss.max(o.rss);
         self.swap = self.swap.max(o.swap);
@@ -455,6 +342,7 @@ impl App {
         self.elapsed = sample.t;
         let point = ChartPoint {
             t: sample.t,
+            footprint: super::footprint::of(sample).0,
             pss: sample.tree.pss_bytes,
             rss: sample.tree.rss_bytes,
             swap: sample.tree.swap_bytes,
@@ -767,6 +655,16 @@ impl App {
         };
         let depth = tree_order(sample);
         let parents = has_children(sample);
+        // A tree being torn down holds no pages: the sweeper's PSS and USS
+        // estimates of it are stale, and beside an RSS of 0 they would
+        // contradict it.
+        let held = |bytes: u64| {
+            if super::footprint::tree_released(sample) {
+                0
+            } else {
+                bytes
+            }
+        };
         let mut rows: Vec<(usize, ProcRow)> = sample
             .procs
             .iter()
@@ -781,8 +679,8 @@ impl App {
                         comm: p.comm.clone(),
                         depth: d,
                         rss: p.rss_bytes,
-                        pss: p.pss_bytes,
-                        uss: p.uss_bytes,
+                        pss: held(p.pss_bytes),
+                        uss: held(p.uss_bytes),
                         swap: p.swap_bytes,
                         gpu: p.gpu_bytes,
                         growth: self.growth.per_minute(p.pid, p.start_time),
@@ -870,137 +768,6 @@ fn tree_order(sample: &Sample) -> Vec<(usize, usize)> {
         n += 1;
     }
     out
-}
-
-/// A metric's name for people: `headroom_percent` → `headroom`,
-/// `psi_some_avg10` → `psi some avg10` (the value carries the unit).
-pub(crate) fn metric_name(metric: &str) -> String {
-    let base = ["_percent", "_bytes", "_seconds"]
-        .iter()
-        .find_map(|suffix| metric.strip_suffix(suffix))
-        .unwrap_or(metric);
-    base.replace('_', " ")
-}
-
-/// A metric value the way its name says it is measured.
-pub(crate) fn metric_value(metric: &str, v: f64) -> String {
-    if metric.ends_with("_bytes") {
-        let s = HumanBytes(v.abs() as u64).to_string();
-        if v < 0.0 { format!("-{s}") } else { s }
-    } else if metric.ends_with("_percent") {
-        format!("{v:.1}%")
-    } else if metric.ends_with("_seconds") {
-        crate::units::human_duration(std::time::Duration::from_secs_f64(v.max(0.0)))
-    } else {
-        let r = (v * 100.0).round() / 100.0;
-        format!("{r}")
-    }
-}
-
-fn describe(ev: &UiEvent) -> EventLine {
-    let line = |t: f64, severity: Severity, text: String| EventLine { t, severity, text };
-    match ev {
-        UiEvent::RuleFiring {
-            t,
-            rule,
-            metric,
-            value,
-            threshold,
-        } => line(
-            *t,
-            Severity::Warn,
-            format!(
-                "{rule} firing: {} {} (threshold {})",
-                metric_name(metric),
-                metric_value(metric, *value),
-                metric_value(metric, *threshold)
-            ),
-        ),
-        UiEvent::RuleCleared {
-            t,
-            rule,
-            metric,
-            value,
-            threshold,
-        } => line(
-            *t,
-            Severity::Ok,
-            format!(
-                "{rule} cleared: {} {} (threshold {})",
-                metric_name(metric),
-                metric_value(metric, *value),
-                metric_value(metric, *threshold)
-            ),
-        ),
-        UiEvent::Action {
-            t,
-            action,
-            reason,
-            pids,
-            error,
-        } => {
-            let severity = match (action, error) {
-                (_, Some(_)) | (ActionKind::Kill, _) => Severity::Critical,
-                (ActionKind::Warn, _) => Severity::Warn,
-                (ActionKind::Resume, _) => Severity::Ok,
-                _ => Severity::Act,
-            };
-            let mut text = format!("{} ({reason})", action.as_str());
-            match pids.len() {
-                0 => {}
-                1 => text.push_str(&format!(" pid {}", pids[0])),
-                n => text.push_str(&format!(" {n} pids")),
-            }
-            if let Some(e) = error {
-                text.push_str(&format!(" failed: {e}"));
-            }
-            line(*t, severity, text)
-        }
-        UiEvent::Restart {
-            t,
-            attempt,
-            degraded,
-        } => {
-            let mut text = format!("restart: attempt {attempt}");
-            if !degraded.is_empty() {
-                let vars: Vec<String> = degraded.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                text.push_str(&format!(" with {}", vars.join(" ")));
-            }
-            line(*t, Severity::Act, text)
-        }
-        UiEvent::OomKill { t, pid, comm, role } => {
-            let who = match role {
-                Some(r) => format!("{} {comm} ({})", pid, r.as_str()),
-                None => format!("{pid} {comm} (not in the tree)"),
-            };
-            line(*t, Severity::Critical, format!("OOM kill: {who}"))
-        }
-        UiEvent::CudaOom {
-            t,
-            pid,
-            device,
-            tried_bytes,
-        } => {
-            let mut text = String::from("CUDA out of memory");
-            if let Some(d) = device {
-                text.push_str(&format!(" on GPU {d}"));
-            }
-            if let Some(b) = tried_bytes {
-                text.push_str(&format!(", tried {}", HumanBytes(*b)));
-            }
-            if let Some(p) = pid {
-                text.push_str(&format!(" (pid {p})"));
-            }
-            line(*t, Severity::Critical, text)
-        }
-        UiEvent::WorkerDied { t, pid, comm, how } => line(
-            *t,
-            Severity::Critical,
-            format!("worker {pid} {comm} died: {how}"),
-        ),
-        UiEvent::ChildExit { t, pid, how } => line(*t, Severity::Info, format!("job {pid} {how}")),
-        UiEvent::Note { t, severity, text } => line(*t, *severity, text.clone()),
-    }
 }
 
 #[cfg(test)]
@@ -1325,15 +1092,5 @@ mod tests {
         let mut seen: Vec<usize> = order.iter().map(|o| o.0).collect();
         seen.sort();
         assert_eq!(seen, [0, 1, 2]);
-    }
-
-    #[test]
-    fn metric_values_follow_their_unit_suffix() {
-        assert_eq!(metric_value("headroom_bytes", 1536.0), "1.5 KiB");
-        assert_eq!(metric_value("headroom_percent", 9.75), "9.8%");
-        assert_eq!(metric_value("eta_seconds", 90.0), "1m 30s");
-        assert_eq!(metric_value("psi_some_avg10", 12.345), "12.35");
-        assert_eq!(metric_name("headroom_percent"), "headroom");
-        assert_eq!(metric_name("psi_some_avg10"), "psi some avg10");
     }
 }

@@ -34,6 +34,10 @@ pub struct Run {
     /// there from the start): before, it counts the pages they will share
     /// in full; after, a share each (PSS moves, nothing is freed).
     pub forked_at: Option<u32>,
+    /// The tree is torn down from this time on (a stop): its processes
+    /// hold no pages (RSS 0), their PSS is the sweeper's stale estimate,
+    /// and the cgroup still holds what the kernel has not uncharged.
+    pub exiting_at: Option<u32>,
 }
 
 impl Default for Run {
@@ -49,6 +53,7 @@ impl Default for Run {
             frozen_at: None,
             mem_total: 64 * GIB,
             forked_at: None,
+            exiting_at: None,
         }
     }
 }
@@ -200,11 +205,18 @@ pub fn sample(run: &Run, t: u32) -> Sample {
     if run.gpus > 0 {
         procs[1].gpu_bytes = Some(gpus.iter().map(|g| g.tree_bytes).sum());
     }
+    // The cgroup also holds page cache the job cannot drop right away.
+    let working_set = procs.iter().map(|p| p.pss_bytes).sum::<u64>() + 300 * MIB;
+    if run.exiting_at.is_some_and(|e| t >= e) {
+        for p in &mut procs {
+            p.rss_bytes = 0;
+            p.uss_bytes = 0;
+            p.pss_bytes /= 100;
+        }
+    }
     let pss: u64 = procs.iter().map(|p| p.pss_bytes).sum();
     let rss: u64 = procs.iter().map(|p| p.rss_bytes).sum();
     let uss: u64 = procs.iter().map(|p| p.uss_bytes).sum();
-    // The cgroup also holds page cache the job cannot drop right away.
-    let working_set = pss + 300 * MIB;
     Sample {
         t: tf,
         tree: TreeTotals {

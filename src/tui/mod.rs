@@ -4,7 +4,9 @@
 //! - `app`: the state (`App`), fed by the supervision loop with samples,
 //!   events and the job's output, and by the user with keys, which come
 //!   back as `UiCommand`s for the loop to carry out; `growth`: its growth
-//!   column (a family's growth for a process with children);
+//!   column (a family's growth for a process with children); `event`: the
+//!   events and the words each becomes; `footprint`: what each memory
+//!   figure is called (the footprint the policy uses, its breakdowns);
 //! - `ui` and `widgets`: pure rendering of that state into a buffer;
 //! - `term`: the real terminal (raw mode, alternate screen, restore on
 //!   exit, panic and signals; keys and resizes as async events);
@@ -18,6 +20,8 @@
 
 mod afterword;
 pub mod app;
+mod event;
+mod footprint;
 mod growth;
 pub mod keys;
 pub mod output;

@@ -69,16 +69,22 @@ fn gpus_on_a_tall_terminal() {
     insta::assert_snapshot!("gpus_on_a_tall_terminal", text);
 }
 
-#[test]
-fn warning() {
-    let run = Run {
+/// `run` with a 15 MiB/s leak in worker 2, which crossed the warning at
+/// 4:22, in policy state `state`.
+fn past_the_warning(run: Run, state: PolicyState) -> App {
+    let mut app = fixtures::app(&Run {
         leak: 15 * MIB,
-        ..Run::default()
-    };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Warning);
+        ..run
+    });
+    app.set_policy_state(state);
     started(&mut app);
     app.on_event(firing(262.0, 19.6));
+    app
+}
+
+#[test]
+fn warning() {
+    let mut app = past_the_warning(Run::default(), PolicyState::Warning);
     app.on_event(UiEvent::Action {
         t: 262.0,
         action: ActionKind::Warn,
@@ -186,14 +192,10 @@ fn tree_of_64_workers() {
 /// A leaking job with one GPU, past its warning, with some output.
 fn warned() -> App {
     let run = Run {
-        leak: 15 * MIB,
         gpus: 1,
         ..Run::default()
     };
-    let mut app = fixtures::app(&run);
-    app.set_policy_state(PolicyState::Warning);
-    started(&mut app);
-    app.on_event(firing(262.0, 19.6));
+    let mut app = past_the_warning(run, PolicyState::Warning);
     fixtures::output(&mut app);
     app
 }
@@ -561,4 +563,190 @@ fn the_header_and_the_table_give_the_fastest_process_the_same_growth() {
         let cell = cell.trim_start_matches(['Σ', '▲']);
         assert_eq!(cell, figure, "header: {header}\nrow: {row}");
     }
+}
+
+fn screen_buffer(app: &App, cols: u16, rows: u16) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(cols, rows)).unwrap();
+    terminal.draw(|f| ui::render(app, f)).unwrap();
+    terminal.backend().buffer().clone()
+}
+
+/// The memory pane of a screen: its top and bottom rows and its right
+/// edge.
+fn memory_pane(buf: &Buffer) -> (u16, u16, u16) {
+    let area = buf.area;
+    let row = |y: u16| -> String { (0..area.width).map(|x| buf[(x, y)].symbol()).collect() };
+    let top = (0..area.height)
+        .find(|&y| row(y).contains("╭ Memory"))
+        .unwrap();
+    let bottom = (top + 1..area.height)
+        .find(|&y| buf[(0, y)].symbol() == "╰")
+        .unwrap();
+    let right = (1..area.width)
+        .find(|&x| buf[(x, top)].symbol() == "╮")
+        .unwrap();
+    (top, bottom, right)
+}
+
+/// The rows of the memory chart where dots of `colour` show.
+fn rows_in(buf: &Buffer, colour: ratatui::style::Color) -> Vec<u16> {
+    let (top, bottom, right) = memory_pane(buf);
+    (top + 1..bottom)
+        .filter(|&y| {
+            (1..right).any(|x| {
+                let c = &buf[(x, y)];
+                c.fg == colour && c.symbol().chars().next().is_some_and(braille)
+            })
+        })
+        .collect()
+}
+
+/// The text of one row of a buffer.
+fn row_of(buf: &Buffer, y: u16) -> String {
+    (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect()
+}
+
+/// A size as the dashboard prints it (`16.8 GiB`), in bytes.
+fn parse_bytes(s: &str) -> f64 {
+    let mut it = s.split_whitespace();
+    let n: f64 = it.next().unwrap().parse().unwrap();
+    let unit = match it.next().unwrap() {
+        "B" => 1.0,
+        "KiB" => 1024.0,
+        "MiB" => MIB as f64,
+        "GiB" => GIB as f64,
+        "TiB" => GIB as f64 * 1024.0,
+        u => panic!("unit {u}"),
+    };
+    n * unit
+}
+
+/// At 80×24 the chart has three rows: the limit, critical and warning
+/// lines would all fall in the top one and read as one line. Each is
+/// drawn on a row of its own, or named on the pane's edge as left out.
+#[test]
+fn at_80x24_the_threshold_lines_sit_on_distinct_rows_or_are_named() {
+    use crate::tui::theme;
+    let buf = screen_buffer(&warned(), 80, 24);
+    let (_, bottom, _) = memory_pane(&buf);
+    let edge = row_of(&buf, bottom);
+    let mut drawn: Vec<(&str, Vec<u16>)> = Vec::new();
+    for (name, colour) in [
+        ("limit", theme::LIMIT),
+        ("crit", ratatui::style::Color::LightRed),
+        ("warn", theme::WARN),
+    ] {
+        let rows = rows_in(&buf, colour);
+        if rows.is_empty() {
+            assert!(
+                edge.contains(name),
+                "{name} neither drawn nor named: {edge}"
+            );
+        } else {
+            drawn.push((name, rows));
+        }
+    }
+    assert!(!drawn.is_empty());
+    for (i, (a, ra)) in drawn.iter().enumerate() {
+        for (b, rb) in &drawn[i + 1..] {
+            assert!(
+                ra.iter().all(|r| !rb.contains(r)),
+                "{a} {ra:?} and {b} {rb:?} share a row"
+            );
+        }
+    }
+}
+
+/// The y axis holds every curve the chart draws: the RSS sum (20.6 GiB,
+/// over a 16 GiB limit) is either on the scale or left out and named.
+#[test]
+fn the_y_axis_holds_every_curve_it_draws() {
+    use crate::tui::theme;
+    let app = warned();
+    let buf = screen_buffer(&app, 160, 45);
+    let text = buffer_text(&buf);
+    let (top, bottom, _) = memory_pane(&buf);
+    let axis_top = row_of(&buf, top + 1);
+    let label = axis_top.split('│').nth(1).unwrap().trim();
+    let y_max = parse_bytes(label);
+    let rss = app.sample.as_ref().unwrap().tree.rss_bytes as f64;
+    if rss > y_max {
+        assert!(rows_in(&buf, theme::RSS).is_empty(), "{text}");
+        assert!(row_of(&buf, bottom).contains("RSS Σ"), "{text}");
+    }
+    // Every other curve fits: the footprint, the PSS and the limit.
+    let s = app.sample.as_ref().unwrap();
+    for v in [s.tree.footprint_bytes, s.tree.pss_bytes, 16 * GIB] {
+        assert!((v as f64) <= y_max, "{v} above {label}");
+    }
+}
+
+/// The gauge shows the footprint (here the cgroup's working set, 300 MiB
+/// above the PSS sum) and names it; the PSS sum appears only under its
+/// own name, and the chart has a footprint curve apart from PSS.
+#[test]
+fn the_gauge_is_the_footprint_and_pss_shows_only_as_pss() {
+    use crate::tui::theme;
+    let app = fixtures::app(&Run::default());
+    let s = app.sample.as_ref().unwrap();
+    assert!(s.tree.footprint_bytes >= s.tree.pss_bytes + 100 * MIB);
+    let (footprint, pss) = (
+        theme::bytes(s.tree.footprint_bytes),
+        theme::bytes(s.tree.pss_bytes),
+    );
+    assert_ne!(footprint, pss);
+    let text = screen(&app, 160, 45);
+    let gauge = text.lines().find(|l| l.contains("▶ cgroup")).unwrap();
+    assert!(
+        gauge.contains(&format!("footprint (working set) {footprint} / 16.0 GiB")),
+        "{gauge}"
+    );
+    assert!(!gauge.contains(&pss), "{gauge}");
+    for (i, _) in text.match_indices(&pss) {
+        assert!(
+            text[..i].ends_with("PSS "),
+            "unlabelled PSS at {i}:\n{text}"
+        );
+    }
+    let legend = text.lines().find(|l| l.contains("Memory")).unwrap();
+    assert!(
+        legend.contains("━ footprint (working set) ━ PSS"),
+        "{legend}"
+    );
+}
+
+/// A stop tears the tree down: its processes hold no pages (RSS 0) and
+/// their PSS is a stale estimate while the cgroup still holds its working
+/// set. The frame says the tree is exiting instead of setting `RSS Σ 0 B`
+/// beside a gauge of several GiB, and the gauge says what it shows.
+#[test]
+fn a_stopping_frame_agrees_with_itself() {
+    let run = Run {
+        exiting_at: Some(300),
+        ..Run::default()
+    };
+    let mut app = past_the_warning(run, PolicyState::Stopping);
+    app.on_event(UiEvent::Action {
+        t: 298.0,
+        action: ActionKind::Stop,
+        reason: "headroom-critical".into(),
+        pids: vec![4101],
+        error: None,
+    });
+    fixtures::output(&mut app);
+    let text = screen(&app, 120, 40);
+    let totals = text.lines().find(|l| l.starts_with(" procs")).unwrap();
+    assert!(totals.contains("exiting, holding no memory"), "{totals}");
+    for stale in ["PSS", "RSS Σ", "USS", "fastest"] {
+        assert!(!totals.contains(stale), "{totals}");
+    }
+    let gauge = text.lines().find(|l| l.contains("▶ cgroup")).unwrap();
+    assert!(gauge.contains("working set 12."), "{gauge}");
+    assert!(!gauge.contains("ETA"), "{gauge}");
+    // Nor does the table give the exiting processes the sweeper's stale
+    // PSS beside their RSS of 0.
+    let trainer = text.lines().find(|l| l.contains("4101 trainer")).unwrap();
+    let cells = trainer.split('┃').nth(1).unwrap();
+    assert!(!cells.contains("MiB"), "{trainer}");
+    insta::assert_snapshot!("stopping", text);
 }

@@ -29,10 +29,13 @@ pub const DIM: Color = Color::DarkGray;
 pub const ACCENT: Color = Color::Cyan;
 
 /// Chart series.
+pub const FOOTPRINT: Color = Color::White;
 pub const PSS: Color = Color::Cyan;
 pub const RSS: Color = Color::Blue;
-pub const USED: Color = Color::White;
+/// What a ceiling counts as used where that is not the footprint.
+pub const USED: Color = Color::Gray;
 pub const LIMIT: Color = Color::Red;
+pub const CRIT_LINE: Color = Color::LightRed;
 pub const SWAP: Color = Color::Magenta;
 /// GPU devices, in index order (wrapping).
 pub const GPUS: [Color; 4] = [

@@ -17,6 +17,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Widget, Wrap};
 
 use super::app::{App, Overlay, Pane, PolicyState};
+use super::footprint;
 use super::theme;
 use super::widgets::procs::visible_rows;
 use super::widgets::{
@@ -168,21 +169,7 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     draw_gauges(app, a.gauges, buf);
 
     if a.chart.height > 0 {
-        let chart = ChartView::memory(
-            &app.chart,
-            nearest.map(|n| n.ceiling.source),
-            app.warn_percent,
-            app.critical_percent,
-        );
-        let mut title = vec![Span::styled(
-            " Memory ",
-            Style::new().add_modifier(Modifier::BOLD),
-        )];
-        title.extend(chart.legend());
-        let block = theme::pane(Line::from(title), false);
-        let inner = block.inner(a.chart);
-        block.render(a.chart, buf);
-        (&chart).render(inner, buf);
+        draw_chart(app, a.chart, buf);
     }
     if a.gpu.height > 0
         && let Some(s) = &app.sample
@@ -235,6 +222,38 @@ pub fn draw(app: &App, area: Rect, buf: &mut Buffer) {
     }
 }
 
+/// The memory chart in its pane: the legend on the top edge, what the
+/// chart left out (and why) on the bottom edge.
+fn draw_chart(app: &App, area: Rect, buf: &mut Buffer) {
+    let nearest = app.view.as_ref().and_then(|v| v.nearest);
+    let kind = app
+        .sample
+        .as_ref()
+        .map_or(footprint::Kind::Pss, |s| footprint::of(s).1);
+    let mut chart = ChartView::memory(
+        &app.chart,
+        nearest.map(|n| n.ceiling.source),
+        app.warn_percent,
+        app.critical_percent,
+        kind,
+    );
+    let inner = Block::bordered().inner(area);
+    chart.fit_rows(inner);
+    let name = " Memory ";
+    let room = (inner.width as usize).saturating_sub(theme::width(name));
+    let mut title = vec![Span::styled(
+        name,
+        Style::new().add_modifier(Modifier::BOLD),
+    )];
+    title.extend(chart.legend(room));
+    let mut block = theme::pane(Line::from(title), false);
+    if let Some(note) = chart.left_out_note(inner.width as usize) {
+        block = block.title_bottom(Line::styled(note, Style::new().fg(theme::DIM)));
+    }
+    block.render(area, buf);
+    (&chart).render(inner, buf);
+}
+
 fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
     if area.height == 0 {
         return;
@@ -248,18 +267,27 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
         return;
     };
     let nearest = view.nearest.map(|n| n.ceiling.source);
+    let released = footprint::tree_released(sample);
     let mut gauges: Vec<GaugeView> = sample
         .ceilings()
         .into_iter()
         .map(|state| {
             let is_nearest = Some(state.ceiling.source) == nearest;
+            let used_label = footprint::used_label(sample, &state);
             GaugeView {
+                used_label,
+                used_note: (used_label == "footprint").then(|| footprint::of(sample).1.as_str()),
                 state,
                 warn_percent: app.warn_percent,
                 critical_percent: app.critical_percent,
                 nearest: is_nearest,
-                eta_seconds: if is_nearest { view.eta_seconds } else { None },
-                growth_per_second: if is_nearest {
+                // A tree being torn down is not growing towards anything.
+                eta_seconds: if is_nearest && !released {
+                    view.eta_seconds
+                } else {
+                    None
+                },
+                growth_per_second: if is_nearest && !released {
                     view.headroom_slope.map(|s| -s)
                 } else {
                     None
@@ -293,6 +321,7 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
             system: &sample.system,
             psi: sample.psi,
             fastest,
+            released,
         })
             .render(Rect::new(area.x, y, area.width, 1), buf);
     }

@@ -87,6 +87,21 @@ fn word_wrap(text: &str, width: usize) -> Vec<String> {
     rows
 }
 
+/// Ends a row whose event goes on below the pane with `…`, in the last
+/// cell if the row fills the width.
+fn mark_cut(row: &mut Line<'static>, width: usize) {
+    let style = row.spans.last().map(|s| s.style).unwrap_or_default();
+    if row.width() >= width
+        && let Some(span) = row.spans.last_mut()
+    {
+        let text = span.content.to_string();
+        // `fit` ends what it shortens with `…`.
+        span.content = theme::fit(&text, theme::width(&text).saturating_sub(1).max(1)).into();
+        return;
+    }
+    row.spans.push(Span::styled("…", style));
+}
+
 impl Widget for &EventsView<'_> {
     fn render(self, area: Rect, buf: &mut Buffer) {
         if area.height == 0 || area.width == 0 {
@@ -98,16 +113,27 @@ impl Widget for &EventsView<'_> {
         }
         let h = area.height as usize;
         let end = self.events.len().saturating_sub(self.scroll).max(1);
-        // Newest at the bottom: walk up until the pane is full.
-        let mut rows: Vec<Line<'static>> = Vec::with_capacity(h);
+        // Newest at the bottom: walk up until the pane is full. An event
+        // with more rows than are left keeps its first ones: its time and
+        // what happened are at the start, a cut there leaves a tail that
+        // says neither.
+        let mut groups: Vec<Vec<Line<'static>>> = Vec::new();
+        let mut left = h;
         for ev in self.events.range(..end).rev() {
-            if rows.len() >= h {
+            if left == 0 {
                 break;
             }
-            rows.extend(event_rows(ev, area.width as usize).into_iter().rev());
+            let mut ev_rows = event_rows(ev, area.width as usize);
+            if ev_rows.len() > left {
+                ev_rows.truncate(left);
+                if let Some(last) = ev_rows.last_mut() {
+                    mark_cut(last, area.width as usize);
+                }
+            }
+            left -= ev_rows.len();
+            groups.push(ev_rows);
         }
-        rows.truncate(h);
-        rows.reverse();
+        let rows: Vec<Line<'static>> = groups.into_iter().rev().flatten().collect();
         for (y, row) in rows.into_iter().enumerate() {
             row.render(Rect::new(area.x, area.y + y as u16, area.width, 1), buf);
         }
@@ -193,6 +219,50 @@ mod tests {
         assert_eq!(
             buffer_text(&buf),
             "00:00 · event 0\n00:01 ! xxxxxxxxxxxxxxxxxxxxxx\n        xxx tail"
+        );
+    }
+
+    /// The pane, 30 cells wide and `rows` high, following the newest.
+    fn draw(ev: &VecDeque<EventLine>, rows: u16) -> Buffer {
+        let area = Rect::new(0, 0, 30, rows);
+        let mut buf = Buffer::empty(area);
+        (&EventsView {
+            events: ev,
+            scroll: 0,
+        })
+            .render(area, &mut buf);
+        buf
+    }
+
+    fn warning(t: f64) -> EventLine {
+        EventLine {
+            t,
+            severity: Severity::Warn,
+            text: "headroom-warn firing: headroom 19.6% (threshold 20.0%)".into(),
+        }
+    }
+
+    /// An event taller than the room left keeps its start (its time and
+    /// what fired), cut at the end with `…`: the newest in a short pane,
+    /// and an older one at the top of a full pane.
+    #[test]
+    fn an_event_that_does_not_fit_keeps_its_start() {
+        let ev: VecDeque<EventLine> = [warning(262.0)].into_iter().collect();
+        assert_eq!(
+            buffer_text(&draw(&ev, 2)),
+            "04:22 ! headroom-warn firing:\n        headroom 19.6%…"
+        );
+
+        let mut ev = events(1);
+        ev.push_back(warning(262.0));
+        ev.push_back(EventLine {
+            t: 263.0,
+            severity: Severity::Act,
+            text: "warn (headroom-warn)".into(),
+        });
+        assert_eq!(
+            buffer_text(&draw(&ev, 3)),
+            "04:22 ! headroom-warn firing:\n        headroom 19.6%…\n04:23 » warn (headroom-warn)"
         );
     }
 }

@@ -1,5 +1,7 @@
-//! One headroom gauge per ceiling: how full it is, where the warn and
-//! critical marks sit, how much is left, and when it runs out.
+//! One headroom gauge per ceiling: how full it is, what it counts as used
+//! and under which name (`footprint`, a cgroup's `working set`, the
+//! machine's `used`: see `tui::footprint`), where the warn and critical
+//! marks sit, how much is left, and when it runs out.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -23,6 +25,11 @@ pub struct GaugeView {
     pub eta_seconds: Option<f64>,
     /// Growth of the footprint in bytes/s (positive = growing).
     pub growth_per_second: Option<f64>,
+    /// What the used figure is: `footprint`, `working set`, `used`.
+    pub used_label: &'static str,
+    /// Where that figure comes from, said where there is room: the
+    /// footprint's `working set` or `PSS`.
+    pub used_note: Option<&'static str>,
     /// Cells kept for the text after the bar, so the bars of several
     /// gauges line up (see `text_width`); `None`: as much as it needs.
     pub text_cols: Option<usize>,
@@ -57,34 +64,56 @@ impl GaugeView {
             .growth_per_second
             .filter(|r| *r > 0.0)
             .map(|r| (format!(" ({}/s)", theme::signed_bytes(r)), dim));
-        let used = format!(
-            "{} / {}",
-            theme::bytes(s.used_bytes),
-            theme::bytes(s.ceiling.bytes)
-        );
+        let used = theme::bytes(s.used_bytes);
+        let of = format!("{used} / {}", theme::bytes(s.ceiling.bytes));
         let left = format!("{} left", theme::bytes(s.headroom_bytes));
         let pct_s = format!("{pct:.1}%");
         let sep = ("  ".to_string(), plain);
-        let mut long = vec![
-            (used.clone(), plain),
+        let label = |note: Option<&str>| {
+            let text = match note {
+                Some(n) => format!("{} ({n}) ", self.used_label),
+                None => format!("{} ", self.used_label),
+            };
+            (text, dim)
+        };
+        let tail = vec![
             sep.clone(),
             (left.clone(), hr),
             (format!(" ({pct_s})"), dim),
         ];
-        let mut mid = vec![(left.clone(), hr), (format!(" {pct_s}"), dim)];
-        let mut short = vec![(pct_s.clone(), hr)];
+        let mut noted = vec![label(self.used_note), (of.clone(), plain)];
+        noted.extend(tail.iter().cloned());
+        let mut long = vec![label(None), (of, plain)];
+        long.extend(tail);
+        let mut named = vec![
+            label(None),
+            (used, plain),
+            sep.clone(),
+            (left.clone(), hr),
+            (format!(" {pct_s}"), dim),
+        ];
+        let mut mid = vec![(left, hr), (format!(" {pct_s}"), dim)];
+        let mut short = vec![(pct_s, hr)];
         if let Some(eta) = eta {
-            long.push(sep.clone());
-            long.push(eta.clone());
-            if let Some(r) = rate {
-                long.push(r);
+            for form in [&mut noted, &mut long] {
+                form.push(sep.clone());
+                form.push(eta.clone());
+                if let Some(r) = &rate {
+                    form.push(r.clone());
+                }
             }
-            mid.push(sep.clone());
-            mid.push(eta.clone());
+            for form in [&mut named, &mut mid] {
+                form.push(sep.clone());
+                form.push(eta.clone());
+            }
             short.push((" ".into(), plain));
             short.push(eta);
         }
-        vec![long, mid, short]
+        let mut forms = vec![long, named, mid, short];
+        if self.used_note.is_some() {
+            forms.insert(0, noted);
+        }
+        forms
     }
 }
 
@@ -220,19 +249,23 @@ mod tests {
             nearest: true,
             eta_seconds: Some(192.0),
             growth_per_second: Some(4.0 * 1024.0 * 1024.0),
+            used_label: "footprint",
+            used_note: None,
             text_cols: None,
         }
     }
 
     #[test]
     fn bar_marks_and_text() {
-        let area = Rect::new(0, 0, 100, 1);
+        let area = Rect::new(0, 0, 120, 1);
         let mut buf = Buffer::empty(area);
         (&gauge(3 << 30, 4 << 30)).render(area, &mut buf);
         let text = row_text(&buf, 0);
         assert!(text.starts_with("▶ cgroup "), "{text}");
         assert!(
-            text.ends_with("3.0 GiB / 4.0 GiB  1.0 GiB left (25.0%)  ETA 3m 12s (+4.0 MiB/s)"),
+            text.ends_with(
+                "footprint 3.0 GiB / 4.0 GiB  1.0 GiB left (25.0%)  ETA 3m 12s (+4.0 MiB/s)"
+            ),
             "{text}"
         );
         // 25 % headroom under a 20 % warn mark: still green.

@@ -312,6 +312,7 @@ mod tests {
         let points: std::collections::VecDeque<_> = (0..10)
             .map(|i| crate::tui::app::ChartPoint {
                 t: f64::from(i),
+                footprint: 0,
                 pss: 0,
                 rss: 0,
                 swap: 0,

@@ -152,6 +152,46 @@ impl ProcTableView {
         }
         cols
     }
+
+    /// One cell of row `r` in column `c`.
+    fn cell(&self, c: Col, r: &ProcRow, fastest: bool) -> Line<'static> {
+        match c {
+            Col::Pid => Line::raw(r.pid.to_string()),
+            Col::Role => {
+                let (t, s) = role_label(r.role);
+                Line::styled(t, s)
+            }
+            Col::Comm => {
+                let indent = if self.sort == SortKey::Tree && r.depth > 0 {
+                    format!("{}└ ", "  ".repeat((r.depth - 1).min(6)))
+                } else {
+                    String::new()
+                };
+                Line::from(vec![
+                    Span::styled(indent, Style::new().fg(theme::DIM)),
+                    Span::raw(r.comm.clone()),
+                ])
+            }
+            Col::Rss => Line::raw(theme::bytes(r.rss)),
+            Col::Pss => Line::styled(
+                theme::bytes(r.pss),
+                Style::new().add_modifier(Modifier::BOLD),
+            ),
+            Col::Uss => Line::raw(theme::bytes(r.uss)),
+            Col::Swap => {
+                if r.swap > 0 {
+                    Line::styled(theme::bytes(r.swap), Style::new().fg(theme::WARN))
+                } else {
+                    Line::styled("0", Style::new().fg(theme::DIM))
+                }
+            }
+            Col::Gpu => match r.gpu {
+                Some(b) => Line::raw(theme::bytes(b)),
+                None => Line::styled("-", Style::new().fg(theme::DIM)),
+            },
+            Col::Growth => growth_cell(r, fastest),
+        }
+    }
 }
 
 /// The growth column of row `r`: `Σ` where the figure is the family's,
@@ -227,42 +267,7 @@ impl Widget for &ProcTableView {
         let rows = self.rows[start..end].iter().map(|r| {
             let fastest = self.fastest == Some(r.pid);
             let cells = cols.iter().map(|c| {
-                let text: Line<'_> = match c {
-                    Col::Pid => Line::raw(r.pid.to_string()),
-                    Col::Role => {
-                        let (t, s) = role_label(r.role);
-                        Line::styled(t, s)
-                    }
-                    Col::Comm => {
-                        let indent = if self.sort == SortKey::Tree && r.depth > 0 {
-                            format!("{}└ ", "  ".repeat((r.depth - 1).min(6)))
-                        } else {
-                            String::new()
-                        };
-                        Line::from(vec![
-                            Span::styled(indent, Style::new().fg(theme::DIM)),
-                            Span::raw(r.comm.clone()),
-                        ])
-                    }
-                    Col::Rss => Line::raw(theme::bytes(r.rss)),
-                    Col::Pss => Line::styled(
-                        theme::bytes(r.pss),
-                        Style::new().add_modifier(Modifier::BOLD),
-                    ),
-                    Col::Uss => Line::raw(theme::bytes(r.uss)),
-                    Col::Swap => {
-                        if r.swap > 0 {
-                            Line::styled(theme::bytes(r.swap), Style::new().fg(theme::WARN))
-                        } else {
-                            Line::styled("0", Style::new().fg(theme::DIM))
-                        }
-                    }
-                    Col::Gpu => match r.gpu {
-                        Some(b) => Line::raw(theme::bytes(b)),
-                        None => Line::styled("-", Style::new().fg(theme::DIM)),
-                    },
-                    Col::Growth => growth_cell(r, fastest),
-                };
+                let text = self.cell(*c, r, fastest);
                 Cell::from(if c.right_aligned() {
                     text.right_aligned()
                 } else {

@@ -1,6 +1,9 @@
-//! One line of totals under the gauges: the tree's size, swap, pressure and
-//! the fastest-growing process. Items that do not fit are left out by
-//! priority, never cut in half.
+//! One line of totals under the gauges: the tree's size, its breakdowns
+//! (PSS, RSS Σ, USS, each under its own name), swap, pressure and the
+//! fastest-growing process. Items that do not fit are left out by
+//! priority, never cut in half. A tree that holds no memory any more (torn
+//! down by a stop) says so instead of showing stale breakdowns beside the
+//! memory its cgroup still holds.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
@@ -19,17 +22,31 @@ pub struct SummaryView<'a> {
     pub psi: Option<Psi>,
     /// (pid, comm, bytes/s) of the fastest-growing process.
     pub fastest: Option<(u32, &'a str, f64)>,
+    /// No process of the tree holds memory any more (`footprint::tree_released`).
+    pub released: bool,
 }
 
-impl Widget for &SummaryView<'_> {
-    fn render(self, area: Rect, buf: &mut Buffer) {
-        if area.height == 0 {
-            return;
-        }
-        let dim = Style::new().fg(theme::DIM);
+/// (priority: lower shows first, label, value, value style)
+type Item<'a> = (u8, &'a str, String, Style);
+
+impl SummaryView<'_> {
+    /// The tree's figures by process, summed: each under its own name (the
+    /// footprint is the gauges').
+    fn breakdowns(&self) -> Vec<Item<'static>> {
         let bold = Style::new().add_modifier(Modifier::BOLD);
-        // (priority: lower shows first, label, value, value style)
-        let mut items: Vec<(u8, &str, String, Style)> = vec![
+        let swap_style = if self.tree.swap_bytes > 0 || self.system.swap_out_bytes_per_s > 0.0 {
+            Style::new().fg(theme::WARN)
+        } else {
+            Style::new()
+        };
+        let mut swap = theme::bytes(self.tree.swap_bytes);
+        if self.system.swap_out_bytes_per_s >= 1024.0 {
+            swap.push_str(&format!(
+                " (out {}/s)",
+                theme::bytes(self.system.swap_out_bytes_per_s as u64)
+            ));
+        }
+        vec![
             (0, "procs ", self.tree.procs.to_string(), bold),
             (
                 0,
@@ -44,20 +61,12 @@ impl Widget for &SummaryView<'_> {
                 Style::new().fg(theme::RSS),
             ),
             (4, "USS ", theme::bytes(self.tree.uss_bytes), Style::new()),
-        ];
-        let swap_style = if self.tree.swap_bytes > 0 || self.system.swap_out_bytes_per_s > 0.0 {
-            Style::new().fg(theme::WARN)
-        } else {
-            Style::new()
-        };
-        let mut swap = theme::bytes(self.tree.swap_bytes);
-        if self.system.swap_out_bytes_per_s >= 1024.0 {
-            swap.push_str(&format!(
-                " (out {}/s)",
-                theme::bytes(self.system.swap_out_bytes_per_s as u64)
-            ));
-        }
-        items.push((2, "swap ", swap, swap_style));
+            (2, "swap ", swap, swap_style),
+        ]
+    }
+
+    /// The machine's side: memory pressure and what is available.
+    fn push_system(&self, items: &mut Vec<Item<'_>>) {
         if let Some(p) = self.psi {
             let style = if p.full_avg10 >= 10.0 {
                 Style::new().fg(theme::CRIT)
@@ -81,7 +90,31 @@ impl Widget for &SummaryView<'_> {
                 Style::new(),
             ));
         }
-        if let Some((pid, comm, rate)) = self.fastest {
+    }
+}
+
+impl Widget for &SummaryView<'_> {
+    fn render(self, area: Rect, buf: &mut Buffer) {
+        if area.height == 0 {
+            return;
+        }
+        let dim = Style::new().fg(theme::DIM);
+        let bold = Style::new().add_modifier(Modifier::BOLD);
+        let mut items: Vec<Item<'_>> = if self.released {
+            let state = if self.tree.procs == 0 {
+                "no process left"
+            } else {
+                "exiting, holding no memory"
+            };
+            vec![
+                (0, "procs ", self.tree.procs.to_string(), bold),
+                (0, "", state.to_string(), bold.fg(theme::WARN)),
+            ]
+        } else {
+            self.breakdowns()
+        };
+        self.push_system(&mut items);
+        if let Some((pid, comm, rate)) = self.fastest.filter(|_| !self.released) {
             items.push((
                 1,
                 "fastest ",
@@ -94,7 +127,7 @@ impl Widget for &SummaryView<'_> {
             ));
         }
         let sep = " · ";
-        let item_w = |i: &(u8, &str, String, Style)| theme::width(i.1) + theme::width(&i.2);
+        let item_w = |i: &Item<'_>| theme::width(i.1) + theme::width(&i.2);
         let mut order: Vec<usize> = (0..items.len()).collect();
         order.sort_by_key(|&i| items[i].0);
         let mut keep = vec![false; items.len()];
@@ -150,6 +183,7 @@ mod tests {
                 full_avg10: 0.0,
             }),
             fastest: Some((4242, "python", 1024.0 * 1024.0)),
+            released: false,
         };
         let area = Rect::new(0, 0, 140, 1);
         let mut buf = Buffer::empty(area);
