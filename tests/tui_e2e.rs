@@ -681,3 +681,78 @@ fn a_second_ctrl_c_during_the_save_reaches_the_job() {
     assert!(job.contains("KeyboardInterrupt"), "{job}\n{}", s.screen());
     assert!(!job.contains("left after its checkpoint"), "{job}");
 }
+
+/// In a cgroup of its own the job's footprint is that cgroup's working
+/// set, and the dashboard's gauge shows that figure, named: 200 MiB
+/// written to /dev/shm is charged to the job but mapped by no process, so
+/// a gauge of the PSS sum (a few MiB) could not show it.
+#[test]
+fn the_dashboard_gauges_the_working_set_the_policy_compares() {
+    if !require(have_tmux(), "needs tmux") {
+        return;
+    }
+    let Some(cg) = MemCgroup::or_skip("tui-footprint", 1 << 30) else {
+        return;
+    };
+    let _serial = serial();
+    common::deadline::arm_for(Duration::from_secs(120));
+    let dir = tempfile::tempdir().unwrap();
+    let shm = format!("/dev/shm/oomguard-tui-footprint-{}", std::process::id());
+    let job = script(
+        dir.path(),
+        "job.sh",
+        &format!(
+            "trap 'rm -f {shm}' EXIT\n\
+             dd if=/dev/zero of={shm} bs=1M count=200 status=none\n\
+             sleep 6\n"
+        ),
+    );
+    let log = dir.path().join("run.ndjson");
+    let s = Session::start(
+        format!("oomguard-footprint-{}", std::process::id()),
+        160,
+        45,
+    );
+    let cmd = format!(
+        "sh -c 'echo $$ > {cg}/cgroup.procs && exec \"$@\"' sh {bin} run --tui --no-notify \
+         --budget 900MiB --log {log} -- bash {job}; echo EXIT=$?",
+        cg = cg.dir.display(),
+        bin = env!("CARGO_BIN_EXE_oomguard"),
+        log = log.display(),
+        job = job.display(),
+    );
+    s.keys(&cmd);
+    s.keys("Enter");
+    // The gauge's figure once the file is written: "footprint (working
+    // set) N MiB / 900 MiB".
+    let figure = |screen: &str| -> Option<f64> {
+        screen.lines().find_map(|l| {
+            let (before, _) = l.split_once(" MiB / 900 MiB")?;
+            let (label, n) = before.rsplit_once(' ')?;
+            label
+                .ends_with("footprint (working set)")
+                .then(|| n.parse().ok())?
+        })
+    };
+    s.wait_screen(20, "no gauge of the working set above 200 MiB", |sc| {
+        figure(sc).is_some_and(|n| n >= 200.0)
+    });
+    let shown = figure(&s.screen()).unwrap();
+    assert_eq!(exit_line(&s, 30), "EXIT=0", "{}", s.screen());
+    let _ = std::fs::remove_file(&shm);
+    let lines = read_log(&log);
+    let samples: Vec<_> = lines.iter().filter_map(|l| l.sample()).collect();
+    let top = samples
+        .iter()
+        .map(|s| s.tree.footprint_bytes)
+        .max()
+        .unwrap();
+    let pss = samples.iter().map(|s| s.tree.pss_bytes).max().unwrap();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    assert!(
+        shown <= mib(top) + 0.5,
+        "{shown} MiB shown, {} MiB logged",
+        mib(top)
+    );
+    assert!(mib(pss) + 100.0 < shown, "PSS sum {} MiB", mib(pss));
+}
