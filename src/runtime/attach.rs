@@ -135,7 +135,7 @@ impl Supervisor {
     pub(super) fn end_watch(&mut self, why: String) {
         self.core
             .act
-            .let_go(&why, &self.sampler.tree, &mut *self.sig);
+            .let_go(&why, &self.sampler.tree, self.child.sig_mut());
         self.acted(None);
         if let Some(a) = self.target.attached_mut()
             && a.detached.is_none()
@@ -147,7 +147,7 @@ impl Supervisor {
     /// `--watch-for` ran out.
     pub(super) fn check_watch_time(&mut self, now: Instant) {
         let due = self.target.attached().is_some_and(|a| a.watch_due(now));
-        if due && self.main_status.is_none() {
+        if due && self.child.status().is_none() {
             let limit = self
                 .cfg
                 .attach_spec
@@ -196,7 +196,7 @@ impl Supervisor {
             .cfg
             .attach_spec
             .as_ref()
-            .map_or_else(|| format!("pid {}", self.job.pid), |s| s.label.clone());
+            .map_or_else(|| format!("pid {}", self.child.pid()), |s| s.label.clone());
         let after = human_duration(duration);
         match outcome {
             Outcome::Detached => {

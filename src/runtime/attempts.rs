@@ -261,7 +261,7 @@ impl Supervisor {
         self.core.act.poll_channel(crate::clock::now());
         // Another node's fault that came after this node's ranks had
         // already failed in their collectives is still why they did.
-        let failed = self.main_status.is_some_and(|s| s != Status::Exited(0));
+        let failed = self.child.status().is_some_and(|s| s != Status::Exited(0));
         self.core.act.adopt_remote_fault(failed);
         self.core.act.adopt_remote_stop();
         self.core.act.conclude_checkpoint(crate::clock::now());
@@ -277,7 +277,7 @@ impl Supervisor {
             kernel_killed: self.oom.kernel_killed(&sample),
             memory_death: self.output.memory_death(),
             cuda_oom: self.output.cuda_oom(),
-            succeeded: self.main_status.unwrap_or(Status::Exited(0)) == Status::Exited(0),
+            succeeded: self.child.status().unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
         let rules = crate::restart::RestartRules {
             on_memory: self.restart_enabled(),
@@ -294,7 +294,8 @@ impl Supervisor {
             dir.and_then(|d| crate::restart::newest(d, glob, None))
                 .map(|(p, ..)| p)
         };
-        let stopping = self.shutdown_signal.is_some() || self.core.act.signal_end().is_some();
+        let stopping =
+            self.child.shutdown_signal().is_some() || self.core.act.signal_end().is_some();
         let spans_nodes = self.core.act.companion.spans_nodes();
         let next = self
             .attempts
@@ -327,7 +328,7 @@ impl Supervisor {
         }
         self.attempts.degrade(&changes);
         self.announce_restart(&reason, &changes, delay);
-        if self.foreground {
+        if self.child.foreground() {
             // Between attempts Ctrl-C must reach oomguard.
             supervise::reclaim_foreground(std::io::stdin().as_fd());
         }
@@ -341,7 +342,7 @@ impl Supervisor {
         if self.attempts.lines().len() >= self.attempts.number() as usize {
             return;
         }
-        let status = self.main_status.unwrap_or(Status::Exited(0));
+        let status = self.child.status().unwrap_or(Status::Exited(0));
         let how = match status {
             _ if self.internal_error.is_some() => {
                 format!(
@@ -386,7 +387,7 @@ impl Supervisor {
         // `attempt` is the new number.
         self.sinks.log.set_attempt(next);
         self.sinks.ui(crate::tui::UiEvent::Restart {
-            t: crate::clock::since(self.started).as_secs_f64(),
+            t: self.run_t(),
             attempt: next,
             degraded: changes
                 .iter()
@@ -434,7 +435,7 @@ impl Supervisor {
         let resume_cmd = self.cfg.restart.resume_cmd.as_deref();
         let argv = self.attempts.argv(resume_cmd, &self.cfg.argv);
         let mut env = self.attempts.job_env();
-        if let Some(inj) = &self.torch {
+        if let Some(inj) = &self.sampler.torch_injector {
             let base = (self.attempts.env())
                 .get("PYTHONPATH")
                 .map(OsString::from)
@@ -464,21 +465,13 @@ impl Supervisor {
                 self.say(format!("cannot restart: {e}"));
                 self.attempts.no_more();
                 self.internal_error = Some(format!("cannot restart: {e}"));
-                self.main_status = Some(Status::Exited(EXIT_INTERNAL));
+                self.child.ended(Status::Exited(EXIT_INTERNAL));
                 return;
             }
         };
-        let launched = self.host.launch(
-            &self.cfg.proc_root,
-            super::host::Launch {
-                argv: &argv,
-                env,
-                owned: self.owned.as_ref(),
-                foreground: self.foreground,
-                pty_slave: slave.as_ref(),
-                relayed,
-            },
-        );
+        let launched = self
+            .child
+            .launch(&self.cfg.proc_root, &argv, env, slave.as_ref(), relayed);
         drop(slave);
         let relay = self.output.relay_mut();
         let keeper = relay.map(|r| {
@@ -495,8 +488,7 @@ impl Supervisor {
             Ok(job) => {
                 let now = crate::clock::now();
                 self.sampler.scanner.set_job(Some(job.pid));
-                self.job = job;
-                self.main_status = None;
+                self.child.started(job);
                 self.sampler.tree.clear();
                 self.sampler.zombie_children = 0;
                 self.core.reset();
@@ -505,8 +497,7 @@ impl Supervisor {
                 self.sinks.log.set_progress(None, false);
                 self.sinks.metrics.set_progress(None, None);
                 self.wakeups.tick_now(now);
-                self.sinks
-                    .start_attempt(crate::clock::since(self.started).as_secs_f64());
+                self.sinks.start_attempt(self.run_t());
                 let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
                 let machine = self.sampler.system.read(now).oom_kill_total;
                 self.oom
@@ -518,7 +509,7 @@ impl Supervisor {
                 self.say(format!("cannot restart: {e}"));
                 self.attempts.no_more();
                 self.internal_error = Some(format!("cannot restart: {e}"));
-                self.main_status = Some(Status::Exited(EXIT_INTERNAL));
+                self.child.ended(Status::Exited(EXIT_INTERNAL));
             }
         }
     }

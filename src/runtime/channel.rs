@@ -64,7 +64,7 @@ impl Supervisor {
                     phase: phase.as_deref().and_then(phase_of),
                     printed_rate: None,
                 };
-                let t = crate::clock::since(self.started).as_secs_f64();
+                let t = self.run_t();
                 self.output.progress_mut().update(u, t);
                 self.publish_progress();
             }
@@ -98,7 +98,7 @@ impl Supervisor {
                         step,
                         ..ProgressUpdate::default()
                     };
-                    let t = crate::clock::since(self.started).as_secs_f64();
+                    let t = self.run_t();
                     self.output.progress_mut().update(u, t);
                     self.publish_progress();
                 }
@@ -187,7 +187,10 @@ impl Supervisor {
     /// failure): the steps since the checkpoint are then lost.
     pub(super) fn attempt_lost_work(&self) -> bool {
         self.core.act.policy_end.is_some()
-            || !matches!(self.main_status, Some(crate::supervise::Status::Exited(0)))
+            || !matches!(
+                self.child.status(),
+                Some(crate::supervise::Status::Exited(0))
+            )
     }
 
     /// Whether the save under way ends the run: a stop's or a signal's,
@@ -242,7 +245,7 @@ impl Supervisor {
     /// directory.
     pub(super) fn next_channel(&mut self) -> Option<[(std::ffi::OsString, std::ffi::OsString); 2]> {
         self.core.act.channel = None;
-        let dir = self.torch.as_ref()?.dir().to_path_buf();
+        let dir = self.sampler.torch_injector.as_ref()?.dir().to_path_buf();
         if !self.cfg.companion() {
             return None;
         }

@@ -15,7 +15,10 @@ impl Supervisor {
         let Some(watch) = self.cfg.doctor.clone() else {
             return;
         };
-        if watch.concluded() || self.shutdown_signal.is_some() || self.main_status.is_some() {
+        if watch.concluded()
+            || self.child.shutdown_signal().is_some()
+            || self.child.status().is_some()
+        {
             return;
         }
         let waited = self.attempts.age(crate::clock::now());
@@ -25,15 +28,18 @@ impl Supervisor {
         }
         let mut verdict = stop_saves::stop_verdict(
             &self.sampler.tree,
-            self.job.pid,
+            self.child.pid(),
             self.core.act.cfg.checkpoint_signal,
             self.core.act.companion.connected,
-            &*self.sig,
+            self.child.sig(),
         );
         // The other warning of the stop path: a framework that catches
         // the signal only to stop.
-        let trainers = act::trainer_idents(&self.sampler.tree, self.job.pid);
-        verdict.framework = self.core.act.framework_loses_work(&trainers, &*self.sig);
+        let trainers = act::trainer_idents(&self.sampler.tree, self.child.pid());
+        verdict.framework = self
+            .core
+            .act
+            .framework_loses_work(&trainers, self.child.sig());
         watch.conclude(crate::verdict::Finding {
             verdict,
             step,

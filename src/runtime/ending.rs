@@ -10,11 +10,11 @@ impl Supervisor {
             // init. Done when the watched process is (or, for a job that is
             // its cgroup's members, the last of them), or when the watch
             // ends (INT/TERM, dashboard detach, --watch-for).
-            return self.main_status.is_some()
-                || self.shutdown_signal.is_some()
+            return self.child.status().is_some()
+                || self.child.shutdown_signal().is_some()
                 || self.watch_ended();
         }
-        if self.main_status.is_none() {
+        if self.child.status().is_none() {
             return false;
         }
         self.reap();
@@ -27,7 +27,7 @@ impl Supervisor {
         self.leave_dashboard();
         self.screen.drop_keeper();
         let relay_stats = self.drain_output();
-        let status = self.main_status.unwrap_or(Status::Exited(0));
+        let status = self.child.status().unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
         let view = self.core.history.push(&sample);
         self.record(&sample, &view, true, false, None);
@@ -39,7 +39,7 @@ impl Supervisor {
             && status.code() != 0
             && !(self.core.act.killed && status == Status::Signaled(libc::SIGKILL));
         // `attach`: a watch that ended before the job did is not an exit.
-        let detached = self.target.detached(self.main_status.is_some());
+        let detached = self.target.detached(self.child.status().is_some());
         let (outcome, mut exit_code) = match status {
             _ if self.internal_error.is_some() => (Outcome::InternalError, EXIT_INTERNAL),
             _ if detached => (Outcome::Detached, 0),
@@ -59,7 +59,7 @@ impl Supervisor {
             Status::Exited(c) => (Outcome::Exited, c),
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
-        let duration = crate::clock::since(self.started);
+        let duration = self.run_time();
         self.keep_resume_record(outcome);
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
@@ -126,13 +126,13 @@ impl Supervisor {
         {
             eprintln!("oomguard: {e}");
         }
-        if self.foreground {
+        if self.child.foreground() {
             supervise::reclaim_foreground(std::io::stdin().as_fd());
         }
         if !self.cfg.quiet {
             self.summary(status, outcome, exit_code, duration);
         }
-        drop(self.owned.take());
+        self.child.drop_cgroup();
         exit_code
     }
 
@@ -152,7 +152,7 @@ impl Supervisor {
         );
         let saved = self.core.act.companion.done.clone().filter(|d| d.ok);
         match (outcome, saved) {
-            (Outcome::Exited, _) if self.main_status == Some(Status::Exited(0)) => {
+            (Outcome::Exited, _) if self.child.status() == Some(Status::Exited(0)) => {
                 resume::remove_if_ours(&path, &run);
             }
             (_, Some(done)) if stopped && !resume::beside(&path, &done.paths) => {
@@ -351,7 +351,7 @@ impl Supervisor {
         // on to a job with no companion: the job ended as it handles an
         // interrupt, and that is what the user did.
         let interrupted =
-            self.screen.typed_interrupt() || self.shutdown_signal == Some(libc::SIGINT);
+            self.screen.typed_interrupt() || self.child.shutdown_signal() == Some(libc::SIGINT);
         let how = match (outcome, status) {
             (Outcome::RestartLimit, _) => format!(
                 "ran out of restarts ({} of --max-restarts {}); exit {exit_code}",

@@ -182,7 +182,7 @@ impl Supervisor {
 
     /// The job wrote to stdout/stderr (relayed), or the terminal resized.
     pub(super) fn on_relay(&mut self, pumped: Pumped) {
-        if pumped == Pumped::Resized && !self.attempts.between() && self.main_status.is_none() {
+        if pumped == Pumped::Resized && !self.attempts.between() && self.child.status().is_none() {
             // The job's pty took the terminal's new size; a pty that is
             // not a controlling terminal tells nobody, so do as a terminal
             // would.
@@ -214,7 +214,7 @@ impl Supervisor {
                 if self.exact_progress() {
                     continue;
                 }
-                let t = crate::clock::since(self.started).as_secs_f64();
+                let t = self.run_t();
                 self.output.progress_mut().update(u, t);
                 self.publish_progress();
                 continue;
@@ -232,7 +232,7 @@ impl Supervisor {
                 }
                 self.sinks.log.write(&record);
                 self.tell_peers_of_death(&record);
-                let t = crate::clock::since(self.started).as_secs_f64();
+                let t = self.run_t();
                 let ui = match &record {
                     crate::log::Event::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
                         t,

@@ -266,9 +266,13 @@ impl Fake {
             w.root = cfg.proc_root.clone();
             w.appear(JOB);
         }
-        let mut sup = setup::assemble_started(cfg, fake_job(JOB), &dir.path().join("run.ndjson"));
-        sup.sig = Box::new(FakeSignaller(world.clone()));
-        sup.host = Box::new(FakeHost(world.clone()));
+        let sup = setup::assemble_started(
+            cfg,
+            fake_job(JOB),
+            &dir.path().join("run.ndjson"),
+            Box::new(FakeSignaller(world.clone())),
+            Box::new(FakeHost(world.clone())),
+        );
         let (outside, kernel) = Outside::by_hand();
         {
             let mut w = world.borrow_mut();

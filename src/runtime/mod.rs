@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
 use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
-use crate::probe::cgroup::{self, OwnedCgroup};
+use crate::probe::cgroup;
 use crate::relay::OutputRelay;
 use crate::restart::Budget;
 use crate::supervise::{self, Job, Status};
@@ -38,6 +38,7 @@ mod attach;
 mod attempts;
 mod channel;
 mod cheap;
+mod child;
 mod doctor;
 mod ending;
 mod hooks;
@@ -144,35 +145,21 @@ struct Supervisor {
     sinks: Sinks,
     /// The readers and the tree of the last scan.
     sampler: Sampler,
-    started: Instant,
-    owned: Option<OwnedCgroup>,
-    job: Job,
+    /// The job as oomguard's child, its cgroup and oomguard's other
+    /// children; every signal and every launch goes through it.
+    child: child::Child,
     /// The engine, the history and what oomguard holds (pause, the stop
     /// ladder, the kill).
     core: Core,
-    /// Every signal the loop sends (forwarded, throttling, the stop, the
-    /// kill) goes through it.
-    sig: Box<dyn act::Signaller>,
-    /// Starting attempts and hooks, reaping.
-    host: Box<dyn host::Host>,
-    foreground: bool,
-    main_status: Option<Status>,
-    /// The INT or TERM that started the shutdown, if one did.
-    shutdown_signal: Option<i32>,
-    /// The hooks running, and when a hung one is killed.
-    hooks: hooks::Hooks,
     /// The tick's schedule and everything that wakes the loop between
     /// ticks, with their counts.
     wakeups: wakeups::Wakeups,
-    /// The ranks of a job across nodes, for the moment one ends.
-    rank_exits: rank_exits::RankExits,
     /// The run's attempts: their number, the restart budget, the newest
     /// checkpoint, and when the next one starts.
     attempts: attempts::Attempts,
     /// The kernel's OOM kills: counters and the memory history that
     /// explains them.
     oom: oom::OomWatch,
-    gpu_info: GpuInfo,
     /// Launched or attached; for `attach`, the job's cgroup and how the
     /// watch ends.
     target: target::Target,
@@ -183,9 +170,6 @@ struct Supervisor {
     /// The job's output (relayed, or the dashboard pty's) and what it
     /// said this attempt.
     output: job_output::JobOutput,
-    /// `--torch-stats`: the injected reporter (removed on drop); its
-    /// reader is the sampler's.
-    torch: Option<crate::probe::torch_stats::TorchStatsInjector>,
 }
 
 /// How long a reader may take nothing before oomguard, told to stop,
@@ -359,7 +343,7 @@ impl Supervisor {
     /// here (gone, or its pid reused; for a job that is its cgroup's
     /// members, the cgroup empty), not by the reaper.
     fn check_attached_target(&mut self) {
-        if self.target.is_parent() || self.main_status.is_some() {
+        if self.target.is_parent() || self.child.status().is_some() {
             return;
         }
         if let Some(empty) = self.attached_cgroup_empty() {
@@ -371,27 +355,36 @@ impl Supervisor {
         let path = self
             .cfg
             .proc_root
-            .join(self.job.pid.to_string())
+            .join(self.child.pid().to_string())
             .join("stat");
         let same = std::fs::read_to_string(path)
             .ok()
             .and_then(|t| crate::probe::proc::parse_stat(&t))
-            .is_some_and(|st| st.start_time == self.job.start_time && st.state != 'Z');
+            .is_some_and(|st| st.start_time == self.child.job().start_time && st.state != 'Z');
         if !same {
-            self.attached_job_ended(format!("pid {} has ended", self.job.pid));
+            self.attached_job_ended(format!("pid {} has ended", self.child.pid()));
         }
     }
 
     /// The attached job is over; its exit code is unknown (not our child).
     fn attached_job_ended(&mut self, why: String) {
-        self.main_status = Some(Status::Exited(0));
+        self.child.ended(Status::Exited(0));
         let exit = ChildExit {
-            pid: self.job.pid,
+            pid: self.child.pid(),
             code: None,
             signal: None,
         };
         self.sinks.log.write(&Event::ChildExit(exit));
         self.say(why);
+    }
+
+    /// Run time now, in seconds (the log's `t`).
+    fn run_t(&self) -> f64 {
+        self.run_time().as_secs_f64()
+    }
+
+    fn run_time(&self) -> Duration {
+        crate::clock::since(self.sinks.started)
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
@@ -407,12 +400,8 @@ impl Supervisor {
             path: c.location().path.clone(),
             owned: c.owned(),
             not_owned_reason: not_owned_reason.clone(),
-            via: self.owned.as_ref().map(|o| o.via().to_string()),
-            scope: self
-                .owned
-                .as_ref()
-                .and_then(|o| o.scope())
-                .map(String::from),
+            via: self.child.owned().map(|o| o.via().to_string()),
+            scope: self.child.owned().and_then(|o| o.scope()).map(String::from),
             exclusive: c.owned() || self.attached_exclusive(),
             not_exclusive_reason: self
                 .target
@@ -428,11 +417,11 @@ impl Supervisor {
                 .iter()
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect(),
-            pid: self.job.pid,
+            pid: self.child.pid(),
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
             policy: Some(crate::log::PolicyInfo::of(self.core.engine.policy())),
-            gpu: self.gpu_info.clone(),
+            gpu: self.sampler.gpu_info.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
@@ -453,10 +442,10 @@ impl Supervisor {
         if let Some(k) = self.core.act.kill_deadline() {
             wake = wake.min(k);
         }
-        if self.main_status.is_some() {
+        if self.child.status().is_some() {
             wake = wake.min(crate::clock::now() + Duration::from_millis(50));
         }
-        if let Some(d) = self.hooks.next_deadline() {
+        if let Some(d) = self.child.hooks().next_deadline() {
             wake = wake.min(d);
         }
         if let Some(r) = self.attempts.relaunch_at() {
@@ -523,22 +512,25 @@ impl Supervisor {
             self.wakeups.full_scan_ran(now, self.cfg.interval);
         }
         let sample = self.sample(quick);
-        self.core.act.prune(&self.sampler.tree, &*self.sig);
+        self.core.act.prune(&self.sampler.tree, self.child.sig());
         if !quick {
             self.oom.remember(&sample);
         }
         self.check_oom_kills(&sample);
         let inputs = TickInputs {
             now,
-            ending: self.main_status.is_some() || self.shutdown_signal.is_some(),
-            job_pid: self.job.pid,
+            ending: self.child.status().is_some() || self.child.shutdown_signal().is_some(),
+            job_pid: self.child.pid(),
             gpu_eta: self.fresh_gpu_eta(&sample),
             torch_fragmentation: self.torch_fragmentation(&sample),
             last_attempt: self.attempts.is_last(now),
         };
-        let out = self
-            .core
-            .tick(sample, inputs, &mut *self.sig, &mut *self.sinks.notifier);
+        let out = self.core.tick(
+            sample,
+            inputs,
+            self.child.sig_mut(),
+            &mut *self.sinks.notifier,
+        );
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
         let acting = self.core.act.acting();
@@ -564,16 +556,18 @@ impl Supervisor {
             .iter()
             .any(|r| r.action.is_critical());
         if can_stop {
-            let (tree, pid) = (&self.sampler.tree, self.job.pid);
+            let (tree, pid) = (&self.sampler.tree, self.child.pid());
             if self
                 .output
                 .progress()
                 .current()
                 .is_some_and(|p| p.step.is_some())
             {
-                self.core.act.check_stop_saves(tree, pid, &*self.sig);
+                self.core.act.check_stop_saves(tree, pid, self.child.sig());
             }
-            self.core.act.check_framework(now, tree, pid, &*self.sig);
+            self.core
+                .act
+                .check_framework(now, tree, pid, self.child.sig());
         }
         self.doctor_watch();
         self.acted(Some(&out.view));
@@ -595,7 +589,7 @@ impl Supervisor {
     /// The largest reserved-but-unallocated CUDA memory of any tree
     /// process (with `--torch-stats`).
     fn torch_fragmentation(&self, sample: &Sample) -> Option<f64> {
-        self.torch.as_ref().map(|_| {
+        self.sampler.torch_injector.as_ref().map(|_| {
             sample
                 .procs
                 .iter()
@@ -651,7 +645,7 @@ impl Supervisor {
     /// Signals processes by identity; returns the pids reached and the
     /// first error, if any.
     fn signal_all(&mut self, targets: &[Ident], sig: i32) -> (Vec<u32>, String) {
-        signal_all(&mut *self.sig, targets, sig)
+        signal_all(self.child.sig_mut(), targets, sig)
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
@@ -717,12 +711,12 @@ impl Supervisor {
     fn pause(&mut self, reason: &str) {
         self.core
             .act
-            .pause(reason, &self.sampler.tree, &mut *self.sig);
+            .pause(reason, &self.sampler.tree, self.child.sig_mut());
         self.acted(None);
     }
 
     fn resume(&mut self, reason: &str) {
-        self.core.act.resume(reason, &mut *self.sig);
+        self.core.act.resume(reason, self.child.sig_mut());
         self.acted(None);
     }
 
@@ -730,10 +724,12 @@ impl Supervisor {
         let at = act::Scene {
             tree: &self.sampler.tree,
             prev: self.core.last_sample.as_ref(),
-            job_pid: self.job.pid,
+            job_pid: self.child.pid(),
             now: crate::clock::now(),
         };
-        self.core.act.begin_stop(action, reason, at, &mut *self.sig);
+        self.core
+            .act
+            .begin_stop(action, reason, at, self.child.sig_mut());
         self.acted(None);
     }
 
@@ -750,7 +746,7 @@ impl Supervisor {
         c.env("OOMGUARD_EVENT", "action")
             .env("OOMGUARD_ACTION", action.name())
             .env("OOMGUARD_RULE", reason)
-            .env("OOMGUARD_JOB_PID", self.job.pid.to_string());
+            .env("OOMGUARD_JOB_PID", self.child.pid().to_string());
         if let Some(n) = view.and_then(|v| v.nearest) {
             c.env("OOMGUARD_HEADROOM_BYTES", n.headroom_bytes.to_string())
                 .env(
@@ -766,10 +762,11 @@ impl Supervisor {
         if let Some(p) = &self.cfg.log {
             c.env("OOMGUARD_LOG", p);
         }
-        match self.host.run_hook(c) {
+        match self.child.host().run_hook(c) {
             Ok(pid) => {
                 self.sampler.scanner.exclude(pid);
-                self.hooks
+                self.child
+                    .hooks_mut()
                     .started(pid, cmd.to_string(), crate::clock::now());
             }
             Err(e) => self.say(format!("cannot run hook '{cmd}': {e}")),
@@ -777,8 +774,8 @@ impl Supervisor {
     }
 
     fn expire_hooks(&mut self, now: Instant) {
-        for pid in self.hooks.overdue(now) {
-            let _ = self.sig.signal_group(pid, SIG_KILL);
+        for pid in self.child.hooks_mut().overdue(now) {
+            let _ = self.child.sig_mut().signal_group(pid, SIG_KILL);
             self.say(format!(
                 "hook (pid {pid}) took longer than {}s; killed",
                 hooks::HOOK_TIMEOUT.as_secs()
@@ -787,15 +784,15 @@ impl Supervisor {
     }
 
     fn reap(&mut self) {
-        for r in self.host.reap() {
+        for r in self.child.host().reap() {
             // A reaped pid is free for anyone: no longer left out of the
             // tree (a hook's, an old output keeper's).
             self.sampler.scanner.include(r.pid);
-            if self.hooks.finished(r.pid).is_some() {
+            if self.child.hooks_mut().finished(r.pid).is_some() {
                 continue;
             }
-            if r.pid == self.job.pid && self.main_status.is_none() {
-                self.main_status = Some(r.status);
+            if r.pid == self.child.pid() && self.child.status().is_none() {
+                self.child.ended(r.status);
                 let (code, signal) = match r.status {
                     Status::Exited(c) => (Some(c), None),
                     Status::Signaled(s) => (None, Some(supervise::signal_name(s))),
@@ -806,7 +803,7 @@ impl Supervisor {
                     _ => String::new(),
                 };
                 self.sinks.ui(crate::tui::UiEvent::ChildExit {
-                    t: crate::clock::since(self.started).as_secs_f64(),
+                    t: self.run_t(),
                     pid: r.pid,
                     how,
                 });
@@ -897,12 +894,12 @@ impl Supervisor {
             SignalPlan::EndWatch => {
                 // Anything oomguard paused is given back first.
                 self.end_watch(format!("{} received", supervise::signal_name(sig)));
-                self.shutdown_signal = Some(sig);
+                self.child.shutting_down(sig);
                 return;
             }
             SignalPlan::CancelRestart => {
                 self.attempts.cancel();
-                self.shutdown_signal = Some(sig);
+                self.child.shutting_down(sig);
                 if !self.cfg.quiet {
                     self.say(format!(
                         "{} received; not restarting",
@@ -925,15 +922,15 @@ impl Supervisor {
             }
             SignalPlan::Forward { starts_shutdown } => starts_shutdown,
         };
-        if matches!(sig, libc::SIGUSR1 | libc::SIGUSR2) && self.main_status.is_none() {
+        if matches!(sig, libc::SIGUSR1 | libc::SIGUSR2) && self.child.status().is_none() {
             self.forward_user_signal(sig);
             return;
         }
         let (pids, result) = self.forward(sig);
         if starts_shutdown {
-            if self.foreground {
+            if self.child.foreground() {
                 supervise::reclaim_foreground(std::io::stdin().as_fd());
-                self.foreground = false;
+                self.child.left_foreground();
             }
             let why = format!("{} received", supervise::signal_name(sig));
             self.begin_shutdown(&why, pids, sig, result);
@@ -949,19 +946,19 @@ impl Supervisor {
     fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
         self.sinks
             .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
-        self.core.act.unpause(&mut *self.sig);
-        self.shutdown_signal = Some(sig);
+        self.core.act.unpause(self.child.sig_mut());
+        self.child.shutting_down(sig);
         self.core.act.arm_kill_after(crate::clock::now());
     }
 
     /// Whether the job was told to end, or its main process did: from
     /// then on its memory is a teardown's, not training's.
     fn began_to_exit(&self) -> bool {
-        self.main_status.is_some()
+        self.child.status().is_some()
             || self.core.act.stop.is_some()
             || self.core.act.policy_end.is_some()
             || self.core.act.signal_end().is_some()
-            || self.shutdown_signal.is_some()
+            || self.child.shutdown_signal().is_some()
             || self.screen.typed_interrupt()
     }
 
@@ -970,7 +967,7 @@ impl Supervisor {
         signals::Standing {
             forwards: self.target.forwards_signals(),
             between_attempts: self.attempts.between(),
-            shutdown_signal: self.shutdown_signal,
+            shutdown_signal: self.child.shutdown_signal(),
             companion: self.core.act.companion.connected && self.core.act.channel.is_some(),
             saving: self.core.act.saving(),
         }
@@ -980,8 +977,9 @@ impl Supervisor {
     /// group, or to every tree process once the group is gone. Returns the
     /// pids reached (the group's leader for the group) and the result.
     fn forward(&mut self, sig: i32) -> (Vec<u32>, String) {
-        if self.main_status.is_none() && self.sig.signal_group(self.job.pid, sig).is_ok() {
-            return (vec![self.job.pid], "ok".into());
+        let pid = self.child.pid();
+        if self.child.status().is_none() && self.child.sig_mut().signal_group(pid, sig).is_ok() {
+            return (vec![self.child.pid()], "ok".into());
         }
         self.refresh_tree();
         let all = self.idents(|_| true);
@@ -992,13 +990,13 @@ impl Supervisor {
         if self.core.act.cfg.may_kill {
             self.refresh_tree();
         }
-        let group = self.main_status.is_none().then_some(self.job.pid);
+        let group = self.child.status().is_none().then_some(self.child.pid());
         self.core.act.kill(
             why,
             &self.sampler.tree,
             group,
             crate::clock::now(),
-            &mut *self.sig,
+            self.child.sig_mut(),
         );
         self.acted(None);
     }

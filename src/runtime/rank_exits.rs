@@ -75,14 +75,13 @@ impl super::Supervisor {
     /// such) and the rank's last records (its exception, its shutdown);
     /// then the end becomes a fault when it is one.
     pub(super) fn on_rank_end(&mut self, pid: u32) {
-        self.rank_exits.forget(pid);
         // First, while its launcher has not reaped it yet (torchrun polls
         // every 0.1 s): how it ended.
         let status = std::fs::read_to_string(self.cfg.proc_root.join(format!("{pid}/stat")))
             .ok()
             .and_then(|t| crate::probe::proc::zombie_status(&t));
         self.tick(false);
-        if self.main_status.is_some() || self.shutdown_signal.is_some() {
+        if self.child.status().is_some() || self.child.shutdown_signal().is_some() {
             return; // the job is ending anyway
         }
         self.core.act.rank_ended(pid, status, crate::clock::now());

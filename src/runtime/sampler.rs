@@ -19,6 +19,11 @@ use crate::probe::torch_stats::TorchStatsReader;
 
 pub struct Sampler {
     pub proc_root: PathBuf,
+    /// Whether NVML could be opened, and why not (for `run_start`).
+    pub gpu_info: crate::log::GpuInfo,
+    /// `--torch-stats`: the injected reporter (removed on drop); its
+    /// reader is `torch`.
+    pub torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
     pub started: Instant,
     pub scanner: TreeScanner,
     pub sweeper: PssSweeper,

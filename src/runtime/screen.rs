@@ -208,8 +208,8 @@ impl Supervisor {
                 let Some(cmd) = self.sinks.app.as_mut().and_then(|a| a.on_key(key)) else {
                     return;
                 };
-                let t = crate::clock::since(self.started).as_secs_f64();
-                let alive = self.main_status.is_none() && self.core.act.stop.is_none();
+                let t = self.run_t();
+                let alive = self.child.status().is_none() && self.core.act.stop.is_none();
                 match cmd {
                     UiCommand::Interrupt => self.on_ctrl_c(),
                     UiCommand::TogglePause if alive => {
@@ -250,13 +250,13 @@ impl Supervisor {
     fn on_ctrl_c(&mut self) {
         self.core.act.poll_channel(crate::clock::now());
         self.acted(None);
-        let saves = self.main_status.is_none()
+        let saves = self.child.status().is_none()
             && signals::plan(libc::SIGINT, self.standing(), &self.cfg.on_signal)
                 == SignalPlan::Save { exit: true };
         if saves {
             self.signal_save(libc::SIGINT, true, "Ctrl-C");
         } else {
-            self.screen.type_interrupt(self.main_status.is_none());
+            self.screen.type_interrupt(self.child.status().is_none());
         }
     }
 
@@ -296,10 +296,11 @@ impl Supervisor {
     /// Redraws the dashboard (after every event; nothing runs while idle).
     pub(super) fn draw(&mut self) {
         use crate::tui::PolicyState;
+        let t = self.run_t();
         let Some(app) = self.sinks.app.as_mut().filter(|_| self.screen.is_open()) else {
             return;
         };
-        app.set_elapsed(crate::clock::since(self.started).as_secs_f64());
+        app.set_elapsed(t);
         let state = match &self.core.act.stop {
             Some(st) if st.action == Action::Restart => PolicyState::Restarting,
             Some(_) => PolicyState::Stopping,
@@ -341,13 +342,13 @@ impl Supervisor {
             }
             HangupPlan::CancelRestart => {
                 self.attempts.cancel();
-                self.shutdown_signal = Some(libc::SIGHUP);
+                self.child.shutting_down(libc::SIGHUP);
                 return;
             }
             HangupPlan::HangUpTheJob => {}
         }
         self.forward(libc::SIGHUP);
-        let pids = vec![self.job.pid];
+        let pids = vec![self.child.pid()];
         self.begin_shutdown("terminal hangup", pids, libc::SIGHUP, "ok".into());
     }
 }

@@ -4,7 +4,9 @@
 //! the loop itself. A usage problem found here exits 2 before the job
 //! starts; a failure after `run_start` ends the log with `run_end`.
 
+use super::child::Child;
 use super::screen::Brought;
+use super::wakeups::Kernel;
 use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
 use std::os::fd::{AsFd, OwnedFd};
@@ -182,6 +184,8 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         output,
         cg_oom_kills: cg_first.as_ref().and_then(|c| c.oom_kill_count),
         started,
+        sig: Box::new(ProcSignaller::new(&cfg.proc_root)),
+        host: Box::new(super::host::Os),
     };
     let mut sup = Supervisor::assemble(cfg, parts);
     if let Some(note) = resume_note {
@@ -230,26 +234,27 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
     loop {
         let forwarded = outside.signals.next();
         let wake = sup.next_wake();
+        if sup.core.act.companion.spans_nodes() {
+            sup.wakeups.follow_ranks(&sup.core.act.peers.rank_pids());
+        }
         let kernel = sup.wakeups.kernel();
         let brought = sup.screen.next(&mut pty_buf);
-        if sup.core.act.companion.spans_nodes() {
-            sup.rank_exits.follow(&sup.core.act.peers.rank_pids());
-        }
-        let rank_ended = sup.rank_exits.ended();
         tokio::select! {
             () = outside.children.exited() => sup.reap(),
             sig = forwarded => sup.on_signal(sig),
             _ = tokio::time::sleep_until(wake.into()) => sup.on_timer(),
             k = kernel => {
-                sup.wakeups.woke(k);
-                sup.tick(true);
+                sup.wakeups.woke(&k);
+                match k {
+                    Kernel::RankEnded(pid) => sup.on_rank_end(pid),
+                    _ => sup.tick(true),
+                }
             }
             b = brought => match b {
                 Brought::Output(n) => sup.on_output(n, &pty_buf),
                 Brought::Term(ev) => sup.on_term(ev),
             },
             pumped = sup.output.pump() => sup.on_relay(pumped),
-            pid = rank_ended => sup.on_rank_end(pid),
         }
         sup.draw();
         if sup.attempts.due(crate::clock::now()) {
@@ -259,7 +264,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
             break;
         }
     }
-    let shutting_down = sup.shutdown_signal.is_some();
+    let shutting_down = sup.child.shutdown_signal().is_some();
     if !drain_output(sup.output.relay_mut(), &mut outside.signals, shutting_down).await {
         sup.output.abandon();
     }
@@ -742,6 +747,10 @@ struct Parts {
     /// The job cgroup's OOM-kill counter at the start.
     cg_oom_kills: Option<u64>,
     started: Instant,
+    /// What sends the loop's signals, and starts and reaps its processes
+    /// (the loop's tests pass fakes).
+    sig: Box<dyn super::act::Signaller>,
+    host: Box<dyn super::host::Host>,
 }
 
 impl Supervisor {
@@ -758,6 +767,8 @@ impl Supervisor {
             output,
             cg_oom_kills,
             started,
+            sig,
+            host,
         } = parts;
         let (gpu, gpu_info) = open_gpu(&cfg);
         let (torch, torch_reader) = match torch {
@@ -794,6 +805,8 @@ impl Supervisor {
             },
             sampler: Sampler {
                 proc_root: cfg.proc_root.clone(),
+                gpu_info,
+                torch_injector: torch,
                 started,
                 scanner: readers.scanner,
                 sweeper: PssSweeper::start(
@@ -824,23 +837,14 @@ impl Supervisor {
                     on_warn: cfg.on_warn.clone(),
                 },
             ),
-            sig: Box::new(ProcSignaller::new(&cfg.proc_root)),
-            host: Box::new(super::host::Os),
+            child: Child::new(job, owned, foreground, sig, host),
             oom: {
                 let mut oom = OomWatch::default();
                 oom.start_attempt(cg_oom_kills, readers.first_system.oom_kill_total);
                 oom
             },
             cfg,
-            started,
-            owned,
-            job,
-            foreground,
-            main_status: None,
-            shutdown_signal: None,
-            hooks: super::hooks::Hooks::default(),
             wakeups,
-            rank_exits: super::rank_exits::RankExits::default(),
             attempts: super::attempts::Attempts::new(
                 Budget::new(
                     max_restarts,
@@ -850,8 +854,6 @@ impl Supervisor {
                 ),
                 now,
             ),
-            gpu_info,
-            torch,
             target: super::target::Target::new(readers.attached),
             screen: super::screen::Screen::new(screen.tui, screen.pty),
             internal_error: None,
@@ -879,7 +881,13 @@ fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
 /// after the launch; for the loop's tests, which then give it a host and a
 /// signaller of their own.
 #[cfg(test)]
-pub(super) fn assemble_started(cfg: RunConfig, job: Job, log: &std::path::Path) -> Supervisor {
+pub(super) fn assemble_started(
+    cfg: RunConfig,
+    job: Job,
+    log: &std::path::Path,
+    sig: Box<dyn super::act::Signaller>,
+    host: Box<dyn super::host::Host>,
+) -> Supervisor {
     let started = crate::clock::now();
     let readers = open_readers(&cfg, None, &job, started);
     let parts = Parts {
@@ -904,6 +912,8 @@ pub(super) fn assemble_started(cfg: RunConfig, job: Job, log: &std::path::Path) 
         output: Output::default(),
         cg_oom_kills: None,
         started,
+        sig,
+        host,
     };
     let mut sup = Supervisor::assemble(cfg, parts);
     sup.write_run_start(None, None);

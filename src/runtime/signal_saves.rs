@@ -34,24 +34,24 @@ impl Supervisor {
             self.acted(None);
             return;
         }
-        if self.foreground {
+        if self.child.foreground() {
             supervise::reclaim_foreground(std::io::stdin().as_fd());
-            self.foreground = false;
+            self.child.left_foreground();
         }
         self.refresh_tree();
         let at = act::Scene {
             tree: &self.sampler.tree,
             prev: self.core.last_sample.as_ref(),
-            job_pid: self.job.pid,
+            job_pid: self.child.pid(),
             now,
         };
         let budget = self.save_budget();
         self.core
             .act
-            .begin_signal_save(sig, name, budget, at, &mut *self.sig);
+            .begin_signal_save(sig, name, budget, at, self.child.sig_mut());
         if sig == libc::SIGINT {
             // A second interrupt means now.
-            self.shutdown_signal = Some(sig);
+            self.child.shutting_down(sig);
         }
         if !self.cfg.quiet {
             let again = if sig == libc::SIGINT {
@@ -76,7 +76,7 @@ impl Supervisor {
         self.core.act.hurry_save(budget, crate::clock::now());
         self.core.act.served_signal(sig);
         if sig == libc::SIGINT {
-            self.shutdown_signal = Some(sig);
+            self.child.shutting_down(sig);
         }
         if !self.cfg.quiet {
             self.say(format!(
@@ -101,19 +101,20 @@ impl Supervisor {
     /// line names who got which.
     pub(super) fn forward_user_signal(&mut self, sig: i32) {
         self.refresh_tree();
-        let group = self.job.pid as i32;
+        let group = self.child.pid() as i32;
         let members: Vec<Ident> = self
             .sampler
             .tree
             .iter()
             .filter(|p| {
-                p.pid == self.job.pid || process_group(&self.cfg.proc_root, p.pid) == Some(group)
+                p.pid == self.child.pid()
+                    || process_group(&self.cfg.proc_root, p.pid) == Some(group)
             })
             .map(|p| (p.pid, p.start_time))
             .collect();
         let (takers, deaf): (Vec<Ident>, Vec<Ident>) = members
             .iter()
-            .partition(|id| self.sig.takes(**id, sig) != Some(false));
+            .partition(|id| self.child.sig().takes(**id, sig) != Some(false));
         let (got, _) = self.signal_all(&takers, sig);
         if deaf.is_empty() {
             return;

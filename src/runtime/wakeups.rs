@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 use super::cheap::{self, CheapLoop};
+use super::rank_exits::RankExits;
 use super::tick::FAST;
 use crate::log::{CheapLoopStats, Wakeups as Counts};
 use crate::model::CgroupSample;
@@ -24,6 +25,8 @@ pub(super) enum Kernel {
     Threshold,
     /// The POLLPRI source at this index.
     Pri(usize),
+    /// A rank of a job across nodes ended (its pid).
+    RankEnded(u32),
 }
 
 /// A wake-up that could not be armed, and why (said once, and logged in
@@ -41,6 +44,8 @@ pub(super) struct Wakeups {
     /// `memory.events` file).
     pri: Vec<(AsyncFd<PriWake>, bool)>,
     counts: Counts,
+    /// The ranks of a job across nodes, for the moment one ends.
+    ranks: RankExits,
     next_tick: Instant,
     next_full: Instant,
 }
@@ -54,6 +59,7 @@ impl Wakeups {
             cheap: None,
             pri: Vec::new(),
             counts: Counts::default(),
+            ranks: RankExits::default(),
             next_tick: now,
             next_full: now,
         }
@@ -119,19 +125,31 @@ impl Wakeups {
         }
     }
 
+    /// Watches exactly these ranks' ends (see `rank_exits.rs`).
+    pub fn follow_ranks(&mut self, pids: &[u32]) {
+        self.ranks.follow(pids);
+    }
+
     /// Resolves when the kernel wakes the loop (a v1 threshold crossed, a
-    /// PSI trigger or a `memory.events` change); never without any armed.
+    /// PSI trigger or a `memory.events` change, a rank's end); never
+    /// without any armed.
     pub async fn kernel(&self) -> Kernel {
         tokio::select! {
             () = threshold_crossed(&self.thresholds) => Kernel::Threshold,
             i = pri_woken(&self.pri) => Kernel::Pri(i),
+            pid = self.ranks.ended() => Kernel::RankEnded(pid),
         }
     }
 
     /// A kernel wake-up is starting a tick: re-armed where it needs it,
-    /// and counted.
-    pub fn woke(&mut self, k: Kernel) {
-        let counter = match k {
+    /// and counted (a rank's end is not a memory wake-up: it is dropped
+    /// from the watch, and not counted).
+    pub fn woke(&mut self, k: &Kernel) {
+        let counter = match *k {
+            Kernel::RankEnded(pid) => {
+                self.ranks.forget(pid);
+                return;
+            }
             Kernel::Threshold => &mut self.counts.usage_threshold,
             Kernel::Pri(i) => match self.pri.get_mut(i) {
                 Some((w, psi)) => {
