@@ -6,10 +6,17 @@
 //! side below gathers how the attempt ended, announces the restart and
 //! relaunches.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use super::*;
-use crate::restart::RestartOn;
+use super::{EXIT_INTERNAL, Supervisor, words};
+use crate::policy::Action;
+use crate::restart::{Budget, RestartOn};
+use crate::supervise::{self, Status};
+use crate::units::human_duration;
 
 /// The least delay before a job that spans nodes is started again (see
 /// [`Supervisor::plan_restart`]).

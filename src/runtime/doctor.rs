@@ -5,7 +5,7 @@
 //! oomguard would end it (SIGTERM to its process group, SIGKILL after
 //! `--kill-after`), so nothing is left running.
 
-use super::*;
+use super::{Supervisor, act, stop_saves};
 
 impl Supervisor {
     /// Once per run, on a tick: judges the trainer when progress has been

@@ -1,7 +1,16 @@
 //! The end of the run: when it is over, the last log lines and reports,
 //! the exit code, and the summary on stderr.
 
-use super::*;
+use std::os::fd::AsFd;
+use std::time::Duration;
+
+use super::{
+    EXIT_FAIL_ABOVE, EXIT_INTERNAL, EXIT_OUTPUT_LOST, Supervisor, resume, resume_place, words,
+};
+use crate::log::{Outcome, RunEnd};
+use crate::model::Sample;
+use crate::supervise::{self, Status};
+use crate::units::{HumanBytes, human_duration};
 
 impl Supervisor {
     pub(super) fn finished(&mut self) -> bool {

@@ -19,6 +19,7 @@ use super::*;
 use crate::settings::{CommandLine, Layer, Preset, Settings};
 use crate::supervise::SignalError;
 use crate::supervise::{Reaped, SpawnError};
+use std::ffi::OsString;
 
 const JOB: u32 = 4_000_001;
 const MIB: u64 = 1 << 20;

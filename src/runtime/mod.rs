@@ -18,8 +18,6 @@
 //! 20–250 ms instead of every `--interval`, and on cgroup v1 the kernel
 //! wakes the loop the moment usage crosses the warn and critical levels.
 
-use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -29,9 +27,7 @@ use crate::model::{ProcSample, Sample, View};
 use crate::policy::{Action, Readings};
 use crate::probe::cgroup;
 use crate::relay::OutputRelay;
-use crate::restart::Budget;
 use crate::supervise::{self, Job, Status};
-use crate::units::{HumanBytes, human_duration};
 
 mod act;
 mod attach;
