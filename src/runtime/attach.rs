@@ -135,7 +135,7 @@ impl Supervisor {
     pub(super) fn end_watch(&mut self, why: String) {
         self.core
             .act
-            .let_go(&why, &self.sampler.tree, self.child.sig_mut());
+            .let_go(&why, self.sampler.tree(), self.child.sig_mut());
         self.acted(None);
         if let Some(a) = self.target.attached_mut()
             && a.detached.is_none()
@@ -175,7 +175,7 @@ impl Supervisor {
             end.exit_code_known = Some(false);
             if outcome == Outcome::Detached {
                 end.detached_reason = self.target.attached().and_then(|a| a.detached.clone());
-                end.still_running_pids = Some(self.sampler.tree.iter().map(|p| p.pid).collect());
+                end.still_running_pids = Some(self.sampler.tree().iter().map(|p| p.pid).collect());
             }
         }
         self.sinks
@@ -207,7 +207,7 @@ impl Supervisor {
                     .unwrap_or("ended");
                 Some(format!(
                     "stopped watching {label} (still running, {} process(es)) after {after}: {why}",
-                    self.sampler.tree.len()
+                    self.sampler.tree().len()
                 ))
             }
             Outcome::Exited => Some(format!(

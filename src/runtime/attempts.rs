@@ -442,7 +442,7 @@ impl Supervisor {
         let resume_cmd = self.cfg.restart.resume_cmd.as_deref();
         let argv = self.attempts.argv(resume_cmd, &self.cfg.argv);
         let mut env = self.attempts.job_env();
-        if let Some(inj) = &self.sampler.torch_injector {
+        if let Some(inj) = self.sampler.torch_injector() {
             let base = (self.attempts.env())
                 .get("PYTHONPATH")
                 .map(OsString::from)
@@ -486,7 +486,7 @@ impl Supervisor {
             r.keeper_pid()
         });
         if let Some(pid) = keeper.flatten() {
-            self.sampler.scanner.exclude(pid);
+            self.sampler.exclude(pid);
         }
         if let Some(app) = self.sinks.app.as_mut() {
             app.set_attempt(attempt);
@@ -494,10 +494,8 @@ impl Supervisor {
         match launched {
             Ok(job) => {
                 let now = crate::clock::now();
-                self.sampler.scanner.set_job(Some(job.pid));
+                self.sampler.new_attempt(job.pid);
                 self.child.started(job);
-                self.sampler.tree.clear();
-                self.sampler.zombie_children = 0;
                 self.core.reset();
                 self.output.new_attempt();
                 self.screen.new_attempt();
@@ -505,8 +503,8 @@ impl Supervisor {
                 self.sinks.metrics.set_progress(None, None);
                 self.wakeups.tick_now(now);
                 self.sinks.start_attempt(self.run_t());
-                let cg = self.sampler.cgroup.as_ref().and_then(|c| c.read());
-                let machine = self.sampler.system.read(now).oom_kill_total;
+                let cg = self.sampler.cgroup().and_then(|c| c.read());
+                let machine = self.sampler.machine_oom_kills(now);
                 self.oom
                     .start_attempt(cg.and_then(|c| c.oom_kill_count), machine);
             }

@@ -245,7 +245,7 @@ impl Supervisor {
     /// directory.
     pub(super) fn next_channel(&mut self) -> Option<[(std::ffi::OsString, std::ffi::OsString); 2]> {
         self.core.act.channel = None;
-        let dir = self.sampler.torch_injector.as_ref()?.dir().to_path_buf();
+        let dir = self.sampler.torch_injector()?.dir().to_path_buf();
         if !self.cfg.companion() {
             return None;
         }

@@ -27,7 +27,7 @@ impl Supervisor {
             return;
         }
         let mut verdict = stop_saves::stop_verdict(
-            &self.sampler.tree,
+            self.sampler.tree(),
             self.child.pid(),
             self.core.act.cfg.checkpoint_signal,
             self.core.act.companion.connected,
@@ -35,7 +35,7 @@ impl Supervisor {
         );
         // The other warning of the stop path: a framework that catches
         // the signal only to stop.
-        let trainers = act::trainer_idents(&self.sampler.tree, self.child.pid());
+        let trainers = act::trainer_idents(self.sampler.tree(), self.child.pid());
         verdict.framework = self
             .core
             .act

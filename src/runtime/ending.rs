@@ -28,7 +28,7 @@ impl Supervisor {
         }
         self.reap();
         self.refresh_tree();
-        self.sampler.tree.is_empty() && self.sampler.zombie_children == 0
+        self.sampler.tree_gone()
     }
 
     pub(super) fn finish(mut self) -> i32 {

@@ -391,7 +391,7 @@ impl Supervisor {
 
     fn write_run_start(&mut self, not_owned_reason: Option<String>, memory_high: Option<u64>) {
         let sample = self.sample(false);
-        let cgroup = self.sampler.cgroup.as_ref().map(|c| CgroupInfo {
+        let cgroup = self.sampler.cgroup().map(|c| CgroupInfo {
             version: c.location().version.number(),
             path: c.location().path.clone(),
             owned: c.owned(),
@@ -417,7 +417,7 @@ impl Supervisor {
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
             policy: Some(crate::log::PolicyInfo::of(self.core.engine.policy())),
-            gpu: self.sampler.gpu_info.clone(),
+            gpu: self.sampler.gpu_info().clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
@@ -460,7 +460,7 @@ impl Supervisor {
             .last_sample
             .as_ref()
             .and_then(|s| s.cgroup.as_ref());
-        if let (Some(reader), Some(cg)) = (&self.sampler.cgroup, cg) {
+        if let (Some(reader), Some(cg)) = (self.sampler.cgroup(), cg) {
             let levels = self.core.wake_levels();
             self.wakeups
                 .pace_cheap_loop(reader, cg, &levels, self.cfg.interval, now);
@@ -508,7 +508,7 @@ impl Supervisor {
             self.wakeups.full_scan_ran(now, self.cfg.interval);
         }
         let sample = self.sample(quick);
-        self.core.act.prune(&self.sampler.tree, self.child.sig());
+        self.core.act.prune(self.sampler.tree(), self.child.sig());
         if !quick {
             self.oom.remember(&sample);
         }
@@ -552,7 +552,7 @@ impl Supervisor {
             .iter()
             .any(|r| r.action.is_critical());
         if can_stop {
-            let (tree, pid) = (&self.sampler.tree, self.child.pid());
+            let (tree, pid) = (self.sampler.tree(), self.child.pid());
             if self
                 .output
                 .progress()
@@ -585,7 +585,7 @@ impl Supervisor {
     /// The largest reserved-but-unallocated CUDA memory of any tree
     /// process (with `--torch-stats`).
     fn torch_fragmentation(&self, sample: &Sample) -> Option<f64> {
-        self.sampler.torch_injector.as_ref().map(|_| {
+        self.sampler.torch_injector().map(|_| {
             sample
                 .procs
                 .iter()
@@ -645,7 +645,7 @@ impl Supervisor {
     }
 
     fn idents(&self, pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
-        idents(&self.sampler.tree, pred)
+        idents(self.sampler.tree(), pred)
     }
 
     /// Hands what the actuator did to the sinks (`view`: this tick's, for
@@ -707,7 +707,7 @@ impl Supervisor {
     fn pause(&mut self, reason: &str) {
         self.core
             .act
-            .pause(reason, &self.sampler.tree, self.child.sig_mut());
+            .pause(reason, self.sampler.tree(), self.child.sig_mut());
         self.acted(None);
     }
 
@@ -718,7 +718,7 @@ impl Supervisor {
 
     fn begin_stop(&mut self, action: Action, reason: &str) {
         let at = act::Scene {
-            tree: &self.sampler.tree,
+            tree: self.sampler.tree(),
             prev: self.core.last_sample.as_ref(),
             job_pid: self.child.pid(),
             now: crate::clock::now(),
@@ -760,7 +760,7 @@ impl Supervisor {
         }
         match self.child.host().run_hook(c) {
             Ok(pid) => {
-                self.sampler.scanner.exclude(pid);
+                self.sampler.exclude(pid);
                 self.child
                     .hooks_mut()
                     .started(pid, cmd.to_string(), crate::clock::now());
@@ -783,7 +783,7 @@ impl Supervisor {
         for r in self.child.host().reap() {
             // A reaped pid is free for anyone: no longer left out of the
             // tree (a hook's, an old output keeper's).
-            self.sampler.scanner.include(r.pid);
+            self.sampler.include(r.pid);
             if self.child.hooks_mut().finished(r.pid).is_some() {
                 continue;
             }
@@ -821,13 +821,13 @@ impl Supervisor {
         }
         self.refresh_tree();
         // A stop or a kill already under way deals with the rest.
-        if self.sampler.tree.is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
+        if self.sampler.tree().is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
             return;
         }
         if !self.cfg.quiet {
             self.say(format!(
                 "the job's main process exited; stopping {} process(es) it left behind",
-                self.sampler.tree.len()
+                self.sampler.tree().len()
             ));
         }
         let rest = self.idents(|_| true);
@@ -847,7 +847,7 @@ impl Supervisor {
     /// the job's output goes to the terminal rather than failing.
     pub(super) fn keep_pty(&mut self) {
         match self.screen.keep_pty() {
-            Some(Ok(pid)) => self.sampler.scanner.exclude(pid),
+            Some(Ok(pid)) => self.sampler.exclude(pid),
             Some(Err(e)) => {
                 let e = crate::relay::OutputError::Keeper(e);
                 self.say(e.to_string());
@@ -989,7 +989,7 @@ impl Supervisor {
         let group = self.child.status().is_none().then_some(self.child.pid());
         self.core.act.kill(
             why,
-            &self.sampler.tree,
+            self.sampler.tree(),
             group,
             crate::clock::now(),
             self.child.sig_mut(),

@@ -13,44 +13,130 @@ use crate::model::{GpuSample, ProcSample, Sample};
 use crate::probe::cgroup::CgroupReader;
 use crate::probe::gpu::GpuProbe;
 use crate::probe::proc::{TreeScanner, totals};
-use crate::probe::pss::{Member, PssSweeper};
+use crate::probe::pss::{Member, PssSweeper, SweepConfig};
 use crate::probe::system::SystemReader;
 use crate::probe::torch_stats::TorchStatsReader;
 
 pub struct Sampler {
-    pub proc_root: PathBuf,
+    proc_root: PathBuf,
     /// Whether NVML could be opened, and why not (for `run_start`).
-    pub gpu_info: crate::log::GpuInfo,
+    gpu_info: crate::log::GpuInfo,
     /// `--torch-stats`: the injected reporter (removed on drop); its
     /// reader is `torch`.
-    pub torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
-    pub started: Instant,
-    pub scanner: TreeScanner,
-    pub sweeper: PssSweeper,
-    pub system: SystemReader,
-    pub cgroup: Option<CgroupReader>,
+    torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
+    started: Instant,
+    scanner: TreeScanner,
+    sweeper: PssSweeper,
+    system: SystemReader,
+    cgroup: Option<CgroupReader>,
     /// The user's `--budget`, resolved to bytes.
-    pub budget_bytes: Option<u64>,
-    pub gpu: Option<GpuProbe>,
+    budget_bytes: Option<u64>,
+    gpu: Option<GpuProbe>,
     /// `--torch-stats`: the reports of the injected reporter.
-    pub torch: Option<TorchStatsReader>,
+    torch: Option<TorchStatsReader>,
     /// The tree at the last scan: what signals may be sent to.
-    pub tree: Vec<ProcSample>,
+    tree: Vec<ProcSample>,
     /// Zombies whose parent is oomguard, seen at the last scan: not gone
     /// until reaped.
-    pub zombie_children: usize,
+    zombie_children: usize,
     /// The owned cgroup's members at the last full scan.
-    pub owned_members: HashSet<u32>,
+    owned_members: HashSet<u32>,
     /// NSpid chains of tree processes (they never change for a process).
-    pub ns_pids: HashMap<Ident, Vec<u32>>,
+    ns_pids: HashMap<Ident, Vec<u32>>,
     /// The last GPU reading: when NVML took it, the devices, and each tree
     /// process's share (fast ticks carry it on, with its age).
-    pub gpu_last: Option<(Instant, Vec<GpuSample>, HashMap<Ident, u64>)>,
+    gpu_last: Option<(Instant, Vec<GpuSample>, HashMap<Ident, u64>)>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
-    pub gpu_history: VecDeque<(f64, f64)>,
+    gpu_history: VecDeque<(f64, f64)>,
+}
+
+/// The readers a sampler is built from (plain data: `setup.rs` opens them).
+pub struct Readers {
+    pub scanner: TreeScanner,
+    pub system: SystemReader,
+    pub cgroup: Option<CgroupReader>,
+    pub budget_bytes: Option<u64>,
+    pub gpu: Option<GpuProbe>,
+    pub gpu_info: crate::log::GpuInfo,
+    pub torch: Option<TorchStatsReader>,
+    pub torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
 }
 
 impl Sampler {
+    /// Starts the PSS sweep over `proc_root` and takes the readers.
+    pub fn new(proc_root: PathBuf, started: Instant, sweep: SweepConfig, r: Readers) -> Self {
+        Self {
+            sweeper: PssSweeper::start(proc_root.clone(), sweep),
+            proc_root,
+            gpu_info: r.gpu_info,
+            torch_injector: r.torch_injector,
+            started,
+            scanner: r.scanner,
+            system: r.system,
+            cgroup: r.cgroup,
+            budget_bytes: r.budget_bytes,
+            gpu: r.gpu,
+            torch: r.torch,
+            tree: Vec::new(),
+            zombie_children: 0,
+            owned_members: HashSet::new(),
+            ns_pids: HashMap::new(),
+            gpu_last: None,
+            gpu_history: VecDeque::new(),
+        }
+    }
+
+    /// The tree at the last scan: what signals may be sent to.
+    pub fn tree(&self) -> &[ProcSample] {
+        &self.tree
+    }
+
+    /// Nothing of the job is left: no process in the tree, and no zombie
+    /// of oomguard's still to reap.
+    pub fn tree_gone(&self) -> bool {
+        self.tree.is_empty() && self.zombie_children == 0
+    }
+
+    /// The next attempt's leader is `pid`; the last attempt's tree is
+    /// forgotten.
+    pub fn new_attempt(&mut self, pid: u32) {
+        self.scanner.set_job(Some(pid));
+        self.tree.clear();
+        self.zombie_children = 0;
+    }
+
+    /// Leaves `pid` (a hook, a keeper) out of the job's tree.
+    pub fn exclude(&mut self, pid: u32) {
+        self.scanner.exclude(pid);
+    }
+
+    /// A pid left out before may be the job's again (it was reaped).
+    pub fn include(&mut self, pid: u32) {
+        self.scanner.include(pid);
+    }
+
+    pub fn cgroup(&self) -> Option<&CgroupReader> {
+        self.cgroup.as_ref()
+    }
+
+    /// The user's `--budget`, in bytes.
+    pub fn budget_bytes(&self) -> Option<u64> {
+        self.budget_bytes
+    }
+
+    pub fn gpu_info(&self) -> &crate::log::GpuInfo {
+        &self.gpu_info
+    }
+
+    pub fn torch_injector(&self) -> Option<&crate::probe::torch_stats::TorchStatsInjector> {
+        self.torch_injector.as_ref()
+    }
+
+    /// The machine's OOM-kill counter now.
+    pub fn machine_oom_kills(&mut self, now: Instant) -> Option<u64> {
+        self.system.read(now).oom_kill_total
+    }
+
     /// A full scan of the tree, kept as the tree signals go to.
     pub fn refresh(&mut self, attached: Option<&Attached>) {
         self.tree = self.scan(false, attached);

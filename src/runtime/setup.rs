@@ -7,7 +7,6 @@
 use super::child::Child;
 use super::screen::Brought;
 use super::wakeups::Kernel;
-use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -16,7 +15,7 @@ use super::act::{Actuator, DesktopNotifier, ProcSignaller};
 use super::host::{Launch, launch};
 use super::oom::OomWatch;
 use super::outside::Outside;
-use super::sampler::Sampler;
+use super::sampler::{Readers as SamplerReaders, Sampler};
 use super::sinks::{RunStats, Sinks};
 use super::tick::{Core, Voice};
 use super::{
@@ -29,7 +28,7 @@ use crate::model::SystemSample;
 use crate::policy::Engine;
 use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
 use crate::probe::proc::{TreeRoot, TreeScanner};
-use crate::probe::pss::{PssSweeper, SweepConfig};
+use crate::probe::pss::SweepConfig;
 use crate::probe::system::SystemReader;
 use crate::probe::torch_stats::{TorchStatsInjector, TorchStatsReader};
 use crate::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
@@ -196,25 +195,25 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
     }
-    let memory_high = match (&sup.sampler.cgroup, cg_first.as_ref()) {
+    let memory_high = match (sup.sampler.cgroup(), cg_first.as_ref()) {
         (Some(reader), Some(cg)) => sup.core.engine.policy().thresholds().1.and_then(|crit| {
             super::wakeups::set_memory_high(
                 &sup.cfg.without,
                 reader,
                 cg,
                 crit,
-                sup.sampler.budget_bytes,
+                sup.sampler.budget_bytes(),
             )
         }),
         _ => None,
     };
     sup.write_run_start(not_owned_reason, memory_high);
-    if let (Some(reader), Some(cg)) = (&sup.sampler.cgroup, cg_first.as_ref()) {
+    if let (Some(reader), Some(cg)) = (sup.sampler.cgroup(), cg_first.as_ref()) {
         let budget_here = reader.owned() || sup.attached_exclusive();
         let refused = sup.wakeups.register_thresholds(
             reader,
             cg,
-            sup.sampler.budget_bytes,
+            sup.sampler.budget_bytes(),
             budget_here,
             &sup.core.wake_levels(),
         );
@@ -222,7 +221,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     let refused = sup
         .wakeups
-        .register_pri(sup.sampler.cgroup.as_ref(), &sup.cfg.proc_root);
+        .register_pri(sup.sampler.cgroup(), &sup.cfg.proc_root);
     sup.not_armed(refused);
     run_loop(sup, outside).await
 }
@@ -803,31 +802,24 @@ impl Supervisor {
                 procs_lists: 0,
                 _metrics_stop: outputs.metrics_stop,
             },
-            sampler: Sampler {
-                proc_root: cfg.proc_root.clone(),
-                gpu_info,
-                torch_injector: torch,
+            sampler: Sampler::new(
+                cfg.proc_root.clone(),
                 started,
-                scanner: readers.scanner,
-                sweeper: PssSweeper::start(
-                    cfg.proc_root.clone(),
-                    SweepConfig {
-                        interval: cfg.pss_interval,
-                        budget: cfg.pss_budget,
-                    },
-                ),
-                system: readers.system,
-                cgroup: readers.cgroup,
-                budget_bytes: readers.budget_bytes,
-                gpu,
-                torch: torch_reader,
-                tree: Vec::new(),
-                zombie_children: 0,
-                owned_members: HashSet::new(),
-                ns_pids: HashMap::new(),
-                gpu_last: None,
-                gpu_history: Default::default(),
-            },
+                SweepConfig {
+                    interval: cfg.pss_interval,
+                    budget: cfg.pss_budget,
+                },
+                SamplerReaders {
+                    scanner: readers.scanner,
+                    system: readers.system,
+                    cgroup: readers.cgroup,
+                    budget_bytes: readers.budget_bytes,
+                    gpu,
+                    gpu_info,
+                    torch: torch_reader,
+                    torch_injector: torch,
+                },
+            ),
             core: Core::new(
                 Engine::new(cfg.policy.policy.clone()),
                 Actuator::new(act_config(&cfg)).with_channel(channel),

@@ -40,7 +40,7 @@ impl Supervisor {
         }
         self.refresh_tree();
         let at = act::Scene {
-            tree: &self.sampler.tree,
+            tree: self.sampler.tree(),
             prev: self.core.last_sample.as_ref(),
             job_pid: self.child.pid(),
             now,
@@ -104,7 +104,7 @@ impl Supervisor {
         let group = self.child.pid() as i32;
         let members: Vec<Ident> = self
             .sampler
-            .tree
+            .tree()
             .iter()
             .filter(|p| {
                 p.pid == self.child.pid()
