@@ -1175,13 +1175,16 @@ mod tests {
             .find(|c| c.name == "workers_fit")
             .unwrap();
         assert_eq!(n.value, 8.0);
-        assert!(fit.title.contains("Up to 8"), "{}", fit.title);
-        assert!(fit.advice.contains("leak"), "{}", fit.advice);
+        // The leak, not the memory, sets the count: none is advised.
+        assert!(fit.title.contains("fix the leak first"), "{}", fit.title);
+        assert!(!fit.title.contains("num_workers="), "{}", fit.title);
+        assert!(!fit.advice.contains("num_workers=8"), "{}", fit.advice);
     }
 
     #[test]
     fn too_many_workers_give_a_smaller_num_workers() {
-        let log = load(&workers_log(8, 60, 5, 10, &[])).unwrap();
+        // Flat workers (leaking ones give no count).
+        let log = load(&workers_log(8, 110, 0, 10, &[])).unwrap();
         let fit = worker_fit_numbers(&log).unwrap();
         // 0.9 × 1024 − 200 − 100 = 621.6 MiB over 110 MiB → 5.
         assert_eq!(fit.fits, 5);
@@ -1271,7 +1274,7 @@ mod tests {
     #[test]
     fn one_worker_that_fits_is_named_in_the_singular() {
         // 621.6 MiB of room over a 350 MiB peak: one.
-        let log = load(&workers_log(4, 300, 5, 10, &[])).unwrap();
+        let log = load(&workers_log(4, 350, 0, 10, &[])).unwrap();
         let f = diagnose(&log);
         let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
         assert!(

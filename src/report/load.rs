@@ -64,6 +64,24 @@ impl RunLog {
             })
             .collect()
     }
+
+    /// Whether the footprint (what the policy compared with the ceiling)
+    /// was a cgroup's working set: the job ran in a cgroup of its own.
+    /// Otherwise it was the PSS sum, carried forward by RSS changes.
+    pub fn footprint_is_working_set(&self) -> bool {
+        self.start.as_ref().is_some_and(|s| s.cgroup_exclusive)
+            || self.samples.iter().any(|s| s.cgroup_owned)
+    }
+
+    /// What the footprint was, in words, for labels: `cgroup working set`
+    /// or `PSS sum`.
+    pub fn footprint_kind(&self) -> &'static str {
+        if self.footprint_is_working_set() {
+            "cgroup working set"
+        } else {
+            "PSS sum"
+        }
+    }
 }
 
 /// The job's training progress as one log line carried it.
@@ -90,6 +108,9 @@ pub struct StartInfo {
     pub ceilings: Vec<CeilingInfo>,
     /// `path` of the job's cgroup, with its version.
     pub cgroup: Option<(u64, String)>,
+    /// The job's cgroup holds only the job (`cgroup.exclusive`, or `owned`
+    /// in logs from before that field): its working set is the footprint.
+    pub cgroup_exclusive: bool,
     /// The effective rules (`policy.rules`).
     pub rules: Vec<PolicyRule>,
     pub gpu_available: Option<bool>,
@@ -144,10 +165,21 @@ pub struct SamplePoint {
     pub cgroup_usage_bytes: Option<u64>,
     pub cgroup_limit_bytes: Option<u64>,
     pub oom_kill_count: Option<u64>,
+    /// The sample's cgroup is the one oomguard created for the job.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup_owned: bool,
     pub gpus: Vec<GpuPoint>,
     /// PSS by role at this tick (lines that carry `roles`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub role_pss: Vec<(Role, u64)>,
+}
+
+impl SamplePoint {
+    /// The footprint the policy compared with the ceiling at this tick
+    /// (`tree.footprint_bytes`); the PSS sum in logs without it.
+    pub fn footprint(&self) -> u64 {
+        self.footprint_bytes.unwrap_or(self.pss_bytes)
+    }
 }
 
 /// One GPU in one sample.
@@ -836,6 +868,7 @@ fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
         pid: Some(u64::from(s.pid)).filter(|&p| p > 0),
         ts,
         ceilings: s.ceilings.iter().map(ceiling).collect(),
+        cgroup_exclusive: s.cgroup.as_ref().is_some_and(|c| c.exclusive || c.owned),
         cgroup: s.cgroup.map(|c| (u64::from(c.version), c.path)),
         rules: policy
             .rules
@@ -885,6 +918,7 @@ fn sample_point(s: &SampleEvent, t: f64, attempt: u32) -> SamplePoint {
         cgroup_usage_bytes: cgroup.map(|c| c.usage_bytes),
         cgroup_limit_bytes: cgroup.and_then(|c| c.limit_bytes),
         oom_kill_count: cgroup.and_then(|c| c.oom_kill_count),
+        cgroup_owned: cgroup.is_some_and(|c| c.owned),
         role_pss: s.roles.iter().map(|r| (r.role, r.pss_bytes)).collect(),
         gpus: s
             .gpus
