@@ -1146,10 +1146,11 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
     // The GPU card takes the place of "Least headroom" only: the memory
     // figures are the same run's in every format.
     let pss = json["peak"]["tree_pss_bytes"].as_u64().unwrap();
-    assert!(text.contains(&format!("PSS {}", oomguard::units::HumanBytes(pss))));
+    assert!(text.contains(&format!("PSS sum {}", oomguard::units::HumanBytes(pss))));
+    let footprint = json["peak"]["footprint_bytes"].as_u64().unwrap();
     assert!(html.contains(&card_html(
-        "Peak PSS",
-        &oomguard::units::HumanBytes(pss).to_string()
+        "Peak footprint",
+        &oomguard::units::HumanBytes(footprint).to_string()
     )));
 }
 
@@ -1253,8 +1254,11 @@ fn attach_run_report_says_detached_in_text_html_and_json() {
     let pss = end["peak"]["tree_pss_bytes"].as_u64().unwrap();
     assert_eq!(json["peak"]["tree_pss_bytes"], pss);
     let human = oomguard::units::HumanBytes(pss).to_string();
-    assert!(text.contains(&format!("PSS {human}")), "{name}:\n{text}");
-    assert!(html.contains(&card_html("Peak PSS", &human)));
+    assert!(
+        text.contains(&format!("PSS sum {human}")),
+        "{name}:\n{text}"
+    );
+    assert!(html.contains(&card_html("Peak PSS sum", &human)));
 }
 
 /// `oomguard report --format json` on the recorded run, through the binary.
@@ -1358,4 +1362,102 @@ fn worker_count_advice_uses_the_trainers_share_and_the_footprint_the_policy_used
         assert!(!title.contains(wrong), "{title}");
     }
     assert!(title.contains("fix the leak first"), "{title}");
+}
+
+/// The `(x, y)` points of one series' path in the SVG.
+fn series_points(svg: &str, id: &str) -> Vec<(f64, f64)> {
+    let g = &svg[svg
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no {id}"))..];
+    let g = &g[..g.find("</g>").unwrap()];
+    let d = &g[g
+        .find(" d=\"")
+        .unwrap_or_else(|| panic!("{id} is not drawn"))
+        + 4..];
+    let d = &d[..d.find('"').unwrap()];
+    d.split(['M', 'L'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (x, y) = p.split_once(',').unwrap();
+            (x.parse().unwrap(), y.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Issue #42 item 1 in the report: where the footprint (what the policy
+/// compared with the ceiling) is a cgroup's working set ≥ 100 MiB below
+/// the PSS sum, the peak card and the plotted footprint are the log's
+/// `tree.footprint_bytes`, said to be the working set, and the PSS sum is
+/// shown only under its own name.
+#[test]
+fn the_report_shows_the_footprint_the_policy_used_and_pss_as_a_breakdown() {
+    let name = LEAK2_FIXTURE;
+    let ls = lines(&fixture(name));
+    let samples: Vec<&Value> = ls.iter().filter(|l| l["event"] == "sample").collect();
+    let footprint: Vec<f64> = samples
+        .iter()
+        .map(|l| u(&l["tree"]["footprint_bytes"]) as f64)
+        .collect();
+    let pss: Vec<f64> = samples
+        .iter()
+        .map(|l| u(&l["tree"]["pss_bytes"]) as f64)
+        .collect();
+    let peak = footprint.iter().copied().fold(0.0, f64::max) as u64;
+    let peak_pss = pss.iter().copied().fold(0.0, f64::max) as u64;
+    assert!(peak_pss >= peak + (100 << 20), "{peak_pss} vs {peak}");
+    let human = |b: u64| oomguard::units::HumanBytes(b).to_string();
+
+    let (text, html, json) = three_ways(name);
+    assert_eq!(json["peak"]["footprint_bytes"], peak);
+    assert!(
+        html.contains(&card_html("Peak footprint", &human(peak))),
+        "no peak footprint card of {}",
+        human(peak)
+    );
+    assert!(html.contains("cgroup working set, at "), "{name}");
+    assert!(
+        text.contains(&format!("footprint {} (cgroup working set)", human(peak))),
+        "{text}"
+    );
+    // The PSS sum only under its name.
+    assert!(
+        text.contains(&format!("PSS sum {}", human(peak_pss))),
+        "{text}"
+    );
+    assert!(html.contains(&card_html("Peak PSS sum", &human(peak_pss))));
+    for wrong in ["Footprint = PSS", "PSS sum (footprint)", "Peak PSS<"] {
+        assert!(!html.contains(wrong), "{name}: {wrong}");
+    }
+    assert!(!text.contains(&format!("footprint {}", human(peak_pss))));
+
+    // The drawn footprint is footprint_bytes: on the y scale the PSS sum's
+    // line gives (both share it), every point sits where footprint_bytes
+    // puts it, hundreds of MiB from where the PSS sum would.
+    let svg = svg_of(&html);
+    assert!(svg.contains(">footprint (cgroup working set)<"), "legend");
+    assert!(svg.contains(">PSS sum<"), "legend");
+    let fp_pts = series_points(svg, "series-footprint");
+    let pss_pts = series_points(svg, "series-pss-total");
+    assert_eq!(fp_pts.len(), samples.len());
+    assert_eq!(pss_pts.len(), samples.len());
+    let lo = (0..pss.len())
+        .min_by(|&a, &b| pss[a].total_cmp(&pss[b]))
+        .unwrap();
+    let hi = (0..pss.len())
+        .max_by(|&a, &b| pss[a].total_cmp(&pss[b]))
+        .unwrap();
+    let per_byte = (pss_pts[hi].1 - pss_pts[lo].1) / (pss[hi] - pss[lo]);
+    let y = |v: f64| pss_pts[lo].1 + (v - pss[lo]) * per_byte;
+    let mib_in_px = (per_byte * (1 << 20) as f64).abs();
+    for (i, &(x, drawn)) in fp_pts.iter().enumerate() {
+        assert_eq!(x, pss_pts[i].0);
+        assert!(
+            (drawn - y(footprint[i])).abs() <= 1.0 + 2.0 * mib_in_px,
+            "point {i}: drawn at {drawn}, footprint_bytes at {}",
+            y(footprint[i])
+        );
+    }
+    let top = fp_pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    assert!((top - y(peak as f64)).abs() <= 1.0 + 2.0 * mib_in_px);
+    assert!((top - y(peak_pss as f64)).abs() > 50.0 * mib_in_px);
 }

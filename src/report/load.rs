@@ -394,6 +394,8 @@ pub struct Attempt {
     pub end_t: f64,
     pub peak_pss_bytes: u64,
     pub peak_pss_t: f64,
+    /// The largest footprint (what the policy compared with the ceiling).
+    pub peak_footprint_bytes: u64,
     /// Most workers seen at once in a per-process list.
     pub max_workers: usize,
     /// The job's exit, when logged.
@@ -786,12 +788,14 @@ fn attempts(log: &RunLog) -> Vec<Attempt> {
         touch(&mut out, 1, 0.0);
     }
     for s in &log.samples {
-        if let Some(a) = out.get_mut(&s.attempt)
-            && s.pss_bytes > a.peak_pss_bytes
-        {
+        let Some(a) = out.get_mut(&s.attempt) else {
+            continue;
+        };
+        if s.pss_bytes > a.peak_pss_bytes {
             a.peak_pss_bytes = s.pss_bytes;
             a.peak_pss_t = s.t;
         }
+        a.peak_footprint_bytes = a.peak_footprint_bytes.max(s.footprint());
     }
     for snap in &log.snapshots {
         if let Some(a) = out.get_mut(&snap.attempt) {
