@@ -1098,9 +1098,10 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
         "{name}: JSON peak"
     );
     assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("peak") && l.ends_with(&format!("GPU {human}"))),
-        "{name}: the text's peak line lacks GPU {human}:\n{text}"
+        text.lines().any(
+            |l| l.trim_start().starts_with("breakdown") && l.ends_with(&format!("GPU {human}"))
+        ),
+        "{name}: the text's breakdown line lacks GPU {human}:\n{text}"
     );
     assert!(
         html.contains(&card_html("Peak GPU", &human)),
@@ -1174,9 +1175,10 @@ fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
         "{name}: JSON peak"
     );
     assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("peak") && l.contains(&format!("swap {human}"))),
-        "{name}: the text's peak line lacks swap {human}:\n{text}"
+        text.lines().any(
+            |l| l.trim_start().starts_with("breakdown") && l.contains(&format!("swap {human}"))
+        ),
+        "{name}: the text's breakdown line lacks swap {human}:\n{text}"
     );
     assert!(
         html.contains(&card_html("Peak swap", &human)),
