@@ -411,17 +411,9 @@ fn wrap(text: &str, indent: &str, width: usize) -> String {
     out
 }
 
-/// The summary and advice for a terminal (plain text, 80 columns, no
-/// colour: the caller knows whether stdout is a terminal, this does not).
-pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
-    let mut o = String::new();
-    // Long command lines are cut so the summary stays readable (the HTML
-    // report has the whole command).
-    let mut cmd = command_text(log);
-    if cmd.chars().count() > 80 {
-        cmd = cmd.chars().take(79).collect::<String>() + "…";
-    }
-    let _ = writeln!(o, "oomguard report: {cmd}");
+/// The summary lines under the command: outcome, peak footprint and its
+/// breakdowns, ceiling.
+fn summary(o: &mut String, log: &RunLog) {
     let attempts = log.attempts.len().max(1);
     let _ = writeln!(
         o,
@@ -462,6 +454,20 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         }
         let _ = writeln!(o, "{line}");
     }
+}
+
+/// The summary and advice for a terminal (plain text, 80 columns, no
+/// colour: the caller knows whether stdout is a terminal, this does not).
+pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
+    let mut o = String::new();
+    // Long command lines are cut so the summary stays readable (the HTML
+    // report has the whole command).
+    let mut cmd = command_text(log);
+    if cmd.chars().count() > 80 {
+        cmd = cmd.chars().take(79).collect::<String>() + "…";
+    }
+    let _ = writeln!(o, "oomguard report: {cmd}");
+    summary(&mut o, log);
 
     let _ = writeln!(o, "\nFindings");
     if findings.is_empty() {
