@@ -502,6 +502,7 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
         }
         // Every sample line while the workers held memory: the footprint
         // less the tree's private memory.
+        let mut worker_samples: Vec<&Value> = Vec::new();
         for l in ls.iter().filter(|l| l["event"] == "sample") {
             let workers_pss: u64 = l["roles"]
                 .as_array()
@@ -515,6 +516,7 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
             let tree_uss = u(&l["tree"]["uss_bytes"]);
             if tree_uss > 0 && workers_pss > 0 {
                 shared_seen = shared_seen.max(footprint(l).saturating_sub(tree_uss));
+                worker_samples.push(l);
             }
         }
         let peak = ls
@@ -522,6 +524,7 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
             .filter(|l| l["event"] == "sample")
             .max_by_key(|l| footprint(l))
             .unwrap();
+        let ceiling_of = |l: &Value| u(&l["ceiling"]["bytes"]);
         let peak_attempt = peak["attempt"].clone();
         let used_at_peak = ls
             .iter()
@@ -536,6 +539,14 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
             .min_by_key(|l| u(&l["headroom_bytes"]))
             .unwrap();
         let ceiling = u(&least_headroom["ceiling"]["bytes"]);
+        // What the policy compared with that ceiling beyond the job's
+        // footprint (a cgroup ceiling's working set holds oomguard too).
+        let outside = worker_samples
+            .iter()
+            .filter(|l| ceiling_of(l) == ceiling && l["headroom_bytes"].is_u64())
+            .map(|l| (ceiling - u(&l["headroom_bytes"])).saturating_sub(footprint(l)))
+            .max()
+            .unwrap_or(0);
         // Workers seen at least twice whose private memory grew.
         let leaking: Vec<u64> = workers
             .iter()
@@ -574,7 +585,8 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
         // the private parts with the workers the run had then.
         let shared =
             shared_seen.min(footprint(peak).saturating_sub(trainer + used_at_peak * per_worker));
-        let fits = ((ceiling as f64 * 0.9 - trainer as f64 - shared as f64) / per_worker as f64)
+        let fits = ((ceiling as f64 * 0.9 - trainer as f64 - shared as f64 - outside as f64)
+            / per_worker as f64)
             .floor()
             .max(0.0) as u64;
         for pid in &leaking {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use super::diagnose::{Cited, FIT_SHARE, Finding, Severity, time_text};
-use super::load::{EventKind, RunLog, SamplePoint};
+use super::load::{EventKind, RunLog, SamplePoint, Snapshot};
 use crate::model::Role;
 use crate::units::HumanBytes;
 
@@ -58,6 +58,12 @@ pub struct WorkerFit {
     /// The run's largest footprint, and the most workers its attempt ran.
     pub peak_footprint_bytes: u64,
     pub workers_at_peak: u64,
+    /// Charged to the ceiling beside the job's footprint while the workers
+    /// ran: a cgroup ceiling is compared with the working set of the
+    /// cgroup that holds the limit, which holds oomguard itself too (and
+    /// whatever else runs there). 0 for a budget, which is compared with
+    /// the footprint alone.
+    pub outside_bytes: u64,
     /// floor((ceiling × 0.9 − trainer − shared) / per-worker); 0 when the
     /// trainer alone is above ceiling × 0.9.
     pub fits: u64,
@@ -67,7 +73,10 @@ impl WorkerFit {
     /// What is left for workers: ceiling × 0.9 less the trainer and the
     /// shared memory.
     fn room(&self) -> f64 {
-        self.ceiling_bytes as f64 * FIT_SHARE - self.trainer_bytes as f64 - self.shared_bytes as f64
+        self.ceiling_bytes as f64 * FIT_SHARE
+            - self.trainer_bytes as f64
+            - self.shared_bytes as f64
+            - self.outside_bytes as f64
     }
 
     /// The trainer alone is above ceiling × 0.9: no worker count fits.
@@ -113,9 +122,40 @@ fn worker_starts(log: &RunLog) -> BTreeMap<u32, f64> {
 fn footprint_at(log: &RunLog, attempt: u32, t: f64) -> Option<u64> {
     log.samples
         .iter()
-        .filter(|s| s.attempt == attempt && s.t <= t)
-        .next_back()
+        .rfind(|s| s.attempt == attempt && s.t <= t)
         .map(SamplePoint::footprint)
+}
+
+/// Lists whose workers were read since their fork: the trainer is read
+/// with them (a family is read at once), so its USS there is its share
+/// beside them, not its reading from before the fork.
+fn read_lists(log: &RunLog) -> impl Iterator<Item = &Snapshot> {
+    log.snapshots.iter().filter(|s| {
+        s.procs.iter().any(|p| p.role == Role::Worker) && !s.procs.iter().any(|p| p.estimated)
+    })
+}
+
+/// The private memory of everything that is not a worker, at its peak
+/// beside workers that were read (any list with workers when none was).
+fn trainer_share(log: &RunLog) -> u64 {
+    let fixed = |s: &Snapshot| -> u64 {
+        s.procs
+            .iter()
+            .filter(|p| p.role != Role::Worker)
+            .map(|p| p.uss_bytes)
+            .sum()
+    };
+    read_lists(log)
+        .map(fixed)
+        .max()
+        .or_else(|| {
+            log.snapshots
+                .iter()
+                .filter(|s| s.procs.iter().any(|p| p.role == Role::Worker))
+                .map(fixed)
+                .max()
+        })
+        .unwrap_or(0)
 }
 
 /// Computes [`WorkerFit`] from the per-process lists; `None` without
@@ -139,32 +179,7 @@ fn fit_with_peak(log: &RunLog, raised: Option<u64>) -> Option<WorkerFit> {
     if per_worker == 0 {
         return None;
     }
-    // Lists whose workers were read since their fork: the trainer is read
-    // with them (a family is read at once), so its USS there is its share
-    // beside them, not its reading from before the fork.
-    let read = || {
-        log.snapshots.iter().filter(|s| {
-            s.procs.iter().any(|p| p.role == Role::Worker) && !s.procs.iter().any(|p| p.estimated)
-        })
-    };
-    let fixed = |procs: &[super::load::ProcPoint]| -> u64 {
-        procs
-            .iter()
-            .filter(|p| p.role != Role::Worker)
-            .map(|p| p.uss_bytes)
-            .sum()
-    };
-    let trainer = read()
-        .map(|s| fixed(&s.procs))
-        .max()
-        .or_else(|| {
-            log.snapshots
-                .iter()
-                .filter(|s| s.procs.iter().any(|p| p.role == Role::Worker))
-                .map(|s| fixed(&s.procs))
-                .max()
-        })
-        .unwrap_or(0);
+    let trainer = trainer_share(log);
     let starts = worker_starts(log);
     let before_fork = |s: &&SamplePoint| starts.get(&s.attempt).is_none_or(|&t0| s.t < t0);
     let trainer_alone = log
@@ -190,10 +205,21 @@ fn fit_with_peak(log: &RunLog, raised: Option<u64>) -> Option<WorkerFit> {
         .iter()
         .filter(while_workers)
         .map(|s| s.footprint().saturating_sub(s.uss_bytes))
-        .chain(read().filter_map(|snap| {
+        .chain(read_lists(log).filter_map(|snap| {
             let uss: u64 = snap.procs.iter().map(|p| p.uss_bytes).sum();
             footprint_at(log, snap.attempt, snap.t).map(|f| f.saturating_sub(uss))
         }))
+        .max()
+        .unwrap_or(0);
+    let outside = log
+        .samples
+        .iter()
+        .filter(while_workers)
+        .filter_map(|s| {
+            let c = s.ceiling.as_ref().filter(|c| c.bytes == ceiling)?;
+            let used = c.bytes.checked_sub(s.headroom_bytes?)?;
+            Some(used.saturating_sub(s.footprint()))
+        })
         .max()
         .unwrap_or(0);
     let peak = log.samples.iter().max_by_key(|s| s.footprint());
@@ -219,6 +245,7 @@ fn fit_with_peak(log: &RunLog, raised: Option<u64>) -> Option<WorkerFit> {
         per_worker_bytes: per_worker,
         peak_footprint_bytes: peak_footprint,
         workers_at_peak,
+        outside_bytes: outside,
         fits: 0,
     };
     if !fit.trainer_alone_too_big() && fit.room() > 0.0 {
@@ -437,6 +464,13 @@ impl FitCase<'_> {
                 fit.per_worker_bytes,
             ),
         ];
+        if fit.outside_bytes > 0 {
+            numbers.push(Cited::bytes(
+                "outside_bytes",
+                "charged to the ceiling outside the job",
+                fit.outside_bytes,
+            ));
+        }
         if fit.trainer_alone_bytes > 0 {
             numbers.push(Cited::bytes(
                 "trainer_alone_bytes",
@@ -484,8 +518,16 @@ pub(super) fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
         )
     });
     let kind = log.footprint_kind();
+    let outside = if fit.outside_bytes >= MIB {
+        format!(
+            ", and {} outside the job in the cgroup that holds the limit (oomguard itself among it)",
+            HumanBytes(fit.outside_bytes)
+        )
+    } else {
+        String::new()
+    };
     let room = format!(
-        "{:.0}% of the {source} ceiling ({}) leaves {} after the trainer's {} private (while its workers ran) and {} shared (the {kind} less every process's private memory)",
+        "{:.0}% of the {source} ceiling ({}) leaves {} after the trainer's {} private (while its workers ran) and {} shared (the {kind} less every process's private memory){outside}",
         FIT_SHARE * 100.0,
         HumanBytes(fit.ceiling_bytes),
         HumanBytes(fit.room().max(0.0) as u64),
@@ -519,7 +561,7 @@ pub(super) fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
         });
     }
     advice.push_str(&format!(
-        " Assumed: every worker holds the largest private memory measured in one ({}), the trainer's private and the shared memory stay at their measured peaks, and nothing else is charged to the ceiling.",
+        " Assumed: every worker holds the largest private memory measured in one ({}), the trainer's private and the shared memory stay at their measured peaks, and nothing more is charged to the ceiling.",
         HumanBytes(fit.per_worker_bytes)
     ));
     if still_copying {
@@ -597,4 +639,77 @@ pub(super) fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
             Cited::percent("prefetch_share_percent", "share of the footprint", share),
         ],
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{diagnose, load};
+
+    const MIB: u64 = 1 << 20;
+    const ENV: &str = r#""schema":"oomguard/1","ts":"2026-01-01T00:00:00.000Z""#;
+
+    /// A trainer whose footprint is `alone` MiB until t = 5, then two flat
+    /// workers of 50 MiB private each beside a trainer of 200 MiB private
+    /// and 100 MiB shared, under a 1 GiB cgroup ceiling.
+    fn forked_log(alone: u64) -> String {
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            1024 * MIB
+        )];
+        let sample = |t: u32, footprint: u64, uss: u64, roles: &str, procs: &str| {
+            format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{footprint},"uss_bytes":{uss},"rss_bytes":{footprint},"footprint_bytes":{footprint}}},"roles":[{roles}]{procs}}}"#,
+                (1024 * MIB).saturating_sub(footprint),
+                1024 * MIB
+            )
+        };
+        for t in 1..5 {
+            let b = alone * MIB;
+            let roles = format!(r#"{{"role":"trainer","pss_bytes":{b},"rss_bytes":{b}}}"#);
+            lines.push(sample(t, b, b, &roles, ""));
+        }
+        for t in 5..15 {
+            let (trainer, shared, worker) = (200 * MIB, 100 * MIB, 50 * MIB);
+            let footprint = trainer + shared + 2 * worker;
+            let roles = format!(
+                r#"{{"role":"trainer","pss_bytes":{},"rss_bytes":1}},{{"role":"worker","pss_bytes":{},"rss_bytes":1}}"#,
+                trainer + shared / 3,
+                2 * (worker + shared / 3)
+            );
+            let procs = format!(
+                r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":1,"pss_bytes":{},"uss_bytes":{trainer}}},{{"pid":101,"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":1,"pss_bytes":{p},"uss_bytes":{worker}}},{{"pid":102,"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":1,"pss_bytes":{p},"uss_bytes":{worker}}}]"#,
+                trainer + shared / 3,
+                p = worker + shared / 3
+            );
+            lines.push(sample(t, footprint, trainer + 2 * worker, &roles, &procs));
+        }
+        lines.join("\n")
+    }
+
+    #[test]
+    fn the_trainer_alone_is_a_limit_of_its_own_never_added_to_the_shared_pages() {
+        // 700 MiB before the fork, 400 MiB with both workers: the parts are
+        // 200 + 100 + 2 × 50, and (921.6 − 300) / 50 → 12 workers fit.
+        let log = load(&forked_log(700)).unwrap();
+        let fit = worker_fit_numbers(&log).unwrap();
+        assert_eq!(fit.trainer_bytes, 200 * MIB);
+        assert_eq!(fit.trainer_alone_bytes, 700 * MIB);
+        assert!(fit.shared_bytes.abs_diff(100 * MIB) <= 2, "{fit:?}");
+        // The run's peak was the trainer alone; with its workers the parts
+        // come to what the footprint held then.
+        assert_eq!(fit.peak_footprint_bytes, 700 * MIB);
+        assert!(fit.parts_bytes(2).abs_diff(400 * MIB) <= 2, "{fit:?}");
+        assert_eq!(fit.fits, 12);
+        // 950 MiB alone is above 90 % of the ceiling: no count fits.
+        let log = load(&forked_log(950)).unwrap();
+        assert_eq!(worker_fit_numbers(&log).unwrap().fits, 0);
+        let f = diagnose(&log);
+        let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
+        assert!(
+            fit.title.starts_with("The trainer alone does not fit"),
+            "{}",
+            fit.title
+        );
+    }
 }
