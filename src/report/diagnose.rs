@@ -1408,7 +1408,7 @@ mod tests {
             .iter()
             .find(|c| c.name == "prefetch_share_percent")
             .unwrap();
-        // 200 MiB of a 700 MiB footprint.
+        // 200 MiB of a 700 MiB PSS sum.
         assert!((share.value - 200.0 / 7.0).abs() < 0.5, "{}", share.value);
         assert!(!kinds(&f).contains(&"worker_leak"));
     }

@@ -626,7 +626,7 @@ pub(super) fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
     out.push(Finding {
         kind: "prefetch",
         severity: Severity::Info,
-        title: format!("About {share:.0}% of the footprint is batches in flight"),
+        title: format!("About {share:.0}% of the PSS sum is batches in flight"),
         advice: format!(
             "Shared memory grew from {} to {} while the workers ran (at {}): batches the workers prepared and handed over through /dev/shm, num_workers × prefetch_factor of them. Lowering prefetch_factor (default 2) or the batch size shrinks this part without giving up workers.",
             HumanBytes(base),
@@ -635,8 +635,8 @@ pub(super) fn prefetch_share(log: &RunLog, out: &mut Vec<Finding>) {
         ),
         numbers: vec![
             Cited::bytes("shared_growth_bytes", "shared growth", growth),
-            Cited::bytes("tree_pss_bytes", "footprint then (PSS sum)", pss),
-            Cited::percent("prefetch_share_percent", "share of the footprint", share),
+            Cited::bytes("tree_pss_bytes", "PSS sum then", pss),
+            Cited::percent("prefetch_share_percent", "share of the PSS sum", share),
         ],
     });
 }
