@@ -1,11 +1,16 @@
 //! `oomguard report` on the logs of a prevented, a restarted and an
-//! OOM-killed run (`tests/fixtures/logs/`): the HTML is well-formed and
+//! OOM-killed run, and of two leaking PyTorch workers whose footprint (an
+//! owned cgroup's working set) stays below their PSS sum
+//! (`tests/fixtures/logs/`): the HTML is well-formed and
 //! self-contained, its SVG is strict XML with every series and one marker
-//! per event, the advice names the leaking workers and a worker count that
-//! fits, and headless Chromium renders a picture that is not blank. Three
+//! per event, the advice names the leaking workers (and a worker count that
+//! fits only where they do not leak), and headless Chromium renders a
+//! picture that is not blank. Three
 //! more recordings, a GPU run (fake NVML), a swapping run (the v2 VM) and
 //! an `attach` that ended `detached`, are drawn in text, HTML and JSON, and
-//! the three agree on their GPU, swap and detached figures.
+//! the three agree on their GPU, swap and detached figures. The report
+//! shows the footprint the policy compared with the ceiling, and sizes
+//! num_workers in its terms.
 //!
 //! The fixtures may be replaced by recorded logs, so every expectation is
 //! computed from the log itself, never written down as bytes.
