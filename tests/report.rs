@@ -1,11 +1,16 @@
 //! `oomguard report` on the logs of a prevented, a restarted and an
-//! OOM-killed run (`tests/fixtures/logs/`): the HTML is well-formed and
+//! OOM-killed run, and of two leaking PyTorch workers whose footprint (an
+//! owned cgroup's working set) stays below their PSS sum
+//! (`tests/fixtures/logs/`): the HTML is well-formed and
 //! self-contained, its SVG is strict XML with every series and one marker
-//! per event, the advice names the leaking workers and a worker count that
-//! fits, and headless Chromium renders a picture that is not blank. Three
+//! per event, the advice names the leaking workers (and a worker count that
+//! fits only where they do not leak), and headless Chromium renders a
+//! picture that is not blank. Three
 //! more recordings, a GPU run (fake NVML), a swapping run (the v2 VM) and
 //! an `attach` that ended `detached`, are drawn in text, HTML and JSON, and
-//! the three agree on their GPU, swap and detached figures.
+//! the three agree on their GPU, swap and detached figures. The report
+//! shows the footprint the policy compared with the ceiling, and sizes
+//! num_workers in its terms.
 //!
 //! The fixtures may be replaced by recorded logs, so every expectation is
 //! computed from the log itself, never written down as bytes.
@@ -26,8 +31,11 @@ use oomguard::report::{
 use serde_json::Value;
 
 /// Logs recorded from real `oomguard run`s (see tests/fixtures/logs/README);
-/// all three have leaking workers. `cuda-oom-restarted` is used on its own.
-const FIXTURES: [&str; 3] = ["prevented", "restarted", "oom-killed"];
+/// all four have leaking workers. `cuda-oom-restarted` is used on its own.
+const FIXTURES: [&str; 4] = ["prevented", "restarted", "oom-killed", LEAK2_FIXTURE];
+/// Issue #42's shape: two leaking PyTorch workers in an owned cgroup whose
+/// working set (the footprint) stays ~210 MiB below the PSS sum.
+const LEAK2_FIXTURE: &str = "worker-leak-2";
 const MARKER_EVENTS: [&str; 6] = [
     "rule",
     "action",
@@ -454,22 +462,34 @@ fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
+/// Text as the page writes it.
+fn esc_html(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
 #[test]
 fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
     for name in FIXTURES {
         let text = fixture(name);
         let ls = lines(&text);
-        // Independent arithmetic over the per-process lists.
-        let lists: Vec<&Vec<Value>> = ls.iter().filter_map(|l| l["procs"].as_array()).collect();
+        // Independent arithmetic, in the footprint's terms (the working set
+        // of the owned cgroup in these runs).
+        let footprint = |l: &Value| u(&l["tree"]["footprint_bytes"]);
         let mut workers: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        let (mut trainer, mut shared, mut per_worker) = (0u64, 0u64, 0u64);
-        for procs in &lists {
-            let mut fixed = 0;
-            let (mut pss, mut uss) = (0, 0);
-            for p in *procs {
-                pss += u(&p["pss_bytes"]);
+        let (mut trainer, mut shared_seen, mut per_worker) = (0u64, 0u64, 0u64);
+        for l in ls.iter().filter(|l| l["procs"].is_array()) {
+            let procs = l["procs"].as_array().unwrap();
+            let (mut fixed, mut uss, mut n, mut estimated) = (0, 0, 0, false);
+            for p in procs {
                 uss += u(&p["uss_bytes"]);
                 if p["role"] == "worker" {
+                    n += 1;
+                    // Not read since its fork: its figures are an estimate.
+                    estimated |= p["pss_bytes"] == p["uss_bytes"];
                     workers
                         .entry(u(&p["pid"]))
                         .or_default()
@@ -479,33 +499,59 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
                     fixed += u(&p["uss_bytes"]);
                 }
             }
-            trainer = trainer.max(fixed);
-            shared = shared.max(pss.saturating_sub(uss));
+            // The trainer's private memory beside workers that were read.
+            if n > 0 && !estimated {
+                trainer = trainer.max(fixed);
+                shared_seen = shared_seen.max(footprint(l).saturating_sub(uss));
+            }
         }
-        // Every sample line: the non-workers' PSS by role (the trainer's
-        // peak before its fork) and the tree's sharing.
+        // Every sample line while the workers held memory: the footprint
+        // less the tree's private memory.
+        let mut worker_samples: Vec<&Value> = Vec::new();
         for l in ls.iter().filter(|l| l["event"] == "sample") {
-            let fixed: u64 = l["roles"]
+            let workers_pss: u64 = l["roles"]
                 .as_array()
                 .map(|rs| {
                     rs.iter()
-                        .filter(|r| r["role"] != "worker")
+                        .filter(|r| r["role"] == "worker")
                         .map(|r| u(&r["pss_bytes"]))
                         .sum()
                 })
                 .unwrap_or(0);
-            trainer = trainer.max(fixed);
             let tree_uss = u(&l["tree"]["uss_bytes"]);
-            if tree_uss > 0 {
-                shared = shared.max(u(&l["tree"]["pss_bytes"]).saturating_sub(tree_uss));
+            if tree_uss > 0 && workers_pss > 0 {
+                shared_seen = shared_seen.max(footprint(l).saturating_sub(tree_uss));
+                worker_samples.push(l);
             }
         }
+        let peak = ls
+            .iter()
+            .filter(|l| l["event"] == "sample")
+            .max_by_key(|l| footprint(l))
+            .unwrap();
+        let ceiling_of = |l: &Value| u(&l["ceiling"]["bytes"]);
+        let peak_attempt = peak["attempt"].clone();
+        let used_at_peak = ls
+            .iter()
+            .filter(|l| l["attempt"] == peak_attempt)
+            .filter_map(|l| l["procs"].as_array())
+            .map(|ps| ps.iter().filter(|p| p["role"] == "worker").count() as u64)
+            .max()
+            .unwrap_or(0);
         let least_headroom = ls
             .iter()
             .filter(|l| l["event"] == "sample" && l["ceiling"].is_object())
             .min_by_key(|l| u(&l["headroom_bytes"]))
             .unwrap();
         let ceiling = u(&least_headroom["ceiling"]["bytes"]);
+        // What the policy compared with that ceiling beyond the job's
+        // footprint (a cgroup ceiling's working set holds oomguard too).
+        let outside = worker_samples
+            .iter()
+            .filter(|l| ceiling_of(l) == ceiling && l["headroom_bytes"].is_u64())
+            .map(|l| (ceiling - u(&l["headroom_bytes"])).saturating_sub(footprint(l)))
+            .max()
+            .unwrap_or(0);
         // Workers seen at least twice whose private memory grew.
         let leaking: Vec<u64> = workers
             .iter()
@@ -540,7 +586,12 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
                 .value as u64;
             per_worker = per_worker.max(peak);
         }
-        let fits = ((ceiling as f64 * 0.9 - trainer as f64 - shared as f64) / per_worker as f64)
+        // The shared part, at most what the peak footprint leaves beyond
+        // the private parts with the workers the run had then.
+        let shared =
+            shared_seen.min(footprint(peak).saturating_sub(trainer + used_at_peak * per_worker));
+        let fits = ((ceiling as f64 * 0.9 - trainer as f64 - shared as f64 - outside as f64)
+            / per_worker as f64)
             .floor()
             .max(0.0) as u64;
         for pid in &leaking {
@@ -571,12 +622,26 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
         assert_eq!(cited("shared_bytes") as u64, shared);
         assert_eq!(cited("trainer_private_bytes") as u64, trainer);
         let text_all = format!("{} {}", fit.title, fit.advice);
+        let html = render_html(&log, &findings);
+        if kind == "worker_leak" {
+            // The leak, not the memory, sets the count: none is advised.
+            assert!(
+                fit.title.contains("fix the leak first"),
+                "{name}: {text_all}"
+            );
+            assert!(!text_all.contains("num_workers=0"), "{name}: {text_all}");
+            assert!(
+                html.contains(&esc_html(&fit.title)),
+                "{name}: the page lacks {}",
+                fit.title
+            );
+            continue;
+        }
         assert!(
             text_all.contains(&format!("num_workers={fits}")),
             "{name}: no 'num_workers={fits}' in: {text_all}"
         );
         // And the page shows it.
-        let html = render_html(&log, &findings);
         assert!(html.contains(&format!("num_workers={fits}")), "{name}");
     }
 }
@@ -1050,9 +1115,10 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
         "{name}: JSON peak"
     );
     assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("peak") && l.ends_with(&format!("GPU {human}"))),
-        "{name}: the text's peak line lacks GPU {human}:\n{text}"
+        text.lines().any(
+            |l| l.trim_start().starts_with("breakdown") && l.ends_with(&format!("GPU {human}"))
+        ),
+        "{name}: the text's breakdown line lacks GPU {human}:\n{text}"
     );
     assert!(
         html.contains(&card_html("Peak GPU", &human)),
@@ -1098,10 +1164,11 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
     // The GPU card takes the place of "Least headroom" only: the memory
     // figures are the same run's in every format.
     let pss = json["peak"]["tree_pss_bytes"].as_u64().unwrap();
-    assert!(text.contains(&format!("PSS {}", oomguard::units::HumanBytes(pss))));
+    assert!(text.contains(&format!("PSS sum {}", oomguard::units::HumanBytes(pss))));
+    let footprint = json["peak"]["footprint_bytes"].as_u64().unwrap();
     assert!(html.contains(&card_html(
-        "Peak PSS",
-        &oomguard::units::HumanBytes(pss).to_string()
+        "Peak footprint",
+        &oomguard::units::HumanBytes(footprint).to_string()
     )));
 }
 
@@ -1125,9 +1192,10 @@ fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
         "{name}: JSON peak"
     );
     assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("peak") && l.contains(&format!("swap {human}"))),
-        "{name}: the text's peak line lacks swap {human}:\n{text}"
+        text.lines().any(
+            |l| l.trim_start().starts_with("breakdown") && l.contains(&format!("swap {human}"))
+        ),
+        "{name}: the text's breakdown line lacks swap {human}:\n{text}"
     );
     assert!(
         html.contains(&card_html("Peak swap", &human)),
@@ -1205,6 +1273,210 @@ fn attach_run_report_says_detached_in_text_html_and_json() {
     let pss = end["peak"]["tree_pss_bytes"].as_u64().unwrap();
     assert_eq!(json["peak"]["tree_pss_bytes"], pss);
     let human = oomguard::units::HumanBytes(pss).to_string();
-    assert!(text.contains(&format!("PSS {human}")), "{name}:\n{text}");
-    assert!(html.contains(&card_html("Peak PSS", &human)));
+    assert!(
+        text.contains(&format!("PSS sum {human}")),
+        "{name}:\n{text}"
+    );
+    assert!(html.contains(&card_html("Peak PSS sum", &human)));
+}
+
+/// `oomguard report --format json` on the recorded run, through the binary.
+fn binary_report_json(name: &str) -> Value {
+    let out = common::oomguard()
+        .args(["report", "--format", "json", "-o", "-"])
+        .arg(fixture_path(name))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Issue #42 item 3 on a recorded run of its shape (`worker-leak-2`: two
+/// leaking persistent workers, the footprint the owned cgroup's working
+/// set, ~210 MiB below the PSS sum). The trainer's figure is its private
+/// memory while the workers ran (not its peak before the fork, nor the
+/// pages it shares counted again); the parts, with the run's two workers,
+/// come to the peak footprint the policy saw; and the title advises neither
+/// fewer workers nor num_workers=0: the leak, not the memory, sets the
+/// count.
+#[test]
+fn worker_count_advice_uses_the_trainers_share_and_the_footprint_the_policy_used() {
+    let ls = lines(&fixture(LEAK2_FIXTURE));
+    // The trainer's USS in every list whose workers were read (a worker
+    // listed with PSS = USS was not read since its fork, and its trainer's
+    // figure is the reading from before it).
+    let trainer_uss: Vec<u64> = ls
+        .iter()
+        .filter_map(|l| l["procs"].as_array())
+        .filter(|ps| {
+            let ws: Vec<&Value> = ps.iter().filter(|p| p["role"] == "worker").collect();
+            !ws.is_empty() && ws.iter().all(|w| w["pss_bytes"] != w["uss_bytes"])
+        })
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["role"] != "worker")
+                .map(|p| u(&p["uss_bytes"]))
+                .sum()
+        })
+        .filter(|&b| b > 0)
+        .collect();
+    assert!(trainer_uss.len() >= 5, "{trainer_uss:?}");
+    let peak_footprint = ls
+        .iter()
+        .filter(|l| l["event"] == "sample")
+        .map(|l| u(&l["tree"]["footprint_bytes"]))
+        .max()
+        .unwrap();
+    let peak_pss = ls
+        .iter()
+        .filter(|l| l["event"] == "sample")
+        .map(|l| u(&l["tree"]["pss_bytes"]))
+        .max()
+        .unwrap();
+    // The shape the test is about: PSS counts pages the working set does not.
+    assert!(peak_pss > peak_footprint + (100 << 20));
+
+    let json = binary_report_json(LEAK2_FIXTURE);
+    let findings = json["findings"].as_array().unwrap();
+    assert!(findings.iter().any(|f| f["kind"] == "worker_leak"));
+    let fit = findings
+        .iter()
+        .find(|f| f["kind"] == "num_workers")
+        .unwrap();
+    let cited = |n: &str| {
+        fit["numbers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .unwrap_or_else(|| panic!("num_workers does not cite {n}: {fit}"))["value"]
+            .as_f64()
+            .unwrap()
+    };
+    let within = |a: f64, b: f64| (a - b).abs() <= b * 0.05;
+    let trainer = cited("trainer_private_bytes");
+    for &t in &trainer_uss {
+        assert!(
+            within(trainer, t as f64),
+            "trainer {trainer} vs its USS {t} while the workers ran"
+        );
+    }
+    let parts = trainer + cited("shared_bytes") + 2.0 * cited("per_worker_private_peak_bytes");
+    assert!(
+        within(parts, peak_footprint as f64),
+        "parts {parts} vs peak footprint {peak_footprint}"
+    );
+    assert_eq!(cited("workers_used"), 2.0);
+    let title = fit["title"].as_str().unwrap();
+    for wrong in [
+        "num_workers=0",
+        "num_workers=1",
+        "Not even one",
+        "At most 1 ",
+    ] {
+        assert!(!title.contains(wrong), "{title}");
+    }
+    assert!(title.contains("fix the leak first"), "{title}");
+}
+
+/// The `(x, y)` points of one series' path in the SVG.
+fn series_points(svg: &str, id: &str) -> Vec<(f64, f64)> {
+    let g = &svg[svg
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no {id}"))..];
+    let g = &g[..g.find("</g>").unwrap()];
+    let d = &g[g
+        .find(" d=\"")
+        .unwrap_or_else(|| panic!("{id} is not drawn"))
+        + 4..];
+    let d = &d[..d.find('"').unwrap()];
+    d.split(['M', 'L'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (x, y) = p.split_once(',').unwrap();
+            (x.parse().unwrap(), y.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Issue #42 item 1 in the report: where the footprint (what the policy
+/// compared with the ceiling) is a cgroup's working set ≥ 100 MiB below
+/// the PSS sum, the peak card and the plotted footprint are the log's
+/// `tree.footprint_bytes`, said to be the working set, and the PSS sum is
+/// shown only under its own name.
+#[test]
+fn the_report_shows_the_footprint_the_policy_used_and_pss_as_a_breakdown() {
+    let name = LEAK2_FIXTURE;
+    let ls = lines(&fixture(name));
+    let samples: Vec<&Value> = ls.iter().filter(|l| l["event"] == "sample").collect();
+    let footprint: Vec<f64> = samples
+        .iter()
+        .map(|l| u(&l["tree"]["footprint_bytes"]) as f64)
+        .collect();
+    let pss: Vec<f64> = samples
+        .iter()
+        .map(|l| u(&l["tree"]["pss_bytes"]) as f64)
+        .collect();
+    let peak = footprint.iter().copied().fold(0.0, f64::max) as u64;
+    let peak_pss = pss.iter().copied().fold(0.0, f64::max) as u64;
+    assert!(peak_pss >= peak + (100 << 20), "{peak_pss} vs {peak}");
+    let human = |b: u64| oomguard::units::HumanBytes(b).to_string();
+
+    let (text, html, json) = three_ways(name);
+    assert_eq!(json["peak"]["footprint_bytes"], peak);
+    assert!(
+        html.contains(&card_html("Peak footprint", &human(peak))),
+        "no peak footprint card of {}",
+        human(peak)
+    );
+    assert!(html.contains("cgroup working set, at "), "{name}");
+    assert!(
+        text.contains(&format!("footprint {} (cgroup working set)", human(peak))),
+        "{text}"
+    );
+    // The PSS sum only under its name.
+    assert!(
+        text.contains(&format!("PSS sum {}", human(peak_pss))),
+        "{text}"
+    );
+    assert!(html.contains(&card_html("Peak PSS sum", &human(peak_pss))));
+    for wrong in ["Footprint = PSS", "PSS sum (footprint)", "Peak PSS<"] {
+        assert!(!html.contains(wrong), "{name}: {wrong}");
+    }
+    assert!(!text.contains(&format!("footprint {}", human(peak_pss))));
+
+    // The drawn footprint is footprint_bytes: on the y scale the PSS sum's
+    // line gives (both share it), every point sits where footprint_bytes
+    // puts it, hundreds of MiB from where the PSS sum would.
+    let svg = svg_of(&html);
+    assert!(svg.contains(">footprint (cgroup working set)<"), "legend");
+    assert!(svg.contains(">PSS sum<"), "legend");
+    let fp_pts = series_points(svg, "series-footprint");
+    let pss_pts = series_points(svg, "series-pss-total");
+    assert_eq!(fp_pts.len(), samples.len());
+    assert_eq!(pss_pts.len(), samples.len());
+    let lo = (0..pss.len())
+        .min_by(|&a, &b| pss[a].total_cmp(&pss[b]))
+        .unwrap();
+    let hi = (0..pss.len())
+        .max_by(|&a, &b| pss[a].total_cmp(&pss[b]))
+        .unwrap();
+    let per_byte = (pss_pts[hi].1 - pss_pts[lo].1) / (pss[hi] - pss[lo]);
+    let y = |v: f64| pss_pts[lo].1 + (v - pss[lo]) * per_byte;
+    let mib_in_px = (per_byte * (1 << 20) as f64).abs();
+    for (i, &(x, drawn)) in fp_pts.iter().enumerate() {
+        assert_eq!(x, pss_pts[i].0);
+        assert!(
+            (drawn - y(footprint[i])).abs() <= 1.0 + 2.0 * mib_in_px,
+            "point {i}: drawn at {drawn}, footprint_bytes at {}",
+            y(footprint[i])
+        );
+    }
+    let top = fp_pts.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    assert!((top - y(peak as f64)).abs() <= 1.0 + 2.0 * mib_in_px);
+    assert!((top - y(peak_pss as f64)).abs() > 50.0 * mib_in_px);
 }

@@ -328,7 +328,7 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     phase_memory(log, &mut out);
     cuda_ooms(log, &mut out);
     worker_deaths(log, &mut out);
-    what_oomguard_did(log, &mut out);
+    super::did::what_oomguard_did(log, &mut out);
     super::workers::worker_growth(log, &procs, &mut out);
     super::workers::trainer_growth(log, &procs, &mut out);
     worker_fit(log, &mut out);
@@ -689,235 +689,6 @@ fn worker_deaths(log: &RunLog, out: &mut Vec<Finding>) {
     }
 }
 
-/// The actions that end or hold a job (a warning is not one).
-fn decisive(action: &str) -> bool {
-    matches!(action, "stop" | "pause" | "kill" | "restart")
-}
-
-/// The figures behind what oomguard did: least headroom, firings, actions.
-fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) -> Vec<Cited> {
-    let min_headroom = log
-        .samples
-        .iter()
-        .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    let mut numbers = Vec::new();
-    if let Some((p, t)) = min_headroom {
-        numbers.push(Cited::percent(
-            "min_headroom_percent",
-            "least headroom left",
-            p,
-        ));
-        numbers.push(Cited::seconds(
-            "min_headroom_t_seconds",
-            "least headroom at",
-            t,
-        ));
-    }
-    numbers.push(Cited::count("rules_fired", "rule firings", firings as u64));
-    numbers.push(Cited::count("actions", "actions taken", actions as u64));
-    if restarts > 0 {
-        numbers.push(Cited::count("restarts", "restarts", restarts as u64));
-    }
-    numbers
-}
-
-/// Why the kernel still killed: title and advice of `not_prevented`.
-fn not_prevented(
-    actions: &[(f64, &str, Option<&str>)],
-    no_firings: bool,
-    first_kill: Option<f64>,
-    rules: Option<usize>,
-    did: &str,
-    numbers: &mut Vec<Cited>,
-) -> (String, String) {
-    let before: Vec<_> = actions
-        .iter()
-        .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
-        .collect();
-    if let Some((t, a, _)) = before.first() {
-        let lead = first_kill.map(|k| k - t);
-        if let Some(lead) = lead {
-            numbers.push(Cited::seconds(
-                "action_lead_seconds",
-                "action before the kill",
-                lead,
-            ));
-        }
-        (
-            "oomguard acted, but the kernel killed first".to_string(),
-            format!(
-                "{did} The {a} at {} came {} before the kernel's kill: memory grew faster than the action could take effect. Act earlier (a higher critical headroom, or an ETA rule), and prefer pause or a graceful stop that freezes the growing workers.",
-                time_text(*t),
-                lead.map_or_else(|| "too little time".to_string(), time_text),
-            ),
-        )
-    } else if rules == Some(0) {
-        (
-            "No policy was active: oomguard only observed".to_string(),
-            "The run had no rules (--policy none), so nothing stopped the job before the kernel did. Run with the default policy (warn under 20% headroom, graceful stop under 8%) to have the job checkpoint and stop, or restart it with fewer workers, before the ceiling.".to_string(),
-        )
-    } else if no_firings {
-        (
-            "No rule fired before the kernel killed".to_string(),
-            format!(
-                "{did} The thresholds were never crossed at a sample before the kill: the growth was faster than the sampling. Raise the critical headroom or add an ETA rule."
-            ),
-        )
-    } else {
-        (
-            "Rules fired but took no decisive action before the kill".to_string(),
-            format!(
-                "{did} Only warnings were issued. Give the critical rule an action (stop, pause or restart)."
-            ),
-        )
-    }
-}
-
-fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
-    let kills: Vec<f64> = log
-        .events
-        .iter()
-        .filter(|e| matches!(e.kind, EventKind::OomKill { .. }))
-        .map(|e| e.t)
-        .collect();
-    let oom_killed = !kills.is_empty()
-        || log
-            .end
-            .as_ref()
-            .is_some_and(|e| e.outcome.as_deref() == Some("oom_killed"));
-    let first_kill = kills.first().copied();
-    let mut actions = Vec::new();
-    let mut restarts = Vec::new();
-    let mut firings = Vec::new();
-    for e in &log.events {
-        match &e.kind {
-            EventKind::Action { action, reason, .. } => {
-                actions.push((e.t, action.as_str(), reason.as_deref()));
-            }
-            EventKind::Restart {
-                reason,
-                degraded,
-                next_attempt,
-                ..
-            } => restarts.push(Restart {
-                t: e.t,
-                attempt: next_attempt.unwrap_or(e.attempt),
-                reason: reason.as_deref(),
-                degraded,
-            }),
-            EventKind::Rule {
-                rule, state, value, ..
-            } if *state == crate::log::RuleState::Firing => {
-                firings.push((e.t, rule.as_str(), *value))
-            }
-            _ => {}
-        }
-    }
-    let mut numbers = did_numbers(log, firings.len(), actions.len(), restarts.len());
-    let did = describe_actions(&actions, &restarts);
-    if oom_killed {
-        let rules = log.start.as_ref().map(|s| s.rules.len());
-        let (title, advice) = not_prevented(
-            &actions,
-            firings.is_empty(),
-            first_kill,
-            rules,
-            &did,
-            &mut numbers,
-        );
-        out.push(Finding {
-            kind: "not_prevented",
-            severity: Severity::Critical,
-            title,
-            advice,
-            numbers,
-        });
-        return;
-    }
-    let acted = actions.iter().any(|(_, a, _)| decisive(a));
-    if acted && log.end.is_none() {
-        // No run_end: oomguard was killed or still runs; a kill after the
-        // log's last line would not be in it, so nothing is claimed.
-        out.push(Finding {
-            kind: "prevented",
-            severity: Severity::Info,
-            title: "oomguard acted; the log ends before the run did".to_string(),
-            advice: format!(
-                "{did} No kernel OOM kill is in the log, but it has no run_end (oomguard was killed, or still runs): how the run ended is unknown."
-            ),
-            numbers,
-        });
-    } else if acted {
-        let outcome = outcome_text(log);
-        out.push(Finding {
-            kind: "prevented",
-            severity: Severity::Ok,
-            title: "oomguard prevented a kernel OOM kill".to_string(),
-            advice: format!("{did} The kernel killed nothing, and the run ended: {outcome}."),
-            numbers,
-        });
-    } else if !actions.is_empty() || !firings.is_empty() {
-        out.push(Finding {
-            kind: "warned",
-            severity: Severity::Info,
-            title: "oomguard warned; memory stayed under the ceiling".to_string(),
-            advice: format!("{did} No decisive action was needed."),
-            numbers,
-        });
-    } else if !log.samples.is_empty() {
-        out.push(Finding {
-            kind: "quiet",
-            severity: Severity::Ok,
-            title: "No rule fired".to_string(),
-            advice: "Memory stayed clear of every threshold for the whole run.".to_string(),
-            numbers,
-        });
-    }
-}
-
-/// A restart as [`describe_actions`] tells it.
-struct Restart<'a> {
-    t: f64,
-    attempt: u32,
-    reason: Option<&'a str>,
-    degraded: &'a BTreeMap<String, (serde_json::Value, serde_json::Value)>,
-}
-
-fn describe_actions(actions: &[(f64, &str, Option<&str>)], restarts: &[Restart<'_>]) -> String {
-    if actions.is_empty() && restarts.is_empty() {
-        return "oomguard took no action.".to_string();
-    }
-    let mut parts: Vec<(f64, String)> = actions
-        .iter()
-        .map(|(t, a, r)| {
-            let s = match r {
-                Some(r) => format!("{a} at {} (rule {r})", time_text(*t)),
-                None => format!("{a} at {}", time_text(*t)),
-            };
-            (*t, s)
-        })
-        .collect();
-    for r in restarts {
-        let changes: Vec<String> = r
-            .degraded
-            .iter()
-            .map(|(k, (old, new))| format!("{k} {} → {}", value_text(old), value_text(new)))
-            .collect();
-        let mut s = format!("attempt {} launched at {}", r.attempt, time_text(r.t));
-        if let Some(reason) = r.reason {
-            s.push_str(&format!(" after {reason}"));
-        }
-        if !changes.is_empty() {
-            s.push_str(&format!(" with {}", changes.join(", ")));
-        }
-        parts.push((r.t, s));
-    }
-    parts.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let parts: Vec<String> = parts.into_iter().map(|(_, s)| s).collect();
-    format!("oomguard: {}.", parts.join("; "))
-}
-
 /// `a`, `a and b`, `a, b and c`.
 pub(super) fn and_list(items: &[String]) -> String {
     match items {
@@ -1050,14 +821,6 @@ fn proc_name(pid: Option<u32>, comm: Option<&str>, role: Option<&str>) -> String
     s
 }
 
-fn value_text(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "unset".to_string(),
-        v => v.to_string(),
-    }
-}
-
 /// A rate in human units: `4.0 MiB/s`; slow leaks per hour (`3.4 MiB/h`),
 /// which is how they are felt.
 pub fn rate_text(bytes_per_s: f64) -> String {
@@ -1175,13 +938,16 @@ mod tests {
             .find(|c| c.name == "workers_fit")
             .unwrap();
         assert_eq!(n.value, 8.0);
-        assert!(fit.title.contains("Up to 8"), "{}", fit.title);
-        assert!(fit.advice.contains("leak"), "{}", fit.advice);
+        // The leak, not the memory, sets the count: none is advised.
+        assert!(fit.title.contains("fix the leak first"), "{}", fit.title);
+        assert!(!fit.title.contains("num_workers="), "{}", fit.title);
+        assert!(!fit.advice.contains("num_workers=8"), "{}", fit.advice);
     }
 
     #[test]
     fn too_many_workers_give_a_smaller_num_workers() {
-        let log = load(&workers_log(8, 60, 5, 10, &[])).unwrap();
+        // Flat workers (leaking ones give no count).
+        let log = load(&workers_log(8, 110, 0, 10, &[])).unwrap();
         let fit = worker_fit_numbers(&log).unwrap();
         // 0.9 × 1024 − 200 − 100 = 621.6 MiB over 110 MiB → 5.
         assert_eq!(fit.fits, 5);
@@ -1271,7 +1037,7 @@ mod tests {
     #[test]
     fn one_worker_that_fits_is_named_in_the_singular() {
         // 621.6 MiB of room over a 350 MiB peak: one.
-        let log = load(&workers_log(4, 300, 5, 10, &[])).unwrap();
+        let log = load(&workers_log(4, 350, 0, 10, &[])).unwrap();
         let f = diagnose(&log);
         let fit = f.iter().find(|f| f.kind == "num_workers").unwrap();
         assert!(
@@ -1642,7 +1408,7 @@ mod tests {
             .iter()
             .find(|c| c.name == "prefetch_share_percent")
             .unwrap();
-        // 200 MiB of a 700 MiB footprint.
+        // 200 MiB of a 700 MiB PSS sum.
         assert!((share.value - 200.0 / 7.0).abs() < 0.5, "{}", share.value);
         assert!(!kinds(&f).contains(&"worker_leak"));
     }

@@ -205,15 +205,18 @@ fn cards(h: &mut String, log: &RunLog) {
     h.push_str(r#"<div class="cards" id="peaks">"#);
     card(
         h,
-        "Peak PSS",
-        &HumanBytes(p.pss).to_string(),
-        &format!("footprint, at {}", time_text(p.pss_t)),
+        "Peak footprint",
+        &HumanBytes(p.footprint).to_string(),
+        &format!("{}, at {}", log.footprint_kind(), time_text(p.footprint_t)),
     );
+    // The sums are breakdowns of the footprint, not what the ceiling was
+    // compared with: PSS counts file pages the working set may not hold,
+    // RSS counts shared pages again.
     card(
         h,
-        "Peak RSS sum",
-        &HumanBytes(p.rss).to_string(),
-        "counts shared pages again",
+        "Peak PSS sum",
+        &HumanBytes(p.pss).to_string(),
+        &format!("breakdown; RSS sum {}", HumanBytes(p.rss)),
     );
     let least = log
         .samples
@@ -288,9 +291,14 @@ fn chart(h: &mut String, log: &RunLog) {
     } else {
         ""
     };
+    let footprint = if log.footprint_is_working_set() {
+        "the working set of the job's own cgroup (every page charged to it, page cache and /dev/shm included; file pages charged elsewhere, such as libraries read before the job, are not)"
+    } else {
+        "the PSS sum of the job's processes (shared pages counted once)"
+    };
     let _ = write!(
         h,
-        r#"<p class="caption">Footprint = PSS sum of the job's processes (shared pages counted once). The split by role comes from the {lists} per-process list{} in the log and is interpolated between them; the stack's top is the measured PSS sum of every sample.{markers}</p></section>"#,
+        r#"<p class="caption">Footprint = {footprint}: what the policy compared with the ceiling and the warn and critical levels. The PSS stacked by role, the PSS sum and the RSS sum are breakdowns. The split by role comes from the {lists} per-process list{} in the log and is interpolated between them; the stack's top is the measured PSS sum of every sample.{markers}</p></section>"#,
         if lists == 1 { "" } else { "s" }
     );
 }
@@ -334,7 +342,7 @@ fn findings_section(h: &mut String, findings: &[Finding]) {
 fn attempts_section(h: &mut String, log: &RunLog) {
     let _ = write!(
         h,
-        r#"<section id="attempts"><h2>Attempts<span class="count">{}</span></h2><table><thead><tr><th class="num">#</th><th class="num">start</th><th class="num">end</th><th class="num">peak PSS</th><th class="num">workers</th><th>changed</th><th>exit</th><th>ended by</th></tr></thead><tbody>"#,
+        r#"<section id="attempts"><h2>Attempts<span class="count">{}</span></h2><table><thead><tr><th class="num">#</th><th class="num">start</th><th class="num">end</th><th class="num">peak footprint</th><th class="num">workers</th><th>changed</th><th>exit</th><th>ended by</th></tr></thead><tbody>"#,
         log.attempts.len()
     );
     for a in &log.attempts {
@@ -355,7 +363,7 @@ fn attempts_section(h: &mut String, log: &RunLog) {
             a.number,
             esc(&time_text(a.start_t)),
             esc(&time_text(a.end_t)),
-            HumanBytes(a.peak_pss_bytes),
+            HumanBytes(a.peak_footprint_bytes),
             a.max_workers,
             if changed.is_empty() {
                 "—".to_string()

@@ -191,6 +191,50 @@ pub fn job_report(logs: &[(String, RunLog)]) -> JobReport {
     }
 }
 
+/// The restart of one node at `t` that ended its attempt `ended`: the
+/// steps it lost since the newest save.
+fn restart_row(
+    name: &str,
+    log: &RunLog,
+    t: f64,
+    ended: u32,
+    newest_save: Option<u64>,
+) -> RestartRow {
+    let last_step = log
+        .progress
+        .iter()
+        .filter(|p| p.attempt == ended)
+        .filter_map(|p| p.step)
+        .max();
+    RestartRow {
+        node: name.to_string(),
+        t,
+        attempt: ended,
+        saved_step: newest_save,
+        last_step,
+        lost_steps: last_step.map(|l| l.saturating_sub(newest_save.unwrap_or(0))),
+    }
+}
+
+/// Whichever came first on a node is its cause candidate: a node that
+/// followed another before its own trouble did not begin it, so its later
+/// causes are marked as following too.
+fn followed_first(marks: &mut [Mark]) {
+    if let Some(first) = marks
+        .iter()
+        .filter(|m| matches!(m.kind, MarkKind::Cause | MarkKind::Followed))
+        .min_by(|a, b| a.t.total_cmp(&b.t))
+        .map(|m| (m.t, m.kind))
+        && first.1 == MarkKind::Followed
+    {
+        for m in marks.iter_mut().filter(|m| m.kind == MarkKind::Cause) {
+            if m.t >= first.0 {
+                m.kind = MarkKind::Followed;
+            }
+        }
+    }
+}
+
 /// One node's row, marks and series; its restarts go to `restarts`.
 fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow>) -> NodeRow {
     let series = log
@@ -264,45 +308,17 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
             }
             EventKind::Restart { next_attempt, .. } => {
                 let ended = next_attempt.map_or(e.attempt, |n| n.saturating_sub(1).max(1));
-                let last_step = log
-                    .progress
-                    .iter()
-                    .filter(|p| p.attempt == ended)
-                    .filter_map(|p| p.step)
-                    .max();
-                let lost_steps = last_step.map(|l| l.saturating_sub(newest_save.unwrap_or(0)));
                 marks.push(Mark {
                     t,
                     kind: MarkKind::Restart,
                     label: format!("restart after attempt {ended}"),
                 });
-                restarts.push(RestartRow {
-                    node: name.to_string(),
-                    t,
-                    attempt: ended,
-                    saved_step: newest_save,
-                    last_step,
-                    lost_steps,
-                });
+                restarts.push(restart_row(name, log, t, ended, newest_save));
             }
             _ => {}
         }
     }
-    // Whichever came first on this node is its cause candidate: a node that
-    // followed another before its own trouble did not begin it.
-    if let Some(first) = marks
-        .iter()
-        .filter(|m| matches!(m.kind, MarkKind::Cause | MarkKind::Followed))
-        .min_by(|a, b| a.t.total_cmp(&b.t))
-        .map(|m| (m.t, m.kind))
-        && first.1 == MarkKind::Followed
-    {
-        for m in marks.iter_mut().filter(|m| m.kind == MarkKind::Cause) {
-            if m.t >= first.0 {
-                m.kind = MarkKind::Followed;
-            }
-        }
-    }
+    followed_first(&mut marks);
     NodeRow {
         name: name.to_string(),
         ranks: log.ranks.clone(),

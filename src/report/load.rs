@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::ReportError;
+pub use super::attempts::Attempt;
 use crate::forensics::progress::Progress;
 use crate::log::read::{Item, Line, LogLines, Skip};
 use crate::log::{
@@ -64,6 +65,24 @@ impl RunLog {
             })
             .collect()
     }
+
+    /// Whether the footprint (what the policy compared with the ceiling)
+    /// was a cgroup's working set: the job ran in a cgroup of its own.
+    /// Otherwise it was the PSS sum, carried forward by RSS changes.
+    pub fn footprint_is_working_set(&self) -> bool {
+        self.start.as_ref().is_some_and(|s| s.cgroup_exclusive)
+            || self.samples.iter().any(|s| s.cgroup_owned)
+    }
+
+    /// What the footprint was, in words, for labels: `cgroup working set`
+    /// or `PSS sum`.
+    pub fn footprint_kind(&self) -> &'static str {
+        if self.footprint_is_working_set() {
+            "cgroup working set"
+        } else {
+            "PSS sum"
+        }
+    }
 }
 
 /// The job's training progress as one log line carried it.
@@ -90,6 +109,9 @@ pub struct StartInfo {
     pub ceilings: Vec<CeilingInfo>,
     /// `path` of the job's cgroup, with its version.
     pub cgroup: Option<(u64, String)>,
+    /// The job's cgroup holds only the job (`cgroup.exclusive`, or `owned`
+    /// in logs from before that field): its working set is the footprint.
+    pub cgroup_exclusive: bool,
     /// The effective rules (`policy.rules`).
     pub rules: Vec<PolicyRule>,
     pub gpu_available: Option<bool>,
@@ -144,10 +166,21 @@ pub struct SamplePoint {
     pub cgroup_usage_bytes: Option<u64>,
     pub cgroup_limit_bytes: Option<u64>,
     pub oom_kill_count: Option<u64>,
+    /// The sample's cgroup is the one oomguard created for the job.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup_owned: bool,
     pub gpus: Vec<GpuPoint>,
     /// PSS by role at this tick (lines that carry `roles`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub role_pss: Vec<(Role, u64)>,
+}
+
+impl SamplePoint {
+    /// The footprint the policy compared with the ceiling at this tick
+    /// (`tree.footprint_bytes`); the PSS sum in logs without it.
+    pub fn footprint(&self) -> u64 {
+        self.footprint_bytes.unwrap_or(self.pss_bytes)
+    }
 }
 
 /// One GPU in one sample.
@@ -353,28 +386,6 @@ pub struct PeakInfo {
     pub t: Option<f64>,
 }
 
-/// One launch of the job, as far as the log shows it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Attempt {
-    pub number: u32,
-    /// First and last time a line of this attempt was written.
-    pub start_t: f64,
-    pub end_t: f64,
-    pub peak_pss_bytes: u64,
-    pub peak_pss_t: f64,
-    /// Most workers seen at once in a per-process list.
-    pub max_workers: usize,
-    /// The job's exit, when logged.
-    pub exit_code: Option<i64>,
-    pub exit_signal: Option<String>,
-    /// Why the attempt ended, in words.
-    pub ended_by: String,
-    /// Values changed for this attempt by the restart that started it.
-    pub degraded: BTreeMap<String, (Value, Value)>,
-    /// The checkpoint it resumed from.
-    pub checkpoint: Option<String>,
-}
-
 /// How many skipped lines are listed one by one.
 pub const LISTED_WARNINGS: usize = 20;
 
@@ -423,7 +434,7 @@ pub fn load_from(input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
     }
     let mut log = r.log;
     tie_ranks_to_oom_kills(&mut log);
-    log.attempts = attempts(&log);
+    log.attempts = super::attempts::attempts(&log);
     Ok(log)
 }
 
@@ -728,107 +739,6 @@ impl Clock {
     }
 }
 
-fn attempts(log: &RunLog) -> Vec<Attempt> {
-    let mut out: BTreeMap<u32, Attempt> = BTreeMap::new();
-    fn touch(out: &mut BTreeMap<u32, Attempt>, n: u32, t: f64) {
-        let a = out.entry(n).or_insert_with(|| Attempt {
-            number: n,
-            start_t: t,
-            end_t: t,
-            ..Default::default()
-        });
-        a.start_t = a.start_t.min(t);
-        a.end_t = a.end_t.max(t);
-    }
-    for s in &log.samples {
-        touch(&mut out, s.attempt, s.t);
-    }
-    for e in &log.events {
-        // A restart line may carry the attempt it starts; it belongs to
-        // the end of the previous one.
-        if !matches!(e.kind, EventKind::Restart { .. }) {
-            touch(&mut out, e.attempt, e.t);
-        }
-    }
-    if out.is_empty() {
-        touch(&mut out, 1, 0.0);
-    }
-    for s in &log.samples {
-        if let Some(a) = out.get_mut(&s.attempt)
-            && s.pss_bytes > a.peak_pss_bytes
-        {
-            a.peak_pss_bytes = s.pss_bytes;
-            a.peak_pss_t = s.t;
-        }
-    }
-    for snap in &log.snapshots {
-        if let Some(a) = out.get_mut(&snap.attempt) {
-            let workers = snap.procs.iter().filter(|p| p.role == Role::Worker).count();
-            a.max_workers = a.max_workers.max(workers);
-        }
-    }
-    for e in &log.events {
-        match &e.kind {
-            EventKind::ChildExit { code, signal, .. } => {
-                if let Some(a) = out.get_mut(&e.attempt) {
-                    a.exit_code = *code;
-                    a.exit_signal.clone_from(signal);
-                }
-            }
-            EventKind::Restart {
-                next_attempt,
-                reason,
-                checkpoint,
-                degraded,
-                ..
-            } => {
-                let next = next_attempt
-                    .unwrap_or(e.attempt.saturating_add(1))
-                    .max(e.attempt);
-                let ended = if next > e.attempt {
-                    e.attempt
-                } else {
-                    e.attempt.saturating_sub(1)
-                };
-                let why = reason.clone().unwrap_or_else(|| "restart".into());
-                if let Some(a) = out.get_mut(&ended) {
-                    a.ended_by = format!("restarted: {why}");
-                }
-                // The envelope and the body may both say `attempt`; with
-                // one key left, it names the attempt that starts.
-                let n = next;
-                let a = out.entry(n).or_insert_with(|| Attempt {
-                    number: n,
-                    start_t: e.t,
-                    end_t: e.t,
-                    ..Default::default()
-                });
-                a.degraded.clone_from(degraded);
-                a.checkpoint.clone_from(checkpoint);
-            }
-            _ => {}
-        }
-    }
-    let last = out.keys().next_back().copied();
-    for a in out.values_mut() {
-        if !a.ended_by.is_empty() {
-            continue;
-        }
-        a.ended_by = if Some(a.number) == last {
-            match &log.end {
-                Some(end) => end
-                    .outcome
-                    .clone()
-                    .map_or_else(|| "ended".to_string(), |o| o.replace('_', " ")),
-                None => "log ends (no run_end)".to_string(),
-            }
-        } else {
-            "ended".to_string()
-        };
-    }
-    out.into_values().collect()
-}
-
 fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
     let policy = s.policy.clone().unwrap_or_default();
     StartInfo {
@@ -836,6 +746,7 @@ fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
         pid: Some(u64::from(s.pid)).filter(|&p| p > 0),
         ts,
         ceilings: s.ceilings.iter().map(ceiling).collect(),
+        cgroup_exclusive: s.cgroup.as_ref().is_some_and(|c| c.exclusive || c.owned),
         cgroup: s.cgroup.map(|c| (u64::from(c.version), c.path)),
         rules: policy
             .rules
@@ -885,6 +796,7 @@ fn sample_point(s: &SampleEvent, t: f64, attempt: u32) -> SamplePoint {
         cgroup_usage_bytes: cgroup.map(|c| c.usage_bytes),
         cgroup_limit_bytes: cgroup.and_then(|c| c.limit_bytes),
         oom_kill_count: cgroup.and_then(|c| c.oom_kill_count),
+        cgroup_owned: cgroup.is_some_and(|c| c.owned),
         role_pss: s.roles.iter().map(|r| (r.role, r.pss_bytes)).collect(),
         gpus: s
             .gpus

@@ -6,7 +6,9 @@
 //! of it works on text and data; only [`run_report`] touches files, and
 //! nothing here prints: the caller decides where output goes.
 
+mod attempts;
 mod diagnose;
+mod did;
 mod fit;
 mod html;
 mod job;

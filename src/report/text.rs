@@ -323,6 +323,10 @@ pub(super) fn duration(log: &RunLog) -> f64 {
 
 /// Peak figures: from `run_end.peak` when present, else from the samples.
 pub(super) struct Peaks {
+    /// The largest footprint a sample carried: what the policy compared
+    /// with the ceiling (`run_end` has no such peak).
+    pub footprint: u64,
+    pub footprint_t: f64,
     pub pss: u64,
     pub pss_t: f64,
     pub rss: u64,
@@ -333,7 +337,10 @@ pub(super) struct Peaks {
 pub(super) fn peaks(log: &RunLog) -> Peaks {
     let from_samples = || {
         let top = log.samples.iter().max_by_key(|s| s.pss_bytes);
+        let fp = log.samples.iter().max_by_key(|s| s.footprint());
         Peaks {
+            footprint: fp.map_or(0, |s| s.footprint()),
+            footprint_t: fp.map_or(0.0, |s| s.t),
             pss: top.map_or(0, |s| s.pss_bytes),
             pss_t: top.map_or(0.0, |s| s.t),
             rss: log.samples.iter().map(|s| s.rss_bytes).max().unwrap_or(0),
@@ -357,7 +364,16 @@ pub(super) fn peaks(log: &RunLog) -> Peaks {
     match log.end.as_ref().and_then(|e| e.peak.as_ref()) {
         Some(p) => {
             let pss = p.tree_pss_bytes.unwrap_or(0);
+            // Without a cgroup of its own the footprint is the PSS sum, and
+            // run_end's peak of it saw every tick.
+            let (footprint, footprint_t) = if !log.footprint_is_working_set() && pss > s.footprint {
+                (pss, p.t.unwrap_or(s.footprint_t))
+            } else {
+                (s.footprint, s.footprint_t)
+            };
             Peaks {
+                footprint,
+                footprint_t,
                 pss: pss.max(s.pss),
                 pss_t: if pss >= s.pss {
                     p.t.unwrap_or(s.pss_t)
@@ -395,17 +411,9 @@ fn wrap(text: &str, indent: &str, width: usize) -> String {
     out
 }
 
-/// The summary and advice for a terminal (plain text, 80 columns, no
-/// colour: the caller knows whether stdout is a terminal, this does not).
-pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
-    let mut o = String::new();
-    // Long command lines are cut so the summary stays readable (the HTML
-    // report has the whole command).
-    let mut cmd = command_text(log);
-    if cmd.chars().count() > 80 {
-        cmd = cmd.chars().take(79).collect::<String>() + "…";
-    }
-    let _ = writeln!(o, "oomguard report: {cmd}");
+/// The summary lines under the command: outcome, peak footprint and its
+/// breakdowns, ceiling.
+fn summary(o: &mut String, log: &RunLog) {
     let attempts = log.attempts.len().max(1);
     let _ = writeln!(
         o,
@@ -415,17 +423,25 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         if attempts == 1 { "" } else { "s" }
     );
     let p = peaks(log);
-    let mut peak = format!(
-        "  peak      PSS {} at {} · RSS sum {} · swap {}",
+    let _ = writeln!(
+        o,
+        "  peak      footprint {} ({}) at {}",
+        HumanBytes(p.footprint),
+        log.footprint_kind(),
+        time_text(p.footprint_t)
+    );
+    // The sums split or recount the footprint: breakdowns, not the figure
+    // the policy compared with the ceiling.
+    let mut sums = format!(
+        "  breakdown PSS sum {} · RSS sum {} · swap {}",
         HumanBytes(p.pss),
-        time_text(p.pss_t),
         HumanBytes(p.rss),
         HumanBytes(p.swap)
     );
     if p.gpu > 0 {
-        let _ = write!(peak, " · GPU {}", HumanBytes(p.gpu));
+        let _ = write!(sums, " · GPU {}", HumanBytes(p.gpu));
     }
-    let _ = writeln!(o, "{peak}");
+    let _ = writeln!(o, "{sums}");
     if let Some((source, bytes)) = super::diagnose::nearest_ceiling(log) {
         let least = log
             .samples
@@ -438,6 +454,20 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         }
         let _ = writeln!(o, "{line}");
     }
+}
+
+/// The summary and advice for a terminal (plain text, 80 columns, no
+/// colour: the caller knows whether stdout is a terminal, this does not).
+pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
+    let mut o = String::new();
+    // Long command lines are cut so the summary stays readable (the HTML
+    // report has the whole command).
+    let mut cmd = command_text(log);
+    if cmd.chars().count() > 80 {
+        cmd = cmd.chars().take(79).collect::<String>() + "…";
+    }
+    let _ = writeln!(o, "oomguard report: {cmd}");
+    summary(&mut o, log);
 
     let _ = writeln!(o, "\nFindings");
     if findings.is_empty() {
@@ -465,7 +495,7 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         let _ = writeln!(
             o,
             "  {:>3}  {:>8}  {:>8}  {:>9}  {:>7}  ended by",
-            "#", "start", "end", "peak PSS", "workers"
+            "#", "start", "end", "footprint", "workers"
         );
         for a in &log.attempts {
             let _ = writeln!(
@@ -474,7 +504,7 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
                 a.number,
                 time_text(a.start_t),
                 time_text(a.end_t),
-                HumanBytes(a.peak_pss_bytes).to_string(),
+                HumanBytes(a.peak_footprint_bytes).to_string(),
                 a.max_workers,
                 a.ended_by
             );
@@ -537,6 +567,9 @@ pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
         "restarts": log.end.as_ref().and_then(|e| e.restarts),
         "actions": log.end.as_ref().map(|e| e.actions.clone()),
         "peak": {
+            "footprint_bytes": p.footprint,
+            "footprint_t": p.footprint_t,
+            "footprint_is": log.footprint_kind(),
             "tree_pss_bytes": p.pss,
             "t": p.pss_t,
             "tree_rss_bytes": p.rss,

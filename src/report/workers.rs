@@ -248,36 +248,7 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
             _ => None,
         })
         .collect();
-    // Workers whose readings rose, but too little to call it on their
-    // own, while their RSS stood still: readings a sweep or more apart
-    // can miss most of a short-lived worker's copying (a set of workers
-    // read twice, 7 MiB apart, was called flat while it copied 15 MiB).
-    // What the footprint shows after their last reading decides.
-    let candidates = workers.iter().filter_map(|(p, g)| {
-        let small = match *g {
-            Growth::Flat => true,
-            Growth::Continuing { bytes, .. } | Growth::Ramp { bytes, .. } => bytes < RISE_MIN_BYTES,
-        };
-        let pts = series.get(&(p.attempt, p.pid))?;
-        let (first, last) = (pts.first()?, pts.last()?);
-        let bytes = last.uss - first.uss;
-        let rss_rise = pts.iter().map(|r| r.rss).fold(0.0, f64::max) - first.rss;
-        (small
-            && !leaking.iter().any(|l| std::ptr::eq(*l, *p))
-            && bytes >= RISE_MIN_BYTES / 4.0
-            && rss_rise < RISE_MIN_BYTES / 4.0)
-            .then_some(Copied {
-                p,
-                first_read: first.read_t,
-                bytes,
-                seconds: last.t - first.t,
-                level: last.uss,
-                // Rising at its last reading.
-                settled: false,
-                rss: last.rss,
-                reached: last.uss,
-            })
-    });
+    let candidates = small_risers(&workers, &series, &leaking);
     let cow: Vec<Copied<'_>> = settle(log, &series, cow.into_iter().chain(candidates).collect())
         .into_iter()
         .filter(|c| c.bytes >= RISE_MIN_BYTES)
@@ -309,6 +280,48 @@ pub(super) fn worker_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<F
     if leaking.is_empty() && cow.is_empty() && loads.is_empty() {
         out.push(worker_flat(&workers));
     }
+}
+
+/// Workers whose readings rose, but too little to call it on their
+/// own, while their RSS stood still: readings a sweep or more apart
+/// can miss most of a short-lived worker's copying (a set of workers
+/// read twice, 7 MiB apart, was called flat while it copied 15 MiB).
+/// What the footprint shows after their last reading decides.
+fn small_risers<'a>(
+    workers: &[(&'a ProcSummary, Growth)],
+    series: &BTreeMap<(u32, u32), Vec<Reading>>,
+    leaking: &[&ProcSummary],
+) -> Vec<Copied<'a>> {
+    workers
+        .iter()
+        .filter_map(|(p, g)| {
+            let small = match *g {
+                Growth::Flat => true,
+                Growth::Continuing { bytes, .. } | Growth::Ramp { bytes, .. } => {
+                    bytes < RISE_MIN_BYTES
+                }
+            };
+            let pts = series.get(&(p.attempt, p.pid))?;
+            let (first, last) = (pts.first()?, pts.last()?);
+            let bytes = last.uss - first.uss;
+            let rss_rise = pts.iter().map(|r| r.rss).fold(0.0, f64::max) - first.rss;
+            (small
+                && !leaking.iter().any(|l| std::ptr::eq(*l, *p))
+                && bytes >= RISE_MIN_BYTES / 4.0
+                && rss_rise < RISE_MIN_BYTES / 4.0)
+                .then_some(Copied {
+                    p,
+                    first_read: first.read_t,
+                    bytes,
+                    seconds: last.t - first.t,
+                    level: last.uss,
+                    // Rising at its last reading.
+                    settled: false,
+                    rss: last.rss,
+                    reached: last.uss,
+                })
+        })
+        .collect()
 }
 
 fn worker_flat(workers: &[(&ProcSummary, Growth)]) -> Finding {

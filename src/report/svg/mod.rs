@@ -60,6 +60,8 @@ const GPU_COLOURS: [&str; 6] = [
     "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
 ];
 const SWAP: &str = "#009E73";
+/// The PSS sum beside a footprint that is a cgroup's working set.
+const PSS_SUM: &str = "#7A5195";
 const CEILING: &str = "#D55E00";
 const WARN: &str = "#A86F00";
 
@@ -259,7 +261,7 @@ pub fn timeline(log: &RunLog) -> String {
     let mut svg = String::new();
     let _ = write!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" id="timeline" class="timeline" viewBox="0 0 {W} {height:.0}" width="100%" role="img" aria-labelledby="timeline-title timeline-desc" font-family="{FONT}" font-size="12" fill="{INK}"><title id="timeline-title">Memory timeline</title><desc id="timeline-desc">PSS stacked by role with the PSS and RSS sums, swap, ceiling and thresholds over time, GPU memory per device, and one numbered marker per event.</desc>"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" id="timeline" class="timeline" viewBox="0 0 {W} {height:.0}" width="100%" role="img" aria-labelledby="timeline-title timeline-desc" font-family="{FONT}" font-size="12" fill="{INK}"><title id="timeline-title">Memory timeline</title><desc id="timeline-desc">The footprint the policy compared with the ceiling, with the ceiling and thresholds; PSS stacked by role with the PSS and RSS sums and swap as breakdowns; GPU memory per device, and one numbered marker per event.</desc>"#
     );
     let _ = write!(
         svg,
@@ -331,7 +333,15 @@ fn legend_items(
             });
         }
     }
-    legend.push(line_item("PSS sum (footprint)".into(), INK, 2.0, ""));
+    legend.push(line_item(
+        format!("footprint ({})", log.footprint_kind()),
+        INK,
+        2.2,
+        "",
+    ));
+    if log.footprint_is_working_set() {
+        legend.push(line_item("PSS sum".into(), PSS_SUM, 1.5, "8 3"));
+    }
     if sc.rss_on_scale {
         legend.push(line_item("RSS sum".into(), MUTED, 1.5, "5 3"));
     }

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use super::scale::{Frame, MemScale, YScale, byte_axis, line_path, step_path, time_step, y_axis};
 use super::{
-    CEILING, GPU_COLOURS, GPU_H, GRID, INK, LANE_H, MARKER_R, MEM_H, ML, MUTED, PW, STACK,
+    CEILING, GPU_COLOURS, GPU_H, GRID, INK, LANE_H, MARKER_R, MEM_H, ML, MUTED, PSS_SUM, PW, STACK,
     STEP_AXIS_H, SWAP, Shape, WARN, esc, marker_style, role_colour, shape_path, time_label,
 };
 use crate::report::load::{Event, EventKind, RunLog, SamplePoint};
@@ -316,7 +316,7 @@ impl Plot<'_> {
             .collect()
     }
 
-    /// Swap, the RSS sum and the PSS sum.
+    /// Swap, the RSS sum, the PSS sum and the footprint.
     fn sum_lines(&self, svg: &mut String) {
         let (frame, mem) = (&self.frame, &self.mem);
         if self.sc.has_swap {
@@ -340,10 +340,27 @@ impl Plot<'_> {
                 r#"<g id="series-rss" class="series line off-scale"></g>"#
             );
         }
-        let pts = self.broken(&|s| Some(s.pss_bytes as f64));
+        // The PSS sum is a breakdown beside a working set (it counts file
+        // pages charged elsewhere); without a cgroup it is the footprint,
+        // drawn once, below.
+        if self.log.footprint_is_working_set() {
+            let pts = self.broken(&|s| Some(s.pss_bytes as f64));
+            let _ = write!(
+                svg,
+                r#"<g id="series-pss-total" class="series line" fill="none" stroke="{PSS_SUM}" stroke-width="1.5" stroke-dasharray="8 3" stroke-linejoin="round"><path d="{}"/></g>"#,
+                line_path(frame, mem, &pts)
+            );
+        } else {
+            let _ = write!(
+                svg,
+                r#"<g id="series-pss-total" class="series line same-as-footprint"></g>"#
+            );
+        }
+        // What the policy compared with the ceiling and the thresholds.
+        let pts = self.broken(&|s| Some(s.footprint() as f64));
         let _ = write!(
             svg,
-            r#"<g id="series-pss-total" class="series line" fill="none" stroke="{INK}" stroke-width="2" stroke-linejoin="round"><path d="{}"/></g>"#,
+            r#"<g id="series-footprint" class="series line" fill="none" stroke="{INK}" stroke-width="2.2" stroke-linejoin="round"><path d="{}"/></g>"#,
             line_path(frame, mem, &pts)
         );
     }

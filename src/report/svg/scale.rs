@@ -69,8 +69,9 @@ pub(super) fn thresholds(log: &RunLog) -> (Option<Threshold>, Option<Threshold>)
     (warn, crit)
 }
 
-/// Keeps at most two samples (the lowest and highest PSS) per pixel column,
-/// so a day-long log stays a small picture and peaks are never lost.
+/// Keeps at most two samples (the lowest and highest footprint) per pixel
+/// column, so a day-long log stays a small picture and the peaks the policy
+/// saw are never lost.
 pub(super) fn decimate<'a>(samples: &[&'a SamplePoint], t0: f64, t1: f64) -> Vec<&'a SamplePoint> {
     if samples.len() <= (PW as usize) * 2 {
         return samples.to_vec();
@@ -80,8 +81,8 @@ pub(super) fn decimate<'a>(samples: &[&'a SamplePoint], t0: f64, t1: f64) -> Vec
     let mut bucket: Vec<&SamplePoint> = Vec::new();
     let mut key = None;
     let flush = |bucket: &mut Vec<&'a SamplePoint>, out: &mut Vec<&'a SamplePoint>| {
-        let lo = bucket.iter().enumerate().min_by_key(|(_, s)| s.pss_bytes);
-        let hi = bucket.iter().enumerate().max_by_key(|(_, s)| s.pss_bytes);
+        let lo = bucket.iter().enumerate().min_by_key(|(_, s)| s.footprint());
+        let hi = bucket.iter().enumerate().max_by_key(|(_, s)| s.footprint());
         if let (Some((i, a)), Some((j, b))) = (lo, hi) {
             match i.cmp(&j) {
                 std::cmp::Ordering::Less => out.extend([*a, *b]),
@@ -243,7 +244,11 @@ pub(super) fn mem_scale(
     samples: &[&SamplePoint],
     t0: f64,
 ) -> MemScale {
-    let pss_max = samples_all.iter().map(|s| s.pss_bytes).max().unwrap_or(0) as f64;
+    let pss_max = samples_all
+        .iter()
+        .map(|s| s.pss_bytes.max(s.footprint()))
+        .max()
+        .unwrap_or(0) as f64;
     let rss_max = samples_all.iter().map(|s| s.rss_bytes).max().unwrap_or(0) as f64;
     let swap_max = samples_all
         .iter()
