@@ -997,4 +997,23 @@ fn serial_the_footprint_shown_is_the_working_set_the_policy_compared() {
             );
         }
     }
+    // The report states the same peak and plots that figure.
+    let report = |format: &str| {
+        let out = std::process::Command::new(bin())
+            .args(["report", "--format", format, "-o", "-"])
+            .arg(&log)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json: serde_json::Value = serde_json::from_str(&report("json")).unwrap();
+    assert_eq!(json["peak"]["footprint_bytes"], top.tree.footprint_bytes);
+    let html = report("html");
+    assert!(
+        html.contains(r#"<div class="k">Peak footprint</div>"#),
+        "no peak card"
+    );
+    assert!(html.contains("series-footprint"), "no footprint line drawn");
+    assert!(html.contains(">footprint (cgroup working set)<"), "legend");
 }

@@ -285,7 +285,10 @@ pub struct ChildExit {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Peak {
+    /// Absent in logs written before it (the fixtures).
+    #[serde(default)]
     pub footprint_bytes: u64,
+    #[serde(default)]
     pub footprint_t: f64,
     pub tree_pss_bytes: u64,
     pub tree_rss_bytes: u64,
