@@ -45,7 +45,7 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::future::poll_fn;
-use std::io::{self, Write as _};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -286,10 +286,12 @@ pub struct RelayStats {
     pub dropped_events: u64,
 }
 
+mod pump;
 mod scan;
 mod sink;
 mod tee;
 
+use pump::{Collected, PumpIo, collect, observe, pump_channel, read_some};
 pub use scan::OutputScanner;
 use sink::{Sink, dup};
 use tee::Tee;
@@ -857,151 +859,6 @@ impl OutputRelay {
     }
 }
 
-/// What one channel's pump works with, besides the channel.
-struct PumpIo<'a> {
-    sinks: &'a mut [Sink],
-    log: &'a mut Option<OutputLog>,
-    errors: &'a mut Vec<OutputError>,
-    buf: &'a mut [u8],
-    keeper: &'a mut Option<Keeper>,
-}
-
-/// Reads one channel until its budget is used up, its destination is full
-/// or it has nothing more: (the budget ran out, the channel ended).
-fn pump_channel(ch: &mut Channel, io: &mut PumpIo<'_>, cx: &mut Context<'_>) -> (bool, bool) {
-    let PumpIo {
-        sinks,
-        log,
-        errors,
-        buf,
-        keeper,
-    } = io;
-    let mut ended = false;
-    let mut budget = PUMP_BUDGET;
-    while budget > 0 {
-        // Backpressure: while the destination's queue is full the
-        // channel is left unread, so the job's writes block.
-        if !sinks[ch.sink].ready(cx) {
-            break;
-        }
-        let failed = sinks[ch.sink].failed();
-        if failed && sinks[ch.sink].broken() {
-            // A full disk or an I/O error is not a reader that left: the
-            // job is not ended for it (a SIGPIPE would kill a training run
-            // over its log's disk). The rest is read and discarded, and
-            // counted, so the run fails with 74 once the job is done.
-            if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
-                match tee.discard(ch.fd.get_ref(), buf) {
-                    Ok(k) => budget = budget.saturating_sub(k),
-                    Err(e) => {
-                        ch.unreadable(errors, e);
-                        ended = true;
-                        break;
-                    }
-                }
-                continue;
-            }
-        } else if !sinks[ch.sink].drop_when_full && failed {
-            // As a pipe would: the reader is gone, so the job's
-            // next write fails with EPIPE (or SIGPIPE). What the
-            // job wrote that is still in its pipe is lost with it
-            // (scanned bytes are counted as read already).
-            let pending = rustix::io::ioctl_fionread(ch.fd.get_ref()).unwrap_or(0);
-            let scanned = ch.tee.as_ref().map_or(0, |t| t.pending) as u64;
-            sinks[ch.sink].count_unread_loss(pending.saturating_sub(scanned));
-            ch.open = false;
-            ch.closed = true;
-            ended = true;
-            // Its copy of the channel would keep the job from
-            // getting EPIPE.
-            **keeper = None;
-            break;
-        }
-        let sink = &sinks[ch.sink];
-        // Scanned bytes still in the job's pipe go first.
-        if let Some(tee) = ch.tee.as_mut().filter(|t| t.pending > 0) {
-            match tee.pass_on(sink, cx, ch.fd.get_ref()) {
-                Poll::Ready(n) => budget = budget.saturating_sub(n),
-                // Full: the job's pipe stays unread, so its writes
-                // block until the reader takes more.
-                Poll::Pending => break,
-            }
-            continue;
-        }
-        let mut guard = match ch.fd.poll_read_ready(cx) {
-            Poll::Ready(Ok(guard)) => guard,
-            Poll::Ready(Err(source)) => {
-                ch.unreadable(errors, source);
-                ended = true;
-                break;
-            }
-            Poll::Pending => break,
-        };
-        let pty = ch.pty;
-        let tee = ch.tee.as_mut().filter(|_| sink.can_splice());
-        let res = guard.try_io(|fd| match &tee {
-            Some(t) => t.duplicate(fd.get_ref(), buf.len()),
-            None => read_some(fd.get_ref(), buf, pty),
-        });
-        drop(guard);
-        match res {
-            Ok(Ok(Some(n))) => {
-                let passed_on = if let Some(t) = tee {
-                    t.pending = n;
-                    sink.count_read(n);
-                    // Passed on before the scan, so the reader and
-                    // the job get on while the duplicate is scanned.
-                    if let Poll::Ready(moved) = t.pass_on(sink, cx, ch.fd.get_ref()) {
-                        budget = budget.saturating_sub(moved);
-                    }
-                    match t.read_duplicate(&mut buf[..n]) {
-                        Ok(got) => observe(&buf[..got], log, &mut ch.scanner, errors),
-                        Err(source) => {
-                            ch.unreadable(errors, source);
-                            ended = true;
-                            break;
-                        }
-                    }
-                    t.pending == 0
-                } else {
-                    budget = budget.saturating_sub(n);
-                    sink.push(&buf[..n]);
-                    observe(&buf[..n], log, &mut ch.scanner, errors);
-                    true
-                };
-                // Every read counts for the pace, passed on or not.
-                let nap = ch.pace.nap_after(n, Instant::now());
-                // A sleep, not a timer: the job's pipe would stay in
-                // the reactor, and each of its writes would wake the
-                // loop all the same. The rest of the loop waits at
-                // most one NAP per read, less than a large read's
-                // scan takes, and only while output streams.
-                if nap && passed_on {
-                    std::thread::sleep(NAP);
-                }
-            }
-            // A kernel without tee for this pipe: copy from now on.
-            Ok(Err(e)) if tee.is_some() && e.raw_os_error() == Some(libc::EINVAL) => {
-                ch.tee = None;
-            }
-            Ok(Ok(None)) => {
-                ch.open = false;
-                ended = true;
-                break;
-            }
-            Ok(Err(source)) => {
-                ch.unreadable(errors, source);
-                ended = true;
-                break;
-            }
-            // Not readable after all; readiness was cleared, so the
-            // next poll registers the waker.
-            Err(_would_block) => {}
-        }
-    }
-    (budget == 0, ended)
-}
-
 /// The destination for `stream`: the given fd, or a copy of oomguard's own.
 /// When oomguard's own is closed, the job's output goes nowhere, as it
 /// would have without oomguard.
@@ -1040,91 +897,6 @@ fn raw_output(slave: &OwnedFd) -> Result<(), OutputError> {
         .remove(OutputModes::OPOST | OutputModes::ONLCR);
     rustix::termios::tcsetattr(slave, OptionalActions::Now, &t)
         .map_err(|e| OutputError::PtySettings(e.into()))
-}
-
-/// One non-blocking read: `Some(n)` bytes, `None` at the end (a pty master
-/// reports the end, once no process has the slave open, as EIO).
-fn read_some(fd: &OwnedFd, buf: &mut [u8], pty: bool) -> io::Result<Option<usize>> {
-    loop {
-        match rustix::io::read(fd, &mut *buf) {
-            Ok(0) => return Ok(None),
-            Ok(n) => return Ok(Some(n)),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(rustix::io::Errno::IO) if pty => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// Passes bytes read to the output log and the scanner.
-fn observe(
-    bytes: &[u8],
-    log: &mut Option<OutputLog>,
-    scanner: &mut OutputScanner,
-    errors: &mut Vec<OutputError>,
-) {
-    if let Some(log) = log
-        && let Some(file) = &mut log.file
-        && let Err(source) = file.write_all(bytes)
-    {
-        // A full disk must not cost the job its output or oomguard its
-        // loop: report once, keep relaying.
-        log.file = None;
-        errors.push(OutputError::WriteLog {
-            path: log.path.clone(),
-            source,
-        });
-    }
-    scanner.feed(bytes);
-}
-
-/// What [`collect`] moved.
-#[derive(Debug, Default, Clone, Copy)]
-struct Collected {
-    /// More than a progress update.
-    urgent: bool,
-    progress: bool,
-}
-
-/// Moves the scanner's events to the relay's queue.
-fn collect(
-    scanner: &mut OutputScanner,
-    events: &mut Vec<TorchEvent>,
-    dropped: &mut u64,
-) -> Collected {
-    *dropped += scanner.dropped_events;
-    scanner.dropped_events = 0;
-    let mut got = Collected::default();
-    for event in scanner.take_events() {
-        let progress = matches!(event, TorchEvent::Progress(_));
-        got.progress |= progress;
-        got.urgent |= !progress;
-        keep_event(events, event, dropped);
-    }
-    got
-}
-
-/// Queues an event, bounded. A progress update right after another is
-/// merged into it: a bar redrawn a thousand times between two reads is one
-/// update, and cannot push a CUDA OOM out of the queue.
-fn keep_event(events: &mut Vec<TorchEvent>, event: TorchEvent, dropped: &mut u64) {
-    if let TorchEvent::Progress(update) = event {
-        if let Some(TorchEvent::Progress(last)) = events.last_mut() {
-            last.merge(update);
-            return;
-        }
-        if events.len() < MAX_PENDING_EVENTS {
-            events.push(TorchEvent::Progress(update));
-        } else {
-            *dropped += 1;
-        }
-        return;
-    }
-    if events.len() < MAX_PENDING_EVENTS {
-        events.push(event);
-    } else {
-        *dropped += 1;
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use crate::forensics::progress;
 use crate::forensics::torch::{Framework, MAX_LINE_BYTES, TorchEvent, TorchScanner};
 
-use super::keep_event;
+use super::pump::keep_event;
 
 /// Splits raw output into lines and feeds them to a [`TorchScanner`].
 ///

@@ -50,24 +50,7 @@ impl Supervisor {
             }
             Record::Progress {
                 step, epoch, phase, ..
-            } => {
-                let u = ProgressUpdate {
-                    step,
-                    total: None,
-                    epoch: epoch.map(|e| {
-                        if e.fract() == 0.0 {
-                            format!("{e:.0}")
-                        } else {
-                            format!("{e:.2}")
-                        }
-                    }),
-                    phase: phase.as_deref().and_then(phase_of),
-                    printed_rate: None,
-                };
-                let t = self.run_t();
-                self.output.progress_mut().update(u, t);
-                self.publish_progress();
-            }
+            } => self.companion_progress(step, epoch, phase.as_deref()),
             Record::Ack { id, rank, step } => {
                 let ack = CheckpointAckEvent { id, rank, step };
                 self.sinks.log.write(&Event::CheckpointAck(ack));
@@ -80,44 +63,15 @@ impl Supervisor {
                 ok,
                 seconds,
             } => {
-                self.sinks
-                    .log
-                    .write(&Event::CheckpointDone(CheckpointDoneEvent {
-                        id,
-                        rank,
-                        step,
-                        paths: paths.clone(),
-                        ok,
-                        save_seconds: seconds,
-                    }));
-                if let Some(step) = step.filter(|_| ok) {
-                    self.sinks.metrics.saved(step);
-                }
-                if step.is_some() {
-                    let u = ProgressUpdate {
-                        step,
-                        ..ProgressUpdate::default()
-                    };
-                    let t = self.run_t();
-                    self.output.progress_mut().update(u, t);
-                    self.publish_progress();
-                }
-                // The newest saved checkpoint is the one a restart resumes
-                // from, whether a stop or a `checkpoint` rule asked for it.
-                if let Some(p) = paths.first().filter(|p| ok && p.exists()) {
-                    self.attempts.saved(p.clone());
-                }
-                // Without the dashboard, a save that ends the run is said
-                // once, by the summary that follows in moments (with the
-                // steps the end lost); the dashboard's events pane has it
-                // when it happens.
-                let summary_says_it = self.sinks.app.is_none() && self.save_ends_run();
-                if !self.cfg.quiet
-                    && !summary_says_it
-                    && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
-                {
-                    self.say(line);
-                }
+                let done = CheckpointDoneEvent {
+                    id,
+                    rank,
+                    step,
+                    paths,
+                    ok,
+                    save_seconds: seconds,
+                };
+                self.companion_saved(done);
             }
             Record::Remote {
                 id,
@@ -180,6 +134,62 @@ impl Supervisor {
                     freed_bytes: freed,
                 }));
             }
+        }
+    }
+
+    /// A rank's progress record: the run's progress (the companion's is
+    /// exact; the output's guesses give way to it).
+    fn companion_progress(&mut self, step: Option<u64>, epoch: Option<f64>, phase: Option<&str>) {
+        let u = ProgressUpdate {
+            step,
+            total: None,
+            epoch: epoch.map(|e| {
+                if e.fract() == 0.0 {
+                    format!("{e:.0}")
+                } else {
+                    format!("{e:.2}")
+                }
+            }),
+            phase: phase.and_then(phase_of),
+            printed_rate: None,
+        };
+        let t = self.run_t();
+        self.output.progress_mut().update(u, t);
+        self.publish_progress();
+    }
+
+    /// A rank's save ended: logged, counted, the step it saved taken as
+    /// progress, the file kept for a restart, and said.
+    fn companion_saved(&mut self, done: CheckpointDoneEvent) {
+        let (step, ok) = (done.step, done.ok);
+        let first = done.paths.first().cloned();
+        self.sinks.log.write(&Event::CheckpointDone(done));
+        if let Some(step) = step.filter(|_| ok) {
+            self.sinks.metrics.saved(step);
+        }
+        if step.is_some() {
+            let u = ProgressUpdate {
+                step,
+                ..ProgressUpdate::default()
+            };
+            let t = self.run_t();
+            self.output.progress_mut().update(u, t);
+            self.publish_progress();
+        }
+        // The newest saved checkpoint is the one a restart resumes from,
+        // whether a stop or a `checkpoint` rule asked for it.
+        if let Some(p) = first.filter(|p| ok && p.exists()) {
+            self.attempts.saved(p);
+        }
+        // Without the dashboard, a save that ends the run is said once, by
+        // the summary that follows in moments (with the steps the end
+        // lost); the dashboard's events pane has it when it happens.
+        let summary_says_it = self.sinks.app.is_none() && self.save_ends_run();
+        if !self.cfg.quiet
+            && !summary_says_it
+            && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
+        {
+            self.say(line);
         }
     }
 

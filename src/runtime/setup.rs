@@ -195,35 +195,40 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     if let Some(app) = sup.sinks.app.as_mut() {
         app.set_restart_available(restartable);
     }
-    let memory_high = match (sup.sampler.cgroup(), cg_first.as_ref()) {
-        (Some(reader), Some(cg)) => sup.core.engine.policy().thresholds().1.and_then(|crit| {
-            super::wakeups::set_memory_high(
-                &sup.cfg.without,
+    let memory_high = sup.set_memory_high(cg_first.as_ref());
+    sup.write_run_start(not_owned_reason, memory_high);
+    sup.arm_wakeups(cg_first.as_ref());
+    run_loop(sup, outside).await
+}
+
+impl Supervisor {
+    /// `memory.high` on the job's own v2 cgroup, three quarters of the way
+    /// from the critical level to the ceiling (see `wakeups.rs`).
+    fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) -> Option<u64> {
+        let (reader, cg) = (self.sampler.cgroup()?, cg?);
+        let crit = self.core.engine.policy().thresholds().1?;
+        let budget = self.sampler.budget_bytes();
+        super::wakeups::set_memory_high(&self.cfg.without, reader, cg, crit, budget)
+    }
+
+    /// Arms the kernel's wake-ups (v1 thresholds on the limit and on the
+    /// budget where the cgroup is the job's alone; PSI; `memory.events`),
+    /// saying once which the kernel refused.
+    fn arm_wakeups(&mut self, cg: Option<&crate::model::CgroupSample>) {
+        if let (Some(reader), Some(cg)) = (self.sampler.cgroup(), cg) {
+            let budget_here = reader.owned() || self.attached_exclusive();
+            let refused = self.wakeups.register_thresholds(
                 reader,
                 cg,
-                crit,
-                sup.sampler.budget_bytes(),
-            )
-        }),
-        _ => None,
-    };
-    sup.write_run_start(not_owned_reason, memory_high);
-    if let (Some(reader), Some(cg)) = (sup.sampler.cgroup(), cg_first.as_ref()) {
-        let budget_here = reader.owned() || sup.attached_exclusive();
-        let refused = sup.wakeups.register_thresholds(
-            reader,
-            cg,
-            sup.sampler.budget_bytes(),
-            budget_here,
-            &sup.core.wake_levels(),
-        );
-        sup.not_armed(refused);
+                self.sampler.budget_bytes(),
+                budget_here,
+                &self.core.wake_levels(),
+            );
+            self.not_armed(refused);
+        }
+        let refused = (self.wakeups).register_pri(self.sampler.cgroup(), &self.cfg.proc_root);
+        self.not_armed(refused);
     }
-    let refused = sup
-        .wakeups
-        .register_pri(sup.sampler.cgroup(), &sup.cfg.proc_root);
-    sup.not_armed(refused);
-    run_loop(sup, outside).await
 }
 
 /// The loop: a `select!` over the few things that can happen, each handed
