@@ -178,9 +178,7 @@ impl Supervisor {
                 end.still_running_pids = Some(self.sampler.tree().iter().map(|p| p.pid).collect());
             }
         }
-        self.sinks
-            .log
-            .write(&crate::log::Event::RunEnd(Box::new(end)));
+        self.sinks.write(&crate::log::Event::RunEnd(Box::new(end)));
     }
 
     /// The summary's first line under `attach` (`None`: the usual one).

@@ -392,7 +392,7 @@ impl Supervisor {
         let checkpoint = self.attempts.checkpoint().map(Path::to_path_buf);
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
-        self.sinks.log.set_attempt(next);
+        self.sinks.set_attempt(next);
         self.sinks.ui(crate::tui::UiEvent::Restart {
             t: self.run_t(),
             attempt: next,
@@ -402,7 +402,6 @@ impl Supervisor {
                 .collect(),
         });
         self.sinks
-            .log
             .write(&crate::log::Event::Restart(crate::log::RestartEvent {
                 reason: Some(reason.to_string()),
                 checkpoint: checkpoint.clone(),
@@ -438,7 +437,7 @@ impl Supervisor {
     /// Starts the next attempt.
     pub(super) fn relaunch(&mut self) {
         let attempt = self.attempts.begin(crate::clock::now());
-        self.sinks.log.set_attempt(attempt);
+        self.sinks.set_attempt(attempt);
         let resume_cmd = self.cfg.restart.resume_cmd.as_deref();
         let argv = self.attempts.argv(resume_cmd, &self.cfg.argv);
         let mut env = self.attempts.job_env();
@@ -450,7 +449,7 @@ impl Supervisor {
             env.extend(inj.env(base.as_deref()));
         }
         env.extend(self.next_channel().into_iter().flatten());
-        let slave = match self.screen.open_job_pty(self.sinks.app.as_ref()) {
+        let slave = match self.screen.open_job_pty(self.sinks.app()) {
             Some(Ok(s)) => {
                 self.keep_pty();
                 Some(s)
@@ -488,7 +487,7 @@ impl Supervisor {
         if let Some(pid) = keeper.flatten() {
             self.sampler.exclude(pid);
         }
-        if let Some(app) = self.sinks.app.as_mut() {
+        if let Some(app) = self.sinks.app_mut() {
             app.set_attempt(attempt);
         }
         match launched {
@@ -499,8 +498,7 @@ impl Supervisor {
                 self.core.reset();
                 self.output.new_attempt();
                 self.screen.new_attempt();
-                self.sinks.log.set_progress(None, false);
-                self.sinks.metrics.set_progress(None, None);
+                self.sinks.clear_progress();
                 self.wakeups.tick_now(now);
                 self.sinks.start_attempt(self.run_t());
                 let cg = self.sampler.cgroup().and_then(|c| c.read());

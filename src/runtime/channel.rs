@@ -16,7 +16,6 @@ impl Supervisor {
     /// A request went to the companion.
     pub(super) fn log_request(&mut self, id: u64, kind: Kind, reason: &str) {
         self.sinks
-            .log
             .write(&Event::CheckpointRequest(CheckpointRequestEvent {
                 id,
                 kind: kind.name().into(),
@@ -38,7 +37,7 @@ impl Supervisor {
                 path,
                 ..
             } => {
-                self.sinks.log.write(&Event::Companion(CompanionEvent {
+                self.sinks.write(&Event::Companion(CompanionEvent {
                     pid,
                     rank,
                     framework,
@@ -53,7 +52,7 @@ impl Supervisor {
             } => self.companion_progress(step, epoch, phase.as_deref()),
             Record::Ack { id, rank, step } => {
                 let ack = CheckpointAckEvent { id, rank, step };
-                self.sinks.log.write(&Event::CheckpointAck(ack));
+                self.sinks.write(&Event::CheckpointAck(ack));
             }
             Record::Done {
                 id,
@@ -84,7 +83,6 @@ impl Supervisor {
                 then,
             } => {
                 self.sinks
-                    .log
                     .write(&Event::CheckpointRequest(CheckpointRequestEvent {
                         id,
                         kind: kind.name().into(),
@@ -105,7 +103,7 @@ impl Supervisor {
                 detail,
                 then,
             } => {
-                self.sinks.log.write(&Event::Fault(FaultEvent {
+                self.sinks.write(&Event::Fault(FaultEvent {
                     id: Some(id),
                     remote: true,
                     node: Some(node),
@@ -116,19 +114,16 @@ impl Supervisor {
                 }));
             }
             Record::StoreLost { addr } => {
-                self.sinks
-                    .log
-                    .write(&Event::StoreLost(StoreLostEvent { addr }));
+                self.sinks.write(&Event::StoreLost(StoreLostEvent { addr }));
             }
             Record::FaultPublished { id } => {
                 self.sinks
-                    .log
                     .write(&Event::FaultPublished(FaultPublishedEvent { id }));
             }
             // A rank's end: a fault names it, when it is one.
             Record::Crash { .. } | Record::Bye { .. } => {}
             Record::Relieved { id, rank, freed } => {
-                self.sinks.log.write(&Event::Relieved(RelievedEvent {
+                self.sinks.write(&Event::Relieved(RelievedEvent {
                     id,
                     rank,
                     freed_bytes: freed,
@@ -163,9 +158,9 @@ impl Supervisor {
     fn companion_saved(&mut self, done: CheckpointDoneEvent) {
         let (step, ok) = (done.step, done.ok);
         let first = done.paths.first().cloned();
-        self.sinks.log.write(&Event::CheckpointDone(done));
+        self.sinks.write(&Event::CheckpointDone(done));
         if let Some(step) = step.filter(|_| ok) {
-            self.sinks.metrics.saved(step);
+            self.sinks.saved(step);
         }
         if step.is_some() {
             let u = ProgressUpdate {
@@ -184,7 +179,7 @@ impl Supervisor {
         // Without the dashboard, a save that ends the run is said once, by
         // the summary that follows in moments (with the steps the end
         // lost); the dashboard's events pane has it when it happens.
-        let summary_says_it = self.sinks.app.is_none() && self.save_ends_run();
+        let summary_says_it = self.sinks.app().is_none() && self.save_ends_run();
         if !self.cfg.quiet
             && !summary_says_it
             && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())

@@ -73,10 +73,11 @@ impl Supervisor {
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).
-            self.sinks.stats.peak.largest_process_rss_bytes = supervise::largest_child_rss_bytes();
+            self.sinks.stats_mut().peak.largest_process_rss_bytes =
+                supervise::largest_child_rss_bytes();
         }
         let fail_above = self.cfg.fail_above.map(|limit| {
-            let peak = &self.sinks.stats.peak;
+            let peak = &self.sinks.stats().peak;
             let exceeded = peak.tree_pss_bytes > limit || peak.largest_process_rss_bytes > limit;
             (limit, exceeded)
         });
@@ -109,9 +110,9 @@ impl Supervisor {
             &RunEnd {
                 outcome,
                 exit_code,
-                peak: self.sinks.stats.peak.clone(),
+                peak: self.sinks.stats().peak.clone(),
                 restarts: self.attempts.restarts(),
-                actions: self.sinks.stats.actions.clone(),
+                actions: self.sinks.stats().actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: self.internal_error.clone(),
                 fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
@@ -130,7 +131,7 @@ impl Supervisor {
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);
-        if let Some(t) = self.sinks.textfile.take()
+        if let Some(t) = self.sinks.take_textfile()
             && let Err(e) = t.remove()
         {
             eprintln!("oomguard: {e}");
@@ -247,7 +248,7 @@ impl Supervisor {
         fail_above: Option<(u64, bool)>,
     ) {
         if let Some((limit, true)) = fail_above {
-            let peak = &self.sinks.stats.peak;
+            let peak = &self.sinks.stats().peak;
             let what = if peak.tree_pss_bytes > limit {
                 format!(
                     "peak PSS sum {} exceeded --fail-above {}",
@@ -280,7 +281,7 @@ impl Supervisor {
                 "the kernel OOM killer killed the job",
             );
         }
-        if self.sinks.annotator.is_some()
+        if self.sinks.in_github_actions()
             && let Some(path) = crate::github::step_summary_path(std::env::vars())
         {
             let data = crate::github::RunSummaryData {
@@ -295,10 +296,10 @@ impl Supervisor {
                 exit_code,
                 duration_seconds: duration.as_secs_f64(),
                 attempts: self.attempts.number(),
-                peak: self.sinks.stats.peak.clone(),
+                peak: self.sinks.stats().peak.clone(),
                 ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
-                least_headroom_bytes: self.sinks.stats.least_headroom.map(|l| l.headroom_bytes),
-                actions: self.sinks.stats.actions.clone(),
+                least_headroom_bytes: self.sinks.stats().least_headroom.map(|l| l.headroom_bytes),
+                actions: self.sinks.stats().actions.clone(),
                 fail_above_bytes: self.cfg.fail_above,
             };
             if let Err(e) =
@@ -324,7 +325,7 @@ impl Supervisor {
             .collect::<Vec<_>>()
             .join(" ");
         let (how, saved_said) = self.how_it_ended(status, outcome, exit_code);
-        let s = &self.sinks.stats;
+        let s = self.sinks.stats();
         match self.attach_headline(outcome, duration) {
             Some(line) => eprintln!("oomguard: {line}"),
             None => eprintln!("oomguard: '{cmd}' {how} after {}", human_duration(duration)),
@@ -452,7 +453,7 @@ impl Supervisor {
 
     /// The peak and the nearest ceiling.
     fn memory_lines(&self) {
-        for line in self.sinks.stats.memory_lines() {
+        for line in self.sinks.stats().memory_lines() {
             eprintln!("oomguard: {line}");
         }
     }

@@ -160,7 +160,7 @@ impl Supervisor {
     /// Bytes the job wrote to its terminal: to the dashboard, the
     /// `--output-log` copy and the scanner.
     pub(super) fn take_pty_output(&mut self, bytes: &[u8]) {
-        if let Some(app) = self.sinks.app.as_mut() {
+        if let Some(app) = self.sinks.app_mut() {
             app.on_output(bytes);
         }
         self.output.take_pty_bytes(bytes);
@@ -230,7 +230,7 @@ impl Supervisor {
                 if let crate::log::Event::RankFailed(r) = &mut record {
                     self.note_rank_failed(r);
                 }
-                self.sinks.log.write(&record);
+                self.sinks.write(&record);
                 self.tell_peers_of_death(&record);
                 let t = self.run_t();
                 let ui = match &record {
@@ -329,14 +329,7 @@ impl Supervisor {
     pub(super) fn publish_progress(&mut self) {
         let progress = self.output.progress_mut();
         let changed = progress.take_changed();
-        let current = progress.current();
-        self.sinks.log.set_progress(current, changed);
-        self.sinks
-            .metrics
-            .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
-        if let Some(app) = self.sinks.app.as_mut() {
-            app.set_progress(current.cloned());
-        }
+        self.sinks.set_progress(progress.current(), changed);
     }
 
     /// A worker or rank killed by SIGKILL while memory was at or past the

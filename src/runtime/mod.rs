@@ -370,7 +370,7 @@ impl Supervisor {
             code: None,
             signal: None,
         };
-        self.sinks.log.write(&Event::ChildExit(exit));
+        self.sinks.write(&Event::ChildExit(exit));
         self.say(why);
     }
 
@@ -380,7 +380,7 @@ impl Supervisor {
     }
 
     fn run_time(&self) -> Duration {
-        crate::clock::since(self.sinks.started)
+        crate::clock::since(self.sinks.started())
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
@@ -405,7 +405,8 @@ impl Supervisor {
                 .and_then(|a| a.not_exclusive_reason.clone()),
             memory_high_bytes: memory_high,
         });
-        self.sinks.stats.footprint_is_working_set = cgroup.as_ref().is_some_and(|c| c.exclusive);
+        self.sinks.stats_mut().footprint_is_working_set =
+            cgroup.as_ref().is_some_and(|c| c.exclusive);
         let start = RunStart {
             argv: self
                 .cfg
@@ -425,7 +426,6 @@ impl Supervisor {
             ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
         self.sinks
-            .log
             .write_at(sample.t, &Event::RunStart(Box::new(start)));
         self.core.last_sample = Some(sample);
     }
@@ -525,7 +525,7 @@ impl Supervisor {
             sample,
             inputs,
             self.child.sig_mut(),
-            &mut *self.sinks.notifier,
+            self.sinks.notifier_mut(),
         );
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
@@ -623,9 +623,7 @@ impl Supervisor {
             {
                 let event = crate::log::PhaseMemoryEvent::new(&flag);
                 let advice = event.advice.clone();
-                self.sinks
-                    .log
-                    .write_at(sample.t, &Event::PhaseMemory(event));
+                self.sinks.write_at(sample.t, &Event::PhaseMemory(event));
                 if !self.cfg.quiet {
                     self.say(advice);
                 }
@@ -669,7 +667,6 @@ impl Supervisor {
                     waited_seconds,
                 } => {
                     self.sinks
-                        .log
                         .write(&Event::Checkpoint(crate::log::CheckpointEvent {
                             confirmed: path.is_some(),
                             path: path.clone(),
@@ -683,7 +680,7 @@ impl Supervisor {
                 Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
                 Acted::Companion(r) => self.companion_said(r),
                 Acted::Fault { id, fault } => {
-                    self.sinks.log.write(&Event::Fault(crate::log::FaultEvent {
+                    self.sinks.write(&Event::Fault(crate::log::FaultEvent {
                         id,
                         remote: false,
                         node: None,
@@ -693,7 +690,7 @@ impl Supervisor {
                         then: fault.then,
                     }));
                 }
-                Acted::Rule(r) => self.sinks.log.write(&Event::Rule(r)),
+                Acted::Rule(r) => self.sinks.write(&Event::Rule(r)),
                 Acted::Hook {
                     cmd,
                     action,
@@ -803,7 +800,7 @@ impl Supervisor {
                     pid: r.pid,
                     how,
                 });
-                self.sinks.log.write(&Event::ChildExit(ChildExit {
+                self.sinks.write(&Event::ChildExit(ChildExit {
                     pid: r.pid,
                     code,
                     signal,

@@ -334,7 +334,6 @@ impl super::Supervisor {
             ..crate::log::OomKillEvent::default()
         };
         self.sinks
-            .log
             .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(v.pid, &v.comm);
         if !self.cfg.quiet {
@@ -363,7 +362,6 @@ impl super::Supervisor {
                     ..crate::log::OomKillEvent::default()
                 };
                 self.sinks
-                    .log
                     .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
                 return;
             }
@@ -391,7 +389,6 @@ impl super::Supervisor {
             reason: None,
         };
         self.sinks
-            .log
             .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(e.kill.pid, &e.comm);
         if !self.cfg.quiet {

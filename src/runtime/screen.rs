@@ -200,12 +200,12 @@ impl Supervisor {
         };
         match ev {
             TermEvent::Resize { cols, rows } => {
-                if let Some(app) = &self.sinks.app {
+                if let Some(app) = self.sinks.app() {
                     self.screen.resize(app, cols, rows);
                 }
             }
             TermEvent::Key(key) => {
-                let Some(cmd) = self.sinks.app.as_mut().and_then(|a| a.on_key(key)) else {
+                let Some(cmd) = self.sinks.app_mut().and_then(|a| a.on_key(key)) else {
                     return;
                 };
                 let t = self.run_t();
@@ -271,7 +271,7 @@ impl Supervisor {
         if !taken.is_empty() {
             self.take_pty_output(&taken);
         }
-        let app = self.sinks.app.take();
+        let app = self.sinks.take_app();
         self.close_dashboard();
         if let Some(app) = app
             && !self.cfg.quiet
@@ -290,14 +290,14 @@ impl Supervisor {
     /// open (and drained) so the job is not hung up.
     pub(super) fn close_dashboard(&mut self) {
         self.screen.close();
-        self.sinks.app = None;
+        drop(self.sinks.take_app());
     }
 
     /// Redraws the dashboard (after every event; nothing runs while idle).
     pub(super) fn draw(&mut self) {
         use crate::tui::PolicyState;
         let t = self.run_t();
-        let Some(app) = self.sinks.app.as_mut().filter(|_| self.screen.is_open()) else {
+        let Some(app) = self.sinks.app_mut().filter(|_| self.screen.is_open()) else {
             return;
         };
         app.set_elapsed(t);

@@ -16,7 +16,7 @@ use super::host::{Launch, launch};
 use super::oom::OomWatch;
 use super::outside::Outside;
 use super::sampler::{Readers as SamplerReaders, Sampler};
-use super::sinks::{RunStats, Sinks};
+use super::sinks::{Outlets, Sinks};
 use super::tick::{Core, Voice};
 use super::{
     EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
@@ -192,7 +192,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
     }
     sup.keep_pty();
     let restartable = sup.restart_enabled();
-    if let Some(app) = sup.sinks.app.as_mut() {
+    if let Some(app) = sup.sinks.app_mut() {
         app.set_restart_available(restartable);
     }
     let memory_high = sup.set_memory_high(cg_first.as_ref());
@@ -784,29 +784,20 @@ impl Supervisor {
         let (max_restarts, restart_delay, restart_reset) =
             (cfg.max_restarts, cfg.restart_delay, cfg.restart_reset);
         Supervisor {
-            sinks: Sinks {
+            sinks: Sinks::new(
                 started,
-                log: outputs.log,
-                metrics: outputs.metrics,
-                textfile: outputs.textfile,
-                annotator: crate::github::in_github_actions(std::env::vars())
-                    .then(crate::github::Annotator::default),
-                app: screen.app,
-                notifier: Box::new(DesktopNotifier),
-                stats: RunStats::default(),
-                interval: cfg.interval,
-                procs_interval: cfg.procs_interval,
-                every_tick: cfg.run.log_every_tick,
-                last_logged: None,
-                last_procs_log: None,
-                early_procs_list: Some(super::sinks::EARLY_PROCS_LIST),
-                logged_uss: Default::default(),
-                rss_max: Default::default(),
-                attempt_t: 0.0,
-                confirm_at: None,
-                procs_lists: 0,
-                _metrics_stop: outputs.metrics_stop,
-            },
+                Outlets {
+                    log: outputs.log,
+                    metrics: outputs.metrics,
+                    textfile: outputs.textfile,
+                    metrics_stop: outputs.metrics_stop,
+                    app: screen.app,
+                    notifier: Box::new(DesktopNotifier),
+                },
+                cfg.interval,
+                cfg.procs_interval,
+                cfg.run.log_every_tick,
+            ),
             sampler: Sampler::new(
                 cfg.proc_root.clone(),
                 started,

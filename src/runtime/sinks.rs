@@ -28,42 +28,42 @@ pub struct RunStats {
 }
 
 pub struct Sinks {
-    pub started: Instant,
-    pub log: LogWriter,
-    pub metrics: crate::metrics::Metrics,
-    pub textfile: Option<crate::metrics::Textfile>,
+    started: Instant,
+    log: LogWriter,
+    metrics: crate::metrics::Metrics,
+    textfile: Option<crate::metrics::Textfile>,
     /// Set when running as a GitHub Actions step.
-    pub annotator: Option<crate::github::Annotator>,
+    annotator: Option<crate::github::Annotator>,
     /// The dashboard's state (it owns the terminal while it runs).
-    pub app: Option<crate::tui::App>,
-    pub notifier: Box<dyn Notifier>,
-    pub stats: RunStats,
+    app: Option<crate::tui::App>,
+    notifier: Box<dyn Notifier>,
+    stats: RunStats,
     /// `--interval` and `--procs-interval`: the log's cadence.
-    pub interval: Duration,
-    pub procs_interval: Duration,
+    interval: Duration,
+    procs_interval: Duration,
     /// `--log-every-tick`.
-    pub every_tick: bool,
-    pub last_logged: Option<f64>,
-    pub last_procs_log: Option<f64>,
+    every_tick: bool,
+    last_logged: Option<f64>,
+    last_procs_log: Option<f64>,
     /// When (run time) the attempt's early process list is due, until it is
     /// written (see [`EARLY_PROCS_LIST`]).
-    pub early_procs_list: Option<f64>,
+    early_procs_list: Option<f64>,
     /// Unforced lines with the process list written so far.
-    pub procs_lists: u32,
+    procs_lists: u32,
     /// Each process's private memory (USS) on the last process list, and
     /// when the attempt started: see [`MOVED_SHARE`].
-    pub logged_uss: HashMap<u32, u64>,
-    pub attempt_t: f64,
+    logged_uss: HashMap<u32, u64>,
+    attempt_t: f64,
     /// After a list for memory that moved, one more is due then: it shows
     /// whether the memory kept moving or levelled off (the report tells a
     /// leak from a ramp by the newest readings).
-    pub confirm_at: Option<f64>,
+    confirm_at: Option<f64>,
     /// Each process's highest RSS at any tick since its last list: lists
     /// are seconds apart, and memory gathered and freed between two of
     /// them would otherwise leave no trace of its peak.
-    pub rss_max: HashMap<u32, u64>,
+    rss_max: HashMap<u32, u64>,
     /// Stops the metrics endpoint when dropped (the runtime ending does too).
-    pub _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// An attempt's first process list comes at its first sample, before a
@@ -176,7 +176,136 @@ impl RunStats {
     }
 }
 
+/// Where a run's output goes, as `setup.rs` opens it (plain data).
+pub struct Outlets {
+    pub log: LogWriter,
+    pub metrics: crate::metrics::Metrics,
+    pub textfile: Option<crate::metrics::Textfile>,
+    /// Stops the metrics endpoint when dropped.
+    pub metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The dashboard's state.
+    pub app: Option<crate::tui::App>,
+    pub notifier: Box<dyn Notifier>,
+}
+
 impl Sinks {
+    /// The sinks of a run that started at `started`, logging a line per
+    /// `interval` and a process list per `procs_interval` (every tick with
+    /// `every_tick`); GitHub annotations when run as an Actions step.
+    pub fn new(
+        started: Instant,
+        out: Outlets,
+        interval: Duration,
+        procs_interval: Duration,
+        every_tick: bool,
+    ) -> Self {
+        Self {
+            started,
+            log: out.log,
+            metrics: out.metrics,
+            textfile: out.textfile,
+            annotator: crate::github::in_github_actions(std::env::vars())
+                .then(crate::github::Annotator::default),
+            app: out.app,
+            notifier: out.notifier,
+            stats: RunStats::default(),
+            interval,
+            procs_interval,
+            every_tick,
+            last_logged: None,
+            last_procs_log: None,
+            early_procs_list: Some(EARLY_PROCS_LIST),
+            logged_uss: HashMap::new(),
+            rss_max: HashMap::new(),
+            attempt_t: 0.0,
+            confirm_at: None,
+            procs_lists: 0,
+            _metrics_stop: out.metrics_stop,
+        }
+    }
+
+    /// When the run started (its time 0).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// One line to the log, at the run's time now.
+    pub fn write(&mut self, event: &crate::log::Event) {
+        self.log.write(event);
+    }
+
+    /// One line to the log, at run time `t`.
+    pub fn write_at(&mut self, t: f64, event: &crate::log::Event) {
+        self.log.write_at(t, event);
+    }
+
+    /// The lines that follow belong to attempt `n`.
+    pub fn set_attempt(&mut self, n: u32) {
+        self.log.set_attempt(n);
+    }
+
+    /// The job's progress to the log (the next sample carries it when it
+    /// `changed`), the metrics and the dashboard.
+    pub fn set_progress(
+        &mut self,
+        current: Option<&crate::forensics::progress::Progress>,
+        changed: bool,
+    ) {
+        self.log.set_progress(current, changed);
+        self.metrics
+            .set_progress(current.and_then(|p| p.step), current.and_then(|p| p.total));
+        if let Some(app) = self.app.as_mut() {
+            app.set_progress(current.cloned());
+        }
+    }
+
+    /// A new attempt has shown no progress yet (log and metrics).
+    pub fn clear_progress(&mut self) {
+        self.log.set_progress(None, false);
+        self.metrics.set_progress(None, None);
+    }
+
+    /// A checkpoint of `step` was saved.
+    pub fn saved(&mut self, step: u64) {
+        self.metrics.saved(step);
+    }
+
+    /// The dashboard's state, while the dashboard runs.
+    pub fn app(&self) -> Option<&crate::tui::App> {
+        self.app.as_ref()
+    }
+
+    pub fn app_mut(&mut self) -> Option<&mut crate::tui::App> {
+        self.app.as_mut()
+    }
+
+    /// The dashboard closes: its state, for what it leaves behind.
+    pub fn take_app(&mut self) -> Option<crate::tui::App> {
+        self.app.take()
+    }
+
+    pub fn stats(&self) -> &RunStats {
+        &self.stats
+    }
+
+    pub fn stats_mut(&mut self) -> &mut RunStats {
+        &mut self.stats
+    }
+
+    pub fn notifier_mut(&mut self) -> &mut dyn Notifier {
+        &mut *self.notifier
+    }
+
+    /// The metrics textfile, for its last write and removal.
+    pub fn take_textfile(&mut self) -> Option<crate::metrics::Textfile> {
+        self.textfile.take()
+    }
+
+    /// Run as a GitHub Actions step (annotations and a step summary).
+    pub fn in_github_actions(&self) -> bool {
+        self.annotator.is_some()
+    }
+
     /// The next attempt starts at `t`: a line at its first sample, and its
     /// early process list.
     pub fn start_attempt(&mut self, t: f64) {
