@@ -595,28 +595,19 @@ mod tests {
 
     fn sinks(log: &std::path::Path, every_tick: bool) -> Sinks {
         let started = Instant::now();
-        Sinks {
-            started,
+        let out = Outlets {
             log: LogWriter::create(log, started).unwrap(),
             metrics: crate::metrics::Metrics::new(Default::default(), "test"),
             textfile: None,
-            annotator: None,
+            metrics_stop: None,
             app: None,
             notifier: Box::new(Quiet),
-            stats: RunStats::default(),
-            interval: Duration::from_secs(1),
-            procs_interval: Duration::from_secs(5),
-            every_tick,
-            last_logged: None,
-            last_procs_log: None,
-            early_procs_list: Some(EARLY_PROCS_LIST),
-            logged_uss: HashMap::new(),
-            rss_max: HashMap::new(),
-            attempt_t: 0.0,
-            confirm_at: None,
-            procs_lists: 0,
-            _metrics_stop: None,
-        }
+        };
+        let interval = (Duration::from_secs(1), Duration::from_secs(5));
+        let mut s = Sinks::new(started, out, interval.0, interval.1, every_tick);
+        // Not a GitHub Actions step, wherever the tests run.
+        s.annotator = None;
+        s
     }
 
     fn sample(t: f64, uss: u64) -> Sample {
