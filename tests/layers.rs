@@ -93,7 +93,8 @@ fn uses(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, BTreeSet<Str
             }
             let text = fs::read_to_string(&path).unwrap();
             // Test code may reach anywhere.
-            let code = text.split("#[cfg(test)]").next().unwrap_or("");
+            let code = strip_test_items(&text);
+            let code = code.as_str();
             for (i, _) in code.match_indices("crate::") {
                 let name: String = code[i + 7..]
                     .chars()
@@ -105,6 +106,45 @@ fn uses(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, BTreeSet<Str
             }
         }
     }
+    out
+}
+
+/// `text` without its `#[cfg(test)]` items, each removed on its own (a
+/// `mod x;` or `use …;` to its semicolon, a braced item to its closing
+/// brace), so that the code after a test module is still read.
+fn strip_test_items(text: &str) -> String {
+    const MARK: &str = "#[cfg(test)]";
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(MARK) {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + MARK.len()..];
+        let end = match (after.find(';'), after.find('{')) {
+            (Some(semi), Some(brace)) if semi < brace => semi + 1,
+            (Some(semi), None) => semi + 1,
+            (_, Some(brace)) => {
+                let mut depth = 0usize;
+                let mut end = after.len();
+                for (k, c) in after[brace..].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                end = brace + k + 1;
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                end
+            }
+            (None, None) => after.len(),
+        };
+        rest = &after[end..];
+    }
+    out.push_str(rest);
     out
 }
 
@@ -181,16 +221,19 @@ fn the_layer_check_sees_what_it_looks_for() {
     fs::create_dir(src.join("runtime")).unwrap();
     fs::write(
         src.join("runtime/mod.rs"),
-        "use crate::units;\n#[cfg(test)]\nuse crate::doctor;\n",
+        "use crate::units;\n#[cfg(test)]\nuse crate::doctor;\n\
+         #[cfg(test)]\nmod tests {\n    fn f() { crate::doctor::x(); }\n}\n\
+         fn after_the_tests() { crate::relay::y(); }\n",
     )
     .unwrap();
     fs::write(src.join("doctor.rs"), "").unwrap();
+    fs::write(src.join("relay.rs"), "").unwrap();
     let modules = top_modules(src);
     let graph = uses(src, &modules);
     assert_eq!(graph["units"], BTreeSet::from(["runtime".to_string()]));
     assert_eq!(
         graph["runtime"],
-        BTreeSet::from(["units".to_string()]),
-        "test code is left out"
+        BTreeSet::from(["relay".to_string(), "units".to_string()]),
+        "test code is left out, and the code after it is read"
     );
 }
