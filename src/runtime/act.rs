@@ -25,7 +25,6 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-pub use super::requests::CompanionState;
 pub use super::signaller::{DesktopNotifier, Notifier, ProcSignaller, Signaller};
 use crate::companion::{Channel, Kind, Record};
 use crate::forensics::torch::Framework;
@@ -34,9 +33,13 @@ use crate::model::{CeilingSource, ProcSample, Role, Sample};
 use crate::policy::Action;
 use crate::restart::CheckpointWatch;
 use crate::supervise::{self, SignalError};
+pub use requests::CompanionState;
 
 mod checkpoint_wait;
 pub mod parts;
+mod peers;
+mod requests;
+pub(super) mod stop_saves;
 
 /// Identity of a process: pid and start time.
 pub type Ident = (u32, u64);
@@ -248,17 +251,17 @@ pub struct Actuator {
     /// joins (its id, and who asked and why).
     pub remote_stop: Option<RemoteStop>,
     /// Faults of a job across nodes (`peers.rs`).
-    pub peers: super::peers::Peers,
+    pub peers: peers::Peers,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
     /// This attempt's trainer was checked for a handler of the
     /// checkpoint signal ([`Actuator::check_stop_saves`]).
-    pub(super) stop_checked: bool,
+    stop_checked: bool,
     /// The job's output showed a framework whose own signal handling
     /// loses work (Lightning stops on SIGTERM without saving).
-    pub(super) framework: Option<(Framework, Instant)>,
+    framework: Option<(Framework, Instant)>,
     /// The framework's warning was given this attempt.
-    pub(super) framework_warned: bool,
+    framework_warned: bool,
     pub companion: CompanionState,
     /// The parts of the run's stops, for the summary (kept across attempts,
     /// as the log's counts are).
@@ -281,7 +284,7 @@ impl Actuator {
             detail: None,
             cause_rank: None,
             remote_stop: None,
-            peers: super::peers::Peers::default(),
+            peers: peers::Peers::default(),
             joined: None,
             stop_checked: false,
             framework: None,
@@ -349,7 +352,7 @@ impl Actuator {
         self.kill_at = None;
         self.companion = CompanionState::default();
         self.remote_stop = None;
-        self.peers = super::peers::Peers::default();
+        self.peers = peers::Peers::default();
         self.joined = None;
         self.stop_checked = false;
         self.framework = None;

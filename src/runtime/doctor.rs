@@ -5,7 +5,8 @@
 //! oomguard would end it (SIGTERM to its process group, SIGKILL after
 //! `--kill-after`), so nothing is left running.
 
-use super::{Supervisor, act, stop_saves};
+use super::Supervisor;
+use super::act::{self, stop_saves};
 
 impl Supervisor {
     /// Once per run, on a tick: judges the trainer when progress has been

@@ -44,9 +44,7 @@ mod job_output;
 mod loop_tests;
 mod oom;
 mod outside;
-mod peers;
 mod rank_exits;
-mod requests;
 mod resume;
 mod sampler;
 mod screen;
@@ -55,19 +53,18 @@ mod signal_saves;
 mod signaller;
 mod signals;
 mod sinks;
-mod stop_saves;
 mod store_link;
 mod target;
 mod tick;
 mod wakeups;
 mod words;
 
+pub use act::stop_saves::StopVerdict;
 use act::{Acted, Ident, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
 use signals::{FORWARDED, SignalPlan};
 use sinks::Sinks;
 pub use sinks::session_bus;
-pub use stop_saves::StopVerdict;
 use tick::{Core, TickInputs};
 
 pub use crate::exit::{

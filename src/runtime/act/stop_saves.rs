@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::act::{Actuator, FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
+use super::{Actuator, FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
 use crate::forensics::torch::Framework;
 use crate::model::ProcSample;
 use crate::supervise;
@@ -103,11 +103,7 @@ impl Actuator {
     /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
     /// handler (save, then requeue) is installed only under SLURM's
     /// auto-requeue. `None` once a companion speaks (it saves on request).
-    pub(super) fn framework_loses_work(
-        &self,
-        trainers: &[Ident],
-        sig: &dyn Signaller,
-    ) -> Option<String> {
+    pub fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
         if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
         {
             return None;

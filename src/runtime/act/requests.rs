@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::act::{Acted, Actuator, RemoteStop};
-use super::store_link::News;
+use super::super::store_link::News;
+use super::{Acted, Actuator, RemoteStop};
 use crate::companion::{Kind, Record};
 
 /// What the companion of this attempt has said.
@@ -198,7 +198,7 @@ impl Actuator {
 
     /// [`Actuator::ask`]; `restart`: the stop ends in a restart of the
     /// whole job (the other nodes restart with it).
-    pub(super) fn ask_then(
+    pub fn ask_then(
         &mut self,
         kind: Kind,
         reason: &str,

@@ -15,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::act::{Acted, Actuator, Ident, Signaller};
-use super::store_link::{News, StoreLink};
+use super::super::store_link::{News, StoreLink};
+use super::{Acted, Actuator, Ident, Signaller};
 use crate::companion::{Fault, Record};
 use crate::model::{ProcSample, Role};
 use crate::policy::Action;
@@ -512,7 +512,7 @@ impl Actuator {
     /// Another node's stop or fault is the attempt's end, though this
     /// node's ranks had already gone: recorded as a stop (or restart) that
     /// signalled nothing, with `result` saying why.
-    pub(super) fn end_after_the_ranks(&mut self, restart: bool, why: String, result: &str) {
+    pub fn end_after_the_ranks(&mut self, restart: bool, why: String, result: &str) {
         let action = if restart {
             Action::Restart
         } else {
@@ -806,7 +806,7 @@ mod tests {
         a.remote_stop = Some(remote());
         assert!(!a.adopt_remote_stop(), "no save for it: not its end");
         a.remote_stop = Some(remote());
-        a.companion.done = Some(crate::runtime::requests::Saved {
+        a.companion.done = Some(crate::runtime::act::requests::Saved {
             id: 7,
             step: Some(72),
             after_request_seconds: 0.0,
