@@ -1,13 +1,17 @@
 //! `oomguard run` and `attach`: the supervision loop, and the
-//! `Supervisor` that wires its parts together.
+//! `Supervisor` that owns its parts (docs/development.md has the map).
 //!
-//! The parts: the sampler (`sampler.rs`) reads one sample; the core
-//! (`tick.rs`) derives the view, runs the pure policy engine and drives the
-//! actuator (`act.rs`, signals behind the `Signaller` trait); what was done
-//! goes out through the sinks (`sinks.rs`). `setup.rs` opens everything
-//! before the job starts and runs the `select!` loop. What stays here is
-//! what needs the child process itself: reaping, forwarding signals, the
-//! job's output events, restarts and the ending.
+//! Each part has private fields, a constructor and a few verbs: the
+//! sampler (`sampler.rs`) reads one sample; the core (`tick.rs`) derives
+//! the view, runs the pure policy engine and drives the actuator (`act.rs`
+//! and `act/`); the sinks (`sinks.rs`) take what was done; the child
+//! (`child.rs`) is the job's leader, with every signal and launch; the
+//! wake-ups (`wakeups.rs`) say when the loop runs; the screen
+//! (`screen.rs`) and the job's output (`job_output.rs`) are the terminal
+//! and what the job wrote. `setup.rs` opens everything before the job
+//! starts and runs the `select!` loop; what stays here is the tick and
+//! what needs several parts at once: reaping, forwarding signals, hooks,
+//! restarts (`attempts.rs`) and the ending (`ending.rs`).
 //!
 //! One task on a current-thread runtime owns everything that changes state.
 //! The other threads only measure (the PSS sweeper, NVML). Keeping every
