@@ -473,7 +473,7 @@ pub fn shm(path: &Path) -> Check {
 
 /// Advisory: desktop notifications, as `run` sends them.
 pub fn notifications() -> Check {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let ci = crate::settings::in_ci();
     let bus = crate::runtime::session_bus();
     let details = json!({"session_bus": bus, "ci": ci});
     if bus && !ci {

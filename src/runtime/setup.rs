@@ -500,7 +500,7 @@ fn attached_channel(cfg: &RunConfig, job: &Job) -> Option<crate::companion::Chan
 /// forced with --tui; never with --no-tui. Without a pty for the job there
 /// is no dashboard (the job matters more).
 fn open_dashboard(cfg: &RunConfig) -> OpenedDashboard {
-    let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    let in_ci = cfg.in_ci;
     let terminal = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let want = !cfg.tui.no_tui && (cfg.tui.tui || (terminal && !in_ci));
     if !want {

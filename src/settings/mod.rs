@@ -49,6 +49,9 @@ pub struct Settings {
     pub values: Values,
     pub quiet: bool,
     pub notify: bool,
+    /// Running in CI ([`in_ci`]): no dashboard unless `--tui`, no desktop
+    /// notifications.
+    pub in_ci: bool,
     pub policy: PolicySettings,
     pub proc_root: PathBuf,
     pub tui: TuiArgs,
@@ -289,7 +292,7 @@ impl Settings {
             }
             None => None,
         };
-        let in_ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+        let in_ci = in_ci();
         let (attach, allow_kill) = match preset {
             Preset::Attach { pid, allow_kill } => (Some(pid), allow_kill),
             _ => (None, false),
@@ -307,6 +310,7 @@ impl Settings {
             values,
             quiet: cmd.quiet,
             notify: !in_ci && notify,
+            in_ci,
             policy: PolicySettings {
                 policy,
                 file: file.map(|f| f.path.clone()),
@@ -331,6 +335,13 @@ impl Settings {
 /// `--config` was given (the replay then uses the recorded policy). The
 /// working directory's `oomguard.toml` is not read: the recorded policy
 /// already reflects it.
+/// Whether oomguard runs in CI: `CI` set to anything but empty or
+/// `false` (GitHub Actions, GitLab and most others set `CI=true`). The one
+/// place it is read.
+pub fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
+}
+
 pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigError> {
     let flags = policy_layer(p);
     // Only what shapes the rules counts: `--grace` or `--on-warn` change

@@ -273,7 +273,7 @@ fn action_and_restart_cases() -> Vec<Case> {
 #[test]
 fn every_flag_beats_the_file_and_the_file_beats_the_default() {
     // `notify` is forced off under CI; compare with the same environment.
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    let ci = super::in_ci();
     for c in cases() {
         let defaults = (c.get)(&settings(&[], None));
         let file_only = (c.get)(&settings(&[], Some(c.file)));
