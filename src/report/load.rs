@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::ReportError;
 pub use super::attempts::Attempt;
 use crate::forensics::progress::Progress;
+use crate::log::ActionKind;
 use crate::log::read::{Item, Line, LogLines, Skip};
 use crate::log::{
     Event as Logged, LineProcs, PhaseMemoryEvent, RankFailedEvent, RunEnd, RunStart, SampleEvent,
@@ -137,7 +138,7 @@ pub struct PolicyRule {
     pub unit: Option<String>,
     pub for_seconds: Option<f64>,
     pub clear: Option<f64>,
-    pub action: String,
+    pub action: ActionKind,
 }
 
 /// One `sample` line. `t` is on the report's time axis (see [`load`]).
@@ -268,7 +269,7 @@ pub enum EventKind {
         state: crate::log::RuleState,
     },
     Action {
-        action: String,
+        action: ActionKind,
         reason: Option<String>,
         pids: Vec<u32>,
         signal: Option<String>,
@@ -625,7 +626,7 @@ fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
             state: r.state,
         },
         Logged::Action(a) => EventKind::Action {
-            action: a.action.to_string(),
+            action: a.action,
             reason: nonempty(a.reason),
             pids: a.pids,
             signal: a.signal,
@@ -759,7 +760,7 @@ fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
                 unit: r.unit,
                 for_seconds: r.for_seconds,
                 clear: r.clear,
-                action: r.action,
+                action: ActionKind::from_name(&r.action),
             })
             .collect(),
         gpu_available: Some(s.gpu.available),
