@@ -16,7 +16,7 @@ use std::io::BufRead;
 pub mod score;
 
 use crate::log::read::{Item, LogLines};
-use crate::log::{ActionKind, Event, PolicyInfo, SampleEvent};
+use crate::log::{ActionKind, Event, EventName, PolicyInfo, SampleEvent};
 use crate::model::{CeilingState, GpuSample, History};
 use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
 
@@ -145,18 +145,19 @@ pub fn replay(
             .map_or(1, |a| u32::try_from(a).unwrap_or(u32::MAX));
         let Some(t) = line.head.t else { continue };
         let name = line.head.event.as_deref().unwrap_or_default();
+        let named = EventName::from_name(name);
         let event = match line.event {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             // The engine's inputs must read; the ends of the job count
             // whatever their bodies say.
-            Err(e) if matches!(name, "run_start" | "sample" | "action") => {
+            Err(e) if engine_input(named) => {
                 return Err(line_err(line.n, format!("bad {name} line: {e}")));
             }
             Err(_) => {
-                match name {
-                    "oom_kill" => oom_kills.push((attempt, t)),
-                    "run_end" | "child_exit" => job_ended.push((attempt, t)),
+                match named {
+                    Some(EventName::OomKill) => oom_kills.push((attempt, t)),
+                    Some(EventName::RunEnd | EventName::ChildExit) => job_ended.push((attempt, t)),
                     _ => {}
                 }
                 continue;
@@ -231,6 +232,15 @@ pub fn replay(
             .collect(),
         every_tick,
     })
+}
+
+/// The lines the engine reads: one of these that does not read stops the
+/// replay, where any other is passed over.
+fn engine_input(named: Option<EventName>) -> bool {
+    matches!(
+        named,
+        Some(EventName::RunStart | EventName::Sample | EventName::Action)
+    )
 }
 
 /// A run logs the inputs that cannot be derived from its samples only when
