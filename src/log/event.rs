@@ -34,6 +34,24 @@ macro_rules! events {
             $( $(#[$doc])* #[serde(rename = $name)] $variant($body), )*
         }
 
+        /// Which event a line names, typed: known even when its body
+        /// does not read (a reader still counts a broken `run_end`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+        pub enum EventName {
+            $( #[serde(rename = $name)] $variant, )*
+        }
+
+        impl EventName {
+            /// The name a line carries: `None` for one this version does
+            /// not know.
+            pub fn from_name(name: &str) -> Option<EventName> {
+                match name {
+                    $($name => Some(EventName::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+
         impl Event {
             /// Every event name, in declaration order.
             pub const NAMES: &[&str] = &[$($name),*];

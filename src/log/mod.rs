@@ -31,7 +31,7 @@ mod vocab;
 
 pub use event::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
-    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
+    EventName, FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
 };
 use lenient::{device_index, lenient, lenient_list, lenient_vec, role_name, signal_name, truthy};
 pub use run_end::{CheapLoopStats, FailAbove, Outcome, Peak, RunEnd, WakeSource, Wakeups};

@@ -18,9 +18,10 @@ pub enum ActionKind {
     Restart,
     Stop,
     Kill,
-    /// An action this version does not know (read, never written).
+    /// An action this version does not know (read, never written; a
+    /// reader's own output spells it as [`ActionKind::as_str`] does).
     #[default]
-    #[serde(other)]
+    #[serde(other, rename = "?")]
     Other,
 }
 
@@ -39,11 +40,48 @@ impl ActionKind {
             ActionKind::Other => "?",
         }
     }
+
+    /// The kind a name spells, as a line's `action` reads (one not known
+    /// is `Other`): for names the log holds as text, such as a rule's.
+    pub fn from_name(name: &str) -> ActionKind {
+        [
+            ActionKind::Warn,
+            ActionKind::Relieve,
+            ActionKind::Checkpoint,
+            ActionKind::Pause,
+            ActionKind::Resume,
+            ActionKind::Restart,
+            ActionKind::Stop,
+            ActionKind::Kill,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+        .unwrap_or_default()
+    }
+
+    /// Actions that end the attempt (the policy's critical ones).
+    pub fn ends_attempt(self) -> bool {
+        matches!(
+            self,
+            ActionKind::Stop | ActionKind::Restart | ActionKind::Kill
+        )
+    }
+
+    /// Actions that end or hold the job: a warning or a request is not one.
+    pub fn is_decisive(self) -> bool {
+        self == ActionKind::Pause || self.ends_attempt()
+    }
 }
 
 impl std::fmt::Display for ActionKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for ActionKind {
+    fn from(name: &str) -> Self {
+        ActionKind::from_name(name)
     }
 }
 

@@ -16,7 +16,7 @@ use std::io::BufRead;
 pub mod score;
 
 use crate::log::read::{Item, LogLines};
-use crate::log::{Event, PolicyInfo, SampleEvent};
+use crate::log::{ActionKind, Event, EventName, PolicyInfo, SampleEvent};
 use crate::model::{CeilingState, GpuSample, History};
 use crate::policy::{Decision, Engine, Inputs, Metric, Policy, Readings};
 
@@ -52,7 +52,7 @@ pub enum ReplayError {
 pub struct Act {
     pub t: f64,
     pub attempt: u32,
-    pub action: String,
+    pub action: ActionKind,
     pub reason: String,
 }
 
@@ -145,18 +145,19 @@ pub fn replay(
             .map_or(1, |a| u32::try_from(a).unwrap_or(u32::MAX));
         let Some(t) = line.head.t else { continue };
         let name = line.head.event.as_deref().unwrap_or_default();
+        let named = EventName::from_name(name);
         let event = match line.event {
             Ok(Some(e)) => e,
             Ok(None) => continue,
             // The engine's inputs must read; the ends of the job count
             // whatever their bodies say.
-            Err(e) if matches!(name, "run_start" | "sample" | "action") => {
+            Err(e) if engine_input(named) => {
                 return Err(line_err(line.n, format!("bad {name} line: {e}")));
             }
             Err(_) => {
-                match name {
-                    "oom_kill" => oom_kills.push((attempt, t)),
-                    "run_end" | "child_exit" => job_ended.push((attempt, t)),
+                match named {
+                    Some(EventName::OomKill) => oom_kills.push((attempt, t)),
+                    Some(EventName::RunEnd | EventName::ChildExit) => job_ended.push((attempt, t)),
                     _ => {}
                 }
                 continue;
@@ -172,7 +173,7 @@ pub fn replay(
                 Act {
                     t,
                     attempt,
-                    action: a.action.to_string(),
+                    action: a.action,
                     reason: a.reason,
                 },
                 a.result != "ok",
@@ -205,11 +206,14 @@ pub fn replay(
     let manual: Vec<&Act> = actions
         .iter()
         .map(|(a, _)| a)
-        .filter(|a| a.reason.starts_with("manual") && (a.action == "pause" || a.action == "resume"))
+        .filter(|a| {
+            a.reason.starts_with("manual")
+                && matches!(a.action, ActionKind::Pause | ActionKind::Resume)
+        })
         .collect();
     let recorded: Vec<Act> = actions
         .iter()
-        .filter(|(a, refused)| decided_by_policy(a) && !(*refused && a.action == "warn"))
+        .filter(|(a, refused)| decided_by_policy(a) && !(*refused && a.action == ActionKind::Warn))
         .map(|(a, _)| a.clone())
         .collect();
     let notes = unrecorded_inputs(&policy, &samples);
@@ -228,6 +232,15 @@ pub fn replay(
             .collect(),
         every_tick,
     })
+}
+
+/// The lines the engine reads: one of these that does not read stops the
+/// replay, where any other is passed over.
+fn engine_input(named: Option<EventName>) -> bool {
+    matches!(
+        named,
+        Some(EventName::RunStart | EventName::Sample | EventName::Action)
+    )
 }
 
 /// A run logs the inputs that cannot be derived from its samples only when
@@ -296,7 +309,7 @@ fn run_engine(
             );
         }
         while let Some(m) = manual.next_if(|m| m.t <= *t) {
-            if m.action == "pause" {
+            if m.action == ActionKind::Pause {
                 engine.paused_externally(m.t);
             } else {
                 engine.resumed_externally();
@@ -307,8 +320,8 @@ fn run_engine(
         }
         for d in engine.step(&r) {
             let (action, reason) = match d {
-                Decision::Act { action, reason, .. } => (action.name().to_string(), reason),
-                Decision::Resume { reason } => ("resume".to_string(), reason),
+                Decision::Act { action, reason, .. } => (ActionKind::from(action), reason),
+                Decision::Resume { reason } => (ActionKind::Resume, reason),
                 Decision::Rule { .. } => continue,
             };
             out.push(Act {
@@ -512,7 +525,7 @@ mod tests {
             .rows
             .iter()
             .filter_map(|row| row.replayed.as_ref())
-            .filter(|a| a.action == "stop")
+            .filter(|a| a.action == ActionKind::Stop)
             .collect();
         assert_eq!(stops.len(), 1, "{:?}", r.rows);
         assert_eq!(stops[0].reason, "critical-eta");
@@ -527,7 +540,7 @@ mod tests {
             r.rows
                 .iter()
                 .filter_map(|row| row.replayed.as_ref())
-                .all(|a| a.action != "stop"),
+                .all(|a| a.action != ActionKind::Stop),
             "{:?}",
             r.rows
         );
@@ -587,7 +600,7 @@ mod tests {
             .rows
             .iter()
             .filter_map(|row| row.replayed.as_ref())
-            .find(|a| a.action == "stop")
+            .find(|a| a.action == ActionKind::Stop)
             .unwrap();
         assert_eq!(stop.t, 3.0);
         assert!(r.same() < 2, "{:?}", r.rows);

@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{Act, Replay};
+use crate::log::ActionKind;
 use crate::policy::{Metric, Policy};
 
 /// What a trace is, by how its run ended.
@@ -62,7 +63,7 @@ impl Scored {
 }
 
 fn stops(a: &Act) -> bool {
-    matches!(a.action.as_str(), "pause" | "stop" | "restart" | "kill")
+    a.action.is_decisive()
 }
 
 /// The policy's level rules alone: what a fixed critical threshold does.
@@ -107,13 +108,13 @@ pub fn score(trace: &str, r: &Replay, fixed: &Replay) -> Scored {
             .rows
             .iter()
             .filter_map(|row| row.replayed.as_ref())
-            .filter(|a| a.action == "warn")
+            .filter(|a| a.action == ActionKind::Warn)
             .count(),
         checkpoints: r
             .rows
             .iter()
             .filter_map(|row| row.replayed.as_ref())
-            .filter(|a| a.attempt == 1 && a.action == "checkpoint")
+            .filter(|a| a.attempt == 1 && a.action == ActionKind::Checkpoint)
             .count(),
         kernel_kill_t: kill,
         headroom_percent,

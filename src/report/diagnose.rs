@@ -13,6 +13,7 @@ pub use super::fit::{WorkerFit, nearest_ceiling, worker_fit_numbers};
 use super::fit::{prefetch_share, worker_fit};
 use super::load::{EventKind, RunLog, SamplePoint};
 use crate::growth;
+use crate::log::EventName;
 use crate::model::{Role, least_squares_slope};
 use crate::units::{HumanBytes, human_duration};
 
@@ -367,7 +368,11 @@ fn progress(log: &RunLog, out: &mut Vec<Finding>) {
             numbers: Vec::new(),
         });
     }
-    for r in log.progress.iter().filter(|p| p.event == "restart") {
+    for r in log
+        .progress
+        .iter()
+        .filter(|p| p.event == Some(EventName::Restart))
+    {
         let (Some(stopped), next) = (r.step, r.attempt) else {
             continue;
         };
@@ -397,7 +402,9 @@ fn progress(log: &RunLog, out: &mut Vec<Finding>) {
             continue;
         }
         let resumed = log.progress.iter().find(|p| {
-            p.attempt == next && p.event != "restart" && p.phase.as_deref() == Some("train")
+            p.attempt == next
+                && p.event != Some(EventName::Restart)
+                && p.phase.as_deref() == Some("train")
         });
         let Some(resumed_at) = resumed.and_then(|p| p.step) else {
             continue;

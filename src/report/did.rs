@@ -7,11 +7,7 @@ use std::collections::BTreeMap;
 
 use super::diagnose::{Cited, Finding, Severity, outcome_text, time_text};
 use super::load::{EventKind, RunLog};
-
-/// The actions that end or hold a job (a warning is not one).
-fn decisive(action: &str) -> bool {
-    matches!(action, "stop" | "pause" | "kill" | "restart")
-}
+use crate::log::ActionKind;
 
 /// The figures behind what oomguard did: least headroom, firings, actions.
 fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) -> Vec<Cited> {
@@ -43,7 +39,7 @@ fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) ->
 
 /// Why the kernel still killed: title and advice of `not_prevented`.
 fn not_prevented(
-    actions: &[(f64, &str, Option<&str>)],
+    actions: &[(f64, ActionKind, Option<&str>)],
     no_firings: bool,
     first_kill: Option<f64>,
     rules: Option<usize>,
@@ -52,7 +48,7 @@ fn not_prevented(
 ) -> (String, String) {
     let before: Vec<_> = actions
         .iter()
-        .filter(|(t, a, _)| decisive(a) && first_kill.is_none_or(|k| *t <= k))
+        .filter(|(t, a, _)| a.is_decisive() && first_kill.is_none_or(|k| *t <= k))
         .collect();
     if let Some((t, a, _)) = before.first() {
         let lead = first_kill.map(|k| k - t);
@@ -112,7 +108,7 @@ pub(super) fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     for e in &log.events {
         match &e.kind {
             EventKind::Action { action, reason, .. } => {
-                actions.push((e.t, action.as_str(), reason.as_deref()));
+                actions.push((e.t, *action, reason.as_deref()));
             }
             EventKind::Restart {
                 reason,
@@ -154,7 +150,7 @@ pub(super) fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
         });
         return;
     }
-    let acted = actions.iter().any(|(_, a, _)| decisive(a));
+    let acted = actions.iter().any(|(_, a, _)| a.is_decisive());
     if acted && log.end.is_none() {
         // No run_end: oomguard was killed or still runs; a kill after the
         // log's last line would not be in it, so nothing is claimed.
@@ -203,7 +199,10 @@ struct Restart<'a> {
     degraded: &'a BTreeMap<String, (serde_json::Value, serde_json::Value)>,
 }
 
-fn describe_actions(actions: &[(f64, &str, Option<&str>)], restarts: &[Restart<'_>]) -> String {
+fn describe_actions(
+    actions: &[(f64, ActionKind, Option<&str>)],
+    restarts: &[Restart<'_>],
+) -> String {
     if actions.is_empty() && restarts.is_empty() {
         return "oomguard took no action.".to_string();
     }

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use super::diagnose::outcome_text;
 use super::diagnose::{Finding, Severity, processes, time_text};
-use super::load::{Event, RunLog};
+use super::load::{Event, EventKind, RunLog};
 use super::svg::{esc, timeline};
 use super::text::{command_text, duration, event_summary, peaks};
 use crate::units::HumanBytes;
@@ -261,7 +261,7 @@ fn cards(h: &mut String, log: &RunLog) {
     let kills = log
         .events
         .iter()
-        .filter(|e| e.kind.name() == "oom_kill")
+        .filter(|e| matches!(e.kind, EventKind::OomKill { .. }))
         .count();
     card(
         h,

@@ -254,8 +254,7 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
         let t = offset + e.t;
         match &e.kind {
             EventKind::Action { action, reason, .. }
-                if matches!(action.as_str(), "stop" | "restart" | "kill")
-                    && acted_in != e.attempt =>
+                if action.ends_attempt() && acted_in != e.attempt =>
             {
                 acted_in = e.attempt;
                 let why = reason.clone().unwrap_or_default();

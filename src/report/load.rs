@@ -21,6 +21,7 @@ use super::ReportError;
 pub use super::attempts::Attempt;
 use crate::forensics::progress::Progress;
 use crate::log::read::{Item, Line, LogLines, Skip};
+use crate::log::{ActionKind, EventName};
 use crate::log::{
     Event as Logged, LineProcs, PhaseMemoryEvent, RankFailedEvent, RunEnd, RunStart, SampleEvent,
 };
@@ -90,8 +91,9 @@ impl RunLog {
 pub struct ProgressPoint {
     pub t: f64,
     pub attempt: u32,
-    /// The line's event (`sample`, `restart`, `run_end`, …).
-    pub event: String,
+    /// The line's event (`sample`, `restart`, `run_end`, …), `None` for
+    /// one this version does not know.
+    pub event: Option<EventName>,
     pub step: Option<u64>,
     pub total: Option<u64>,
     pub epoch: Option<String>,
@@ -137,7 +139,7 @@ pub struct PolicyRule {
     pub unit: Option<String>,
     pub for_seconds: Option<f64>,
     pub clear: Option<f64>,
-    pub action: String,
+    pub action: ActionKind,
 }
 
 /// One `sample` line. `t` is on the report's time axis (see [`load`]).
@@ -268,7 +270,7 @@ pub enum EventKind {
         state: crate::log::RuleState,
     },
     Action {
-        action: String,
+        action: ActionKind,
         reason: Option<String>,
         pids: Vec<u32>,
         signal: Option<String>,
@@ -492,17 +494,16 @@ impl Reader {
         // A restart line may carry the attempt it starts (its body's
         // `attempt` overrides the envelope's) while stamped on the old
         // attempt's clock: it does not move the clock to the new attempt.
-        let t = if event == "restart" {
+        let named = EventName::from_name(&event);
+        let t = if named == Some(EventName::Restart) {
             self.clock.place(self.clock.attempt.max(1), head.t)
         } else {
             self.clock.place(attempt, head.t)
         };
         if let Some(p) = &head.progress {
-            self.log
-                .progress
-                .push(progress_point(p, t, attempt, &event));
+            self.log.progress.push(progress_point(p, t, attempt, named));
         }
-        let procs = if event == "sample" {
+        let procs = if named == Some(EventName::Sample) {
             None
         } else {
             serde_json::from_str::<LineProcs>(&raw)
@@ -550,7 +551,7 @@ impl Reader {
             Ok(Read::Unknown) => {}
             Err(e) => {
                 self.warn(format!("line {n}: {event} not readable, skipped ({e})"));
-                if event == "run_end" {
+                if named == Some(EventName::RunEnd) {
                     self.log.end = Some(EndInfo {
                         t,
                         ..EndInfo::default()
@@ -625,7 +626,7 @@ fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
             state: r.state,
         },
         Logged::Action(a) => EventKind::Action {
-            action: a.action.to_string(),
+            action: a.action,
             reason: nonempty(a.reason),
             pids: a.pids,
             signal: a.signal,
@@ -696,11 +697,11 @@ fn nonempty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-fn progress_point(p: &Progress, t: f64, attempt: u32, event: &str) -> ProgressPoint {
+fn progress_point(p: &Progress, t: f64, attempt: u32, event: Option<EventName>) -> ProgressPoint {
     ProgressPoint {
         t,
         attempt,
-        event: event.to_string(),
+        event,
         step: p.step,
         total: p.total,
         epoch: p.epoch.clone(),
@@ -759,7 +760,7 @@ fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
                 unit: r.unit,
                 for_seconds: r.for_seconds,
                 clear: r.clear,
-                action: r.action,
+                action: ActionKind::from_name(&r.action),
             })
             .collect(),
         gpu_available: Some(s.gpu.available),

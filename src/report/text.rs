@@ -26,7 +26,7 @@ pub(super) fn event_summary(e: &Event) -> String {
             signal,
             result,
         } => action_summary(
-            action,
+            *action,
             reason.as_deref(),
             pids,
             signal.as_deref(),
@@ -118,7 +118,7 @@ fn rule_summary(
 }
 
 fn action_summary(
-    action: &str,
+    action: crate::log::ActionKind,
     reason: Option<&str>,
     pids: &[u32],
     signal: Option<&str>,

@@ -6,6 +6,7 @@
 use std::fmt::Write;
 
 use super::{GRID, INK, ML, MUTED, OFF_SCALE, PW, esc};
+use crate::log::ActionKind;
 use crate::report::load::{RunLog, SamplePoint};
 use crate::units::HumanBytes;
 
@@ -54,9 +55,9 @@ pub(super) fn thresholds(log: &RunLog) -> (Option<Threshold>, Option<Threshold>)
             "headroom_bytes" | "headroom" => Threshold::Bytes(v),
             _ => continue,
         };
-        let slot = match r.action.as_str() {
-            "warn" => &mut warn,
-            "stop" | "pause" | "kill" | "restart" => &mut crit,
+        let slot = match r.action {
+            ActionKind::Warn => &mut warn,
+            a if a.is_decisive() => &mut crit,
             _ => continue,
         };
         // The first to fire is the one with more headroom; compare levels
