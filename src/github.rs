@@ -288,22 +288,15 @@ pub fn step_summary(d: &RunSummaryData) -> String {
         human_duration(Duration::from_secs_f64(d.duration_seconds.max(0.0))),
     );
     row("Attempts", d.attempts.to_string());
+    let peak_at = |bytes: u64, t: f64| {
+        let at = human_duration(Duration::from_secs_f64(t.max(0.0)));
+        format!("**{}** at {at}", HumanBytes(bytes))
+    };
     row(
         "Peak footprint (what the ceilings were compared with)",
-        format!(
-            "**{}** at {}",
-            HumanBytes(d.peak.footprint_bytes),
-            human_duration(Duration::from_secs_f64(d.peak.footprint_t.max(0.0)))
-        ),
+        peak_at(d.peak.footprint_bytes, d.peak.footprint_t),
     );
-    row(
-        "Peak PSS sum",
-        format!(
-            "**{}** at {}",
-            HumanBytes(d.peak.tree_pss_bytes),
-            human_duration(Duration::from_secs_f64(d.peak.t.max(0.0)))
-        ),
-    );
+    row("Peak PSS sum", peak_at(d.peak.tree_pss_bytes, d.peak.t));
     row(
         "Peak tree RSS (sum, counts shared pages per process)",
         HumanBytes(d.peak.tree_rss_bytes).to_string(),

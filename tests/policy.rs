@@ -920,16 +920,7 @@ fn serial_the_footprint_shown_is_the_working_set_the_policy_compared() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let shm = format!("/dev/shm/oomguard-footprint-test-{}", std::process::id());
-    let job = script(
-        dir.path(),
-        "job.sh",
-        &format!(
-            "trap 'rm -f {shm}' EXIT\n\
-             dd if=/dev/zero of={shm} bs=1M count=200 status=none\n\
-             sleep 4\n"
-        ),
-    );
+    let job = ShmJob::new(dir.path(), "footprint-test", 4);
     let log = dir.path().join("run.ndjson");
     let (code, lines, err) = run_in(
         &cg,
@@ -941,11 +932,11 @@ fn serial_the_footprint_shown_is_the_working_set_the_policy_compared() {
             "100MiB",
             "--",
             "bash",
-            job.to_str().unwrap(),
+            job.script.to_str().unwrap(),
         ],
         &[],
     );
-    let _ = fs::remove_file(&shm);
+    drop(job);
     assert_eq!(
         code,
         Some(0),

@@ -697,16 +697,7 @@ fn the_dashboard_gauges_the_working_set_the_policy_compares() {
     let _serial = serial();
     common::deadline::arm_for(Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
-    let shm = format!("/dev/shm/oomguard-tui-footprint-{}", std::process::id());
-    let job = script(
-        dir.path(),
-        "job.sh",
-        &format!(
-            "trap 'rm -f {shm}' EXIT\n\
-             dd if=/dev/zero of={shm} bs=1M count=200 status=none\n\
-             sleep 6\n"
-        ),
-    );
+    let job = ShmJob::new(dir.path(), "tui-footprint", 6);
     let log = dir.path().join("run.ndjson");
     let s = Session::start(
         format!("oomguard-footprint-{}", std::process::id()),
@@ -719,7 +710,7 @@ fn the_dashboard_gauges_the_working_set_the_policy_compares() {
         cg = cg.dir.display(),
         bin = env!("CARGO_BIN_EXE_oomguard"),
         log = log.display(),
-        job = job.display(),
+        job = job.script.display(),
     );
     s.keys(&cmd);
     s.keys("Enter");
@@ -739,7 +730,7 @@ fn the_dashboard_gauges_the_working_set_the_policy_compares() {
     });
     let shown = figure(&s.screen()).unwrap();
     assert_eq!(exit_line(&s, 30), "EXIT=0", "{}", s.screen());
-    let _ = std::fs::remove_file(&shm);
+    drop(job);
     let lines = read_log(&log);
     let samples: Vec<_> = lines.iter().filter_map(|l| l.sample()).collect();
     let top = samples

@@ -118,9 +118,7 @@ impl RunStats {
             self.least_headroom = Some(n);
         }
     }
-}
 
-impl RunStats {
     /// The summary's memory lines: the peak footprint (named for what it
     /// is, the figure the ceilings were compared with), PSS and RSS as its
     /// breakdown, and the nearest ceiling.

@@ -118,6 +118,37 @@ pub fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+/// A job that writes 200 MiB to `/dev/shm` and holds it `secs`: charged to
+/// its cgroup but mapped by no process, so its working set stands that far
+/// above its PSS sum by construction. The file goes when the job exits, and
+/// when this is dropped (a job killed before its trap ran).
+pub struct ShmJob {
+    pub script: PathBuf,
+    file: PathBuf,
+}
+
+impl ShmJob {
+    pub fn new(dir: &Path, tag: &str, secs: u32) -> Self {
+        let file = PathBuf::from(format!("/dev/shm/oomguard-{tag}-{}", std::process::id()));
+        let f = file.display();
+        let body = format!(
+            "trap 'rm -f {f}' EXIT\n\
+             dd if=/dev/zero of={f} bs=1M count=200 status=none\n\
+             sleep {secs}\n"
+        );
+        Self {
+            script: script(dir, "job.sh", &body),
+            file,
+        }
+    }
+}
+
+impl Drop for ShmJob {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.file);
+    }
+}
+
 /// An `oom_kill` event written from the kernel's own report, not from the
 /// OOM-kill counter's fallback: only the report gives the constraint and
 /// the `kill` record, and only the fallback says a `reason`.
