@@ -343,8 +343,7 @@ impl Supervisor {
                 .any(|f| f.signal.as_deref() == Some("SIGKILL")),
             _ => false,
         };
-        let (warn, _) = self.core.engine.policy().thresholds();
-        let warn = warn.unwrap_or(20.0);
+        let (warn, _) = self.core.watched_levels();
         sigkill
             && self
                 .core
@@ -357,8 +356,7 @@ impl Supervisor {
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
     /// critical level, or the kernel's OOM-kill count rose this attempt.
     pub(super) fn host_memory_critical(&self) -> bool {
-        let (_, crit) = self.core.engine.policy().thresholds();
-        let crit = crit.unwrap_or(8.0);
+        let (_, crit) = self.core.watched_levels();
         self.oom.struck_this_attempt()
             || self
                 .core

@@ -95,9 +95,8 @@ impl Core {
 
     /// The stop ladder's levels, from the policy.
     pub fn levels(&self) -> Levels {
-        let (_, crit) = self.engine.policy().thresholds();
         Levels {
-            last_resort: crit.unwrap_or(8.0) / 2.0,
+            last_resort: self.wake_levels()[2],
         }
     }
 
