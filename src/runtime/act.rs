@@ -22,11 +22,10 @@
 //! every signal is sent by identity, so a recycled pid is never hit.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use super::signaller::{DesktopNotifier, Notifier, ProcSignaller, Signaller};
-use crate::companion::{Channel, Kind, Record};
+use crate::companion::{Channel, Kind};
 use crate::forensics::torch::Framework;
 use crate::log::ActionKind;
 use crate::model::{CeilingSource, ProcSample, Role, Sample};
@@ -34,12 +33,14 @@ use crate::policy::Action;
 use crate::restart::CheckpointWatch;
 use crate::supervise::{self, SignalError};
 pub use requests::CompanionState;
+pub use types::{ActConfig, Acted, Levels, RemoteStop, SaveBudget, Scene};
 
 mod checkpoint_wait;
 pub mod parts;
 mod peers;
 mod requests;
 pub(super) mod stop_saves;
+mod types;
 
 /// Identity of a process: pid and start time.
 pub type Ident = (u32, u64);
@@ -59,59 +60,6 @@ pub const THROTTLE_RUN: Duration = Duration::from_millis(50);
 /// the stop goes on without the checkpoint.
 pub const LAST_RESORT_HOLD: Duration = Duration::from_secs(5);
 
-/// Another node's stop the ranks agreed on, which this node joins.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteStop {
-    pub id: u64,
-    /// Who asked and why ("node 0 (rank 1): critical-headroom: …").
-    pub why: String,
-    /// The asking node restarts the job after the save: so does this one.
-    pub restart: bool,
-}
-
-/// What the actuator did, for the sinks.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Acted {
-    /// An `action` line: what, why, the pids reached, the signal and the
-    /// first error (`"ok"` when none).
-    Action {
-        action: crate::log::ActionKind,
-        reason: String,
-        pids: Vec<u32>,
-        signal: Option<i32>,
-        result: String,
-    },
-    /// A message for the user (stderr or the dashboard).
-    Say(String),
-    /// The checkpoint wait ended (with `--checkpoint-dir`).
-    Checkpoint {
-        path: Option<PathBuf>,
-        waited_seconds: f64,
-    },
-    /// A rule changed state.
-    Rule(crate::log::RuleEvent),
-    /// A hook command to run for an action.
-    Hook {
-        cmd: String,
-        action: Action,
-        reason: String,
-    },
-    /// A stop that could not end the job (attach without `--allow-kill`)
-    /// was given up: the policy starts over.
-    GaveUp,
-    /// A request was written to the companion.
-    Requested { id: u64, kind: Kind, reason: String },
-    /// This node's fault went to the companion for the other nodes (`id`:
-    /// none when it could not be written).
-    Fault {
-        id: Option<u64>,
-        fault: crate::companion::Fault,
-    },
-    /// The companion said something (progress, an acknowledgement, a
-    /// finished save), for the log and the progress tracker.
-    Companion(Record),
-}
-
 /// The result of a `checkpoint` action with no companion to ask.
 pub const NO_COMPANION: &str = "no companion";
 
@@ -123,58 +71,24 @@ pub const ACK_WAIT: Duration = Duration::from_secs(20);
 /// before the rest of the ladder (SIGTERM) goes on.
 pub const EXIT_AFTER_DONE: Duration = Duration::from_secs(10);
 
-/// What the actuator needs to know of the settings.
-#[derive(Debug, Clone)]
-pub struct ActConfig {
-    pub checkpoint_signal: i32,
-    pub grace: Duration,
-    pub kill_after: Duration,
-    /// Always for a job oomguard launched; under `attach` only with
-    /// `--allow-kill`.
-    pub may_kill: bool,
-    pub quiet: bool,
-    pub checkpoint_dir: Option<PathBuf>,
-    pub checkpoint_glob: String,
-}
-
-/// How the `--signal-budget` is spent: the save and the ranks' exit get
-/// the budget less the last part, SIGTERM to the rest to SIGKILL, which is
-/// `--kill-after` or a third of the budget if that is less (a long
-/// `--kill-after` must not leave the save no time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SaveBudget {
-    pub total: Duration,
-    pub kill_after: Duration,
-}
-
-impl SaveBudget {
-    pub fn kill_after(self) -> Duration {
-        self.kill_after.min(self.total / 3)
-    }
-
-    pub fn window(self) -> Duration {
-        self.total.saturating_sub(self.kill_after())
-    }
-}
-
 /// The graceful stop in progress.
 #[derive(Debug)]
 pub struct Stop {
-    pub reason: String,
-    pub action: Action,
+    reason: String,
+    action: Action,
     grace_end: Instant,
-    pub step: StopStep,
+    step: StopStep,
     /// Growers held by the throttle (stopped except for short slices).
-    pub throttled: HashSet<Ident>,
+    throttled: HashSet<Ident>,
     /// The pids whose throttling was logged.
     announced: HashSet<u32>,
     throttle_running: bool,
     throttle_switch: Instant,
     /// Everything frozen at the last-resort level, since when.
-    pub frozen_all: bool,
+    frozen_all: bool,
     frozen_since: Option<Instant>,
     /// The processes that got the checkpoint signal.
-    pub signalled: Vec<Ident>,
+    signalled: Vec<Ident>,
     /// Confirms the checkpoint (with `--checkpoint-dir`).
     watch: Option<CheckpointWatch>,
     began: Instant,
@@ -195,6 +109,18 @@ pub struct Stop {
     joined: bool,
 }
 
+impl Stop {
+    /// The rule (or the signal) the stop serves.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+
+    /// `stop` or `restart`.
+    pub fn action(&self) -> Action {
+        self.action
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StopStep {
     /// Waiting for the trainers to checkpoint and exit.
@@ -205,53 +131,35 @@ pub enum StopStep {
     Killed,
 }
 
-/// Where a stop begins: the tree now, the last tick's sample (to find the
-/// growers), the job's main process and the time.
-#[derive(Debug, Clone, Copy)]
-pub struct Scene<'a> {
-    pub tree: &'a [ProcSample],
-    pub prev: Option<&'a Sample>,
-    pub job_pid: u32,
-    pub now: Instant,
-}
-
-/// The levels the stop ladder works against, from the policy.
-#[derive(Debug, Clone, Copy)]
-pub struct Levels {
-    /// Headroom (percent) under which the whole tree is frozen during a
-    /// stop, for ceilings the kernel enforces.
-    pub last_resort: f64,
-}
-
 /// The state of what oomguard holds and is doing to the job.
 #[derive(Debug)]
 pub struct Actuator {
-    pub cfg: ActConfig,
+    cfg: ActConfig,
     /// Processes oomguard paused (policy `pause`).
-    pub paused: HashSet<Ident>,
-    pub stop: Option<Stop>,
+    paused: HashSet<Ident>,
+    stop: Option<Stop>,
     /// The critical action that ended the attempt, if the policy did.
-    pub policy_end: Option<Action>,
+    policy_end: Option<Action>,
     /// The signal whose save ended the attempt (`--on-signal`), if one did.
     signal_end: Option<i32>,
     /// Why (the rule), kept after the stop itself is over.
-    pub policy_reason: Option<String>,
+    policy_reason: Option<String>,
     /// SIGKILL was sent to the tree.
-    pub killed: bool,
+    killed: bool,
     /// When SIGKILL follows if the tree has not exited by then.
     kill_at: Option<Instant>,
     /// This attempt's control channel (`run`, unless `--no-companion`).
-    pub channel: Option<Channel>,
+    channel: Option<Channel>,
     /// What the deciding tick saw (headroom under which ceiling), for the
     /// request's `detail`.
-    pub detail: Option<String>,
+    detail: Option<String>,
     /// The rank behind the fastest-growing process at the deciding tick.
-    pub cause_rank: Option<u32>,
+    cause_rank: Option<u32>,
     /// Another node's request the ranks agreed on: the stop this node
     /// joins (its id, and who asked and why).
-    pub remote_stop: Option<RemoteStop>,
+    remote_stop: Option<RemoteStop>,
     /// Faults of a job across nodes (`peers.rs`).
-    pub peers: peers::Peers,
+    peers: peers::Peers,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
     /// This attempt's trainer was checked for a handler of the
@@ -262,10 +170,10 @@ pub struct Actuator {
     framework: Option<(Framework, Instant)>,
     /// The framework's warning was given this attempt.
     framework_warned: bool,
-    pub companion: CompanionState,
+    companion: CompanionState,
     /// The parts of the run's stops, for the summary (kept across attempts,
     /// as the log's counts are).
-    pub parts: parts::StopParts,
+    parts: parts::StopParts,
     out: Vec<Acted>,
 }
 
@@ -293,6 +201,81 @@ impl Actuator {
             parts: parts::StopParts::default(),
             out: Vec::new(),
         }
+    }
+
+    /// The graceful stop in progress, if any.
+    pub fn stop(&self) -> Option<&Stop> {
+        self.stop.as_ref()
+    }
+
+    /// The critical action that ended the attempt, if the policy did.
+    pub fn policy_end(&self) -> Option<Action> {
+        self.policy_end
+    }
+
+    /// Why the policy ended the attempt, kept after the stop is over.
+    pub fn policy_reason(&self) -> Option<&str> {
+        self.policy_reason.as_deref()
+    }
+
+    /// SIGKILL was sent to the tree.
+    pub fn killed(&self) -> bool {
+        self.killed
+    }
+
+    /// The processes oomguard holds paused (policy `pause`).
+    pub fn paused(&self) -> &HashSet<Ident> {
+        &self.paused
+    }
+
+    pub fn companion(&self) -> &CompanionState {
+        &self.companion
+    }
+
+    /// A request can go to a companion that said hello on this channel.
+    pub fn can_ask(&self) -> bool {
+        self.companion.connected && self.channel.is_some()
+    }
+
+    /// Tests stand in for a companion's hello.
+    #[cfg(test)]
+    pub fn companion_mut(&mut self) -> &mut CompanionState {
+        &mut self.companion
+    }
+
+    pub fn cfg(&self) -> &ActConfig {
+        &self.cfg
+    }
+
+    pub fn peers(&self) -> &peers::Peers {
+        &self.peers
+    }
+
+    pub fn parts(&self) -> &parts::StopParts {
+        &self.parts
+    }
+
+    /// This attempt's control channel changes (one that could not be
+    /// read is dropped, a new one replaces it).
+    pub fn set_channel(&mut self, channel: Option<Channel>) {
+        self.channel = channel;
+    }
+
+    /// Another node's stop to join, taken once.
+    pub fn take_remote_stop(&mut self) -> Option<RemoteStop> {
+        self.remote_stop.take()
+    }
+
+    /// What the deciding tick saw, for the request's `detail`, and the
+    /// rank behind the fastest-growing process.
+    pub fn note_cause(
+        &mut self,
+        detail: Option<String>,
+        fastest: Option<u32>,
+        tree: &[ProcSample],
+    ) {
+        self.detail = detail;
+        self.cause_rank = self.peers.rank_above(fastest, tree);
     }
 
     /// The `checkpoint` and `relieve` actions: requests that training goes
@@ -861,6 +844,20 @@ impl Actuator {
 
     pub fn kill_due(&self, now: Instant) -> bool {
         self.kill_at.is_some_and(|k| now >= k)
+    }
+
+    /// The policy's `kill`: the attempt ends by it, for this reason.
+    pub fn kill_for_policy(
+        &mut self,
+        why: &str,
+        tree: &[ProcSample],
+        job_pid: u32,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        self.policy_end = Some(Action::Kill);
+        self.policy_reason = Some(why.to_string());
+        self.kill(why, tree, Some(job_pid), now, sig);
     }
 
     /// SIGKILL to the whole tree, and to the job's process group

@@ -134,7 +134,7 @@ impl Supervisor {
     /// or holds is resumed first.
     pub(super) fn end_watch(&mut self, why: String) {
         self.core
-            .act
+            .act_mut()
             .let_go(&why, self.sampler.tree(), self.child.sig_mut());
         self.acted(None);
         if let Some(a) = self.target.attached_mut()

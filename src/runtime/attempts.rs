@@ -248,7 +248,7 @@ impl Supervisor {
     /// `--on-critical restart` (the policy meant to restart anyway) or
     /// `--restart-on oom-kill`.
     pub(super) fn restart_enabled(&self) -> bool {
-        let p = self.core.engine.policy();
+        let p = self.core.policy();
         self.cfg.restart.restart_on.contains(&RestartOn::OomKill)
             || p.after_pause == Action::Restart
             || p.rules.iter().any(|r| r.action == Action::Restart)
@@ -265,22 +265,22 @@ impl Supervisor {
         self.log_output_events();
         // The companion's last words (its final step, written at exit, or
         // a done that came after the last tick) belong to this attempt.
-        self.core.act.poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::clock::now());
         // Another node's fault that came after this node's ranks had
         // already failed in their collectives is still why they did.
         let failed = self.child.status().is_some_and(|s| s != Status::Exited(0));
-        self.core.act.adopt_remote_fault(failed);
-        self.core.act.adopt_remote_stop();
-        self.core.act.conclude_checkpoint(crate::clock::now());
+        self.core.act_mut().adopt_remote_fault(failed);
+        self.core.act_mut().adopt_remote_stop();
+        self.core.act_mut().conclude_checkpoint(crate::clock::now());
         self.acted(None);
         let sample = self.sample(true);
         // A kill the kernel made in this attempt is logged in it, not
         // found by the next attempt's first tick.
         self.check_oom_kills(&sample);
         let end = crate::restart::AttemptEnd {
-            policy_end: self.core.act.policy_end,
-            stop_reason: (self.core.act.stop.as_ref().map(|st| st.reason.clone()))
-                .or_else(|| self.core.act.policy_reason.clone()),
+            policy_end: self.core.act().policy_end(),
+            stop_reason: (self.core.act().stop().map(|st| st.reason().to_string()))
+                .or_else(|| self.core.act().policy_reason().map(str::to_string)),
             kernel_killed: self.oom.kernel_killed(&sample),
             memory_death: self.output.memory_death(),
             cuda_oom: self.output.cuda_oom(),
@@ -302,8 +302,8 @@ impl Supervisor {
                 .map(|(p, ..)| p)
         };
         let stopping =
-            self.child.shutdown_signal().is_some() || self.core.act.signal_end().is_some();
-        let spans_nodes = self.core.act.companion.spans_nodes();
+            self.child.shutdown_signal().is_some() || self.core.act().signal_end().is_some();
+        let spans_nodes = self.core.act().companion().spans_nodes();
         let next = self
             .attempts
             .plan(reason.as_deref(), stopping, spans_nodes, newest, now);

@@ -182,7 +182,7 @@ impl Supervisor {
         let summary_says_it = self.sinks.app().is_none() && self.save_ends_run();
         if !self.cfg.quiet
             && !summary_says_it
-            && let Some(line) = self.checkpoint_line(self.core.act.stop.is_some())
+            && let Some(line) = self.checkpoint_line(self.core.act().stop().is_some())
         {
             self.say(line);
         }
@@ -191,7 +191,7 @@ impl Supervisor {
     /// Whether the attempt ended short of its own end (a stop, a kill, a
     /// failure): the steps since the checkpoint are then lost.
     pub(super) fn attempt_lost_work(&self) -> bool {
-        self.core.act.policy_end.is_some()
+        self.core.act().policy_end().is_some()
             || !matches!(
                 self.child.status(),
                 Some(crate::supervise::Status::Exited(0))
@@ -201,8 +201,8 @@ impl Supervisor {
     /// Whether the save under way ends the run: a stop's or a signal's,
     /// or a restart's when no restart is left.
     fn save_ends_run(&self) -> bool {
-        self.core.act.stop.as_ref().is_some_and(|st| {
-            st.action != crate::policy::Action::Restart
+        self.core.act().stop().is_some_and(|st| {
+            st.action() != crate::policy::Action::Restart
                 || self.attempts.restarts() >= self.cfg.max_restarts
         })
     }
@@ -210,7 +210,7 @@ impl Supervisor {
     /// Whether the companion reports progress (the output's progress bars
     /// are then not read for it: the companion's step is exact).
     pub(super) fn exact_progress(&self) -> bool {
-        self.core.act.companion.step.is_some()
+        self.core.act().companion().step.is_some()
     }
 
     /// "checkpoint at step 580 (2.1 s after the request), 0 steps lost:
@@ -218,7 +218,7 @@ impl Supervisor {
     /// attempt (`ending`). The path is what the user needs next (to
     /// resume, to copy it off the node), so it is in the line.
     pub(super) fn checkpoint_line(&self, ending: bool) -> Option<String> {
-        let c = &self.core.act.companion;
+        let c = &self.core.act().companion();
         let saved = c.done.as_ref()?;
         if !saved.ok {
             return Some("the companion's checkpoint failed".to_string());
@@ -234,7 +234,7 @@ impl Supervisor {
             }
             _ => String::new(),
         };
-        let after = if self.core.act.signal_end().is_some() {
+        let after = if self.core.act().signal_end().is_some() {
             "the signal"
         } else {
             "the request"
@@ -249,7 +249,7 @@ impl Supervisor {
     /// The next attempt's channel (and its variable), in the hook's
     /// directory.
     pub(super) fn next_channel(&mut self) -> Option<[(std::ffi::OsString, std::ffi::OsString); 2]> {
-        self.core.act.channel = None;
+        self.core.act_mut().set_channel(None);
         let dir = self.sampler.torch_injector()?.dir().to_path_buf();
         if !self.cfg.companion() {
             return None;
@@ -257,7 +257,7 @@ impl Supervisor {
         match Channel::create(&dir, self.attempts.number()) {
             Ok(c) => {
                 let env = c.env();
-                self.core.act.channel = Some(c);
+                self.core.act_mut().set_channel(Some(c));
                 Some(env)
             }
             Err(e) => {

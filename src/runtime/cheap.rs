@@ -73,8 +73,8 @@ pub struct CheapLoop {
     max_gap: Duration,
     next: Option<Instant>,
     /// Reads so far, and the time they took.
-    pub reads: u64,
-    pub read_time: Duration,
+    reads: u64,
+    read_time: Duration,
 }
 
 impl CheapLoop {
@@ -92,6 +92,11 @@ impl CheapLoop {
             reads: 0,
             read_time: Duration::ZERO,
         }
+    }
+
+    /// Reads so far, and the time they took.
+    pub fn reads(&self) -> (u64, Duration) {
+        (self.reads, self.read_time)
     }
 
     /// The machine's fastest growth: [`GROWTH_PER_CPU`] × online CPUs.

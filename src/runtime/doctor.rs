@@ -30,8 +30,8 @@ impl Supervisor {
         let mut verdict = stop_saves::stop_verdict(
             self.sampler.tree(),
             self.child.pid(),
-            self.core.act.cfg.checkpoint_signal,
-            self.core.act.companion.connected,
+            self.core.act().cfg().checkpoint_signal,
+            self.core.act().companion().connected,
             self.child.sig(),
         );
         // The other warning of the stop path: a framework that catches
@@ -39,7 +39,7 @@ impl Supervisor {
         let trainers = act::trainer_idents(self.sampler.tree(), self.child.pid());
         verdict.framework = self
             .core
-            .act
+            .act_mut()
             .framework_loses_work(&trainers, self.child.sig());
         watch.conclude(crate::verdict::Finding {
             verdict,

@@ -38,7 +38,7 @@ impl Supervisor {
         let relay_stats = self.drain_output();
         let status = self.child.status().unwrap_or(Status::Exited(0));
         let sample = self.sample(false);
-        let view = self.core.history.push(&sample);
+        let view = self.core.view_of(&sample);
         self.record(&sample, &view, true, false, None);
         let kernel_killed = self.oom.kernel_killed(&sample);
         // The kernel killed a tree process and the job failed: whichever
@@ -46,7 +46,7 @@ impl Supervisor {
         // SIGKILL is what the job died of).
         let oom_killed = kernel_killed
             && status.code() != 0
-            && !(self.core.act.killed && status == Status::Signaled(libc::SIGKILL));
+            && !(self.core.act().killed() && status == Status::Signaled(libc::SIGKILL));
         // `attach`: a watch that ended before the job did is not an exit.
         let detached = self.target.detached(self.child.status().is_some());
         let (outcome, mut exit_code) = match status {
@@ -56,13 +56,13 @@ impl Supervisor {
             _ if oom_killed => (Outcome::OomKilled, status.code()),
             // Ctrl-C's save ends as an interrupt does: a person who pressed
             // it wants to stop, not to be requeued.
-            _ if self.core.act.signal_end() == Some(libc::SIGINT) => {
+            _ if self.core.act().signal_end() == Some(libc::SIGINT) => {
                 (Outcome::StoppedBySignal, 128 + libc::SIGINT)
             }
-            _ if self.core.act.signal_end().is_some() => {
+            _ if self.core.act().signal_end().is_some() => {
                 (Outcome::StoppedBySignal, self.cfg.stop_code)
             }
-            _ if self.core.act.policy_end.is_some() => {
+            _ if self.core.act().policy_end().is_some() => {
                 (Outcome::StoppedByPolicy, self.cfg.stop_code)
             }
             Status::Exited(c) => (Outcome::Exited, c),
@@ -160,7 +160,7 @@ impl Supervisor {
             outcome,
             Outcome::StoppedBySignal | Outcome::StoppedByPolicy | Outcome::RestartLimit
         );
-        let saved = self.core.act.companion.done.clone().filter(|d| d.ok);
+        let saved = self.core.act().companion().done.clone().filter(|d| d.ok);
         match (outcome, saved) {
             (Outcome::Exited, _) if self.child.status() == Some(Status::Exited(0)) => {
                 resume::remove_if_ours(&path, &run);
@@ -176,9 +176,9 @@ impl Supervisor {
                     paths: done.paths,
                     reason: self
                         .core
-                        .act
-                        .policy_reason
-                        .clone()
+                        .act()
+                        .policy_reason()
+                        .map(str::to_string)
                         .unwrap_or_else(|| "a stop".into()),
                     saved_at: std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -340,9 +340,11 @@ impl Supervisor {
         if !saved_said && let Some(line) = self.checkpoint_line(self.attempt_lost_work()) {
             eprintln!("oomguard: {line}");
         }
-        if let Some(line) =
-            words::actions_line(&s.actions, &self.core.act.parts, self.attempts.restarts())
-        {
+        if let Some(line) = words::actions_line(
+            &s.actions,
+            self.core.act().parts(),
+            self.attempts.restarts(),
+        ) {
             eprintln!("oomguard: {line}");
         }
         if self.attempts.lines().len() > 1 {
@@ -380,7 +382,7 @@ impl Supervisor {
                 self.internal_error.as_deref().unwrap_or("oomguard failed")
             ),
             (Outcome::StoppedBySignal, _) => {
-                let sig = self.core.act.signal_end().unwrap_or(libc::SIGTERM);
+                let sig = self.core.act().signal_end().unwrap_or(libc::SIGTERM);
                 if sig == libc::SIGINT {
                     return match self.checkpoint_line(true) {
                         Some(saved) => (
@@ -398,7 +400,7 @@ impl Supervisor {
             (Outcome::StoppedByPolicy, _) => {
                 // The rule, also when the stop is over (an attached
                 // trainer that checkpointed and left ends it early).
-                let reason = self.core.act.policy_reason.as_deref().unwrap_or("kill");
+                let reason = self.core.act().policy_reason().unwrap_or("kill");
                 if reason == words::MANUAL_STOP {
                     format!("was stopped from the dashboard; exit {exit_code}")
                 } else {

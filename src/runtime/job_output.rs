@@ -207,7 +207,7 @@ impl Supervisor {
         let critical = self.host_memory_critical();
         for event in events {
             if let TorchEvent::Framework(f) = event {
-                self.core.act.note_framework(f, crate::clock::now());
+                self.core.act_mut().note_framework(f, crate::clock::now());
                 continue;
             }
             if let TorchEvent::Progress(u) = event {
@@ -302,7 +302,7 @@ impl Supervisor {
             }
             _ => return,
         };
-        let rank = pid.and_then(|p| self.core.act.peers.rank_of(p));
+        let rank = pid.and_then(|p| self.core.act().peers().rank_of(p));
         let detail = match (rank, pid) {
             (Some(r), _) => format!("rank {r}: {detail}"),
             (None, Some(p)) => format!("pid {p}: {detail}"),
@@ -310,7 +310,7 @@ impl Supervisor {
         };
         let restart = restart && self.target.restarts();
         self.core
-            .act
+            .act_mut()
             .raise_death(reason, detail, rank, restart, crate::clock::now());
         self.acted(None);
     }
@@ -344,25 +344,13 @@ impl Supervisor {
             _ => false,
         };
         let (warn, _) = self.core.watched_levels();
-        sigkill
-            && self
-                .core
-                .last_view
-                .as_ref()
-                .and_then(|v| v.headroom_percent())
-                .is_some_and(|h| h <= warn)
+        sigkill && self.core.last_headroom().is_some_and(|h| h <= warn)
     }
 
     /// Whether host (or cgroup) memory is, or was at the last tick, at the
     /// critical level, or the kernel's OOM-kill count rose this attempt.
     pub(super) fn host_memory_critical(&self) -> bool {
         let (_, crit) = self.core.watched_levels();
-        self.oom.struck_this_attempt()
-            || self
-                .core
-                .last_view
-                .as_ref()
-                .and_then(|v| v.headroom_percent())
-                .is_some_and(|h| h <= crit)
+        self.oom.struck_this_attempt() || self.core.last_headroom().is_some_and(|h| h <= crit)
     }
 }

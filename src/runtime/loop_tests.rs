@@ -627,7 +627,7 @@ async fn watch_for_ends_the_watch_and_leaves_the_job_running() {
 fn with_companion(f: &mut Fake) -> PathBuf {
     let ch = crate::companion::Channel::create(f.dir.path(), 1).unwrap();
     let dir = ch.dir().to_path_buf();
-    f.sup.core.act.channel = Some(ch);
+    f.sup.core.act_mut().set_channel(Some(ch));
     dir
 }
 

@@ -418,7 +418,7 @@ impl Supervisor {
             pid: self.child.pid(),
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
-            policy: Some(crate::log::PolicyInfo::of(self.core.engine.policy())),
+            policy: Some(crate::log::PolicyInfo::of(self.core.policy())),
             gpu: self.sampler.gpu_info().clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
@@ -428,7 +428,7 @@ impl Supervisor {
         };
         self.sinks
             .write_at(sample.t, &Event::RunStart(Box::new(start)));
-        self.core.last_sample = Some(sample);
+        self.core.keep_sample(sample);
     }
 
     /// The next moment the loop must wake without being woken: the tick,
@@ -436,7 +436,7 @@ impl Supervisor {
     /// an `attach` watch's end.
     fn next_wake(&self) -> Instant {
         let mut wake = self.wakeups.next();
-        if let Some(k) = self.core.act.kill_deadline() {
+        if let Some(k) = self.core.act().kill_deadline() {
             wake = wake.min(k);
         }
         if self.child.status().is_some() {
@@ -456,11 +456,7 @@ impl Supervisor {
 
     /// The cheap loop follows this tick's limit and working set.
     fn pace_cheap_loop(&mut self, now: Instant) {
-        let cg = self
-            .core
-            .last_sample
-            .as_ref()
-            .and_then(|s| s.cgroup.as_ref());
+        let cg = self.core.last_sample().and_then(|s| s.cgroup.as_ref());
         if let (Some(reader), Some(cg)) = (self.sampler.cgroup(), cg) {
             let levels = self.core.wake_levels();
             self.wakeups
@@ -484,7 +480,7 @@ impl Supervisor {
         let now = crate::clock::now();
         let cheap = self.wakeups.cheap_loop_moved(now);
         self.reap();
-        if self.core.act.kill_due(now) {
+        if self.core.act().kill_due(now) {
             self.kill_tree("--kill-after expired");
         }
         self.expire_hooks(now);
@@ -509,7 +505,9 @@ impl Supervisor {
             self.wakeups.full_scan_ran(now, self.cfg.interval);
         }
         let sample = self.sample(quick);
-        self.core.act.prune(self.sampler.tree(), self.child.sig());
+        self.core
+            .act_mut()
+            .prune(self.sampler.tree(), self.child.sig());
         if !quick {
             self.oom.remember(&sample);
         }
@@ -530,11 +528,11 @@ impl Supervisor {
         );
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
-        let acting = self.core.act.acting();
+        let acting = self.core.act().acting();
         // The sample first: the rule and action lines it led to follow it,
         // so the log's `t` never runs backwards. The core keeps the sample
         // as the previous one; the sinks borrow it.
-        if let Some(sample) = self.core.last_sample.take() {
+        if let Some(sample) = self.core.take_last_sample() {
             self.record(
                 &sample,
                 &out.view,
@@ -542,12 +540,11 @@ impl Supervisor {
                 out.waits_changed,
                 Some(&out.readings),
             );
-            self.core.last_sample = Some(sample);
+            self.core.keep_sample(sample);
         }
         // Whether a stop would save is worth saying only where one can come.
         let can_stop = self
             .core
-            .engine
             .policy()
             .rules
             .iter()
@@ -560,10 +557,12 @@ impl Supervisor {
                 .current()
                 .is_some_and(|p| p.step.is_some())
             {
-                self.core.act.check_stop_saves(tree, pid, self.child.sig());
+                self.core
+                    .act_mut()
+                    .check_stop_saves(tree, pid, self.child.sig());
             }
             self.core
-                .act
+                .act_mut()
                 .check_framework(now, tree, pid, self.child.sig());
         }
         self.doctor_watch();
@@ -571,7 +570,7 @@ impl Supervisor {
         self.pace_cheap_loop(now);
         let every = self.core.cadence(&out.view, self.cfg.interval);
         self.wakeups.schedule(now, every, self.cfg.interval);
-        self.core.last_view = Some(out.view);
+        self.core.keep_view(out.view);
     }
 
     /// The fullest GPU's ETA, from fresh readings only (a carried one
@@ -631,8 +630,8 @@ impl Supervisor {
             }
             self.publish_progress();
         }
-        let inputs = readings.map(|r| (self.core.engine.policy(), r));
-        let paused = !self.core.act.paused.is_empty();
+        let inputs = readings.map(|r| (self.core.policy(), r));
+        let paused = !self.core.act().paused().is_empty();
         self.sinks
             .sample(sample, view, force || waits_changed, force, inputs, paused);
     }
@@ -652,7 +651,7 @@ impl Supervisor {
     /// moved: the tick's sample line then carries the process list.
     fn acted(&mut self, view: Option<&View>) -> bool {
         let mut any = false;
-        for a in self.core.act.drain() {
+        for a in self.core.act_mut().drain() {
             any |= matches!(a, Acted::Action { .. } | Acted::Rule(_));
             match a {
                 Acted::Action {
@@ -677,7 +676,7 @@ impl Supervisor {
                         self.attempts.saved(p);
                     }
                 }
-                Acted::GaveUp => self.core.engine.reset(),
+                Acted::GaveUp => self.core.gave_up(),
                 Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
                 Acted::Companion(r) => self.companion_said(r),
                 Acted::Fault { id, fault } => {
@@ -704,25 +703,24 @@ impl Supervisor {
 
     fn pause(&mut self, reason: &str) {
         self.core
-            .act
+            .act_mut()
             .pause(reason, self.sampler.tree(), self.child.sig_mut());
         self.acted(None);
     }
 
     fn resume(&mut self, reason: &str) {
-        self.core.act.resume(reason, self.child.sig_mut());
+        self.core.act_mut().resume(reason, self.child.sig_mut());
         self.acted(None);
     }
 
     fn begin_stop(&mut self, action: Action, reason: &str) {
         let at = act::Scene {
             tree: self.sampler.tree(),
-            prev: self.core.last_sample.as_ref(),
+            prev: None,
             job_pid: self.child.pid(),
             now: crate::clock::now(),
         };
         self.core
-            .act
             .begin_stop(action, reason, at, self.child.sig_mut());
         self.acted(None);
     }
@@ -819,7 +817,10 @@ impl Supervisor {
         }
         self.refresh_tree();
         // A stop or a kill already under way deals with the rest.
-        if self.sampler.tree().is_empty() || self.core.act.stop.is_some() || self.core.act.killed {
+        if self.sampler.tree().is_empty()
+            || self.core.act().stop().is_some()
+            || self.core.act().killed()
+        {
             return;
         }
         if !self.cfg.quiet {
@@ -838,7 +839,7 @@ impl Supervisor {
             Some(SIG_TERM),
             result,
         );
-        self.core.act.arm_kill_after(crate::clock::now());
+        self.core.act_mut().arm_kill_after(crate::clock::now());
     }
 
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
@@ -881,7 +882,7 @@ impl Supervisor {
         }
         // What the companion said since the last tick: a job that signals
         // between two ticks still has its hello read.
-        self.core.act.poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::clock::now());
         self.acted(None);
         let starts_shutdown = match signals::plan(sig, self.standing(), &self.cfg.on_signal) {
             SignalPlan::Ignore => return,
@@ -929,7 +930,7 @@ impl Supervisor {
             let why = format!("{} received", supervise::signal_name(sig));
             self.begin_shutdown(&why, pids, sig, result);
             // From this signal on, whatever the clock said before.
-            self.core.act.rearm_kill_after(crate::clock::now());
+            self.core.act_mut().rearm_kill_after(crate::clock::now());
         }
     }
 
@@ -940,18 +941,18 @@ impl Supervisor {
     fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
         self.sinks
             .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
-        self.core.act.unpause(self.child.sig_mut());
+        self.core.act_mut().unpause(self.child.sig_mut());
         self.child.shutting_down(sig);
-        self.core.act.arm_kill_after(crate::clock::now());
+        self.core.act_mut().arm_kill_after(crate::clock::now());
     }
 
     /// Whether the job was told to end, or its main process did: from
     /// then on its memory is a teardown's, not training's.
     fn began_to_exit(&self) -> bool {
         self.child.status().is_some()
-            || self.core.act.stop.is_some()
-            || self.core.act.policy_end.is_some()
-            || self.core.act.signal_end().is_some()
+            || self.core.act().stop().is_some()
+            || self.core.act().policy_end().is_some()
+            || self.core.act().signal_end().is_some()
             || self.child.shutdown_signal().is_some()
             || self.screen.typed_interrupt()
     }
@@ -962,8 +963,8 @@ impl Supervisor {
             forwards: self.target.forwards_signals(),
             between_attempts: self.attempts.between(),
             shutdown_signal: self.child.shutdown_signal(),
-            companion: self.core.act.companion.connected && self.core.act.channel.is_some(),
-            saving: self.core.act.saving(),
+            companion: self.core.act().can_ask(),
+            saving: self.core.act().saving(),
         }
     }
 
@@ -981,11 +982,11 @@ impl Supervisor {
     }
 
     fn kill_tree(&mut self, why: &str) {
-        if self.core.act.cfg.may_kill {
+        if self.core.act().cfg().may_kill {
             self.refresh_tree();
         }
         let group = self.child.status().is_none().then_some(self.child.pid());
-        self.core.act.kill(
+        self.core.act_mut().kill(
             why,
             self.sampler.tree(),
             group,

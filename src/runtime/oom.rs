@@ -348,7 +348,7 @@ impl super::Supervisor {
     fn tell_peers_of_kill(&mut self, pid: u32, comm: &str) {
         let restart = self.restart_enabled() && self.target.restarts();
         self.core
-            .act
+            .act_mut()
             .raise_kill(pid, comm, restart, crate::clock::now());
         self.acted(None);
     }

@@ -84,7 +84,9 @@ impl super::Supervisor {
         if self.child.status().is_some() || self.child.shutdown_signal().is_some() {
             return; // the job is ending anyway
         }
-        self.core.act.rank_ended(pid, status, crate::clock::now());
+        self.core
+            .act_mut()
+            .rank_ended(pid, status, crate::clock::now());
         self.acted(None);
     }
 }

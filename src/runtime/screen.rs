@@ -209,16 +209,16 @@ impl Supervisor {
                     return;
                 };
                 let t = self.run_t();
-                let alive = self.child.status().is_none() && self.core.act.stop.is_none();
+                let alive = self.child.status().is_none() && self.core.act().stop().is_none();
                 match cmd {
                     UiCommand::Interrupt => self.on_ctrl_c(),
                     UiCommand::TogglePause if alive => {
-                        if self.core.act.paused.is_empty() {
+                        if self.core.act().paused().is_empty() {
                             self.pause("manual (dashboard)");
-                            self.core.engine.paused_externally(t);
+                            self.core.paused_externally(t);
                         } else {
                             self.resume("manual (dashboard)");
-                            self.core.engine.resumed_externally();
+                            self.core.resumed_externally();
                         }
                     }
                     UiCommand::Stop | UiCommand::Quit { stop_job: true } if alive => {
@@ -248,7 +248,7 @@ impl Supervisor {
     /// SIGINT to oomguard does); without a companion, or once a save is
     /// under way, ^C is typed into the job's terminal as before.
     fn on_ctrl_c(&mut self) {
-        self.core.act.poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::clock::now());
         self.acted(None);
         let saves = self.child.status().is_none()
             && signals::plan(libc::SIGINT, self.standing(), &self.cfg.on_signal)
@@ -301,12 +301,12 @@ impl Supervisor {
             return;
         };
         app.set_elapsed(t);
-        let state = match &self.core.act.stop {
-            Some(st) if st.action == Action::Restart => PolicyState::Restarting,
+        let state = match self.core.act().stop() {
+            Some(st) if st.action() == Action::Restart => PolicyState::Restarting,
             Some(_) => PolicyState::Stopping,
             None if self.attempts.between() => PolicyState::Restarting,
-            None if !self.core.act.paused.is_empty() => PolicyState::Paused,
-            None if self.core.engine.warning() => PolicyState::Warning,
+            None if !self.core.act().paused().is_empty() => PolicyState::Paused,
+            None if self.core.warning() => PolicyState::Warning,
             None => PolicyState::Normal,
         };
         app.set_policy_state(state);

@@ -206,7 +206,7 @@ impl Supervisor {
     /// from the critical level to the ceiling (see `wakeups.rs`).
     fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) -> Option<u64> {
         let (reader, cg) = (self.sampler.cgroup()?, cg?);
-        let crit = self.core.engine.policy().thresholds().1?;
+        let crit = self.core.policy().thresholds().1?;
         let budget = self.sampler.budget_bytes();
         super::wakeups::set_memory_high(&self.cfg.without, reader, cg, crit, budget)
     }
@@ -238,8 +238,9 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
     loop {
         let forwarded = outside.signals.next();
         let wake = sup.next_wake();
-        if sup.core.act.companion.spans_nodes() {
-            sup.wakeups.follow_ranks(&sup.core.act.peers.rank_pids());
+        if sup.core.act().companion().spans_nodes() {
+            sup.wakeups
+                .follow_ranks(&sup.core.act().peers().rank_pids());
         }
         let kernel = sup.wakeups.kernel();
         let brought = sup.screen.next(&mut pty_buf);

@@ -25,7 +25,7 @@ impl Supervisor {
     pub(super) fn signal_save(&mut self, sig: i32, exit: bool, name: &str) {
         let now = crate::clock::now();
         if !exit {
-            self.core.act.request(Action::Checkpoint, name, now);
+            self.core.act_mut().request(Action::Checkpoint, name, now);
             if !self.cfg.quiet {
                 self.say(format!(
                     "{name}: every rank saves its last step; training goes on"
@@ -41,14 +41,13 @@ impl Supervisor {
         self.refresh_tree();
         let at = act::Scene {
             tree: self.sampler.tree(),
-            prev: self.core.last_sample.as_ref(),
+            prev: None,
             job_pid: self.child.pid(),
             now,
         };
         let budget = self.save_budget();
         self.core
-            .act
-            .begin_signal_save(sig, name, budget, at, self.child.sig_mut());
+            .begin_signal_save((sig, name), budget, at, self.child.sig_mut());
         if sig == libc::SIGINT {
             // A second interrupt means now.
             self.child.shutting_down(sig);
@@ -73,8 +72,8 @@ impl Supervisor {
     /// next one kills.
     pub(super) fn already_saving(&mut self, sig: i32) {
         let budget = self.save_budget();
-        self.core.act.hurry_save(budget, crate::clock::now());
-        self.core.act.served_signal(sig);
+        self.core.act_mut().hurry_save(budget, crate::clock::now());
+        self.core.act_mut().served_signal(sig);
         if sig == libc::SIGINT {
             self.child.shutting_down(sig);
         }

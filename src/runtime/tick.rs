@@ -64,12 +64,12 @@ pub struct Voice {
 /// The engine, the history and the actuator, driven one sample at a time.
 #[derive(Debug)]
 pub struct Core {
-    pub engine: Engine,
-    pub history: History,
-    pub act: Actuator,
-    pub voice: Voice,
-    pub last_sample: Option<Sample>,
-    pub last_view: Option<View>,
+    engine: Engine,
+    history: History,
+    act: Actuator,
+    voice: Voice,
+    last_sample: Option<Sample>,
+    last_view: Option<View>,
 }
 
 impl Core {
@@ -82,6 +82,105 @@ impl Core {
             last_sample: None,
             last_view: None,
         }
+    }
+
+    /// The actuator, read: what oomguard holds and is doing to the job.
+    pub fn act(&self) -> &Actuator {
+        &self.act
+    }
+
+    /// The actuator, driven: between ticks the loop hands it what the
+    /// job did (a rank's exit, a signal's save, the kill deadline); the
+    /// actuator keeps its own state consistent through its verbs.
+    pub fn act_mut(&mut self) -> &mut Actuator {
+        &mut self.act
+    }
+
+    pub fn policy(&self) -> &crate::policy::Policy {
+        self.engine.policy()
+    }
+
+    /// A warning is in force (the dashboard's state).
+    pub fn warning(&self) -> bool {
+        self.engine.warning()
+    }
+
+    /// The user paused the job from the dashboard at `t`: its rules' waits
+    /// do not run on while it is held.
+    pub fn paused_externally(&mut self, t: f64) {
+        self.engine.paused_externally(t);
+    }
+
+    pub fn resumed_externally(&mut self) {
+        self.engine.resumed_externally();
+    }
+
+    /// A stop that could not end the job was given up: the policy starts
+    /// over.
+    pub fn gave_up(&mut self) {
+        self.engine.reset();
+    }
+
+    /// The view of a sample taken outside the tick (the last one, as the
+    /// job ends).
+    pub fn view_of(&mut self, sample: &Sample) -> View {
+        self.history.push(sample)
+    }
+
+    /// A stop the loop begins between ticks (a key, a hook): the growers
+    /// are found against the core's own last sample, whatever `at.prev`.
+    pub fn begin_stop(
+        &mut self,
+        action: Action,
+        reason: &str,
+        at: Scene<'_>,
+        sig: &mut dyn Signaller,
+    ) {
+        let at = Scene {
+            prev: self.last_sample.as_ref(),
+            ..at
+        };
+        self.act.begin_stop(action, reason, at, sig);
+    }
+
+    /// A signal's save (`--on-signal`), begun like [`Core::begin_stop`].
+    pub fn begin_signal_save(
+        &mut self,
+        (signal, reason): (i32, &str),
+        budget: super::act::SaveBudget,
+        at: Scene<'_>,
+        sig: &mut dyn Signaller,
+    ) {
+        let at = Scene {
+            prev: self.last_sample.as_ref(),
+            ..at
+        };
+        self.act.begin_signal_save(signal, reason, budget, at, sig);
+    }
+
+    /// Headroom (%) at the last tick's view.
+    pub fn last_headroom(&self) -> Option<f64> {
+        self.last_view.as_ref().and_then(View::headroom_percent)
+    }
+
+    /// The previous tick's sample.
+    pub fn last_sample(&self) -> Option<&Sample> {
+        self.last_sample.as_ref()
+    }
+
+    /// Lent to the sinks, then given back with [`Core::keep_sample`].
+    pub fn take_last_sample(&mut self) -> Option<Sample> {
+        self.last_sample.take()
+    }
+
+    pub fn keep_sample(&mut self, sample: Sample) {
+        self.last_sample = Some(sample);
+    }
+
+    /// The view the loop acted on, for the next tick's scan
+    /// ([`Core::needs_full_scan`]).
+    pub fn keep_view(&mut self, view: View) {
+        self.last_view = Some(view);
     }
 
     /// A new attempt starts from nothing.
@@ -116,7 +215,7 @@ impl Core {
         let view = self.history.push(&sample);
         let readings = Readings::from_sample(&sample, &view, inp.gpu_eta, inp.torch_fragmentation);
         let waits_before = self.engine.pending_changes();
-        let decisions = if inp.ending || self.act.stop.is_some() {
+        let decisions = if inp.ending || self.act.stop().is_some() {
             Vec::new()
         } else {
             self.engine.step(&readings)
@@ -129,8 +228,8 @@ impl Core {
         // Not taken while the job ends: a stop that came with the ranks'
         // last words is still why they left (`adopt_remote_stop`).
         if !inp.ending
-            && self.act.stop.is_none()
-            && let Some(remote) = self.act.remote_stop.take()
+            && self.act.stop().is_none()
+            && let Some(remote) = self.act.take_remote_stop()
         {
             if !self.voice.quiet {
                 let then = if remote.restart {
@@ -200,7 +299,7 @@ impl Core {
                 hook,
             } => (action, reason, hook),
         };
-        if action.is_request() && !self.act.companion.connected {
+        if action.is_request() && !self.act.companion().connected {
             // Nothing to ask: logged as decided, without a word to the user.
             self.act.request(action, &reason, inp.now);
             return;
@@ -208,7 +307,7 @@ impl Core {
         // A job with ranks on other nodes is never paused: a held rank
         // stalls every node in its next collective until the collective's
         // timeout. It is stopped with a checkpoint instead (every node's).
-        let action = if action == Action::Pause && self.act.companion.spans_nodes() {
+        let action = if action == Action::Pause && self.act.companion().spans_nodes() {
             self.act.push(Acted::Say(format!(
                 "{reason}: the job has ranks on other nodes, and pausing this node's would stall \
                  them all; stopping it with a checkpoint instead"
@@ -233,14 +332,14 @@ impl Core {
                 result: "ok".into(),
             }),
             Action::Relieve | Action::Checkpoint => {
-                self.act.detail = headroom_text(view);
-                self.act.cause_rank = self.act.peers.rank_above(view.fastest.map(|f| f.0), tree);
+                self.act
+                    .note_cause(headroom_text(view), view.fastest.map(|f| f.0), tree);
                 self.act.request(action, &reason, inp.now);
             }
             Action::Pause => self.act.pause(&reason, tree, sig),
             Action::Stop | Action::Restart => {
-                self.act.detail = headroom_text(view);
-                self.act.cause_rank = self.act.peers.rank_above(view.fastest.map(|f| f.0), tree);
+                self.act
+                    .note_cause(headroom_text(view), view.fastest.map(|f| f.0), tree);
                 let at = Scene {
                     tree,
                     prev: self.last_sample.as_ref(),
@@ -249,7 +348,7 @@ impl Core {
                 };
                 self.act.begin_stop(action, &reason, at, sig);
             }
-            Action::Kill if !self.act.cfg.may_kill => {
+            Action::Kill if !self.act.cfg().may_kill => {
                 self.act.push(Acted::Say(format!(
                     "{reason}: not killing processes oomguard did not launch (use --allow-kill)"
                 )));
@@ -262,10 +361,8 @@ impl Core {
                 });
             }
             Action::Kill => {
-                self.act.policy_end = Some(Action::Kill);
-                self.act.policy_reason = Some(reason.clone());
                 self.act
-                    .kill(&reason, tree, Some(inp.job_pid), inp.now, sig);
+                    .kill_for_policy(&reason, tree, inp.job_pid, inp.now, sig);
             }
         }
         let hook = hook.or_else(|| {
@@ -387,17 +484,17 @@ fn headroom_text(view: &View) -> Option<String> {
 fn describe(action: Action, reason: &str, view: &View, act: &Actuator, last: bool) -> String {
     let head = headroom_text(view).map_or_else(String::new, |h| format!(": {h}"));
     let stop = || {
-        let how = if act.companion.connected && act.channel.is_some() {
+        let how = if act.can_ask() {
             "a checkpoint requested from the companion".to_string()
         } else {
             format!(
                 "{} to the trainer",
-                supervise::signal_name(act.cfg.checkpoint_signal)
+                supervise::signal_name(act.cfg().checkpoint_signal)
             )
         };
         format!(
             "stopping the job gracefully ({how}, {} grace)",
-            human_duration(act.cfg.grace)
+            human_duration(act.cfg().grace)
         )
     };
     let what = match action {
@@ -557,8 +654,13 @@ mod tests {
 
     /// Warn at 20 % headroom, critical at 8 %.
     fn core(on_critical: Action, may_kill: bool) -> Core {
+        core_with(on_critical, may_kill, |_| {})
+    }
+
+    /// A core whose actuator's settings `tune` changes first.
+    fn core_with(on_critical: Action, may_kill: bool, tune: impl FnOnce(&mut ActConfig)) -> Core {
         let policy = Policy::default_with(80.0, 92.0, on_critical);
-        let act = Actuator::new(ActConfig {
+        let mut cfg = ActConfig {
             checkpoint_signal: CKPT,
             grace: Duration::from_secs(2),
             kill_after: Duration::from_secs(1),
@@ -566,7 +668,9 @@ mod tests {
             quiet: true,
             checkpoint_dir: None,
             checkpoint_glob: "*".into(),
-        });
+        };
+        tune(&mut cfg);
+        let act = Actuator::new(cfg);
         let voice = Voice {
             quiet: true,
             notify: true,
@@ -646,9 +750,9 @@ mod tests {
         let tree = script.sample(0.0, 50.0).procs;
         for companion in [false, true] {
             let mut run = Run::new(core(Action::Stop, true));
+            run.core = core_with(Action::Stop, true, |c| c.quiet = false);
             let act = &mut run.core.act;
-            act.cfg.quiet = false;
-            act.companion.connected = companion;
+            act.companion_mut().connected = companion;
             let t0 = run.t0;
             act.note_framework(Framework::Lightning, t0);
             // Its companion would say hello as the Trainer is built: not
@@ -703,8 +807,8 @@ mod tests {
             run.sig.take(),
             vec![(TRAINER, SIG_KILL), (W1, SIG_KILL), (W2, SIG_KILL)]
         );
-        assert!(run.core.act.killed);
-        assert_eq!(run.core.act.policy_end, Some(Action::Stop));
+        assert!(run.core.act.killed());
+        assert_eq!(run.core.act.policy_end(), Some(Action::Stop));
     }
 
     #[test]
@@ -765,9 +869,10 @@ mod tests {
 
     #[test]
     fn the_last_resort_freezes_the_tree_and_kills_it_when_it_stays_stuck() {
-        let mut c = core(Action::Stop, true);
-        c.act.cfg.grace = Duration::from_secs(30);
-        c.act.cfg.quiet = false;
+        let c = core_with(Action::Stop, true, |c| {
+            c.grace = Duration::from_secs(30);
+            c.quiet = false;
+        });
         let mut run = Run::new(c);
         let script = Script::new();
         run.tick(&script, 0.0, 50.0);
@@ -847,7 +952,7 @@ mod tests {
         for pid in [TRAINER, W1, W2] {
             assert!(sent.contains(&(pid, SIG_CONT)), "{sent:?}");
         }
-        assert!(run.core.act.paused.is_empty());
+        assert!(run.core.act.paused().is_empty());
     }
 
     #[test]
@@ -869,7 +974,7 @@ mod tests {
         assert_eq!(acts[0].0, "resume", "{acts:?}");
         let sent = run.sig.take();
         assert_eq!(sent.len(), 3, "{sent:?}");
-        assert!(!run.core.act.paused.contains(&(W1, W1 as u64 * 10)));
+        assert!(!run.core.act.paused().contains(&(W1, W1 as u64 * 10)));
     }
 
     #[test]
@@ -880,10 +985,10 @@ mod tests {
         let acts = run.tick(&script, 1.0, 5.0);
         assert_eq!(acts[0].0, "restart");
         assert_eq!(run.sig.take(), vec![(TRAINER, CKPT)]);
-        assert_eq!(run.core.act.policy_end, Some(Action::Restart));
+        assert_eq!(run.core.act.policy_end(), Some(Action::Restart));
         // A new attempt starts with nothing held and the policy rearmed.
         run.core.reset();
-        assert!(run.core.act.stop.is_none() && run.core.act.policy_end.is_none());
+        assert!(run.core.act.stop().is_none() && run.core.act.policy_end().is_none());
         let acts = run.tick(&script, 0.0, 5.0);
         assert_eq!(acts[0].0, "restart", "the rule fires again: {acts:?}");
     }
@@ -993,10 +1098,18 @@ mod tests {
     }
 
     fn with_companion_on(dir: &std::path::Path, on_critical: Action) -> (Run, std::path::PathBuf) {
-        let mut c = core(on_critical, true);
+        with_companion_tuned(dir, on_critical, |_| {})
+    }
+
+    fn with_companion_tuned(
+        dir: &std::path::Path,
+        on_critical: Action,
+        tune: impl FnOnce(&mut ActConfig),
+    ) -> (Run, std::path::PathBuf) {
+        let mut c = core_with(on_critical, true, tune);
         let ch = crate::companion::Channel::create(dir, 1).unwrap();
         let events = ch.dir().join("events");
-        c.act.channel = Some(ch);
+        c.act.set_channel(Some(ch));
         (Run::new(c), events)
     }
 
@@ -1077,7 +1190,7 @@ mod tests {
             &format!(r#"{{"type":"done","id":{id},"step":7,"paths":["/c/7"],"ok":true}}"#),
         );
         run.tick(&script, 1.8, 5.0);
-        let saved = run.core.act.companion.done.clone().unwrap();
+        let saved = run.core.act.companion().done.clone().unwrap();
         assert_eq!((saved.id, saved.step), (id, Some(7)));
         // The trainer has time to leave on its own: the grace (2 s) is
         // over at 3.0, and then the rest of the ladder goes on.
@@ -1089,8 +1202,7 @@ mod tests {
     #[test]
     fn a_companion_of_another_protocol_is_not_asked_and_the_stop_signals() {
         let t = tempfile::tempdir().unwrap();
-        let (mut run, events) = with_companion(t.path());
-        run.core.act.cfg.quiet = false;
+        let (mut run, events) = with_companion_tuned(t.path(), Action::Stop, |c| c.quiet = false);
         let script = Script::new();
         say_as_companion(
             &events,
@@ -1098,9 +1210,10 @@ mod tests {
         );
         say_as_companion(&events, r#"{"type":"progress","pid":100,"step":5}"#);
         run.tick(&script, 0.0, 50.0);
-        assert!(!run.core.act.companion.connected);
+        assert!(!run.core.act.companion().connected);
         assert_eq!(
-            run.core.act.companion.step, None,
+            run.core.act.companion().step,
+            None,
             "a foreign record was read"
         );
         let said = run.said.join("\n");
@@ -1118,8 +1231,9 @@ mod tests {
     #[test]
     fn once_the_save_is_done_no_grower_is_held_while_the_ranks_leave() {
         let t = tempfile::tempdir().unwrap();
-        let (mut run, events) = with_companion(t.path());
-        run.core.act.cfg.grace = Duration::from_secs(30);
+        let (mut run, events) = with_companion_tuned(t.path(), Action::Stop, |c| {
+            c.grace = Duration::from_secs(30)
+        });
         let mut script = Script::new();
         say_as_companion(&events, r#"{"type":"hello","pid":100,"rank":0}"#);
         run.tick(&script, 0.0, 50.0);
@@ -1199,8 +1313,8 @@ mod tests {
             )]
         );
         assert!(run.sig.take().is_empty(), "a joined stop signals nothing");
-        assert_eq!(run.core.act.policy_end, Some(Action::Stop));
-        assert!(run.core.act.companion.spans_nodes());
+        assert_eq!(run.core.act.policy_end(), Some(Action::Stop));
+        assert!(run.core.act.companion().spans_nodes());
     }
 
     #[test]
@@ -1219,7 +1333,7 @@ mod tests {
         );
         let acts = run.tick(&script, 1.0, 60.0);
         assert_eq!(acts[0].0, "restart", "{acts:?}");
-        assert_eq!(run.core.act.policy_end, Some(Action::Restart));
+        assert_eq!(run.core.act.policy_end(), Some(Action::Restart));
         // This node's own restart tells the other nodes to restart too.
         let t2 = tempfile::tempdir().unwrap();
         let (mut ours, events) = with_companion_on(t2.path(), Action::Restart);

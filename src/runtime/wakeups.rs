@@ -321,9 +321,12 @@ impl Wakeups {
 
     /// `run_end.cheap_loop`: its reads and their time, when it ran.
     pub fn cheap_loop_stats(&self) -> Option<CheapLoopStats> {
-        self.cheap.as_ref().map(|c| CheapLoopStats {
-            reads: c.reads,
-            seconds: (c.read_time.as_secs_f64() * 1e6).round() / 1e6,
+        self.cheap.as_ref().map(|c| {
+            let (reads, time) = c.reads();
+            CheapLoopStats {
+                reads,
+                seconds: (time.as_secs_f64() * 1e6).round() / 1e6,
+            }
         })
     }
 }
