@@ -820,7 +820,7 @@ mod tests {
             .output()
         {
             Ok(out) => out,
-            Err(e) if std::env::var_os("CI").is_none() => {
+            Err(e) if !crate::settings::in_ci() => {
                 eprintln!("skipped: no python3 ({e})");
                 return None;
             }

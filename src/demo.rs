@@ -21,7 +21,7 @@ const SCRIPT: &str = include_str!("demo.py");
 /// The demo job: `python3 demo.py` where python3 runs, else this binary's
 /// own (`OOMGUARD_DEMO_JOB=builtin` forces it).
 fn demo_argv(dir: &Path, ckpt: &Path) -> Result<Vec<OsString>, String> {
-    let builtin = std::env::var("OOMGUARD_DEMO_JOB").is_ok_and(|v| v == "builtin");
+    let builtin = crate::settings::demo_job_builtin();
     let python = !builtin
         && Command::new("python3")
             .arg("-c")

@@ -65,6 +65,12 @@ pub enum ScopeError {
     NoMemory(PathBuf),
 }
 
+/// Whether a session bus is there, to carry desktop notifications and to
+/// ask the user's systemd for a scope: the one test of it.
+pub fn session_bus() -> bool {
+    user_scope_support().is_ok()
+}
+
 /// Whether a user scope can be asked for: the user bus's address, or why
 /// there is none. Reads the environment and stats one socket, nothing else.
 pub fn user_scope_support() -> Result<UserBus, String> {

@@ -474,7 +474,7 @@ pub fn shm(path: &Path) -> Check {
 /// Advisory: desktop notifications, as `run` sends them.
 pub fn notifications() -> Check {
     let ci = crate::settings::in_ci();
-    let bus = crate::runtime::session_bus();
+    let bus = crate::systemd::session_bus();
     let details = json!({"session_bus": bus, "ci": ci});
     if bus && !ci {
         return Check::new(

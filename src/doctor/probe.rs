@@ -48,15 +48,14 @@ pub fn probe(argv: &[OsString], wait: Duration) -> Result<Probed, String> {
         return Err("internal: not a run".into());
     };
     let mut cfg = crate::settings::Settings::for_run(*run_args).map_err(|e| e.to_string())?;
-    let watch = Watch::new(wait);
-    cfg.doctor = Some(watch.clone());
-    let run_exit = crate::runtime::run(cfg);
+    cfg.doctor = Some(wait);
+    let (run_exit, finding) = crate::runtime::judge(cfg);
     Ok(Probed {
         command: argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        finding: watch.finding(),
+        finding,
         run_exit,
     })
 }

@@ -247,7 +247,7 @@ mod wake_tests {
     fn psi_trigger_registers_where_the_kernel_has_psi() {
         // In CI the machine has PSI and the tests run as root: a missing
         // file or a refusal there is a failure, not a skip.
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let ci = crate::settings::in_ci();
         let path = std::path::Path::new("/proc/pressure/memory");
         if !path.exists() {
             assert!(!ci, "CI=true: {} is missing", path.display());

@@ -13,7 +13,7 @@ impl Supervisor {
     /// shown (signal handlers are installed by then) or the wait is over,
     /// hands the finding to the doctor and starts the end.
     pub(super) fn doctor_watch(&mut self) {
-        let Some(watch) = self.cfg.doctor.clone() else {
+        let Some(watch) = self.target.judged().cloned() else {
             return;
         };
         if watch.concluded()

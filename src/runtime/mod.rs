@@ -68,7 +68,6 @@ use act::{Acted, Ident, SIG_CONT, SIG_KILL, SIG_TERM, idents, signal_all};
 use sampler::Sampler;
 use signals::{FORWARDED, SignalPlan};
 use sinks::Sinks;
-pub use sinks::session_bus;
 use tick::{Core, TickInputs};
 
 pub use crate::exit::{
@@ -78,15 +77,27 @@ pub use crate::exit::{
 
 /// The settings of one supervised job (`settings::Settings`), under the
 /// name the loop has always used.
-pub use crate::settings::Settings as RunConfig;
+use crate::settings::Settings;
 
 /// Runs the job under supervision and returns oomguard's exit code.
-pub fn run(cfg: RunConfig) -> i32 {
+pub fn run(cfg: Settings) -> i32 {
+    run_watched(cfg, None)
+}
+
+/// `oomguard doctor -- CMD`: runs the job until it can be judged (see
+/// `cfg.doctor`), and returns the exit code with what was found.
+pub fn judge(cfg: Settings) -> (i32, Option<crate::verdict::Finding>) {
+    let watch = crate::verdict::Watch::new(cfg.doctor.unwrap_or_default());
+    let code = run_watched(cfg, Some(watch.clone()));
+    (code, watch.finding())
+}
+
+fn run_watched(cfg: Settings, doctor: Option<crate::verdict::Watch>) -> i32 {
     let log = cfg.log.clone();
     let started = crate::clock::now();
     let outcome =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match build_runtime() {
-            Ok(rt) => rt.block_on(setup::supervise_job(cfg)),
+            Ok(rt) => rt.block_on(setup::supervise_job(cfg, doctor)),
             Err(e) => {
                 eprintln!("oomguard: cannot start the runtime: {e}");
                 EXIT_INTERNAL
@@ -136,7 +147,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 struct Supervisor {
-    cfg: RunConfig,
+    cfg: Settings,
     /// Where everything the run reports goes (log, metrics, GitHub,
     /// dashboard state, stderr, notifications) and the run's totals.
     sinks: Sinks,
@@ -210,7 +221,7 @@ async fn drain_output(
 }
 
 /// Identifies a running process to watch (`attach`).
-fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
+fn attach_to(cfg: &Settings, pid: u32) -> Result<Job, String> {
     let text = std::fs::read_to_string(cfg.proc_root.join(pid.to_string()).join("stat"))
         .map_err(|e| format!("cannot attach to pid {pid}: {e}"))?;
     let st = crate::probe::proc::parse_stat(&text)
@@ -226,7 +237,7 @@ fn attach_to(cfg: &RunConfig, pid: u32) -> Result<Job, String> {
 
 /// Where this run's resume record lives, and which run it is; `None` when
 /// the working directory cannot be read.
-fn resume_place(cfg: &RunConfig) -> Option<(PathBuf, resume::Identity)> {
+fn resume_place(cfg: &Settings) -> Option<(PathBuf, resume::Identity)> {
     let cwd = std::env::current_dir().ok()?;
     let number = |name: &str| std::env::var(name).ok()?.trim().parse::<u32>().ok();
     let node = number("SLURM_NODEID").filter(|_| number("SLURM_NNODES").is_some_and(|n| n > 1));
@@ -280,7 +291,7 @@ fn open_job_pty(
 
 /// oomguard failed after the log was opened but before the job ran: the
 /// log still ends with `run_end` (`internal_error`), and the exit code is 70.
-fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 {
+fn internal_failure(log: &mut LogWriter, cfg: &Settings, error: String) -> i32 {
     eprintln!("oomguard: {error}");
     start_without_a_job(log, cfg);
     log.write(&Event::RunEnd(Box::new(RunEnd::without_a_run(
@@ -296,7 +307,7 @@ fn internal_failure(log: &mut LogWriter, cfg: &RunConfig, error: String) -> i32 
 /// executed, or oomguard failed before it): the log still opens with what
 /// was asked for, so `report` and `replay` can say which command failed.
 /// `pid` is 0: there was no job.
-fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
+fn start_without_a_job(log: &mut LogWriter, cfg: &Settings) {
     let start = RunStart {
         argv: cfg
             .argv
@@ -320,7 +331,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &RunConfig) {
     log.write(&Event::RunStart(Box::new(start)));
 }
 
-fn spawn_failed(log: &mut LogWriter, cfg: &RunConfig, e: &supervise::SpawnError) -> i32 {
+fn spawn_failed(log: &mut LogWriter, cfg: &Settings, e: &supervise::SpawnError) -> i32 {
     let Some(code) = e.exit_code() else {
         return internal_failure(log, cfg, e.to_string());
     };

@@ -19,7 +19,7 @@ use super::sampler::{Readers as SamplerReaders, Sampler};
 use super::sinks::{Outlets, Sinks};
 use super::tick::{Core, Voice};
 use super::{
-    EXIT_INTERNAL, RunConfig, Supervisor, attach, attach_to, drain_output, internal_failure,
+    EXIT_INTERNAL, Settings, Supervisor, attach, attach_to, drain_output, internal_failure,
     open_job_pty, report_stale, spawn_failed,
 };
 use crate::cli::CgroupMode;
@@ -82,7 +82,7 @@ struct Readers {
     budget_bytes: Option<u64>,
 }
 
-pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
+pub(super) async fn supervise_job(cfg: Settings, doctor: Option<crate::verdict::Watch>) -> i32 {
     let started = crate::clock::now();
     // Read before oomguard forks anything: these are not the job's.
     let strangers = if cfg.attach.is_none() {
@@ -185,6 +185,7 @@ pub(super) async fn supervise_job(cfg: RunConfig) -> i32 {
         started,
         sig: Box::new(ProcSignaller::new(&cfg.proc_root)),
         host: Box::new(super::host::Os),
+        doctor,
     };
     let mut sup = Supervisor::assemble(cfg, parts);
     if let Some(note) = resume_note {
@@ -276,7 +277,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
     sup.finish()
 }
 
-async fn open_outputs(cfg: &RunConfig, started: Instant) -> Result<Outputs, i32> {
+async fn open_outputs(cfg: &Settings, started: Instant) -> Result<Outputs, i32> {
     let mut log = match &cfg.log {
         Some(path) => LogWriter::create(path, started).map_err(|e| {
             eprintln!("oomguard: {e}");
@@ -341,7 +342,7 @@ fn usage_or_internal(e: &std::io::Error) -> i32 {
 
 /// A cgroup of the job's own (after cleaning up what a killed oomguard
 /// left behind), or why there is none.
-async fn own_cgroup(cfg: &RunConfig) -> (Option<OwnedCgroup>, Option<String>) {
+async fn own_cgroup(cfg: &Settings) -> (Option<OwnedCgroup>, Option<String>) {
     let own_loc = cgroup::locate(&cfg.proc_root, "self");
     match (cfg.cgroup, &own_loc) {
         _ if cfg.attach.is_some() => (None, Some("attached to a running process".to_string())),
@@ -377,7 +378,7 @@ fn job_cgroup_name() -> String {
 /// user's systemd manager, and the job's cgroup inside it. Root never gets
 /// here (it can create anywhere); a user's cgroup that SLURM or a memory
 /// limit holds is never left (`systemd::may_leave`).
-async fn own_user_scope(cfg: &RunConfig, here: &cgroup::Location) -> Result<OwnedCgroup, String> {
+async fn own_user_scope(cfg: &Settings, here: &cgroup::Location) -> Result<OwnedCgroup, String> {
     // The cgroup's owner first: SLURM's or a limited cgroup is the answer
     // whether or not a bus is there.
     crate::systemd::may_leave(here, rustix::process::getuid().as_raw())?;
@@ -395,7 +396,7 @@ async fn own_user_scope(cfg: &RunConfig, here: &cgroup::Location) -> Result<Owne
 /// The start-up hook for Python jobs: with `--torch-stats` (a failure is
 /// the user's to fix: exit 2), or for the companion alone (a failure costs
 /// the companion, not the run).
-fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
+fn open_torch(cfg: &Settings) -> Result<Option<Torch>, i32> {
     if cfg.run.torch_stats {
         return TorchStatsInjector::new(cfg.interval)
             .and_then(|inj| inj.reader().map(|r| (inj, Some(r))))
@@ -422,7 +423,7 @@ fn open_torch(cfg: &RunConfig) -> Result<Option<Torch>, i32> {
 /// A save a previous run of this job left (`resume.rs`): the first
 /// attempt resumes from it. Returns what to tell the user.
 fn resume_from_a_previous_run(
-    cfg: &RunConfig,
+    cfg: &Settings,
     env: &mut Vec<(std::ffi::OsString, std::ffi::OsString)>,
 ) -> Option<String> {
     if cfg.attach.is_some() || cfg.doctor.is_some() {
@@ -459,7 +460,7 @@ fn resume_from_a_previous_run(
 }
 
 /// The first attempt's control channel, in the hook's directory.
-fn open_channel(cfg: &RunConfig, torch: Option<&Torch>) -> Option<crate::companion::Channel> {
+fn open_channel(cfg: &Settings, torch: Option<&Torch>) -> Option<crate::companion::Channel> {
     let (inj, _) = torch.filter(|_| cfg.companion())?;
     match crate::companion::Channel::create(inj.dir(), 1) {
         Ok(c) => Some(c),
@@ -475,7 +476,7 @@ fn open_channel(cfg: &RunConfig, torch: Option<&Torch>) -> Option<crate::compani
 /// `attach` to a job that was itself started with a control channel
 /// (`OOMGUARD_CONTROL` in its environment): its companion is asked, as
 /// under `run`; otherwise a stop signals, as it always did.
-fn attached_channel(cfg: &RunConfig, job: &Job) -> Option<crate::companion::Channel> {
+fn attached_channel(cfg: &Settings, job: &Job) -> Option<crate::companion::Channel> {
     let dir = crate::companion::Channel::of_process(&cfg.proc_root, job.pid)?;
     match crate::companion::Channel::join(&dir) {
         Ok(c) => {
@@ -500,7 +501,7 @@ fn attached_channel(cfg: &RunConfig, job: &Job) -> Option<crate::companion::Chan
 /// The dashboard: when stdin and stdout are terminals and CI is unset, or
 /// forced with --tui; never with --no-tui. Without a pty for the job there
 /// is no dashboard (the job matters more).
-fn open_dashboard(cfg: &RunConfig) -> OpenedDashboard {
+fn open_dashboard(cfg: &Settings) -> OpenedDashboard {
     let in_ci = cfg.in_ci;
     let terminal = std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let want = !cfg.tui.no_tui && (cfg.tui.tui || (terminal && !in_ci));
@@ -554,7 +555,7 @@ enum OutputSetupError {
 
 /// The relay of the job's stdout and stderr (not with the dashboard, whose
 /// pty is read by the loop, nor under `attach`).
-fn open_output(cfg: &RunConfig, has_pty: bool) -> Result<Output, OutputSetupError> {
+fn open_output(cfg: &Settings, has_pty: bool) -> Result<Output, OutputSetupError> {
     if cfg.attach.is_none() && !has_pty {
         let (relay, stdio) = OutputRelay::new(RelayOptions {
             output_log: cfg.run.output_log.clone(),
@@ -613,7 +614,7 @@ enum StartError {
 /// cgroup can fail (a hierarchy that refuses the move): the job matters
 /// more than the cgroup, so it is launched again without one.
 fn start_job(
-    cfg: &RunConfig,
+    cfg: &Settings,
     start: Start<'_>,
     output: &mut Output,
 ) -> Result<(Job, Option<OwnedCgroup>, Option<String>), StartError> {
@@ -666,7 +667,7 @@ fn start_job(
 }
 
 fn open_readers(
-    cfg: &RunConfig,
+    cfg: &Settings,
     owned: Option<&OwnedCgroup>,
     job: &Job,
     started: Instant,
@@ -718,7 +719,7 @@ fn open_readers(
 }
 
 /// NVML is loaded at run time: the same binary works without a driver.
-fn open_gpu(cfg: &RunConfig) -> (Option<crate::probe::gpu::GpuProbe>, GpuInfo) {
+fn open_gpu(cfg: &Settings) -> (Option<crate::probe::gpu::GpuProbe>, GpuInfo) {
     let off = |reason: String| GpuInfo {
         available: false,
         reason: Some(reason),
@@ -755,11 +756,13 @@ struct Parts {
     /// What sends the loop's signals, and starts and reaps its processes
     /// (the loop's tests pass fakes).
     sig: Box<dyn super::act::Signaller>,
+    /// `oomguard doctor`'s hold on the run: where the finding goes.
+    doctor: Option<crate::verdict::Watch>,
     host: Box<dyn super::host::Host>,
 }
 
 impl Supervisor {
-    fn assemble(cfg: RunConfig, parts: Parts) -> Self {
+    fn assemble(cfg: Settings, parts: Parts) -> Self {
         let Parts {
             outputs,
             readers,
@@ -774,6 +777,7 @@ impl Supervisor {
             started,
             sig,
             host,
+            doctor,
         } = parts;
         let (gpu, gpu_info) = open_gpu(&cfg);
         let (torch, torch_reader) = match torch {
@@ -843,7 +847,7 @@ impl Supervisor {
                 ),
                 now,
             ),
-            target: super::target::Target::new(readers.attached),
+            target: super::target::Target::new(readers.attached, doctor),
             screen: super::screen::Screen::new(screen.tui, screen.pty),
             internal_error: None,
             output: super::job_output::JobOutput::new(output.relay, output.pty_log),
@@ -853,7 +857,7 @@ impl Supervisor {
 
 /// What the actuator needs of the settings (a watcher may kill only with
 /// `--allow-kill`).
-fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
+fn act_config(cfg: &Settings) -> super::act::ActConfig {
     super::act::ActConfig {
         checkpoint_signal: cfg.checkpoint_signal,
         grace: cfg.grace,
@@ -871,7 +875,7 @@ fn act_config(cfg: &RunConfig) -> super::act::ActConfig {
 /// signaller of their own.
 #[cfg(test)]
 pub(super) fn assemble_started(
-    cfg: RunConfig,
+    cfg: Settings,
     job: Job,
     log: &std::path::Path,
     sig: Box<dyn super::act::Signaller>,
@@ -903,6 +907,7 @@ pub(super) fn assemble_started(
         started,
         sig,
         host,
+        doctor: None,
     };
     let mut sup = Supervisor::assemble(cfg, parts);
     sup.write_run_start(None, None);

@@ -128,7 +128,7 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Notifier for DesktopNotifier {
     fn notify(&mut self, summary: String, body: String) {
-        if !super::sinks::session_bus() || tokio::runtime::Handle::try_current().is_err() {
+        if !crate::systemd::session_bus() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         tokio::spawn(async move {

@@ -523,15 +523,6 @@ impl Sinks {
     }
 }
 
-/// Whether a session bus is there to carry desktop notifications (and to
-/// ask the user's systemd for a scope): `DBUS_SESSION_BUS_ADDRESS`, or the
-/// socket `$XDG_RUNTIME_DIR/bus`.
-pub fn session_bus() -> bool {
-    std::env::var_os("DBUS_SESSION_BUS_ADDRESS").is_some()
-        || std::env::var_os("XDG_RUNTIME_DIR")
-            .is_some_and(|d| std::path::Path::new(&d).join("bus").exists())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

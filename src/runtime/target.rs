@@ -11,13 +11,20 @@ use super::attach::Attached;
 pub(super) enum Target {
     /// oomguard started it and is its parent.
     Launched,
+    /// oomguard started it for `oomguard doctor`, which it ends once
+    /// judged, leaving the finding here.
+    Judged(crate::verdict::Watch),
     /// oomguard watches a job it did not start.
     Attached(Attached),
 }
 
 impl Target {
-    pub fn new(attached: Option<Attached>) -> Self {
-        attached.map_or(Self::Launched, Self::Attached)
+    pub fn new(attached: Option<Attached>, doctor: Option<crate::verdict::Watch>) -> Self {
+        match (attached, doctor) {
+            (Some(a), _) => Self::Attached(a),
+            (None, Some(w)) => Self::Judged(w),
+            (None, None) => Self::Launched,
+        }
     }
 
     /// Its parent: the job's end is learnt by reaping it (with its exit
@@ -25,7 +32,7 @@ impl Target {
     /// learns of the end by looking, never gets the code, and leaves the
     /// orphans to init.
     pub fn is_parent(&self) -> bool {
-        matches!(self, Self::Launched)
+        matches!(self, Self::Launched | Self::Judged(_))
     }
 
     /// Whether a failed attempt may be started again: only a job oomguard
@@ -52,17 +59,25 @@ impl Target {
         !self.is_parent() && !job_ended
     }
 
+    /// The doctor's hold, when the run is its probe.
+    pub fn judged(&self) -> Option<&crate::verdict::Watch> {
+        match self {
+            Self::Judged(w) => Some(w),
+            _ => None,
+        }
+    }
+
     pub fn attached(&self) -> Option<&Attached> {
         match self {
             Self::Attached(a) => Some(a),
-            Self::Launched => None,
+            Self::Launched | Self::Judged(_) => None,
         }
     }
 
     pub fn attached_mut(&mut self) -> Option<&mut Attached> {
         match self {
             Self::Attached(a) => Some(a),
-            Self::Launched => None,
+            Self::Launched | Self::Judged(_) => None,
         }
     }
 }
@@ -73,11 +88,11 @@ mod tests {
 
     #[test]
     fn only_a_launched_job_is_reaped_signalled_and_restarted() {
-        let launched = Target::new(None);
+        let launched = Target::new(None, None);
         assert!(launched.is_parent() && launched.restarts() && launched.forwards_signals());
         assert!(!launched.quit_detaches());
         assert!(!launched.detached(false));
-        let watched = Target::new(Some(Attached::default()));
+        let watched = Target::new(Some(Attached::default()), None);
         assert!(!watched.is_parent() && !watched.restarts() && !watched.forwards_signals());
         assert!(watched.quit_detaches());
         assert!(watched.detached(false));

@@ -65,9 +65,9 @@ pub struct Settings {
     pub allow_kill: bool,
     /// `attach`: how the job was named, and its cgroup when named by one.
     pub attach_spec: Option<crate::attach::AttachSpec>,
-    /// `oomguard doctor -- CMD`: end the job once it shows progress (or
-    /// after a while), recording whether a stop would save its work.
-    pub doctor: Option<crate::verdict::Watch>,
+    /// `oomguard doctor -- CMD`: end the job once it shows progress, or
+    /// after this wait (the finding comes back from `runtime::judge`).
+    pub doctor: Option<std::time::Duration>,
 }
 
 impl Settings {
@@ -331,10 +331,6 @@ impl Settings {
     }
 }
 
-/// The policy `oomguard replay` applies: `None` when no policy flag and no
-/// `--config` was given (the replay then uses the recorded policy). The
-/// working directory's `oomguard.toml` is not read: the recorded policy
-/// already reflects it.
 /// Whether oomguard runs in CI: `CI` set to anything but empty or
 /// `false` (GitHub Actions, GitLab and most others set `CI=true`). The one
 /// place it is read.
@@ -342,6 +338,17 @@ pub fn in_ci() -> bool {
     std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false")
 }
 
+/// `OOMGUARD_DEMO_JOB=builtin`: `oomguard demo` runs this binary's own
+/// job even where python3 runs. A test switch, read from the environment
+/// only and so never in `--help`; the one place it is read.
+pub fn demo_job_builtin() -> bool {
+    std::env::var("OOMGUARD_DEMO_JOB").is_ok_and(|v| v == "builtin")
+}
+
+/// The policy `oomguard replay` applies: `None` when no policy flag and no
+/// `--config` was given (the replay then uses the recorded policy). The
+/// working directory's `oomguard.toml` is not read: the recorded policy
+/// already reflects it.
 pub fn replay_policy(p: &PolicyArgs) -> Result<Option<(Policy, String)>, ConfigError> {
     let flags = policy_layer(p);
     // Only what shapes the rules counts: `--grace` or `--on-warn` change
