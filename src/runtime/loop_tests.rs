@@ -48,24 +48,67 @@ struct World {
     root: PathBuf,
     /// The trainer saves a checkpoint here when told to stop.
     saves_to: Option<PathBuf>,
+    /// `(seconds since the start, pid)` of every worker forked.
+    forked: Vec<(f64, u32)>,
 }
 
 impl World {
     /// The job's leader appears in `/proc`, as oomguard's only child, a
     /// 200 MiB python.
     fn appear(&mut self, pid: u32) {
+        self.process(pid, std::process::id(), pid, 200 * MIB);
+        self.children_are(&pid.to_string());
+    }
+
+    /// The job's leader forks a worker of `rss` bytes, which is then the
+    /// newest pid on the machine (so a walk of the children lists is
+    /// taken again); logged in `forked`.
+    fn fork(&mut self, rss: u64) {
+        let pid = self.pid();
+        let job = self.job;
+        self.process(pid, job, job, rss);
+        let list = self.root.join(format!("{job}/task/{job}/children"));
+        let mut kids = std::fs::read_to_string(&list).unwrap();
+        kids.push_str(&format!("{pid} "));
+        std::fs::write(list, kids).unwrap();
+        let t = self.now();
+        self.forked.push((t, pid));
+    }
+
+    /// `pid` leaves `/proc`. Its `stat` is emptied first: the scanner
+    /// keeps it open, and a real one reads nothing once its process is
+    /// gone.
+    fn vanish(&self, pid: u32) {
+        let d = self.root.join(pid.to_string());
+        if d.exists() {
+            std::fs::write(d.join("stat"), "").unwrap();
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    /// Worker `pid` exits (and is reaped by the leader).
+    fn exit_worker(&self, pid: u32) {
+        self.vanish(pid);
+        let job = self.job;
+        let list = self.root.join(format!("{job}/task/{job}/children"));
+        let kids = std::fs::read_to_string(&list).unwrap();
+        let rest = kids.replace(&format!("{pid} "), "");
+        std::fs::write(list, rest).unwrap();
+    }
+
+    /// `pid` in `/proc`: a python of `rss` bytes, child of `ppid` in the
+    /// group `pgid`, with no children yet; the newest pid on the machine.
+    fn process(&self, pid: u32, ppid: u32, pgid: u32, rss: u64) {
         let d = self.root.join(pid.to_string());
         std::fs::create_dir_all(d.join(format!("task/{pid}"))).unwrap();
-        let rss_pages = 200 * MIB / 4096;
+        let rss_pages = rss / 4096;
         let stat = format!(
-            "{pid} (python) S {} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 1000 {rss_pages} 0\n",
-            std::process::id(),
+            "{pid} (python) S {ppid} {pgid} {pgid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 1000 {rss_pages} 0\n",
             start_time(pid)
         );
         std::fs::write(d.join("stat"), stat).unwrap();
         std::fs::write(d.join("cmdline"), "python\0train.py\0").unwrap();
         std::fs::write(d.join(format!("task/{pid}/children")), "").unwrap();
-        self.children_are(&pid.to_string());
         let loadavg = format!("0.00 0.00 0.00 1/99 {pid}\n");
         std::fs::write(self.root.join("loadavg"), loadavg).unwrap();
     }
@@ -79,12 +122,18 @@ impl World {
     }
 
     fn exit(&mut self, pid: u32, status: Status) {
-        let _ = std::fs::remove_dir_all(self.root.join(pid.to_string()));
+        self.vanish(pid);
         self.children_are("");
         self.exited.push(Reaped { pid, status });
         if let Some(tx) = &self.children {
             let _ = tx.send(());
         }
+    }
+
+    /// Seconds since the start.
+    fn now(&self) -> f64 {
+        self.t0
+            .map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64())
     }
 
     fn pid(&mut self) -> u32 {
@@ -106,7 +155,7 @@ impl Signaller for FakeSignaller {
             return Err(SignalError::Gone(pid));
         }
         let mut w = self.0.borrow_mut();
-        let t = w.t0.map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64());
+        let t = w.now();
         w.signals.push((t, pid, sig));
         if let Some(dir) = w
             .saves_to
@@ -127,7 +176,7 @@ impl Signaller for FakeSignaller {
 
     fn signal_group(&mut self, pgid: u32, sig: i32) -> Result<(), SignalError> {
         let mut w = self.0.borrow_mut();
-        let t = w.t0.map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64());
+        let t = w.now();
         w.groups.push((t, pgid, sig));
         if pgid == w.job && w.dies_of.contains(&sig) {
             w.exit(pgid, Status::Signaled(sig));
@@ -759,4 +808,114 @@ async fn a_signals_save_ends_within_the_budget_when_the_companion_never_answers(
     assert!(said, "{events:?}");
     assert_eq!(run_end(&events)["outcome"], "stopped_by_signal");
     assert_eq!(code, 143);
+}
+
+/// The trainer forks a 300 MiB worker at each of `at` (seconds since the
+/// start), then the workers exit, then the job.
+async fn forks_workers_at(world: Shared, at: &[f64]) {
+    for &t in at {
+        let now = world.borrow().now();
+        sleep(t - now).await;
+        world.borrow_mut().fork(300 * MIB);
+    }
+    sleep(0.5).await;
+    let forked = world.borrow().forked.clone();
+    for (_, pid) in forked {
+        world.borrow().exit_worker(pid);
+    }
+    // Once a tick has seen them go (none is left behind by the leader).
+    sleep(0.5).await;
+    let job = world.borrow().job;
+    world.borrow_mut().exit(job, Status::Exited(0));
+}
+
+/// Forks a tenth of a second apart, between fast ticks: whatever the
+/// phase of the regular full scans (a quarter second apart at the fast
+/// pace), at most one of them can fall just before one; the others are
+/// seen at once only if every tick is a full scan.
+const FORKS: [f64; 3] = [2.01, 2.11, 2.21];
+
+/// The first tick after each fork (`--log-every-tick`: every tick has its
+/// sample line) counts the new worker: it came within one fast tick of
+/// the fork, not at the next regular full scan.
+fn each_fork_seen_by_the_next_tick(events: &[serde_json::Value], forked: &[(f64, u32)]) {
+    let samples = of(events, "sample");
+    assert_eq!(forked.len(), FORKS.len(), "{forked:?}");
+    let mut missed = Vec::new();
+    for (i, &(at, pid)) in forked.iter().enumerate() {
+        let next = samples
+            .iter()
+            .find(|s| s["t"].as_f64().unwrap() > at)
+            .unwrap_or_else(|| panic!("no tick after the fork at {at}"));
+        let t = next["t"].as_f64().unwrap();
+        assert!(
+            t - at <= tick::FAST.as_secs_f64() + 1e-3,
+            "the tick after the fork at {at} came at {t}: not a fast tick"
+        );
+        // The leader and the workers forked so far.
+        if next["tree"]["procs"].as_u64() != Some(2 + i as u64) {
+            missed.push(format!(
+                "worker {pid}, forked at {at}, not in the tick at {t}: {}",
+                next["tree"]
+            ));
+        }
+    }
+    assert!(missed.is_empty(), "{}", missed.join("\n"));
+}
+
+/// Below the critical level every tick scans the whole tree
+/// (`Core::needs_full_scan`): a worker forked a moment ago is in the very
+/// next tick's sample, which the last-resort freeze acts on, not a quarter
+/// second later at the next regular full scan. Observe-only (`--policy
+/// none`), so no stop is under way: only the headroom asks for the scans.
+#[tokio::test(start_paused = true)]
+async fn below_critical_the_next_tick_sees_a_worker_forked_a_moment_ago() {
+    let f = Fake::new(&["--policy", "none", "--log-every-tick"]);
+    // 94 % used: below critical (8 % headroom), above the last resort (4 %).
+    meminfo(&f.dir.path().join("proc"), 960 * MIB);
+    let world = f.world.clone();
+    let (code, events, world) = f.run(forks_workers_at(world, &FORKS)).await;
+    assert_eq!(code, 0);
+    let actions = of(&events, "action");
+    assert!(actions.is_empty(), "observe only: {actions:?}");
+    each_fork_seen_by_the_next_tick(&events, &world.borrow().forked);
+}
+
+/// While a stop is under way every tick scans the whole tree, though the
+/// pressure that started it is gone: a worker forked during the stop is in
+/// the very next tick's sample, so the ladder's next step reaches it.
+#[tokio::test(start_paused = true)]
+async fn during_a_stop_the_next_tick_sees_a_worker_forked_a_moment_ago() {
+    let f = Fake::new(&["--on-critical", "stop", "--log-every-tick"]);
+    let root = f.dir.path().join("proc");
+    // 94 % used: the first tick starts the stop; the trainer saves for
+    // --grace's minute (it ignores the checkpoint signal).
+    meminfo(&root, 960 * MIB);
+    let world = f.world.clone();
+    let (_, events, world) = f
+        .run(async move {
+            sleep(1.0).await;
+            // The pressure is gone: only the stop asks for full scans.
+            meminfo(&root, 100 * MIB);
+            forks_workers_at(world, &FORKS).await;
+        })
+        .await;
+    let w = world.borrow();
+    assert_eq!(w.signals[0].1, JOB, "the stop began: {:?}", w.signals);
+    // Still saving when the workers came: no step of the ladder but the
+    // throttle (which holds the new workers) came after the stop began.
+    let actions = of(&events, "action");
+    let steps: Vec<&str> = actions
+        .iter()
+        .filter(|a| a["t"].as_f64().unwrap() < FORKS[2] + 0.1)
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps.first(), Some(&"stop"), "{actions:?}");
+    assert!(steps[1..].iter().all(|&s| s == "pause"), "{actions:?}");
+    let head = of(&events, "sample")
+        .iter()
+        .find(|s| s["t"].as_f64().unwrap() > FORKS[0])
+        .map(|s| s["headroom_percent"].as_f64().unwrap());
+    assert!(head.is_some_and(|h| h > 50.0), "{head:?}");
+    each_fork_seen_by_the_next_tick(&events, &w.forked);
 }
