@@ -24,7 +24,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
-pub use super::signaller::{DesktopNotifier, Notifier, ProcSignaller, Signaller};
+pub use super::signaller::{
+    DesktopNotifier, Ident, Notifier, ProcSignaller, SIG_CONT, SIG_KILL, SIG_STOP, SIG_TERM,
+    Signaller,
+};
 use crate::companion::{Channel, Kind};
 use crate::forensics::torch::Framework;
 use crate::log::ActionKind;
@@ -41,14 +44,6 @@ mod peers;
 mod requests;
 pub(super) mod stop_saves;
 mod types;
-
-/// Identity of a process: pid and start time.
-pub type Ident = (u32, u64);
-
-pub const SIG_TERM: i32 = libc::SIGTERM;
-pub const SIG_KILL: i32 = libc::SIGKILL;
-pub const SIG_CONT: i32 = libc::SIGCONT;
-pub const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// One throttle cycle: growers are stopped except for a short run slice.
 /// How long after a framework's banner its companion must have spoken.

@@ -7,8 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::act::{Ident, SIG_STOP};
 use crate::supervise::{self, SignalError};
+
+/// Identity of a process: pid and start time.
+pub type Ident = (u32, u64);
+
+pub const SIG_TERM: i32 = libc::SIGTERM;
+pub const SIG_KILL: i32 = libc::SIGKILL;
+pub const SIG_CONT: i32 = libc::SIGCONT;
+pub const SIG_STOP: i32 = libc::SIGSTOP;
 
 /// Sends signals to processes by identity.
 pub trait Signaller {
