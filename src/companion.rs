@@ -863,10 +863,10 @@ mod tests {
             .captures(&pyproject)
             .unwrap()[1]
             .to_string();
-        let hook = include_str!("probe/torch_reporter.py");
+        let hook = include_str!("torch_reporter.py");
         assert!(
             hook.contains(&format!("\n_OOMGUARD_MIN_PYTHON = (3, {floor})\n")),
-            "src/probe/torch_reporter.py's floor is not pyproject.toml's 3.{floor}"
+            "src/torch_reporter.py's floor is not pyproject.toml's 3.{floor}"
         );
     }
 }

@@ -29,6 +29,7 @@ pub mod forensics;
 pub mod github;
 pub mod growth;
 pub mod help;
+pub mod inject;
 pub mod keeper;
 pub mod log;
 pub mod manpage;

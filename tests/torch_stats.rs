@@ -11,7 +11,8 @@ use std::process::{Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use oomguard::probe::torch_stats::{TorchDeviceStats, TorchStatsInjector, TorchStatsReader};
+use oomguard::inject::TorchStatsInjector;
+use oomguard::probe::torch_stats::{TorchDeviceStats, TorchStatsReader};
 
 fn stub_torch() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stub-torch")

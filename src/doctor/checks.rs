@@ -704,7 +704,7 @@ fn ask_python(py: &Path) -> Result<serde_json::Value, String> {
     use std::io::Read;
     // The companion package as a run provides it (the start-up hook puts
     // `companion/` on sys.path under a run; here it is put there directly).
-    let inj = crate::probe::torch_stats::TorchStatsInjector::new(Duration::from_secs(1))
+    let inj = crate::inject::TorchStatsInjector::new(Duration::from_secs(1))
         .map_err(|e| format!("cannot provide the companion: {e}"))?
         .without_stats();
     let mut pythonpath = std::ffi::OsString::from(inj.dir().join("companion"));

@@ -23,7 +23,7 @@ pub struct Sampler {
     gpu_info: crate::log::GpuInfo,
     /// `--torch-stats`: the injected reporter (removed on drop); its
     /// reader is `torch`.
-    torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
+    torch_injector: Option<crate::inject::TorchStatsInjector>,
     started: Instant,
     scanner: TreeScanner,
     sweeper: PssSweeper,
@@ -59,7 +59,7 @@ pub struct Readers {
     pub gpu: Option<GpuProbe>,
     pub gpu_info: crate::log::GpuInfo,
     pub torch: Option<TorchStatsReader>,
-    pub torch_injector: Option<crate::probe::torch_stats::TorchStatsInjector>,
+    pub torch_injector: Option<crate::inject::TorchStatsInjector>,
 }
 
 impl Sampler {
@@ -128,7 +128,7 @@ impl Sampler {
         &self.gpu_info
     }
 
-    pub fn torch_injector(&self) -> Option<&crate::probe::torch_stats::TorchStatsInjector> {
+    pub fn torch_injector(&self) -> Option<&crate::inject::TorchStatsInjector> {
         self.torch_injector.as_ref()
     }
 

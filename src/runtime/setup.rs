@@ -23,6 +23,7 @@ use super::{
     open_job_pty, report_stale, spawn_failed,
 };
 use crate::cli::CgroupMode;
+use crate::inject::TorchStatsInjector;
 use crate::log::{GpuInfo, LogWriter};
 use crate::model::SystemSample;
 use crate::policy::Engine;
@@ -30,7 +31,7 @@ use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
 use crate::probe::proc::{TreeRoot, TreeScanner};
 use crate::probe::pss::SweepConfig;
 use crate::probe::system::SystemReader;
-use crate::probe::torch_stats::{TorchStatsInjector, TorchStatsReader};
+use crate::probe::torch_stats::TorchStatsReader;
 use crate::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
 use crate::restart::Budget;
 use crate::supervise::{self, Job};
