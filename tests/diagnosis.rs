@@ -432,9 +432,11 @@ fn figures(c: &Case) {
         if let Some(v) = number(f, "growth_bytes_per_second") {
             // Like with like: the finding's rate is the least-squares
             // slope over oomguard's own sample lines of the last 10 s
-            // before its last reading of the trainer (Python's teardown
-            // frees what leaked after it), so the truth is read at those
-            // same times, not at the reader's cadence.
+            // before its last reading of the trainer, so the truth is read
+            // at those same times, not at the reader's cadence. (The job
+            // ends without the interpreter's teardown, seconds of plateau
+            // and a late step on a loaded machine that the reader, a
+            // second apart by then, could miss or catch: job.py.)
             let end = c.json["processes"]
                 .as_array()
                 .unwrap()
@@ -492,10 +494,19 @@ fn states_its_figures(f: &Value, kind: &str) {
         "trainer_growth" => &["growth_bytes_per_second", "peak_private_bytes"],
         "trainer_accumulation" => &["released_bytes", "peak_private_bytes"],
         "trainer_load" => &["loaded_bytes", "peak_private_bytes"],
+        "num_workers" => &["per_worker_private_peak_bytes"],
         _ => &[],
     };
     for name in required {
         assert!(number(f, name).is_some(), "{kind} states no {name}: {f}");
+    }
+    if kind == "num_workers" {
+        // A count, or none because the readings predate the peak (and
+        // then how much older they are).
+        assert!(
+            number(f, "workers_fit").is_some() || number(f, "readings_age_seconds").is_some(),
+            "num_workers states neither a count nor why it gives none: {f}"
+        );
     }
     if kind == "worker_cow" {
         // Settled at a level, or still copying with its RSS as the bound.
