@@ -35,7 +35,6 @@ use crate::probe::torch_stats::TorchStatsReader;
 use crate::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
 use crate::restart::Budget;
 use crate::supervise::{self, Job};
-use crate::units::SizeOrPercent;
 
 /// Where the run's own records go, opened before the job starts: a port in
 /// use or an unwritable file is a usage error (exit 2), not something to
@@ -693,10 +692,7 @@ fn open_readers(
     });
     let mut system = SystemReader::new(&cfg.proc_root);
     let first_system = system.read(crate::clock::now());
-    let budget_bytes = cfg.budget.map(|b| match b {
-        SizeOrPercent::Bytes(n) => n,
-        SizeOrPercent::Percent(p) => (first_system.mem_total_bytes as f64 * p / 100.0) as u64,
-    });
+    let budget_bytes = cfg.budget_bytes;
     let root = match cfg.attach {
         _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
         Some(pid) => TreeRoot::Process(pid),

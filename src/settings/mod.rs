@@ -68,6 +68,8 @@ pub struct Settings {
     /// `oomguard doctor -- CMD`: end the job once it shows progress, or
     /// after this wait (the finding comes back from `runtime::judge`).
     pub doctor: Option<std::time::Duration>,
+    /// `--budget` in bytes (a share of RAM already taken of `MemTotal`).
+    pub budget_bytes: Option<u64>,
 }
 
 impl Settings {
@@ -304,7 +306,9 @@ impl Settings {
             values.max_restarts = 0;
         }
         let notify = !cmd.no_notify && file.and_then(|f| f.notify).unwrap_or(preset.notify());
+        let budget_bytes = budget_in_bytes(values.budget)?;
         Ok(Self {
+            budget_bytes,
             argv: cmd.argv,
             log,
             values,
@@ -329,6 +333,27 @@ impl Settings {
             doctor: None,
         })
     }
+}
+
+/// `--budget` in bytes: a share of RAM (`75%`) is taken of the machine's
+/// `MemTotal` once, here.
+fn budget_in_bytes(budget: Option<SizeOrPercent>) -> Result<Option<u64>, ConfigError> {
+    let percent = match budget {
+        None => return Ok(None),
+        Some(SizeOrPercent::Bytes(n)) => return Ok(Some(n)),
+        Some(SizeOrPercent::Percent(p)) => p,
+    };
+    let path = Path::new("/proc/meminfo");
+    let total = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| crate::probe::system::parse_meminfo(&text))
+        .map(|(total, ..)| total)
+        .filter(|t| *t > 0)
+        .ok_or_else(|| ConfigError::Read {
+            path: path.into(),
+            reason: format!("--budget {percent}% needs the machine's MemTotal; give a size instead"),
+        })?;
+    Ok(Some((total as f64 * percent / 100.0) as u64))
 }
 
 /// Whether oomguard runs in CI: `CI` set to anything but empty or

@@ -477,3 +477,17 @@ fn a_replay_keeps_the_recorded_policy_unless_a_rule_shaping_flag_is_given() {
     assert_eq!(p.thresholds().0, Some(30.0));
     assert!(policy(&["--policy", "none"]).unwrap().rules.is_empty());
 }
+
+#[test]
+fn a_budget_leaves_the_settings_in_bytes() {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| crate::probe::system::parse_meminfo(&t))
+        .unwrap()
+        .0;
+    let share = settings(&["--budget", "25%"], None);
+    assert_eq!(share.budget_bytes, Some((total as f64 * 0.25) as u64));
+    let size = settings(&["--budget", "2GiB"], None);
+    assert_eq!(size.budget_bytes, Some(2 << 30));
+    assert_eq!(settings(&[], None).budget_bytes, None);
+}
