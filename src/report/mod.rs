@@ -9,25 +9,26 @@
 mod attempts;
 mod diagnose;
 mod did;
+mod finding;
 mod fit;
 mod html;
 mod job;
 mod load;
+mod run_log;
 mod svg;
 mod text;
 mod workers;
 
 use std::path::{Path, PathBuf};
 
-pub use diagnose::{
-    Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, WorkerFit, diagnose, nearest_ceiling,
-    processes, worker_fit_numbers,
-};
+pub use diagnose::diagnose;
+pub use finding::{Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, processes};
+pub use fit::{WorkerFit, nearest_ceiling, worker_fit_numbers};
 pub use html::render_html;
 pub use job::{JobReport, job_report, render_job_html, render_job_json, render_job_text};
 pub use load::{
-    Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, LISTED_WARNINGS, LoadError,
-    PeakInfo, PolicyRule, ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, load, load_from,
+    Attempt, CeilingInfo, EndInfo, GpuPoint, LISTED_WARNINGS, LoadError, PeakInfo, PolicyRule,
+    ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, Timed, load, load_from,
 };
 pub use text::{render_json, render_text};
 
@@ -68,7 +69,7 @@ pub enum ReportError {
 }
 
 /// Output formats of `oomguard report`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
     /// One self-contained HTML page with the timeline (the default).
     #[default]
