@@ -12,7 +12,7 @@
 //! file with no oomguard line at all, is an error, since reading it as
 //! `oomguard/1` would mislead.
 
-use super::ReportError;
+use super::error::ReportError;
 pub use super::run_log::{
     Attempt, CeilingInfo, EndInfo, GpuPoint, PeakInfo, PolicyRule, ProcPoint, ProgressPoint,
     RunLog, SamplePoint, Snapshot, StartInfo, Timed,
