@@ -233,8 +233,21 @@ pub struct ReportArgs {
     pub output: Option<PathBuf>,
 
     /// Output format.
-    #[arg(long, value_enum, default_value_t = crate::report::Format::Html)]
-    pub format: crate::report::Format,
+    #[arg(long, value_enum, default_value_t = ReportFormat::Html)]
+    pub format: ReportFormat,
+}
+
+/// `oomguard report --format`: the command line's own names, so that the
+/// report's renderers need not know clap (the caller maps it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum ReportFormat {
+    /// One self-contained HTML page with the timeline (the default).
+    #[default]
+    Html,
+    /// Summary and advice for the terminal.
+    Text,
+    /// The same as data.
+    Json,
 }
 
 #[derive(Debug, Args)]

@@ -130,8 +130,14 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
 }
 
 fn report(args: oomguard::cli::ReportArgs) -> i32 {
-    use oomguard::report::{Destination, run_reports};
-    match run_reports(&args.logs, args.output.as_deref(), args.format) {
+    use oomguard::cli::ReportFormat;
+    use oomguard::report::{Destination, Format, run_reports};
+    let format = match args.format {
+        ReportFormat::Html => Format::Html,
+        ReportFormat::Text => Format::Text,
+        ReportFormat::Json => Format::Json,
+    };
+    match run_reports(&args.logs, args.output.as_deref(), format) {
         Ok(out) => {
             for w in &out.warnings {
                 eprintln!("oomguard: {w}");

@@ -4,35 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use serde_json::Value;
-
-use super::load::{EventKind, RunLog};
+use super::run_log::{Attempt, RunLog, degraded};
+use crate::log::Event as Logged;
 use crate::model::Role;
-
-/// One launch of the job, as far as the log shows it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Attempt {
-    pub number: u32,
-    /// First and last time a line of this attempt was written.
-    pub start_t: f64,
-    pub end_t: f64,
-    pub peak_pss_bytes: u64,
-    pub peak_pss_t: f64,
-    /// The largest footprint (what the policy compared with the ceiling).
-    pub peak_footprint_bytes: u64,
-    /// Most workers seen at once in a per-process list.
-    pub max_workers: usize,
-    /// The job's exit, when logged.
-    pub exit_code: Option<i64>,
-    pub exit_signal: Option<String>,
-    /// Why the attempt ended, in words.
-    pub ended_by: String,
-    /// Values changed for this attempt by the restart that started it.
-    pub degraded: BTreeMap<String, (Value, Value)>,
-    /// The checkpoint it resumed from.
-    pub checkpoint: Option<String>,
-}
 
 /// The attempts of a run from its samples, events and per-process lists.
 pub(super) fn attempts(log: &RunLog) -> Vec<Attempt> {
@@ -53,7 +27,7 @@ pub(super) fn attempts(log: &RunLog) -> Vec<Attempt> {
     for e in &log.events {
         // A restart line may carry the attempt it starts; it belongs to
         // the end of the previous one.
-        if !matches!(e.kind, EventKind::Restart { .. }) {
+        if !matches!(e.event, Logged::Restart(_)) {
             touch(&mut out, e.attempt, e.t);
         }
     }
@@ -77,21 +51,16 @@ pub(super) fn attempts(log: &RunLog) -> Vec<Attempt> {
         }
     }
     for e in &log.events {
-        match &e.kind {
-            EventKind::ChildExit { code, signal, .. } => {
+        match &e.event {
+            Logged::ChildExit(c) => {
                 if let Some(a) = out.get_mut(&e.attempt) {
-                    a.exit_code = *code;
-                    a.exit_signal.clone_from(signal);
+                    a.exit_code = c.code.map(i64::from);
+                    a.exit_signal.clone_from(&c.signal);
                 }
             }
-            EventKind::Restart {
-                next_attempt,
-                reason,
-                checkpoint,
-                degraded,
-                ..
-            } => {
-                let next = next_attempt
+            Logged::Restart(r) => {
+                let next = e
+                    .line_attempt
                     .unwrap_or(e.attempt.saturating_add(1))
                     .max(e.attempt);
                 let ended = if next > e.attempt {
@@ -99,7 +68,7 @@ pub(super) fn attempts(log: &RunLog) -> Vec<Attempt> {
                 } else {
                     e.attempt.saturating_sub(1)
                 };
-                let why = reason.clone().unwrap_or_else(|| "restart".into());
+                let why = r.reason.clone().unwrap_or_else(|| "restart".into());
                 if let Some(a) = out.get_mut(&ended) {
                     a.ended_by = format!("restarted: {why}");
                 }
@@ -112,8 +81,8 @@ pub(super) fn attempts(log: &RunLog) -> Vec<Attempt> {
                     end_t: e.t,
                     ..Default::default()
                 });
-                a.degraded.clone_from(degraded);
-                a.checkpoint.clone_from(checkpoint);
+                a.degraded = degraded(&r.degraded);
+                a.checkpoint = r.checkpoint.as_ref().map(|p| p.display().to_string());
             }
             _ => {}
         }

@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::diagnose::{Cited, Finding, Severity, outcome_text, time_text};
-use super::load::{EventKind, RunLog};
+use super::finding::{Cited, Finding, Severity, outcome_text, time_text};
+use super::run_log::{RunLog, degraded, said};
 use crate::log::ActionKind;
+use crate::log::Event as Logged;
 
 /// The figures behind what oomguard did: least headroom, firings, actions.
 fn did_numbers(log: &RunLog, firings: usize, actions: usize, restarts: usize) -> Vec<Cited> {
@@ -93,7 +94,7 @@ pub(super) fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     let kills: Vec<f64> = log
         .events
         .iter()
-        .filter(|e| matches!(e.kind, EventKind::OomKill { .. }))
+        .filter(|e| matches!(e.event, Logged::OomKill(_)))
         .map(|e| e.t)
         .collect();
     let oom_killed = !kills.is_empty()
@@ -106,25 +107,18 @@ pub(super) fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     let mut restarts = Vec::new();
     let mut firings = Vec::new();
     for e in &log.events {
-        match &e.kind {
-            EventKind::Action { action, reason, .. } => {
-                actions.push((e.t, *action, reason.as_deref()));
+        match &e.event {
+            Logged::Action(a) => {
+                actions.push((e.t, a.action, said(&a.reason)));
             }
-            EventKind::Restart {
-                reason,
-                degraded,
-                next_attempt,
-                ..
-            } => restarts.push(Restart {
+            Logged::Restart(r) => restarts.push(Restart {
                 t: e.t,
-                attempt: next_attempt.unwrap_or(e.attempt),
-                reason: reason.as_deref(),
-                degraded,
+                attempt: e.line_attempt.unwrap_or(e.attempt),
+                reason: r.reason.as_deref(),
+                degraded: degraded(&r.degraded),
             }),
-            EventKind::Rule {
-                rule, state, value, ..
-            } if *state == crate::log::RuleState::Firing => {
-                firings.push((e.t, rule.as_str(), *value))
+            Logged::Rule(r) if r.state == crate::log::RuleState::Firing => {
+                firings.push((e.t, r.rule.as_str(), r.value))
             }
             _ => {}
         }
@@ -196,7 +190,7 @@ struct Restart<'a> {
     t: f64,
     attempt: u32,
     reason: Option<&'a str>,
-    degraded: &'a BTreeMap<String, (serde_json::Value, serde_json::Value)>,
+    degraded: BTreeMap<String, (serde_json::Value, serde_json::Value)>,
 }
 
 fn describe_actions(

@@ -8,8 +8,9 @@
 
 use std::collections::BTreeMap;
 
-use super::diagnose::{Cited, FIT_SHARE, Finding, Severity, time_text};
-use super::load::{EventKind, RunLog, SamplePoint, Snapshot};
+use super::finding::{Cited, FIT_SHARE, Finding, Severity, time_text};
+use super::run_log::{RunLog, SamplePoint, Snapshot};
+use crate::log::Event as Logged;
 use crate::model::Role;
 use crate::units::HumanBytes;
 
@@ -513,8 +514,8 @@ pub(super) fn worker_fit(log: &RunLog, out: &mut Vec<Finding>) {
     let last = log.attempts.last().map_or(0, |a| a.max_workers) as u64;
     let trouble = log.events.iter().any(|e| {
         matches!(
-            e.kind,
-            EventKind::OomKill { .. } | EventKind::Restart { .. } | EventKind::Action { .. }
+            e.event,
+            Logged::OomKill(_) | Logged::Restart(_) | Logged::Action(_)
         )
     });
     let kind = log.footprint_kind();

@@ -7,11 +7,12 @@
 
 use std::fmt::Write;
 
-use super::diagnose::outcome_text;
-use super::diagnose::{Finding, Severity, processes, time_text};
-use super::load::{Event, EventKind, RunLog};
+use super::finding::outcome_text;
+use super::finding::{Finding, Severity, processes, time_text};
+use super::run_log::{RunLog, Timed};
 use super::svg::{esc, timeline};
 use super::text::{command_text, duration, event_summary, peaks};
+use crate::log::Event as Logged;
 use crate::units::HumanBytes;
 
 /// Rows shown before a table folds the rest into a `<details>`.
@@ -223,7 +224,7 @@ fn cards(h: &mut String, log: &RunLog) {
         .iter()
         .filter_map(|s| s.headroom_percent.map(|p| (p, s.t)))
         .min_by(|a, b| a.0.total_cmp(&b.0));
-    match super::diagnose::nearest_ceiling(log) {
+    match super::fit::nearest_ceiling(log) {
         Some((source, bytes)) => card(h, "Ceiling", &HumanBytes(bytes).to_string(), &source),
         None => card(h, "Ceiling", "—", "none known"),
     }
@@ -261,7 +262,7 @@ fn cards(h: &mut String, log: &RunLog) {
     let kills = log
         .events
         .iter()
-        .filter(|e| matches!(e.kind, EventKind::OomKill { .. }))
+        .filter(|e| matches!(e.event, Logged::OomKill(_)))
         .count();
     card(
         h,
@@ -286,7 +287,7 @@ fn chart(h: &mut String, log: &RunLog) {
     }
     let _ = write!(h, r#"<div class="chart">{svg}</div>"#);
     let lists = log.snapshots.len();
-    let markers = if log.events.iter().any(|e| e.kind.has_marker()) {
+    let markers = if log.events.iter().any(|e| e.has_marker()) {
         " Numbered markers match the event table below; hover a marker for details."
     } else {
         ""
@@ -386,7 +387,7 @@ fn plain(v: &serde_json::Value) -> String {
 }
 
 fn events_section(h: &mut String, log: &RunLog) {
-    let rows: Vec<&Event> = log.events.iter().collect();
+    let rows: Vec<&Timed> = log.events.iter().collect();
     let _ = write!(
         h,
         r#"<section id="events"><h2>Events<span class="count">{}</span></h2>"#,
@@ -397,12 +398,12 @@ fn events_section(h: &mut String, log: &RunLog) {
         return;
     }
     let head = r#"<table><thead><tr><th class="num">#</th><th class="num">time</th><th class="num">attempt</th><th>event</th><th>what happened</th></tr></thead><tbody>"#;
-    let row = |h: &mut String, e: &&Event| {
+    let row = |h: &mut String, e: &&Timed| {
         let seq = if e.seq > 0 {
             format!(
                 r##"<a class="seq ev-{1}" href="#marker-{0}">{0}</a>"##,
                 e.seq,
-                e.kind.name()
+                e.event.name()
             )
         } else {
             String::new()
@@ -413,7 +414,7 @@ fn events_section(h: &mut String, log: &RunLog) {
             e.line,
             esc(&time_text(e.t)),
             e.attempt,
-            esc(&e.kind.name().replace('_', " ")),
+            esc(&e.event.name().replace('_', " ")),
             esc(&event_summary(e))
         );
     };
@@ -468,15 +469,15 @@ fn processes_section(h: &mut String, log: &RunLog) {
             ""
         }
     );
-    let row = |h: &mut String, p: &super::diagnose::ProcSummary| {
+    let row = |h: &mut String, p: &super::finding::ProcSummary| {
         // Less than 8 MiB of change over the whole time seen is noise.
         let moved = |s: f64| (s * (p.last_t - p.first_t)).abs() >= 8.0 * 1048576.0;
         let growth = match p.uss_slope {
             Some(s) if p.leaks() => format!(
                 r#"<span class="leak">+{}</span>"#,
-                esc(&super::diagnose::rate_text(s))
+                esc(&super::finding::rate_text(s))
             ),
-            Some(s) if moved(s) => esc(&super::diagnose::rate_text(s)),
+            Some(s) if moved(s) => esc(&super::finding::rate_text(s)),
             Some(_) => "flat".to_string(),
             None => "—".to_string(),
         };

@@ -11,8 +11,10 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use super::load::{EventKind, RunLog};
+use super::run_log::RunLog;
 use super::svg::{esc, time_label};
+use crate::log::Event as Logged;
+use crate::log::{ActionEvent, CheckpointDoneEvent, FaultEvent};
 use crate::units::HumanBytes;
 
 /// The whole job, as its logs tell it.
@@ -252,12 +254,12 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
     let mut newest_save = None;
     for e in &log.events {
         let t = offset + e.t;
-        match &e.kind {
-            EventKind::Action { action, reason, .. }
+        match &e.event {
+            Logged::Action(ActionEvent { action, reason, .. })
                 if action.ends_attempt() && acted_in != e.attempt =>
             {
                 acted_in = e.attempt;
-                let why = reason.clone().unwrap_or_default();
+                let why = reason.clone();
                 let followed = why.starts_with("node ");
                 ended_by.get_or_insert_with(|| format!("{action}: {why}"));
                 marks.push(Mark {
@@ -270,21 +272,21 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
                     label: format!("{action}: {why}"),
                 });
             }
-            EventKind::OomKill { pid, comm, .. } => marks.push(Mark {
+            Logged::OomKill(k) => marks.push(Mark {
                 t,
                 kind: MarkKind::Cause,
                 label: format!(
                     "kernel OOM kill of {} (pid {})",
-                    comm.as_deref().unwrap_or("?"),
-                    pid.map_or("?".into(), |p| p.to_string())
+                    k.comm.as_deref().unwrap_or("?"),
+                    k.pid.map_or("?".into(), |p| p.to_string())
                 ),
             }),
-            EventKind::Fault {
+            Logged::Fault(FaultEvent {
                 remote: false,
                 reason,
                 detail,
                 ..
-            } => marks.push(Mark {
+            }) => marks.push(Mark {
                 t,
                 kind: MarkKind::Cause,
                 label: format!(
@@ -293,11 +295,11 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
                     detail.as_deref().unwrap_or("")
                 ),
             }),
-            EventKind::CheckpointDone {
+            Logged::CheckpointDone(CheckpointDoneEvent {
                 step: Some(step),
                 ok: true,
                 ..
-            } => {
+            }) => {
                 newest_save = Some(*step);
                 marks.push(Mark {
                     t,
@@ -305,8 +307,10 @@ fn node_row(name: &str, log: &RunLog, offset: f64, restarts: &mut Vec<RestartRow
                     label: format!("step {step}"),
                 });
             }
-            EventKind::Restart { next_attempt, .. } => {
-                let ended = next_attempt.map_or(e.attempt, |n| n.saturating_sub(1).max(1));
+            Logged::Restart(_) => {
+                let ended = e
+                    .line_attempt
+                    .map_or(e.attempt, |n| n.saturating_sub(1).max(1));
                 marks.push(Mark {
                     t,
                     kind: MarkKind::Restart,

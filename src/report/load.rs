@@ -12,381 +12,16 @@
 //! file with no oomguard line at all, is an error, since reading it as
 //! `oomguard/1` would mislead.
 
-use std::collections::BTreeMap;
-
-use serde::Serialize;
-use serde_json::Value;
-
-use super::ReportError;
-pub use super::attempts::Attempt;
+use super::error::ReportError;
+pub use super::run_log::{
+    Attempt, CeilingInfo, EndInfo, GpuPoint, PeakInfo, PolicyRule, ProcPoint, ProgressPoint,
+    RunLog, SamplePoint, Snapshot, StartInfo, Timed,
+};
 use crate::forensics::progress::Progress;
 use crate::log::read::{Item, Line, LogLines, Skip};
 use crate::log::{ActionKind, EventName};
-use crate::log::{
-    Event as Logged, LineProcs, PhaseMemoryEvent, RankFailedEvent, RunEnd, RunStart, SampleEvent,
-};
+use crate::log::{Event as Logged, LineProcs, RunEnd, RunStart, SampleEvent};
 use crate::model::{Ceiling, ProcSample, Role, SystemSample};
-
-/// Everything a report needs from one log.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RunLog {
-    /// `run_start`, when the log has one.
-    pub start: Option<StartInfo>,
-    /// Every `sample` line, in log order.
-    pub samples: Vec<SamplePoint>,
-    /// Every per-process list (`procs`), from whichever line carried it.
-    pub snapshots: Vec<Snapshot>,
-    /// Events other than samples, `run_start` and `run_end`, in log order.
-    pub events: Vec<Event>,
-    /// `run_end`, absent when oomguard itself died or is still running.
-    pub end: Option<EndInfo>,
-    /// One entry per attempt seen in the log, in order.
-    pub attempts: Vec<Attempt>,
-    /// Lines that were skipped, and why (the first [`LISTED_WARNINGS`]).
-    pub warnings: Vec<String>,
-    /// Lines skipped beyond those listed in `warnings`: a file of junk
-    /// costs a count, not a message per line.
-    pub unlisted_warnings: usize,
-    /// Every line that carried the job's training `progress`, in log order.
-    pub progress: Vec<ProgressPoint>,
-    /// The job's global ranks whose companion said hello (`companion`
-    /// lines), sorted, each once.
-    pub ranks: Vec<u32>,
-}
-
-impl RunLog {
-    /// The pids the kernel OOM killer took, as the `oom_kill` events name
-    /// them.
-    pub fn oom_killed_pids(&self) -> Vec<u32> {
-        self.events
-            .iter()
-            .filter_map(|e| match e.kind {
-                EventKind::OomKill { pid, .. } => pid,
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Whether the footprint (what the policy compared with the ceiling)
-    /// was a cgroup's working set: the job ran in a cgroup of its own.
-    /// Otherwise it was the PSS sum, carried forward by RSS changes.
-    pub fn footprint_is_working_set(&self) -> bool {
-        self.start.as_ref().is_some_and(|s| s.cgroup_exclusive)
-            || self.samples.iter().any(|s| s.cgroup_owned)
-    }
-
-    /// What the footprint was, in words, for labels: `cgroup working set`
-    /// or `PSS sum`.
-    pub fn footprint_kind(&self) -> &'static str {
-        if self.footprint_is_working_set() {
-            "cgroup working set"
-        } else {
-            "PSS sum"
-        }
-    }
-}
-
-/// The job's training progress as one log line carried it.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ProgressPoint {
-    pub t: f64,
-    pub attempt: u32,
-    /// The line's event (`sample`, `restart`, `run_end`, …), `None` for
-    /// one this version does not know.
-    pub event: Option<EventName>,
-    pub step: Option<u64>,
-    pub total: Option<u64>,
-    pub epoch: Option<String>,
-    pub phase: Option<String>,
-    pub bytes_per_step: Option<i64>,
-    pub ceiling_step: Option<u64>,
-}
-
-/// `run_start`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StartInfo {
-    pub argv: Vec<String>,
-    pub pid: Option<u64>,
-    pub ts: Option<String>,
-    pub ceilings: Vec<CeilingInfo>,
-    /// `path` of the job's cgroup, with its version.
-    pub cgroup: Option<(u64, String)>,
-    /// The job's cgroup holds only the job (`cgroup.exclusive`, or `owned`
-    /// in logs from before that field): its working set is the footprint.
-    pub cgroup_exclusive: bool,
-    /// The effective rules (`policy.rules`).
-    pub rules: Vec<PolicyRule>,
-    pub gpu_available: Option<bool>,
-    pub gpu_reason: Option<String>,
-    pub version: Option<String>,
-    pub interval_seconds: Option<f64>,
-}
-
-/// A ceiling: `{source, bytes}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CeilingInfo {
-    pub source: String,
-    pub bytes: u64,
-}
-
-/// One rule of `run_start.policy.rules`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct PolicyRule {
-    pub name: String,
-    pub metric: String,
-    pub op: Option<String>,
-    pub threshold: Option<f64>,
-    pub unit: Option<String>,
-    pub for_seconds: Option<f64>,
-    pub clear: Option<f64>,
-    pub action: ActionKind,
-}
-
-/// One `sample` line. `t` is on the report's time axis (see [`load`]).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct SamplePoint {
-    pub t: f64,
-    pub attempt: u32,
-    pub procs: Option<u64>,
-    pub pss_bytes: u64,
-    pub rss_bytes: u64,
-    pub uss_bytes: u64,
-    pub tree_swap_bytes: u64,
-    pub footprint_bytes: Option<u64>,
-    pub headroom_bytes: Option<u64>,
-    pub headroom_percent: Option<f64>,
-    /// The nearest ceiling at this tick.
-    pub ceiling: Option<CeilingInfo>,
-    pub eta_seconds: Option<f64>,
-    pub mem_total_bytes: Option<u64>,
-    pub mem_available_bytes: Option<u64>,
-    pub swap_total_bytes: Option<u64>,
-    /// Machine-wide swap in use.
-    pub swap_used_bytes: Option<u64>,
-    pub swap_in_bytes_per_s: Option<f64>,
-    pub swap_out_bytes_per_s: Option<f64>,
-    pub cgroup_usage_bytes: Option<u64>,
-    pub cgroup_limit_bytes: Option<u64>,
-    pub oom_kill_count: Option<u64>,
-    /// The sample's cgroup is the one oomguard created for the job.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub cgroup_owned: bool,
-    pub gpus: Vec<GpuPoint>,
-    /// PSS by role at this tick (lines that carry `roles`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub role_pss: Vec<(Role, u64)>,
-}
-
-impl SamplePoint {
-    /// The footprint the policy compared with the ceiling at this tick
-    /// (`tree.footprint_bytes`); the PSS sum in logs without it.
-    pub fn footprint(&self) -> u64 {
-        self.footprint_bytes.unwrap_or(self.pss_bytes)
-    }
-}
-
-/// One GPU in one sample.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct GpuPoint {
-    pub index: u32,
-    pub name: String,
-    pub used_bytes: u64,
-    pub total_bytes: u64,
-}
-
-/// A per-process list at one moment.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Snapshot {
-    pub t: f64,
-    pub attempt: u32,
-    pub procs: Vec<ProcPoint>,
-    /// Age of the oldest `smaps_rollup` reading behind the list (the
-    /// sample's `tree.pss_age_seconds`), when its line says.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pss_age_seconds: Option<f64>,
-}
-
-impl Snapshot {
-    /// When the reading behind `p`'s figures was taken: its own age when
-    /// the line gives it, else the oldest reading's (older logs).
-    pub fn read_t(&self, p: &ProcPoint) -> f64 {
-        self.t - p.read_age_seconds.or(self.pss_age_seconds).unwrap_or(0.0)
-    }
-}
-
-/// One process in a [`Snapshot`].
-#[derive(Debug, Clone, Serialize)]
-pub struct ProcPoint {
-    pub pid: u32,
-    pub ppid: Option<u32>,
-    pub role: Role,
-    pub comm: String,
-    pub rss_bytes: u64,
-    /// The most RSS a tick saw since the previous list (see
-    /// `ProcSample::rss_peak_bytes`), when more than `rss_bytes`.
-    pub rss_peak_bytes: Option<u64>,
-    pub pss_bytes: u64,
-    pub uss_bytes: u64,
-    pub swap_bytes: u64,
-    pub gpu_bytes: Option<u64>,
-    /// See `ProcSample::read_age_seconds`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub read_age_seconds: Option<f64>,
-    /// Not a reading but the sweeper's estimate, which per-process figures
-    /// leave out: a worker not read since its fork, listed with what it
-    /// gained as both its PSS and USS (a worker that was read shares pages
-    /// with its parent, so its PSS is above its USS). Its parent's figure
-    /// in the same list is an estimate too (its reading from before the
-    /// fork plus the RSS it gained since), but often the only trace of its
-    /// peak before the fork: it is kept, on the safe side (a trainer was
-    /// stated up to 16 % above its true private peak from such a list).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub estimated: bool,
-}
-
-/// A non-sample event. `seq` numbers the events that get a marker on the
-/// timeline (1, 2, …) so tables and markers can refer to each other.
-#[derive(Debug, Clone, Serialize)]
-pub struct Event {
-    pub seq: usize,
-    pub t: f64,
-    pub attempt: u32,
-    /// 1-based line number in the log.
-    pub line: usize,
-    #[serde(flatten)]
-    pub kind: EventKind,
-}
-
-/// What happened, with the fields each event carries (all optional where
-/// the writer may leave them out).
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum EventKind {
-    Rule {
-        rule: String,
-        metric: Option<String>,
-        value: Option<f64>,
-        threshold: Option<f64>,
-        state: crate::log::RuleState,
-    },
-    Action {
-        action: ActionKind,
-        reason: Option<String>,
-        pids: Vec<u32>,
-        signal: Option<String>,
-        result: Option<String>,
-    },
-    ChildExit {
-        pid: Option<u32>,
-        code: Option<i64>,
-        signal: Option<String>,
-    },
-    Restart {
-        /// The attempt that starts.
-        next_attempt: Option<u32>,
-        reason: Option<String>,
-        checkpoint: Option<String>,
-        /// `NAME -> [old, new]`, values as the log gives them.
-        degraded: BTreeMap<String, (Value, Value)>,
-        delay_seconds: Option<f64>,
-    },
-    OomKill {
-        pid: Option<u32>,
-        comm: Option<String>,
-        role: Option<String>,
-        anon_rss_bytes: Option<u64>,
-        constraint: Option<String>,
-    },
-    CudaOom {
-        device: Option<String>,
-        pid: Option<u32>,
-        tried_bytes: Option<u64>,
-        total_bytes: Option<u64>,
-        free_bytes: Option<u64>,
-        allocated_bytes: Option<u64>,
-        reserved_unallocated_bytes: Option<u64>,
-        reserved_bytes: Option<u64>,
-        advice: Option<String>,
-    },
-    WorkerDied {
-        pid: Option<u32>,
-        signal: Option<String>,
-        exit_code: Option<i64>,
-        shm_hint: bool,
-    },
-    /// A torchrun rank failed (the failed rank only).
-    RankFailed(RankFailedEvent),
-    /// A training phase changed memory sharply.
-    PhaseMemory(PhaseMemoryEvent),
-    /// The companion's save finished (`checkpoint_done`): the exact step.
-    CheckpointDone {
-        step: Option<u64>,
-        path: Option<String>,
-        ok: bool,
-    },
-    /// A job across nodes lost a rank (`fault`): this node's (`remote`
-    /// false) or another node's, named by `node`.
-    Fault {
-        remote: bool,
-        node: Option<u32>,
-        cause_rank: Option<u32>,
-        reason: Option<String>,
-        detail: Option<String>,
-    },
-}
-
-impl EventKind {
-    /// The event name as the log spells it.
-    pub fn name(&self) -> &'static str {
-        match self {
-            EventKind::Rule { .. } => "rule",
-            EventKind::Action { .. } => "action",
-            EventKind::ChildExit { .. } => "child_exit",
-            EventKind::Restart { .. } => "restart",
-            EventKind::OomKill { .. } => "oom_kill",
-            EventKind::CudaOom { .. } => "cuda_oom",
-            EventKind::WorkerDied { .. } => "worker_died",
-            EventKind::RankFailed(_) => "rank_failed",
-            EventKind::PhaseMemory(_) => "phase_memory",
-            EventKind::CheckpointDone { .. } => "checkpoint_done",
-            EventKind::Fault { .. } => "fault",
-        }
-    }
-
-    /// Whether the timeline draws a marker for it (everything but
-    /// `child_exit`, which the attempt boundaries already show).
-    pub fn has_marker(&self) -> bool {
-        !matches!(self, EventKind::ChildExit { .. })
-    }
-}
-
-/// `run_end`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct EndInfo {
-    pub t: f64,
-    pub outcome: Option<String>,
-    pub exit_code: Option<i64>,
-    pub peak: Option<PeakInfo>,
-    pub restarts: Option<u64>,
-    pub actions: BTreeMap<String, u64>,
-    pub duration_seconds: Option<f64>,
-    pub error: Option<String>,
-    /// `attach`: false (the job's exit code was never seen).
-    pub exit_code_known: Option<bool>,
-    /// `attach` that ended `detached`: why, and what was still running.
-    pub detached_reason: Option<String>,
-    pub still_running_pids: Vec<u32>,
-}
-
-/// `run_end.peak`.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct PeakInfo {
-    pub tree_pss_bytes: Option<u64>,
-    pub tree_rss_bytes: Option<u64>,
-    pub swap_used_bytes: Option<u64>,
-    pub gpu_used_bytes: Option<u64>,
-    pub t: Option<f64>,
-}
 
 /// How many skipped lines are listed one by one.
 pub const LISTED_WARNINGS: usize = 20;
@@ -446,7 +81,7 @@ pub fn load_from(input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
 fn tie_ranks_to_oom_kills(log: &mut RunLog) {
     let killed = log.oom_killed_pids();
     for e in &mut log.events {
-        if let EventKind::RankFailed(r) = &mut e.kind
+        if let Logged::RankFailed(r) = &mut e.event
             && r.pid.is_some_and(|p| killed.contains(&p))
         {
             r.tie_to_oom_kill();
@@ -511,7 +146,7 @@ impl Reader {
                 .procs
         };
         self.snapshot(procs.as_deref(), t, attempt, None);
-        match read.map(|e| e.map_or(Read::Unknown, |e| event_kind(e, head.attempt))) {
+        match read.map(|e| e.map_or(Read::Unknown, read_as)) {
             Ok(Read::Start(s)) => self.log.start = Some(start_info(*s, head.ts)),
             Ok(Read::Sample(s)) => {
                 self.snapshot(s.procs.as_deref(), t, attempt, Some(s.tree.pss_age_seconds));
@@ -526,20 +161,20 @@ impl Reader {
                 self.log.samples.push(point);
             }
             Ok(Read::End(e)) => self.log.end = Some(end_info(&e, t)),
-            Ok(Read::Event(kind)) => {
-                let seq = if kind.has_marker() {
-                    self.seq += 1;
-                    self.seq
-                } else {
-                    0
-                };
-                self.log.events.push(Event {
-                    seq,
+            Ok(Read::Event(event)) => {
+                let mut timed = Timed {
+                    seq: 0,
                     t,
                     attempt,
                     line: n,
-                    kind,
-                });
+                    line_attempt: head.attempt.and_then(|a| u32::try_from(a).ok()),
+                    event,
+                };
+                if timed.has_marker() {
+                    self.seq += 1;
+                    timed.seq = self.seq;
+                }
+                self.log.events.push(timed);
             }
             Ok(Read::Rank(rank)) => {
                 if let Some(r) = rank
@@ -603,85 +238,43 @@ enum Read {
     Start(Box<RunStart>),
     Sample(Box<SampleEvent>),
     End(Box<RunEnd>),
-    Event(EventKind),
+    Event(Logged),
     /// A companion's hello, with its global rank.
     Rank(Option<u32>),
     /// An event added later within `oomguard/1`: not ours to interpret.
     Unknown,
 }
 
-/// What a line's event means to the report. `attempt` is the line's
-/// `attempt`, which on a `restart` names the attempt that starts.
-fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
-    Read::Event(match event {
-        Logged::RunStart(s) => return Read::Start(s),
-        Logged::Sample(s) => return Read::Sample(s),
-        Logged::RunEnd(e) => return Read::End(e),
-        Logged::Companion(c) => return Read::Rank(Some(c.rank)),
-        Logged::Rule(r) => EventKind::Rule {
-            rule: nonempty(r.rule).unwrap_or_else(|| "?".into()),
-            metric: r.metric,
-            value: r.value.filter(|x| x.is_finite()),
-            threshold: r.threshold.filter(|x| x.is_finite()),
-            state: r.state,
-        },
-        Logged::Action(a) => EventKind::Action {
-            action: a.action,
-            reason: nonempty(a.reason),
-            pids: a.pids,
-            signal: a.signal,
-            result: nonempty(a.result),
-        },
-        Logged::ChildExit(c) => EventKind::ChildExit {
-            pid: Some(c.pid).filter(|&p| p > 0),
-            code: c.code.map(i64::from),
-            signal: c.signal,
-        },
-        Logged::Restart(r) => EventKind::Restart {
-            next_attempt: attempt.and_then(|a| u32::try_from(a).ok()),
-            reason: r.reason,
-            checkpoint: r.checkpoint.map(|p| p.display().to_string()),
-            degraded: degraded(r.degraded),
-            delay_seconds: r.delay_seconds.filter(|x| x.is_finite()),
-        },
-        Logged::OomKill(k) => EventKind::OomKill {
-            pid: k.pid,
-            comm: k.comm,
-            role: k.role,
-            anon_rss_bytes: k.anon_rss_bytes,
-            constraint: k.constraint,
-        },
-        Logged::CudaOom(c) => EventKind::CudaOom {
-            device: c.device.map(|d| d.to_string()),
-            pid: c.pid,
-            tried_bytes: c.tried_bytes,
-            total_bytes: c.total_bytes,
-            free_bytes: c.free_bytes,
-            allocated_bytes: c.allocated_bytes,
-            reserved_unallocated_bytes: c.reserved_unallocated_bytes,
-            reserved_bytes: c.reserved_bytes,
-            advice: c.advice.into_iter().next(),
-        },
-        Logged::WorkerDied(w) => EventKind::WorkerDied {
-            pid: w.pid,
-            signal: w.signal,
-            exit_code: w.exit_code.map(i64::from),
-            shm_hint: w.shm_hint,
-        },
-        Logged::RankFailed(r) => EventKind::RankFailed(r),
-        Logged::PhaseMemory(p) => EventKind::PhaseMemory(p),
-        Logged::Fault(f) => EventKind::Fault {
-            remote: f.remote,
-            node: f.node,
-            cause_rank: f.cause_rank,
-            reason: f.reason,
-            detail: f.detail,
-        },
-        Logged::CheckpointDone(d) => EventKind::CheckpointDone {
-            step: d.step,
-            path: d.paths.first().map(|p| p.display().to_string()),
-            ok: d.ok,
-        },
+/// What a line's event means to the report.
+fn read_as(event: Logged) -> Read {
+    match event {
+        Logged::RunStart(s) => Read::Start(s),
+        Logged::Sample(s) => Read::Sample(s),
+        Logged::RunEnd(e) => Read::End(e),
+        Logged::Companion(c) => Read::Rank(Some(c.rank)),
+        Logged::Rule(mut r) => {
+            // Figures a writer could not state (an ETA of never) read as
+            // absent, and a rule with no name still gets a mark.
+            if r.rule.is_empty() {
+                r.rule = "?".into();
+            }
+            r.value = r.value.filter(|x| x.is_finite());
+            r.threshold = r.threshold.filter(|x| x.is_finite());
+            Read::Event(Logged::Rule(r))
+        }
+        Logged::Restart(mut r) => {
+            r.delay_seconds = r.delay_seconds.filter(|x| x.is_finite());
+            Read::Event(Logged::Restart(r))
+        }
+        e @ (Logged::Action(_)
+        | Logged::ChildExit(_)
+        | Logged::OomKill(_)
+        | Logged::CudaOom(_)
+        | Logged::WorkerDied(_)
+        | Logged::RankFailed(_)
+        | Logged::PhaseMemory(_)
+        | Logged::Fault(_)
+        | Logged::CheckpointDone(_)) => Read::Event(e),
         // Not drawn: the requests and acks are told by the saves they
         // lead to, and the store's state by the faults.
         Logged::Checkpoint(_)
@@ -689,8 +282,8 @@ fn event_kind(event: Logged, attempt: Option<u64>) -> Read {
         | Logged::CheckpointAck(_)
         | Logged::FaultPublished(_)
         | Logged::StoreLost(_)
-        | Logged::Relieved(_) => return Read::Unknown,
-    })
+        | Logged::Relieved(_) => Read::Unknown,
+    }
 }
 
 fn nonempty(s: String) -> Option<String> {
@@ -864,29 +457,10 @@ fn ceiling(c: &Ceiling) -> CeilingInfo {
     }
 }
 
-/// `NAME -> [old, new]` as the writer gives it; a lone value is the new one.
-fn degraded(d: BTreeMap<String, Value>) -> BTreeMap<String, (Value, Value)> {
-    d.into_iter()
-        .map(|(k, v)| {
-            let pair = match v {
-                Value::Array(a) => {
-                    let mut it = a.into_iter();
-                    match (it.next(), it.next()) {
-                        (Some(old), Some(new)) => (old, new),
-                        (Some(new), None) => (Value::Null, new),
-                        _ => (Value::Null, Value::Array(Vec::new())),
-                    }
-                }
-                v => (Value::Null, v),
-            };
-            (k, pair)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn line(event: &str, t: f64, attempt: u32, body: &str) -> String {
         let sep = if body.is_empty() { "" } else { "," };
@@ -1037,8 +611,8 @@ mod tests {
         assert_eq!(log.snapshots.len(), 2);
         assert_eq!(log.snapshots[0].procs.len(), 2);
         assert_eq!(log.snapshots[0].procs[1].role, Role::Other);
-        match &log.events[0].kind {
-            EventKind::Action { signal, pids, .. } => {
+        match &log.events[0].event {
+            Logged::Action(crate::log::ActionEvent { signal, pids, .. }) => {
                 assert_eq!(signal.as_deref(), Some("signal 15"));
                 assert_eq!(pids, &[5]);
             }
@@ -1073,11 +647,11 @@ mod tests {
         assert_eq!(log.samples[0].cgroup_usage_bytes, None);
         assert_eq!(log.events.len(), 2, "{:?}", log.events);
         assert!(matches!(
-            &log.events[0].kind,
-            EventKind::Rule { value: None, .. }
+            &log.events[0].event,
+            Logged::Rule(crate::log::RuleEvent { value: None, .. })
         ));
-        match &log.events[1].kind {
-            EventKind::RankFailed(r) => {
+        match &log.events[1].event {
+            Logged::RankFailed(r) => {
                 assert_eq!((r.rank, r.pid), (None, Some(42)));
                 assert_eq!(r.signal.as_deref(), Some("signal 9"));
             }

@@ -9,66 +9,33 @@
 mod attempts;
 mod diagnose;
 mod did;
+mod error;
+mod finding;
 mod fit;
 mod html;
 mod job;
 mod load;
+mod run_log;
 mod svg;
 mod text;
 mod workers;
 
 use std::path::{Path, PathBuf};
 
-pub use diagnose::{
-    Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, WorkerFit, diagnose, nearest_ceiling,
-    processes, worker_fit_numbers,
-};
+pub use diagnose::diagnose;
+pub use error::ReportError;
+pub use finding::{Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, processes};
+pub use fit::{WorkerFit, nearest_ceiling, worker_fit_numbers};
 pub use html::render_html;
 pub use job::{JobReport, job_report, render_job_html, render_job_json, render_job_text};
 pub use load::{
-    Attempt, CeilingInfo, EndInfo, Event, EventKind, GpuPoint, LISTED_WARNINGS, LoadError,
-    PeakInfo, PolicyRule, ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, load, load_from,
+    Attempt, CeilingInfo, EndInfo, GpuPoint, LISTED_WARNINGS, LoadError, PeakInfo, PolicyRule,
+    ProcPoint, RunLog, SamplePoint, Snapshot, StartInfo, Timed, load, load_from,
 };
 pub use text::{render_json, render_text};
 
-/// Why a report could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum ReportError {
-    /// A line of another schema (a newer oomguard, or another tool).
-    #[error(
-        "line {line}: schema '{found}' is not {schema}; this oomguard reads {schema} logs only",
-        schema = crate::log::SCHEMA
-    )]
-    Schema { line: usize, found: String },
-    /// A JSON line without a `schema` field: not an oomguard log.
-    #[error("line {line}: no \"schema\" field: this is not an oomguard log")]
-    NotALog { line: usize },
-    /// Nothing readable at all.
-    #[error("no oomguard/1 line found: the log is empty or not an oomguard log")]
-    Empty,
-    #[error("cannot read log '{path}': {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot write report '{path}': {source}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A parse error, with the file it came from.
-    #[error("{path}: {source}")]
-    InLog {
-        path: PathBuf,
-        #[source]
-        source: Box<ReportError>,
-    },
-}
-
 /// Output formats of `oomguard report`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Format {
     /// One self-contained HTML page with the timeline (the default).
     #[default]

@@ -5,96 +5,92 @@ use std::fmt::Write;
 
 use serde_json::{Value, json};
 
-use super::diagnose::{Finding, outcome_text, processes, time_text};
-use super::load::{Event, EventKind, RunLog};
+use super::finding::{Finding, outcome_text, processes, time_text};
+use super::run_log::{RunLog, Timed, child_pid, degraded, said};
+use crate::log::Event as Logged;
+use crate::log::{CudaOomEvent, FaultEvent, OomKillEvent, RestartEvent, WorkerDiedEvent};
 use crate::units::HumanBytes;
 
 /// One line saying what an event was, with its figures.
-pub(super) fn event_summary(e: &Event) -> String {
-    match &e.kind {
-        EventKind::Rule {
-            rule,
-            metric,
-            value,
-            threshold,
-            state,
-        } => rule_summary(rule, metric.as_deref(), *value, *threshold, state.as_str()),
-        EventKind::Action {
-            action,
-            reason,
-            pids,
-            signal,
-            result,
-        } => action_summary(
-            *action,
-            reason.as_deref(),
-            pids,
-            signal.as_deref(),
-            result.as_deref(),
+pub(super) fn event_summary(e: &Timed) -> String {
+    match &e.event {
+        Logged::Rule(r) => rule_summary(
+            &r.rule,
+            r.metric.as_deref(),
+            r.value,
+            r.threshold,
+            r.state.as_str(),
         ),
-        EventKind::ChildExit { pid, code, signal } => {
-            let who = pid.map_or_else(|| "the job".to_string(), |p| format!("the job (pid {p})"));
-            match (code, signal) {
+        Logged::Action(a) => action_summary(
+            a.action,
+            said(&a.reason),
+            &a.pids,
+            a.signal.as_deref(),
+            said(&a.result),
+        ),
+        Logged::ChildExit(c) => {
+            let who = child_pid(c)
+                .map_or_else(|| "the job".to_string(), |p| format!("the job (pid {p})"));
+            match (c.code, &c.signal) {
                 (_, Some(sig)) => format!("{who} was killed by {sig}"),
                 (Some(c), None) => format!("{who} exited with {c}"),
                 _ => format!("{who} ended"),
             }
         }
-        EventKind::Restart { .. } => restart_summary(&e.kind),
-        EventKind::OomKill { .. } => oom_kill_summary(&e.kind),
-        EventKind::CudaOom { .. } => cuda_oom_summary(&e.kind),
-        EventKind::WorkerDied {
-            pid,
-            signal,
-            exit_code,
-            shm_hint,
-        } => {
-            let mut s = match pid {
-                Some(p) => format!("DataLoader worker {p} died"),
-                None => "a DataLoader worker died".to_string(),
-            };
-            match (signal, exit_code) {
-                (Some(sig), _) => {
-                    let _ = write!(s, " ({sig})");
-                }
-                (None, Some(c)) => {
-                    let _ = write!(s, " (exit {c})");
-                }
-                _ => {}
-            }
-            if *shm_hint {
-                s.push_str(": shared memory (/dev/shm) exhausted");
-            }
-            s
-        }
-        EventKind::RankFailed(r) => r.describe(),
-        EventKind::PhaseMemory(p) => phase_memory_summary(p),
-        EventKind::CheckpointDone { step, path, ok } => {
-            let at = step.map_or(String::new(), |s| format!(" at step {s}"));
-            let to = path.as_ref().map_or(String::new(), |p| format!(" to {p}"));
-            let failed = if *ok { "" } else { " (failed)" };
+        Logged::Restart(r) => restart_summary(r, e.line_attempt),
+        Logged::OomKill(k) => oom_kill_summary(k),
+        Logged::CudaOom(c) => cuda_oom_summary(c),
+        Logged::WorkerDied(w) => worker_died_summary(w),
+        Logged::RankFailed(r) => r.describe(),
+        Logged::PhaseMemory(p) => phase_memory_summary(p),
+        Logged::CheckpointDone(d) => {
+            let at = d.step.map_or(String::new(), |s| format!(" at step {s}"));
+            let to = d
+                .paths
+                .first()
+                .map_or(String::new(), |p| format!(" to {}", p.display()));
+            let failed = if d.ok { "" } else { " (failed)" };
             format!("checkpoint{at}{to}{failed}")
         }
-        EventKind::Fault {
-            remote,
-            node,
-            cause_rank,
-            reason,
-            detail,
-        } => {
-            let reason = reason.as_deref().unwrap_or("fault");
-            match (remote, node) {
-                (true, Some(n)) => format!(
-                    "another node's fault: {}",
-                    crate::companion::remote_cause(*n, *cause_rank, reason, detail.as_deref())
-                ),
-                _ => {
-                    let what = detail
-                        .as_deref()
-                        .map_or(String::new(), |d| format!(": {d}"));
-                    format!("fault of this node, told to the others: {reason}{what}")
-                }
-            }
+        Logged::Fault(f) => fault_summary(f),
+        // The loader keeps none of the others as events.
+        other => other.name().replace('_', " "),
+    }
+}
+
+fn worker_died_summary(w: &WorkerDiedEvent) -> String {
+    let mut s = match w.pid {
+        Some(p) => format!("DataLoader worker {p} died"),
+        None => "a DataLoader worker died".to_string(),
+    };
+    match (&w.signal, w.exit_code) {
+        (Some(sig), _) => {
+            let _ = write!(s, " ({sig})");
+        }
+        (None, Some(c)) => {
+            let _ = write!(s, " (exit {c})");
+        }
+        _ => {}
+    }
+    if w.shm_hint {
+        s.push_str(": shared memory (/dev/shm) exhausted");
+    }
+    s
+}
+
+fn fault_summary(f: &FaultEvent) -> String {
+    let reason = f.reason.as_deref().unwrap_or("fault");
+    match (f.remote, f.node) {
+        (true, Some(n)) => format!(
+            "another node's fault: {}",
+            crate::companion::remote_cause(n, f.cause_rank, reason, f.detail.as_deref())
+        ),
+        _ => {
+            let what = f
+                .detail
+                .as_deref()
+                .map_or(String::new(), |d| format!(": {d}"));
+            format!("fault of this node, told to the others: {reason}{what}")
         }
     }
 }
@@ -148,50 +144,37 @@ fn action_summary(
     s
 }
 
-fn restart_summary(kind: &EventKind) -> String {
-    let EventKind::Restart {
-        next_attempt,
-        reason,
-        checkpoint,
-        degraded,
-        delay_seconds,
-    } = kind
-    else {
-        return String::new();
-    };
+fn restart_summary(r: &RestartEvent, next_attempt: Option<u32>) -> String {
     let mut s = match next_attempt {
         Some(n) => format!("restart as attempt {n}"),
         None => "restart".to_string(),
     };
-    if let Some(r) = reason {
-        let _ = write!(s, " ({r})");
+    if let Some(why) = &r.reason {
+        let _ = write!(s, " ({why})");
     }
-    for (k, (old, new)) in degraded {
-        let _ = write!(s, "; {k} {} → {}", plain(old), plain(new));
+    for (k, (old, new)) in degraded(&r.degraded) {
+        let _ = write!(s, "; {k} {} → {}", plain(&old), plain(&new));
     }
-    match checkpoint {
+    match &r.checkpoint {
         Some(c) => {
-            let _ = write!(s, "; from checkpoint {c}");
+            let _ = write!(s, "; from checkpoint {}", c.display());
         }
         None => s.push_str("; no checkpoint confirmed"),
     }
-    if let Some(d) = delay_seconds {
-        let _ = write!(s, "; after {}", time_text(*d));
+    if let Some(d) = r.delay_seconds {
+        let _ = write!(s, "; after {}", time_text(d));
     }
     s
 }
 
-fn oom_kill_summary(kind: &EventKind) -> String {
-    let EventKind::OomKill {
+fn oom_kill_summary(k: &OomKillEvent) -> String {
+    let OomKillEvent {
         pid,
         comm,
         role,
         anon_rss_bytes,
         ..
-    } = kind
-    else {
-        return String::new();
-    };
+    } = k;
     let mut s = "kernel OOM killer killed".to_string();
     if let Some(p) = pid {
         let _ = write!(s, " pid {p}");
@@ -214,8 +197,8 @@ fn oom_kill_summary(kind: &EventKind) -> String {
     s
 }
 
-fn cuda_oom_summary(kind: &EventKind) -> String {
-    let EventKind::CudaOom {
+fn cuda_oom_summary(c: &CudaOomEvent) -> String {
+    let CudaOomEvent {
         device,
         tried_bytes,
         free_bytes,
@@ -223,10 +206,7 @@ fn cuda_oom_summary(kind: &EventKind) -> String {
         reserved_bytes,
         allocated_bytes,
         ..
-    } = kind
-    else {
-        return String::new();
-    };
+    } = c;
     let mut s = match device {
         Some(d) => format!("CUDA out of memory on GPU {d}"),
         None => "CUDA out of memory".to_string(),
@@ -442,7 +422,7 @@ fn summary(o: &mut String, log: &RunLog) {
         let _ = write!(sums, " · GPU {}", HumanBytes(p.gpu));
     }
     let _ = writeln!(o, "{sums}");
-    if let Some((source, bytes)) = super::diagnose::nearest_ceiling(log) {
+    if let Some((source, bytes)) = super::fit::nearest_ceiling(log) {
         let least = log
             .samples
             .iter()
@@ -511,7 +491,7 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         }
     }
 
-    let markers: Vec<&Event> = log.events.iter().filter(|e| e.kind.has_marker()).collect();
+    let markers: Vec<&Timed> = log.events.iter().filter(|e| e.has_marker()).collect();
     if !markers.is_empty() {
         let _ = writeln!(o, "\nEvents");
         for e in markers.iter().take(40) {
@@ -541,6 +521,62 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
     o
 }
 
+/// An event as the report's JSON gives it: where it sits (`seq`, `t`,
+/// `attempt`, `line`), its name, and the figures the report reads, in
+/// the shape `oomguard-report/1` has always had (not the log line's).
+fn event_json(e: &Timed) -> Value {
+    let body = match &e.event {
+        Logged::Rule(r) => json!({
+            "rule": r.rule, "metric": r.metric, "value": r.value,
+            "threshold": r.threshold, "state": r.state,
+        }),
+        Logged::Action(a) => json!({
+            "action": a.action, "reason": said(&a.reason), "pids": a.pids,
+            "signal": a.signal, "result": said(&a.result),
+        }),
+        Logged::ChildExit(c) => json!({"pid": child_pid(c), "code": c.code, "signal": c.signal}),
+        Logged::Restart(r) => json!({
+            "next_attempt": e.line_attempt, "reason": r.reason,
+            "checkpoint": r.checkpoint.as_ref().map(|p| p.display().to_string()),
+            "degraded": degraded(&r.degraded), "delay_seconds": r.delay_seconds,
+        }),
+        Logged::OomKill(k) => json!({
+            "pid": k.pid, "comm": k.comm, "role": k.role,
+            "anon_rss_bytes": k.anon_rss_bytes, "constraint": k.constraint,
+        }),
+        Logged::CudaOom(c) => json!({
+            "device": c.device.map(|d| d.to_string()), "pid": c.pid,
+            "tried_bytes": c.tried_bytes, "total_bytes": c.total_bytes,
+            "free_bytes": c.free_bytes, "allocated_bytes": c.allocated_bytes,
+            "reserved_unallocated_bytes": c.reserved_unallocated_bytes,
+            "reserved_bytes": c.reserved_bytes, "advice": c.advice.first(),
+        }),
+        Logged::WorkerDied(w) => json!({
+            "pid": w.pid, "signal": w.signal, "exit_code": w.exit_code, "shm_hint": w.shm_hint,
+        }),
+        Logged::CheckpointDone(d) => json!({
+            "step": d.step, "ok": d.ok,
+            "path": d.paths.first().map(|p| p.display().to_string()),
+        }),
+        Logged::Fault(f) => json!({
+            "remote": f.remote, "node": f.node, "cause_rank": f.cause_rank,
+            "reason": f.reason, "detail": f.detail,
+        }),
+        // Told in full, as the log's own type writes them.
+        Logged::RankFailed(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+        Logged::PhaseMemory(p) => serde_json::to_value(p).unwrap_or(Value::Null),
+        // The loader keeps none of the others as events.
+        _ => json!({}),
+    };
+    let mut v = json!({
+        "seq": e.seq, "t": e.t, "attempt": e.attempt, "line": e.line, "event": e.event.name(),
+    });
+    if let (Value::Object(m), Value::Object(fields)) = (&mut v, body) {
+        m.extend(fields);
+    }
+    v
+}
+
 /// The report as data: the same facts and findings as the other formats.
 pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
     let p = peaks(log);
@@ -549,7 +585,7 @@ pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
         .events
         .iter()
         .map(|e| {
-            let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+            let mut v = event_json(e);
             if let Value::Object(m) = &mut v {
                 m.insert("summary".into(), Value::String(event_summary(e)));
             }
@@ -576,7 +612,7 @@ pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
             "swap_used_bytes": p.swap,
             "gpu_used_bytes": p.gpu,
         },
-        "ceiling": super::diagnose::nearest_ceiling(log)
+        "ceiling": super::fit::nearest_ceiling(log)
             .map(|(source, bytes)| json!({"source": source, "bytes": bytes})),
         "policy": log.start.as_ref().map(|s| s.rules.clone()),
         "attempts": log.attempts,

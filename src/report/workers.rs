@@ -19,10 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use super::diagnose::{
+use super::finding::{
     Cited, EARLY_SECONDS, Finding, ProcSummary, Severity, and_list, held_spans, rate_text,
 };
-use super::load::{RunLog, SamplePoint};
+use super::run_log::{RunLog, SamplePoint};
 use crate::growth;
 use crate::model::{ETA_WINDOW_SECONDS, Role};
 use crate::units::HumanBytes;
@@ -604,7 +604,7 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize, started: usize)
         advice: format!(
             "The private memory (USS) of {names} rose by {} each over {} while their RSS did not: they were not allocating, they were copying pages shared with the trainer since the fork. Reading a Python object writes its reference count, so every page of a Python list, dict or DataFrame of objects a worker reads becomes its own copy (pytorch/pytorch#13246). {how_far}{again} To share instead of copy, hold the data as numpy arrays (or tensors) rather than Python lists or object columns, or in shared storage (a memory-mapped file, torch tensors' shared memory); or run fewer workers, which lowers the cost in proportion.",
             HumanBytes(growth as u64),
-            super::diagnose::time_text(seconds.max(1.0)),
+            super::finding::time_text(seconds.max(1.0)),
         ),
         numbers: vec![
             Cited::count("cow_workers", "workers copying", cow.len() as u64),

@@ -16,7 +16,8 @@ mod scale;
 
 use std::fmt::Write;
 
-use super::load::{Event, EventKind, RunLog, SamplePoint};
+use super::run_log::{RunLog, SamplePoint, Timed};
+use crate::log::Event as Logged;
 use crate::model::Role;
 
 use plot::{Plot, step_points};
@@ -66,23 +67,24 @@ const CEILING: &str = "#D55E00";
 const WARN: &str = "#A86F00";
 
 /// Marker style per event: fill, text colour, shape.
-fn marker_style(kind: &EventKind) -> (&'static str, &'static str, Shape) {
-    match kind {
-        EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
+fn marker_style(event: &Logged) -> (&'static str, &'static str, Shape) {
+    match event {
+        Logged::Rule(r) if r.state == crate::log::RuleState::Cleared => {
             ("#ffffff", "#8a5a00", Shape::Up)
         }
-        EventKind::Rule { .. } => ("#E69F00", "#1a1a1a", Shape::Up),
-        EventKind::Action { .. } => ("#0072B2", "#ffffff", Shape::Square),
-        EventKind::Restart { .. } => ("#009E73", "#ffffff", Shape::Circle),
-        EventKind::OomKill { .. } => ("#D55E00", "#ffffff", Shape::Diamond),
-        EventKind::CudaOom { .. } => ("#CC79A7", "#1a1a1a", Shape::Hexagon),
-        EventKind::WorkerDied { .. } => ("#2b2b2b", "#ffffff", Shape::Down),
-        EventKind::ChildExit { .. } => ("#8c8c8c", "#ffffff", Shape::Circle),
-        EventKind::RankFailed(r) if r.oom_killed => ("#D55E00", "#ffffff", Shape::Down),
-        EventKind::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
-        EventKind::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
-        EventKind::CheckpointDone { .. } => ("#009E73", "#1a1a1a", Shape::Up),
-        EventKind::Fault { .. } => ("#D55E00", "#ffffff", Shape::Hexagon),
+        Logged::Rule(_) => ("#E69F00", "#1a1a1a", Shape::Up),
+        Logged::Action(_) => ("#0072B2", "#ffffff", Shape::Square),
+        Logged::Restart(_) => ("#009E73", "#ffffff", Shape::Circle),
+        Logged::OomKill(_) => ("#D55E00", "#ffffff", Shape::Diamond),
+        Logged::CudaOom(_) => ("#CC79A7", "#1a1a1a", Shape::Hexagon),
+        Logged::WorkerDied(_) => ("#2b2b2b", "#ffffff", Shape::Down),
+        Logged::RankFailed(r) if r.oom_killed => ("#D55E00", "#ffffff", Shape::Down),
+        Logged::RankFailed(_) => ("#7a3b00", "#ffffff", Shape::Down),
+        Logged::PhaseMemory(_) => ("#56B4E9", "#1a1a1a", Shape::Square),
+        Logged::CheckpointDone(_) => ("#009E73", "#1a1a1a", Shape::Up),
+        Logged::Fault(_) => ("#D55E00", "#ffffff", Shape::Hexagon),
+        // `child_exit`, and the lines the loader never keeps as events.
+        _ => ("#8c8c8c", "#ffffff", Shape::Circle),
     }
 }
 
@@ -196,7 +198,7 @@ enum Swatch {
         width: f64,
         dash: &'static str,
     },
-    Marker(EventKind),
+    Marker(Logged),
 }
 
 /// Draws the whole timeline. Returns an empty string for a log without
@@ -206,7 +208,7 @@ pub fn timeline(log: &RunLog) -> String {
     if samples_all.is_empty() {
         return String::new();
     }
-    let markers: Vec<&Event> = log.events.iter().filter(|e| e.kind.has_marker()).collect();
+    let markers: Vec<&Timed> = log.events.iter().filter(|e| e.has_marker()).collect();
     let t0 = samples_all
         .iter()
         .map(|s| s.t)
@@ -312,7 +314,7 @@ fn line_item(label: String, colour: &'static str, width: f64, dash: &'static str
 /// The legend, laid out first: the panels go below it.
 fn legend_items(
     log: &RunLog,
-    markers: &[&Event],
+    markers: &[&Timed],
     gpu_ids: &[(u32, String, u64)],
     sc: &MemScale,
 ) -> Vec<LegendItem> {
@@ -377,18 +379,16 @@ fn legend_items(
     }
     let mut seen_kinds: Vec<&'static str> = Vec::new();
     for e in markers {
-        let key = match &e.kind {
-            EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
-                "rule cleared"
-            }
-            EventKind::Rule { .. } => "rule firing",
+        let key = match &e.event {
+            Logged::Rule(r) if r.state == crate::log::RuleState::Cleared => "rule cleared",
+            Logged::Rule(_) => "rule firing",
             k => k.name(),
         };
         if !seen_kinds.contains(&key) {
             seen_kinds.push(key);
             legend.push(LegendItem {
                 label: key.replace('_', " "),
-                swatch: Swatch::Marker(e.kind.clone()),
+                swatch: Swatch::Marker(e.event.clone()),
             });
         }
     }
@@ -463,7 +463,7 @@ fn draw_legend(svg: &mut String, items: &[LegendItem]) -> f64 {
 
 /// Puts each marker in the first lane where it does not overlap the one
 /// before it; with every lane taken, the one free soonest.
-fn lane_assignment(frame: &Frame, markers: &[&Event]) -> Vec<usize> {
+fn lane_assignment(frame: &Frame, markers: &[&Timed]) -> Vec<usize> {
     let mut last_x = [f64::NEG_INFINITY; MAX_LANES];
     markers
         .iter()

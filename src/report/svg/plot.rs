@@ -10,7 +10,8 @@ use super::{
     CEILING, GPU_COLOURS, GPU_H, GRID, INK, LANE_H, MARKER_R, MEM_H, ML, MUTED, PSS_SUM, PW, STACK,
     STEP_AXIS_H, SWAP, Shape, WARN, esc, marker_style, role_colour, shape_path, time_label,
 };
-use crate::report::load::{Event, EventKind, RunLog, SamplePoint};
+use crate::log::Event as Logged;
+use crate::report::run_log::{RunLog, SamplePoint, Timed};
 use crate::report::text::event_summary;
 use crate::units::HumanBytes;
 
@@ -81,7 +82,7 @@ pub(super) struct Plot<'a> {
     pub(super) frame: Frame,
     /// The decimated samples that are drawn.
     pub(super) samples: Vec<&'a SamplePoint>,
-    pub(super) markers: Vec<&'a Event>,
+    pub(super) markers: Vec<&'a Timed>,
     pub(super) gpu_ids: Vec<(u32, String, u64)>,
     pub(super) sc: MemScale,
     pub(super) mem: YScale,
@@ -535,16 +536,14 @@ impl Plot<'_> {
         for (e, lane) in self.markers.iter().zip(&self.lanes) {
             let x = self.frame.x(e.t);
             let cy = lanes_top + *lane as f64 * LANE_H + LANE_H / 2.0;
-            let (fill, text_colour, shape) = marker_style(&e.kind);
-            let name = e.kind.name();
+            let (fill, text_colour, shape) = marker_style(&e.event);
+            let name = e.event.name();
             let severe = matches!(
-                e.kind,
-                EventKind::OomKill { .. } | EventKind::CudaOom { .. } | EventKind::RankFailed(_)
+                e.event,
+                Logged::OomKill(_) | Logged::CudaOom(_) | Logged::RankFailed(_)
             );
-            let stroke = match &e.kind {
-                EventKind::Rule { state, .. } if *state == crate::log::RuleState::Cleared => {
-                    "#E69F00"
-                }
+            let stroke = match &e.event {
+                Logged::Rule(r) if r.state == crate::log::RuleState::Cleared => "#E69F00",
                 _ => "#ffffff",
             };
             let line_colour = if fill == "#ffffff" { "#E69F00" } else { fill };

@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use super::{GRID, INK, ML, MUTED, OFF_SCALE, PW, esc};
 use crate::log::ActionKind;
-use crate::report::load::{RunLog, SamplePoint};
+use crate::report::run_log::{RunLog, SamplePoint};
 use crate::units::HumanBytes;
 
 /// A headroom threshold of the policy, drawn relative to the ceiling.
