@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oomguard::probe::proc::parse_smaps_rollup;
+use oomguard::engine::probe::proc::parse_smaps_rollup;
 
 const GIB: u64 = 1 << 30;
 

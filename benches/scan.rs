@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use oomguard::relay::OutputScanner;
+use oomguard::job::relay::OutputScanner;
 
 mod inputs;
 use inputs::{median, tqdm_bar, training_log};
@@ -40,7 +40,7 @@ fn parse_only(input: &str, sep: char) -> f64 {
         let t0 = Instant::now();
         let mut found = 0usize;
         for line in input.split(sep) {
-            found += usize::from(oomguard::forensics::progress::parse(line).is_some());
+            found += usize::from(oomguard::vocab::forensics::progress::parse(line).is_some());
         }
         let secs = t0.elapsed().as_secs_f64();
         assert!(found > 0);

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oomguard::probe::proc::{TreeRoot, TreeScanner, parse_smaps_rollup};
+use oomguard::engine::probe::proc::{TreeRoot, TreeScanner, parse_smaps_rollup};
 
 mod inputs;
 use inputs::{cpu_ticks, median};

@@ -2,9 +2,9 @@
 //! turns its result into the process exit code. Only this file (and the TUI)
 //! knows about the terminal.
 
-use oomguard::cli::Command;
 use oomguard::runtime::run;
 use oomguard::settings::Settings;
+use oomguard::settings::cli::Command;
 
 /// Writes to stdout, which is ours for these commands (no job runs).
 fn print(text: &str) -> i32 {
@@ -33,8 +33,8 @@ fn stdin_has_data() -> bool {
     })
 }
 
-fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
-    use oomguard::forensics::{kernel, kmsg};
+fn forensics(args: oomguard::settings::cli::ForensicsArgs) -> i32 {
+    use oomguard::vocab::forensics::{kernel, kmsg};
     use std::io::{BufRead, BufReader, Write};
     let (mut input, name): (Box<dyn BufRead>, String) = match &args.file {
         Some(p) if p.as_os_str() == "-" => (Box::new(std::io::stdin().lock()), "stdin".into()),
@@ -60,7 +60,7 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
             }
         },
     };
-    let json = args.format == oomguard::cli::ForensicsFormat::Json;
+    let json = args.format == oomguard::settings::cli::ForensicsFormat::Json;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut writer = kernel::JsonWriter::default();
@@ -71,10 +71,10 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
     let mut written = if json { writer.begin(&mut out) } else { Ok(()) };
     let mut cut_lines = 0usize;
     loop {
-        match oomguard::forensics::read_line_capped(
+        match oomguard::vocab::forensics::read_line_capped(
             &mut input,
             &mut line,
-            oomguard::forensics::MAX_LINE_BYTES,
+            oomguard::vocab::forensics::MAX_LINE_BYTES,
         ) {
             Ok((0, _)) => break,
             Ok((_, cut)) => cut_lines += usize::from(cut),
@@ -108,7 +108,7 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
         eprintln!(
             "oomguard: {cut_lines} line{} of {name} longer than {} MiB {} cut there (no kernel report has such lines)",
             if cut_lines == 1 { "" } else { "s" },
-            oomguard::forensics::MAX_LINE_BYTES >> 20,
+            oomguard::vocab::forensics::MAX_LINE_BYTES >> 20,
             if cut_lines == 1 { "was" } else { "were" }
         );
     }
@@ -129,9 +129,9 @@ fn forensics(args: oomguard::cli::ForensicsArgs) -> i32 {
     }
 }
 
-fn report(args: oomguard::cli::ReportArgs) -> i32 {
-    use oomguard::cli::ReportFormat;
-    use oomguard::report::{Destination, Format, run_reports};
+fn report(args: oomguard::settings::cli::ReportArgs) -> i32 {
+    use oomguard::settings::cli::ReportFormat;
+    use oomguard::tools::report::{Destination, Format, run_reports};
     let format = match args.format {
         ReportFormat::Html => Format::Html,
         ReportFormat::Text => Format::Text,
@@ -157,8 +157,8 @@ fn report(args: oomguard::cli::ReportArgs) -> i32 {
     }
 }
 
-fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
-    use oomguard::replay;
+fn replay(args: oomguard::settings::cli::ReplayArgs) -> i32 {
+    use oomguard::tools::replay;
     let policy = match oomguard::settings::replay_policy(&args.policy) {
         Ok(p) => p,
         Err(e) => {
@@ -176,8 +176,10 @@ fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
     let name = log.display().to_string();
     match replay_one(log, policy) {
         Ok(r) => match args.format {
-            oomguard::cli::ForensicsFormat::Text => print(&replay::render_text(&name, &r)),
-            oomguard::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
+            oomguard::settings::cli::ForensicsFormat::Text => {
+                print(&replay::render_text(&name, &r))
+            }
+            oomguard::settings::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
         },
         Err(e) => {
             eprintln!("oomguard: {e}");
@@ -189,9 +191,9 @@ fn replay(args: oomguard::cli::ReplayArgs) -> i32 {
 /// Replays one log (`-`: stdin).
 fn replay_one(
     log: &std::path::Path,
-    policy: Option<(oomguard::policy::Policy, String)>,
-) -> Result<oomguard::replay::Replay, String> {
-    use oomguard::replay;
+    policy: Option<(oomguard::engine::policy::Policy, String)>,
+) -> Result<oomguard::tools::replay::Replay, String> {
+    use oomguard::tools::replay;
     let name = log.display().to_string();
     if log.as_os_str() == "-" {
         return replay::replay("stdin", std::io::stdin().lock(), policy).map_err(|e| e.to_string());
@@ -204,10 +206,10 @@ fn replay_one(
 /// threshold alone.
 fn replay_score(
     logs: &[std::path::PathBuf],
-    policy: Option<(oomguard::policy::Policy, String)>,
-    format: oomguard::cli::ForensicsFormat,
+    policy: Option<(oomguard::engine::policy::Policy, String)>,
+    format: oomguard::settings::cli::ForensicsFormat,
 ) -> i32 {
-    use oomguard::replay::score;
+    use oomguard::tools::replay::score;
     let mut rows = Vec::new();
     let mut source = String::from("recorded");
     for log in logs {
@@ -226,8 +228,10 @@ fn replay_score(
         }
     }
     match format {
-        oomguard::cli::ForensicsFormat::Text => print(&score::render_text(&source, &rows)),
-        oomguard::cli::ForensicsFormat::Json => {
+        oomguard::settings::cli::ForensicsFormat::Text => {
+            print(&score::render_text(&source, &rows))
+        }
+        oomguard::settings::cli::ForensicsFormat::Json => {
             let mut out = String::new();
             for r in &rows {
                 out.push_str(&serde_json::to_string(r).unwrap_or_default());
@@ -241,8 +245,8 @@ fn replay_score(
 /// `oomguard doctor [-- CMD]`: the report on stdout, the exit code from
 /// the required checks. With a command, the command's own output goes to
 /// stderr, so stdout holds the report alone (JSON stays parseable).
-fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
-    use oomguard::doctor;
+fn doctor(args: oomguard::settings::cli::DoctorArgs) -> i32 {
+    use oomguard::tools::doctor;
     let env = doctor::Env {
         nvml_lib: args.nvml_lib.clone(),
         python: doctor::Interpreter::for_command(&args.command),
@@ -270,8 +274,8 @@ fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
         }
     }
     let text = match args.format {
-        oomguard::cli::ForensicsFormat::Text => report.render_text(),
-        oomguard::cli::ForensicsFormat::Json => report.render_json(),
+        oomguard::settings::cli::ForensicsFormat::Text => report.render_text(),
+        oomguard::settings::cli::ForensicsFormat::Json => report.render_json(),
     };
     match print(&text) {
         0 => report.exit_code(),
@@ -281,7 +285,7 @@ fn doctor(args: oomguard::cli::DoctorArgs) -> i32 {
 
 /// `oomguard man`: a page on stdout, or every page into a directory.
 fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
-    use oomguard::manpage;
+    use oomguard::tools::manpage;
     let page = match (command, out) {
         (_, Some(dir)) => manpage::write_all(dir).map(|paths| {
             let mut list = String::new();
@@ -307,13 +311,13 @@ fn man(command: Option<&str>, out: Option<&std::path::Path>) -> i32 {
 
 /// `oomguard checkpoint`: the `done` record on stdout, exit 0; else the
 /// reason on stderr, exit 1.
-fn checkpoint(args: &oomguard::cli::CheckpointArgs) -> i32 {
+fn checkpoint(args: &oomguard::settings::cli::CheckpointArgs) -> i32 {
     // clap requires one way of naming the job.
     let Some(target) = args.job.target() else {
         eprintln!("oomguard: checkpoint: name a pid, --cgroup, --slurm-job or --match");
         return 2;
     };
-    match oomguard::ask::checkpoint(&target, std::path::Path::new("/proc"), args.timeout) {
+    match oomguard::tools::ask::checkpoint(&target, std::path::Path::new("/proc"), args.timeout) {
         Ok(done) => {
             print(&format!("{done}\n"));
             0
@@ -335,7 +339,7 @@ fn main() {
                 2
             }
         },
-        Command::Demo(args) => oomguard::demo::demo(args),
+        Command::Demo(args) => oomguard::tools::demo::demo(args),
         Command::Forensics(args) => forensics(args),
         Command::Attach(args) => match Settings::for_attach(*args) {
             Ok(cfg) => run(cfg),
@@ -349,11 +353,11 @@ fn main() {
         Command::Checkpoint(args) => checkpoint(&args),
         Command::Replay(args) => replay(args),
         Command::DemoJob { role, checkpoints } => match (role.as_str(), checkpoints) {
-            ("worker", _) => oomguard::demo_job::worker(),
-            ("trainer", Some(dir)) => oomguard::demo_job::trainer(&dir),
+            ("worker", _) => oomguard::vocab::demo_job::worker(),
+            ("trainer", Some(dir)) => oomguard::vocab::demo_job::trainer(&dir),
             _ => 2,
         },
-        Command::Keep { pairs } => oomguard::keeper::run(&pairs),
+        Command::Keep { pairs } => oomguard::job::keeper::run(&pairs),
         Command::Completions { shell } => {
             let mut cmd = oomguard::settings::command();
             clap_complete::generate(shell, &mut cmd, "oomguard", &mut std::io::stdout());

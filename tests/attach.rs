@@ -4,7 +4,7 @@
 //! job runs on, `exited` with an unknown code), and the warn / pause / stop
 //! actions on a job oomguard did not launch.
 //!
-//! cgroup v2 attach is covered by fixture trees in `src/attach.rs`: no v2
+//! cgroup v2 attach is covered by fixture trees in `src/job/attach.rs`: no v2
 //! memory controller is available on these machines.
 
 #![allow(clippy::unwrap_used)]

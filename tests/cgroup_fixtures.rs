@@ -8,7 +8,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use oomguard::probe::cgroup::{CgroupReader, Version, locate};
+use oomguard::engine::probe::cgroup::{CgroupReader, Version, locate};
 
 /// Copies a scenario to a temp dir and points its mount table at it.
 fn scenario(name: &str) -> (tempfile::TempDir, PathBuf) {

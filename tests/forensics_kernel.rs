@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oomguard::forensics::kernel::{
+use oomguard::vocab::forensics::kernel::{
     Evidence, Invoker, OomKill, TaskRow, find_pid, parse, render_json, render_text,
 };
-use oomguard::forensics::kmsg::{LogSource, read_kernel_log};
+use oomguard::vocab::forensics::kmsg::{LogSource, read_kernel_log};
 use proptest::prelude::*;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/kernel-logs");

@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 
-use oomguard::github::{
+use oomguard::sinks::github::{
     Annotator, Level, RunSummaryData, annotation, append_step_summary, step_summary,
 };
-use oomguard::log::{Outcome, Peak};
-use oomguard::model::{Ceiling, CeilingSource};
+use oomguard::sinks::log::{Outcome, Peak};
+use oomguard::vocab::model::{Ceiling, CeilingSource};
 use proptest::prelude::*;
 
 use common::MemCgroup;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fake_nvml::FakeNvml;
-use oomguard::probe::gpu::{
+use oomguard::engine::probe::gpu::{
     GpuProbe, GpuProbeOptions, GpuReading, GpuUnavailable, TreeProc, attribute, read_ns_pids,
 };
 

@@ -27,17 +27,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oomguard::metrics::{
+use oomguard::engine::probe::cgroup::{self, CgroupReader};
+use oomguard::engine::probe::gpu::GpuProbe;
+use oomguard::engine::probe::proc::{TreeRoot, TreeScanner, totals};
+use oomguard::engine::probe::pss::{Member, PssSweeper, SweepConfig};
+use oomguard::engine::probe::system::SystemReader;
+use oomguard::sinks::metrics::{
     CONTENT_TYPE, ConstantLabels, Metrics, Textfile, constant_labels_from_env, hostname, serve,
 };
-use oomguard::model::{
+use oomguard::vocab::model::{
     CgroupSample, GpuSample, History, ProcSample, Psi, Role, Sample, SystemSample, TreeTotals, View,
 };
-use oomguard::probe::cgroup::{self, CgroupReader};
-use oomguard::probe::gpu::GpuProbe;
-use oomguard::probe::proc::{TreeRoot, TreeScanner, totals};
-use oomguard::probe::pss::{Member, PssSweeper, SweepConfig};
-use oomguard::probe::system::SystemReader;
 
 use common::{MemCgroup, require};
 use fake_nvml::FakeNvml;

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use oomguard::forensics::torch::{CudaOom, TorchEvent, WorkerDied, size_to_bytes};
-use oomguard::relay::{OutputError, OutputRelay, Pumped, RelayOptions, RelayStats, Stream};
+use oomguard::job::relay::{OutputError, OutputRelay, Pumped, RelayOptions, RelayStats, Stream};
+use oomguard::vocab::forensics::torch::{CudaOom, TorchEvent, WorkerDied, size_to_bytes};
 
 const MIB: u64 = 1 << 20;
 
@@ -291,7 +291,7 @@ fn a_job_that_had_a_pipe_sees_no_terminal() {
 /// A pty standing for the user's terminal, without output processing, so
 /// the test reads exactly what the relay wrote.
 fn fake_terminal(cols: u16, rows: u16) -> (OwnedFd, OwnedFd) {
-    let (master, slave) = oomguard::tui::open_pty(cols, rows).unwrap();
+    let (master, slave) = oomguard::sinks::tui::open_pty(cols, rows).unwrap();
     let mut t = rustix::termios::tcgetattr(&slave).unwrap();
     t.output_modes.remove(rustix::termios::OutputModes::OPOST);
     rustix::termios::tcsetattr(&slave, rustix::termios::OptionalActions::Now, &t).unwrap();
@@ -366,7 +366,7 @@ fn terminal_case(by_signal: bool) {
             let printed = seen.lock().unwrap().clone();
             if !resized && String::from_utf8_lossy(&printed).contains("red") {
                 // The user's terminal changes size.
-                oomguard::tui::set_window_size(&term_master, 100, 30).unwrap();
+                oomguard::sinks::tui::set_window_size(&term_master, 100, 30).unwrap();
                 if by_signal {
                     rustix::process::kill_process(
                         rustix::process::getpid(),

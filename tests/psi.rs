@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
-use oomguard::probe::system::PriWake;
+use oomguard::engine::probe::system::PriWake;
 
 /// Writes a file twice the cgroup's limit, then reads it over and over:
 /// every read refaults pages that reclaim just evicted.

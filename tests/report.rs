@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use oomguard::report::{
+use oomguard::tools::report::{
     Destination, Format, diagnose, load, render_html, render_json, render_text, run_report,
 };
 use serde_json::Value;
@@ -670,7 +670,7 @@ fn each_run_is_explained() {
         kill.title
     );
     assert!(kill.title.contains("worker"), "{}", kill.title);
-    assert_eq!(f[0].severity, oomguard::report::Severity::Critical);
+    assert_eq!(f[0].severity, oomguard::tools::report::Severity::Critical);
     assert!(f.iter().any(|f| f.kind == "not_prevented"));
     // Swap growth is only advice when the machine has swap (the recorded
     // runs come from a machine without any).
@@ -753,7 +753,7 @@ fn millions_of_junk_lines_cost_a_count_not_memory() {
         .lines()
         .filter(|l| l.contains("not valid JSON, skipped"))
         .count();
-    assert_eq!(listed, oomguard::report::LISTED_WARNINGS, "{err}");
+    assert_eq!(listed, oomguard::tools::report::LISTED_WARNINGS, "{err}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("more lines skipped"), "{text}");
     assert!(err.contains("… and 3014636 more lines skipped"), "{err}");
@@ -1108,7 +1108,7 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
         Some(g.iter().map(|d| d["used_bytes"].as_u64().unwrap()).sum())
     });
     assert!(gpu_peak > 0, "{name}: no GPU memory in the recording");
-    let human = oomguard::units::HumanBytes(gpu_peak).to_string();
+    let human = oomguard::vocab::units::HumanBytes(gpu_peak).to_string();
     let (text, html, json) = three_ways(name);
     assert_eq!(
         json["peak"]["gpu_used_bytes"], gpu_peak,
@@ -1155,7 +1155,7 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
             html.contains(&format!("GPU {i} used ({short})")),
             "{name}: no legend for GPU {i} ({short})"
         );
-        let total = oomguard::units::HumanBytes(*total).to_string();
+        let total = oomguard::vocab::units::HumanBytes(*total).to_string();
         assert!(
             svg.contains(&format!("GPU {i} {total}")),
             "{name}: GPU {i}'s total {total} is not drawn"
@@ -1164,11 +1164,14 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
     // The GPU card takes the place of "Least headroom" only: the memory
     // figures are the same run's in every format.
     let pss = json["peak"]["tree_pss_bytes"].as_u64().unwrap();
-    assert!(text.contains(&format!("PSS sum {}", oomguard::units::HumanBytes(pss))));
+    assert!(text.contains(&format!(
+        "PSS sum {}",
+        oomguard::vocab::units::HumanBytes(pss)
+    )));
     let footprint = json["peak"]["footprint_bytes"].as_u64().unwrap();
     assert!(html.contains(&card_html(
         "Peak footprint",
-        &oomguard::units::HumanBytes(footprint).to_string()
+        &oomguard::vocab::units::HumanBytes(footprint).to_string()
     )));
 }
 
@@ -1185,7 +1188,7 @@ fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
             && l["system"]["swap_in_bytes_per_s"].as_f64().unwrap_or(0.0) > 0.0),
         "{name}: nothing was swapped in"
     );
-    let human = oomguard::units::HumanBytes(swap_peak).to_string();
+    let human = oomguard::vocab::units::HumanBytes(swap_peak).to_string();
     let (text, html, json) = three_ways(name);
     assert_eq!(
         json["peak"]["swap_used_bytes"], swap_peak,
@@ -1272,7 +1275,7 @@ fn attach_run_report_says_detached_in_text_html_and_json() {
     }
     let pss = end["peak"]["tree_pss_bytes"].as_u64().unwrap();
     assert_eq!(json["peak"]["tree_pss_bytes"], pss);
-    let human = oomguard::units::HumanBytes(pss).to_string();
+    let human = oomguard::vocab::units::HumanBytes(pss).to_string();
     assert!(
         text.contains(&format!("PSS sum {human}")),
         "{name}:\n{text}"
@@ -1424,7 +1427,7 @@ fn the_report_shows_the_footprint_the_policy_used_and_pss_as_a_breakdown() {
     let peak = footprint.iter().copied().fold(0.0, f64::max) as u64;
     let peak_pss = pss.iter().copied().fold(0.0, f64::max) as u64;
     assert!(peak_pss >= peak + (100 << 20), "{peak_pss} vs {peak}");
-    let human = |b: u64| oomguard::units::HumanBytes(b).to_string();
+    let human = |b: u64| oomguard::vocab::units::HumanBytes(b).to_string();
 
     let (text, html, json) = three_ways(name);
     assert_eq!(json["peak"]["footprint_bytes"], peak);

@@ -11,8 +11,8 @@ use std::process::{Command, Output, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use oomguard::inject::TorchStatsInjector;
-use oomguard::probe::torch_stats::{TorchDeviceStats, TorchStatsReader};
+use oomguard::engine::probe::torch_stats::{TorchDeviceStats, TorchStatsReader};
+use oomguard::job::inject::TorchStatsInjector;
 
 fn stub_torch() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/stub-torch")

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use oomguard::tui::{self, App, PtyMaster, TermEvent, Tui, UiCommand, UiEvent};
+use oomguard::sinks::tui::{self, App, PtyMaster, TermEvent, Tui, UiCommand, UiEvent};
 
 /// Generous: these wait for other processes on a shared machine.
 const TIMEOUT: Duration = Duration::from_secs(30);

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Guard", "guard", "PROTOCOL", "__version__"]
 
-# The protocol's names and version: src/companion.rs has the same, and a
+# The protocol's names and version: src/vocab/companion.rs has the same, and a
 # test there fails when the two disagree.
 PROTOCOL = 1
 ENV_CONTROL = "OOMGUARD_CONTROL"

@@ -28,13 +28,13 @@ pub use super::signaller::{
     DesktopNotifier, Ident, Notifier, ProcSignaller, SIG_CONT, SIG_KILL, SIG_STOP, SIG_TERM,
     Signaller,
 };
-use crate::companion::{Channel, Kind};
-use crate::forensics::torch::Framework;
-use crate::log::ActionKind;
-use crate::model::{CeilingSource, ProcSample, Role, Sample};
-use crate::policy::Action;
-use crate::restart::CheckpointWatch;
-use crate::supervise::{self, SignalError};
+use crate::engine::policy::Action;
+use crate::job::restart::CheckpointWatch;
+use crate::job::supervise::{self, SignalError};
+use crate::sinks::log::ActionKind;
+use crate::vocab::companion::{Channel, Kind};
+use crate::vocab::forensics::torch::Framework;
+use crate::vocab::model::{CeilingSource, ProcSample, Role, Sample};
 pub use requests::CompanionState;
 pub use types::{ActConfig, Acted, Levels, RemoteStop, SaveBudget, Scene};
 

@@ -13,9 +13,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::Supervisor;
-use crate::log::Outcome;
-use crate::probe::cgroup::{CgroupReader, Location};
-use crate::units::human_duration;
+use crate::engine::probe::cgroup::{CgroupReader, Location};
+use crate::sinks::log::Outcome;
+use crate::vocab::units::human_duration;
 
 /// What the loop knows about a job it did not launch.
 #[derive(Debug, Default)]
@@ -37,7 +37,7 @@ impl Attached {
     /// Decides, once at attach time, whether the job's cgroup counts
     /// exactly the job: every process in it (and below it) is the job's.
     pub fn new(
-        spec: Option<&crate::attach::AttachSpec>,
+        spec: Option<&crate::job::attach::AttachSpec>,
         reader: Option<&CgroupReader>,
         proc_root: &Path,
         pid: u32,
@@ -58,12 +58,12 @@ impl Attached {
         // A job named by its cgroup is its members; one named by a pid is
         // that process and its descendants.
         let job: HashSet<u32> = match spec.and_then(|s| s.cgroup.as_ref()) {
-            Some(_) => crate::attach::subtree_procs(&loc.dir())
+            Some(_) => crate::job::attach::subtree_procs(&loc.dir())
                 .into_iter()
                 .collect(),
-            None => crate::attach::descendants(proc_root, pid),
+            None => crate::job::attach::descendants(proc_root, pid),
         };
-        match crate::attach::exclusive(loc, proc_root, &job, me) {
+        match crate::job::attach::exclusive(loc, proc_root, &job, me) {
             Ok(()) => Self {
                 exclusive: Some(loc.clone()),
                 members_of: Some(loc.clone()),
@@ -95,7 +95,7 @@ impl Attached {
         let loc = self.members_of.as_ref()?;
         let me = std::process::id();
         Some(
-            crate::attach::subtree_procs(&loc.dir())
+            crate::job::attach::subtree_procs(&loc.dir())
                 .into_iter()
                 .filter(|&p| p != me)
                 .collect(),
@@ -124,7 +124,7 @@ impl Supervisor {
         let alive = members.iter().any(|pid| {
             std::fs::read_to_string(self.cfg.proc_root.join(pid.to_string()).join("stat"))
                 .ok()
-                .and_then(|t| crate::probe::proc::parse_stat(&t))
+                .and_then(|t| crate::engine::probe::proc::parse_stat(&t))
                 .is_some_and(|st| st.state != 'Z')
         });
         Some(!alive)
@@ -168,7 +168,7 @@ impl Supervisor {
 
     /// Writes `run_end`, with what `attach` adds: that the job's exit code
     /// is unknown, and the pids still running when the watch ended.
-    pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::log::RunEnd) {
+    pub(super) fn write_run_end(&mut self, outcome: Outcome, end: &crate::sinks::log::RunEnd) {
         let mut end = end.clone();
         if !self.target.is_parent() {
             // A non-parent cannot reap the job, so its code is never seen.
@@ -178,7 +178,8 @@ impl Supervisor {
                 end.still_running_pids = Some(self.sampler.tree().iter().map(|p| p.pid).collect());
             }
         }
-        self.sinks.write(&crate::log::Event::RunEnd(Box::new(end)));
+        self.sinks
+            .write(&crate::sinks::log::Event::RunEnd(Box::new(end)));
     }
 
     /// The summary's first line under `attach` (`None`: the usual one).

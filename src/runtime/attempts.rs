@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{EXIT_INTERNAL, Supervisor, words};
-use crate::policy::Action;
-use crate::restart::{Budget, RestartOn};
-use crate::supervise::{self, Status};
-use crate::units::human_duration;
+use crate::engine::policy::Action;
+use crate::job::restart::{Budget, RestartOn};
+use crate::job::supervise::{self, Status};
+use crate::vocab::units::human_duration;
 
 /// The least delay before a job that spans nodes is started again (see
 /// [`Supervisor::plan_restart`]).
@@ -177,7 +177,7 @@ impl Attempts {
     }
 
     /// The environment the next attempts get changed (`--degrade`).
-    pub(super) fn degrade(&mut self, changes: &[crate::restart::EnvChange]) {
+    pub(super) fn degrade(&mut self, changes: &[crate::job::restart::EnvChange]) {
         for (name, _, new) in changes {
             self.env.insert(name.clone(), new.clone());
         }
@@ -202,7 +202,7 @@ impl Attempts {
             Some(cmd) if self.checkpoint.is_some() => vec![
                 OsString::from("/bin/sh"),
                 OsString::from("-c"),
-                OsString::from(crate::restart::substitute(cmd, self.checkpoint())),
+                OsString::from(crate::job::restart::substitute(cmd, self.checkpoint())),
             ],
             _ => argv.to_vec(),
         }
@@ -265,19 +265,21 @@ impl Supervisor {
         self.log_output_events();
         // The companion's last words (its final step, written at exit, or
         // a done that came after the last tick) belong to this attempt.
-        self.core.act_mut().poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::vocab::clock::now());
         // Another node's fault that came after this node's ranks had
         // already failed in their collectives is still why they did.
         let failed = self.child.status().is_some_and(|s| s != Status::Exited(0));
         self.core.act_mut().adopt_remote_fault(failed);
         self.core.act_mut().adopt_remote_stop();
-        self.core.act_mut().conclude_checkpoint(crate::clock::now());
+        self.core
+            .act_mut()
+            .conclude_checkpoint(crate::vocab::clock::now());
         self.acted(None);
         let sample = self.sample(true);
         // A kill the kernel made in this attempt is logged in it, not
         // found by the next attempt's first tick.
         self.check_oom_kills(&sample);
-        let end = crate::restart::AttemptEnd {
+        let end = crate::job::restart::AttemptEnd {
             policy_end: self.core.act().policy_end(),
             stop_reason: (self.core.act().stop().map(|st| st.reason().to_string()))
                 .or_else(|| self.core.act().policy_reason().map(str::to_string)),
@@ -286,19 +288,19 @@ impl Supervisor {
             cuda_oom: self.output.cuda_oom(),
             succeeded: self.child.status().unwrap_or(Status::Exited(0)) == Status::Exited(0),
         };
-        let rules = crate::restart::RestartRules {
+        let rules = crate::job::restart::RestartRules {
             on_memory: self.restart_enabled(),
             on_cuda_oom: self.cfg.restart.restart_on.contains(&RestartOn::CudaOom),
         };
         let reason =
-            crate::restart::restart_reason(&end, &rules).filter(|_| self.target.restarts());
-        let now = crate::clock::now();
+            crate::job::restart::restart_reason(&end, &rules).filter(|_| self.target.restarts());
+        let now = crate::vocab::clock::now();
         let (dir, glob) = (
             self.cfg.checkpoint_dir.as_deref(),
             &self.cfg.checkpoint_glob,
         );
         let newest = || {
-            dir.and_then(|d| crate::restart::newest(d, glob, None))
+            dir.and_then(|d| crate::job::restart::newest(d, glob, None))
                 .map(|(p, ..)| p)
         };
         let stopping =
@@ -325,7 +327,7 @@ impl Supervisor {
         let reason = reason.unwrap_or_default();
         let fragmented = reason == "CUDA out of memory" && self.output.cuda_oom() == Some(true);
         let env = self.attempts.env();
-        let (changes, problems) = crate::restart::degrade_env(
+        let (changes, problems) = crate::job::restart::degrade_env(
             &self.cfg.restart.degrade,
             |name| env.get(name).cloned().or_else(|| std::env::var(name).ok()),
             fragmented,
@@ -345,7 +347,11 @@ impl Supervisor {
     /// The summary's line for the attempt that just ended.
     /// `restart_left`: a `restart` that ended it was not refused for
     /// want of restarts.
-    pub(super) fn note_attempt(&mut self, end: &crate::restart::AttemptEnd, restart_left: bool) {
+    pub(super) fn note_attempt(
+        &mut self,
+        end: &crate::job::restart::AttemptEnd,
+        restart_left: bool,
+    ) {
         if self.attempts.lines().len() >= self.attempts.number() as usize {
             return;
         }
@@ -376,7 +382,7 @@ impl Supervisor {
         let saved = self
             .checkpoint_line(self.attempt_lost_work())
             .map_or(String::new(), |l| format!("; {l}"));
-        let ran = human_duration(self.attempts.age(crate::clock::now()));
+        let ran = human_duration(self.attempts.age(crate::vocab::clock::now()));
         self.attempts
             .note(|n| format!("attempt {n}: {how} after {ran}{at}{saved}"));
     }
@@ -385,7 +391,7 @@ impl Supervisor {
     pub(super) fn announce_restart(
         &mut self,
         reason: &str,
-        changes: &[crate::restart::EnvChange],
+        changes: &[crate::job::restart::EnvChange],
         delay: Duration,
     ) {
         let next = self.attempts.number() + 1;
@@ -393,7 +399,7 @@ impl Supervisor {
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
         self.sinks.set_attempt(next);
-        self.sinks.ui(crate::tui::UiEvent::Restart {
+        self.sinks.ui(crate::sinks::tui::UiEvent::Restart {
             t: self.run_t(),
             attempt: next,
             degraded: changes
@@ -401,8 +407,8 @@ impl Supervisor {
                 .map(|(k, _, new)| (k.clone(), new.clone()))
                 .collect(),
         });
-        self.sinks
-            .write(&crate::log::Event::Restart(crate::log::RestartEvent {
+        self.sinks.write(&crate::sinks::log::Event::Restart(
+            crate::sinks::log::RestartEvent {
                 reason: Some(reason.to_string()),
                 checkpoint: checkpoint.clone(),
                 degraded: changes
@@ -410,7 +416,8 @@ impl Supervisor {
                     .map(|(k, old, new)| (k.clone(), serde_json::json!([old, new])))
                     .collect(),
                 delay_seconds: Some(delay.as_secs_f64()),
-            }));
+            },
+        ));
         if self.cfg.quiet {
             return;
         }
@@ -436,7 +443,7 @@ impl Supervisor {
 
     /// Starts the next attempt.
     pub(super) fn relaunch(&mut self) {
-        let attempt = self.attempts.begin(crate::clock::now());
+        let attempt = self.attempts.begin(crate::vocab::clock::now());
         self.sinks.set_attempt(attempt);
         let resume_cmd = self.cfg.restart.resume_cmd.as_deref();
         let argv = self.attempts.argv(resume_cmd, &self.cfg.argv);
@@ -492,7 +499,7 @@ impl Supervisor {
         }
         match launched {
             Ok(job) => {
-                let now = crate::clock::now();
+                let now = crate::vocab::clock::now();
                 self.sampler.new_attempt(job.pid);
                 self.child.started(job);
                 self.core.reset();
@@ -599,7 +606,7 @@ mod tests {
         assert_eq!(a.checkpoint(), Some(old.as_path()));
         // ... is replaced by the newest complete one on disk when the
         // attempt ends; a temporary file never counts.
-        let newest = || crate::restart::newest(dir.path(), "*.ckpt", None).map(|(p, ..)| p);
+        let newest = || crate::job::restart::newest(dir.path(), "*.ckpt", None).map(|(p, ..)| p);
         let now = t0 + Duration::from_secs(30);
         assert!(matches!(
             a.plan(OOM, false, false, newest, now),

@@ -3,12 +3,12 @@
 //! channel each new attempt gets, and the checkpoint line of the summary.
 //! The requests themselves are the actuator's (`act.rs`).
 
-use crate::companion::{Channel, Kind, Record};
-use crate::forensics::progress::{Phase, ProgressUpdate};
-use crate::log::{
+use crate::sinks::log::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
     FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent,
 };
+use crate::vocab::companion::{Channel, Kind, Record};
+use crate::vocab::forensics::progress::{Phase, ProgressUpdate};
 
 use super::Supervisor;
 
@@ -194,7 +194,7 @@ impl Supervisor {
         self.core.act().policy_end().is_some()
             || !matches!(
                 self.child.status(),
-                Some(crate::supervise::Status::Exited(0))
+                Some(crate::job::supervise::Status::Exited(0))
             )
     }
 
@@ -202,7 +202,7 @@ impl Supervisor {
     /// or a restart's when no restart is left.
     fn save_ends_run(&self) -> bool {
         self.core.act().stop().is_some_and(|st| {
-            st.action() != crate::policy::Action::Restart
+            st.action() != crate::engine::policy::Action::Restart
                 || self.attempts.restarts() >= self.cfg.max_restarts
         })
     }

@@ -9,9 +9,9 @@ use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use crate::probe::cgroup::OwnedCgroup;
-use crate::relay::JobStdio;
-use crate::supervise::{Job, SpawnError, Status};
+use crate::engine::probe::cgroup::OwnedCgroup;
+use crate::job::relay::JobStdio;
+use crate::job::supervise::{Job, SpawnError, Status};
 
 use super::act::Signaller;
 use super::hooks::Hooks;

@@ -22,7 +22,7 @@ impl Supervisor {
         {
             return;
         }
-        let waited = self.attempts.age(crate::clock::now());
+        let waited = self.attempts.age(crate::vocab::clock::now());
         let step = self.output.progress().current().and_then(|p| p.step);
         if step.is_none() && waited < watch.wait {
             return;
@@ -41,7 +41,7 @@ impl Supervisor {
             .core
             .act_mut()
             .framework_loses_work(&trainers, self.child.sig());
-        watch.conclude(crate::verdict::Finding {
+        watch.conclude(crate::vocab::verdict::Finding {
             verdict,
             step,
             waited_seconds: (waited.as_secs_f64() * 10.0).round() / 10.0,

@@ -7,10 +7,10 @@ use std::time::Duration;
 use super::{
     EXIT_FAIL_ABOVE, EXIT_INTERNAL, EXIT_OUTPUT_LOST, Supervisor, resume, resume_place, words,
 };
-use crate::log::{Outcome, RunEnd};
-use crate::model::Sample;
-use crate::supervise::{self, Status};
-use crate::units::{HumanBytes, human_duration};
+use crate::job::supervise::{self, Status};
+use crate::sinks::log::{Outcome, RunEnd};
+use crate::vocab::model::Sample;
+use crate::vocab::units::{HumanBytes, human_duration};
 
 impl Supervisor {
     pub(super) fn finished(&mut self) -> bool {
@@ -115,9 +115,11 @@ impl Supervisor {
                 actions: self.sinks.stats().actions.clone(),
                 duration_seconds: (duration.as_secs_f64() * 1000.0).round() / 1000.0,
                 error: self.internal_error.clone(),
-                fail_above: fail_above.map(|(limit_bytes, exceeded)| crate::log::FailAbove {
-                    limit_bytes,
-                    exceeded,
+                fail_above: fail_above.map(|(limit_bytes, exceeded)| {
+                    crate::sinks::log::FailAbove {
+                        limit_bytes,
+                        exceeded,
+                    }
                 }),
                 output_dropped_bytes: relay_stats
                     .as_ref()
@@ -215,7 +217,7 @@ impl Supervisor {
     /// The job's last output, passed on before oomguard's own lines (unless
     /// oomguard was told to stop waiting for it), scanned, and what could
     /// not be passed on said. Returns the relay's final figures.
-    fn drain_output(&mut self) -> Option<crate::relay::RelayStats> {
+    fn drain_output(&mut self) -> Option<crate::job::relay::RelayStats> {
         // The job's last bytes come before oomguard's own lines (unless
         // oomguard was told to stop waiting for them).
         self.output.finish(true);
@@ -268,7 +270,7 @@ impl Supervisor {
             }
             self.sinks.annotate(
                 "fail_above",
-                crate::github::Level::Error,
+                crate::sinks::github::Level::Error,
                 "oomguard: memory regression",
                 &what,
             );
@@ -276,15 +278,15 @@ impl Supervisor {
         if outcome == Outcome::OomKilled {
             self.sinks.annotate(
                 "oom_kill",
-                crate::github::Level::Error,
+                crate::sinks::github::Level::Error,
                 "oomguard: OOM kill",
                 "the kernel OOM killer killed the job",
             );
         }
         if self.sinks.in_github_actions()
-            && let Some(path) = crate::github::step_summary_path(std::env::vars())
+            && let Some(path) = crate::sinks::github::step_summary_path(std::env::vars())
         {
-            let data = crate::github::RunSummaryData {
+            let data = crate::sinks::github::RunSummaryData {
                 command: self
                     .cfg
                     .argv
@@ -302,9 +304,10 @@ impl Supervisor {
                 actions: self.sinks.stats().actions.clone(),
                 fail_above_bytes: self.cfg.fail_above,
             };
-            if let Err(e) =
-                crate::github::append_step_summary(&path, &crate::github::step_summary(&data))
-            {
+            if let Err(e) = crate::sinks::github::append_step_summary(
+                &path,
+                &crate::sinks::github::step_summary(&data),
+            ) {
                 eprintln!("oomguard: {e}");
             }
         }

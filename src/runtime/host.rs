@@ -7,9 +7,9 @@ use std::ffi::OsString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use crate::probe::cgroup::OwnedCgroup;
-use crate::relay::JobStdio;
-use crate::supervise::{self, Job, Reaped, SpawnError, SpawnSpec};
+use crate::engine::probe::cgroup::OwnedCgroup;
+use crate::job::relay::JobStdio;
+use crate::job::supervise::{self, Job, Reaped, SpawnError, SpawnSpec};
 
 /// One attempt's start: what it runs, with what, and where its output goes.
 pub(super) struct Launch<'a> {

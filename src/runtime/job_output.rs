@@ -11,9 +11,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::Supervisor;
-use crate::forensics::progress::ProgressTracker;
-use crate::forensics::torch::TorchEvent;
-use crate::relay::{OutputError, OutputRelay, OutputScanner, Pumped, RelayStats};
+use crate::job::relay::{OutputError, OutputRelay, OutputScanner, Pumped, RelayStats};
+use crate::vocab::forensics::progress::ProgressTracker;
+use crate::vocab::forensics::torch::TorchEvent;
 
 /// The job's output and what it said this attempt.
 pub(super) struct JobOutput {
@@ -207,7 +207,9 @@ impl Supervisor {
         let critical = self.host_memory_critical();
         for event in events {
             if let TorchEvent::Framework(f) = event {
-                self.core.act_mut().note_framework(f, crate::clock::now());
+                self.core
+                    .act_mut()
+                    .note_framework(f, crate::vocab::clock::now());
                 continue;
             }
             if let TorchEvent::Progress(u) = event {
@@ -223,33 +225,37 @@ impl Supervisor {
                 self.output.note_memory_death();
             }
             if let TorchEvent::CudaOom(e) = &event {
-                let frag = crate::forensics::torch::is_fragmentation(e);
+                let frag = crate::vocab::forensics::torch::is_fragmentation(e);
                 self.output.note_cuda_oom(frag);
             }
-            if let Some(mut record) = crate::log::output_event(&event, critical) {
-                if let crate::log::Event::RankFailed(r) = &mut record {
+            if let Some(mut record) = crate::sinks::log::output_event(&event, critical) {
+                if let crate::sinks::log::Event::RankFailed(r) = &mut record {
                     self.note_rank_failed(r);
                 }
                 self.sinks.write(&record);
                 self.tell_peers_of_death(&record);
                 let t = self.run_t();
                 let ui = match &record {
-                    crate::log::Event::CudaOom(e) => Some(crate::tui::UiEvent::CudaOom {
-                        t,
-                        pid: e.pid,
-                        device: e.device,
-                        tried_bytes: e.tried_bytes,
-                    }),
-                    crate::log::Event::WorkerDied(e) => Some(crate::tui::UiEvent::WorkerDied {
-                        t,
-                        pid: e.pid.unwrap_or(0),
-                        comm: String::new(),
-                        how: match (&e.signal, e.exit_code) {
-                            (Some(s), _) => format!("killed by {s}"),
-                            (None, Some(code)) => format!("exit code {code}"),
-                            (None, None) => "exit code unknown".to_string(),
-                        },
-                    }),
+                    crate::sinks::log::Event::CudaOom(e) => {
+                        Some(crate::sinks::tui::UiEvent::CudaOom {
+                            t,
+                            pid: e.pid,
+                            device: e.device,
+                            tried_bytes: e.tried_bytes,
+                        })
+                    }
+                    crate::sinks::log::Event::WorkerDied(e) => {
+                        Some(crate::sinks::tui::UiEvent::WorkerDied {
+                            t,
+                            pid: e.pid.unwrap_or(0),
+                            comm: String::new(),
+                            how: match (&e.signal, e.exit_code) {
+                                (Some(s), _) => format!("killed by {s}"),
+                                (None, Some(code)) => format!("exit code {code}"),
+                                (None, None) => "exit code unknown".to_string(),
+                            },
+                        })
+                    }
                     _ => None,
                 };
                 if let Some(ev) = ui {
@@ -260,7 +266,7 @@ impl Supervisor {
         for e in self.output.take_errors() {
             let broken_pipe = matches!(
                 &e,
-                crate::relay::OutputError::Write { source, .. }
+                crate::job::relay::OutputError::Write { source, .. }
                     if source.kind() == std::io::ErrorKind::BrokenPipe
             );
             if !self.cfg.quiet && !broken_pipe {
@@ -271,11 +277,11 @@ impl Supervisor {
 
     /// A job across nodes: a CUDA OOM or a dead worker on this node is
     /// news for the other nodes, whose ranks fail next (peers.rs).
-    fn tell_peers_of_death(&mut self, record: &crate::log::Event) {
+    fn tell_peers_of_death(&mut self, record: &crate::sinks::log::Event) {
         let (reason, detail, pid, restart) = match record {
-            crate::log::Event::CudaOom(e) => {
+            crate::sinks::log::Event::CudaOom(e) => {
                 let tried = e.tried_bytes.map_or(String::new(), |b| {
-                    format!(" trying to allocate {}", crate::units::HumanBytes(b))
+                    format!(" trying to allocate {}", crate::vocab::units::HumanBytes(b))
                 });
                 (
                     "cuda-oom",
@@ -284,10 +290,10 @@ impl Supervisor {
                     self.cfg
                         .restart
                         .restart_on
-                        .contains(&crate::restart::RestartOn::CudaOom),
+                        .contains(&crate::job::restart::RestartOn::CudaOom),
                 )
             }
-            crate::log::Event::WorkerDied(e) => {
+            crate::sinks::log::Event::WorkerDied(e) => {
                 let how = e.signal.clone().unwrap_or_else(|| {
                     e.exit_code
                         .map_or("an unknown cause".into(), |c| format!("exit code {c}"))
@@ -311,13 +317,13 @@ impl Supervisor {
         let restart = restart && self.target.restarts();
         self.core
             .act_mut()
-            .raise_death(reason, detail, rank, restart, crate::clock::now());
+            .raise_death(reason, detail, rank, restart, crate::vocab::clock::now());
         self.acted(None);
     }
 
     /// Ties a failed rank to the kernel's `oom_kill` of the same pid, and
     /// keeps a line for the summary.
-    pub(super) fn note_rank_failed(&mut self, r: &mut crate::log::RankFailedEvent) {
+    pub(super) fn note_rank_failed(&mut self, r: &mut crate::sinks::log::RankFailedEvent) {
         if r.pid.is_some_and(|p| self.oom.reported(p)) {
             r.tie_to_oom_kill();
         }

@@ -16,9 +16,9 @@ use super::act::{Ident, Signaller};
 use super::host::{Host, Launch};
 use super::outside::Outside;
 use super::*;
+use crate::job::supervise::SignalError;
+use crate::job::supervise::{Reaped, SpawnError};
 use crate::settings::{CommandLine, Layer, Preset, Settings};
-use crate::supervise::SignalError;
-use crate::supervise::{Reaped, SpawnError};
 use std::ffi::OsString;
 
 const JOB: u32 = 4_000_001;
@@ -133,7 +133,7 @@ impl World {
     /// Seconds since the start.
     fn now(&self) -> f64 {
         self.t0
-            .map_or(0.0, |t0| crate::clock::since(t0).as_secs_f64())
+            .map_or(0.0, |t0| crate::vocab::clock::since(t0).as_secs_f64())
     }
 
     fn pid(&mut self) -> u32 {
@@ -260,8 +260,8 @@ impl Fake {
         let mut argv = vec!["oomguard", "run", "--quiet", "--no-gpu", "--no-companion"];
         argv.extend_from_slice(flags);
         argv.extend_from_slice(&["--", "python", "train.py"]);
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
-        let crate::cli::Command::Run(a) = cli.command else {
+        let cli = <crate::settings::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let crate::settings::cli::Command::Run(a) = cli.command else {
             panic!("not run")
         };
         let mut layer = Layer::default();
@@ -293,7 +293,7 @@ impl Fake {
             allow_kill: false,
         };
         let mut cfg = Settings::merge(cmd, &Layer::default(), None, preset).unwrap();
-        cfg.attach_spec = Some(crate::attach::AttachSpec {
+        cfg.attach_spec = Some(crate::job::attach::AttachSpec {
             pid: JOB,
             label: "pid 4000001".into(),
             cgroup: None,
@@ -308,7 +308,7 @@ impl Fake {
         std::fs::create_dir(&root).unwrap();
         meminfo(&root, 100 * MIB);
         cfg.proc_root = root;
-        cfg.values.cgroup = crate::cli::CgroupMode::Off;
+        cfg.values.cgroup = crate::settings::cli::CgroupMode::Off;
         let world: Shared = Rc::default();
         {
             let mut w = world.borrow_mut();
@@ -327,7 +327,7 @@ impl Fake {
         {
             let mut w = world.borrow_mut();
             w.children = Some(kernel.children.clone());
-            w.t0 = Some(crate::clock::now());
+            w.t0 = Some(crate::vocab::clock::now());
         }
         Self {
             sup,
@@ -674,7 +674,7 @@ async fn watch_for_ends_the_watch_and_leaves_the_job_running() {
 /// The fake job's companion: its control channel, which the test writes
 /// the ranks' records into.
 fn with_companion(f: &mut Fake) -> PathBuf {
-    let ch = crate::companion::Channel::create(f.dir.path(), 1).unwrap();
+    let ch = crate::vocab::companion::Channel::create(f.dir.path(), 1).unwrap();
     let dir = ch.dir().to_path_buf();
     f.sup.core.act_mut().set_channel(Some(ch));
     dir

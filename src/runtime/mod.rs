@@ -26,12 +26,14 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::log::{CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart};
-use crate::model::{ProcSample, Sample, View};
-use crate::policy::{Action, Readings};
-use crate::probe::cgroup;
-use crate::relay::OutputRelay;
-use crate::supervise::{self, Job, Status};
+use crate::engine::policy::{Action, Readings};
+use crate::engine::probe::cgroup;
+use crate::job::relay::OutputRelay;
+use crate::job::supervise::{self, Job, Status};
+use crate::sinks::log::{
+    CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart,
+};
+use crate::vocab::model::{ProcSample, Sample, View};
 
 mod act;
 mod attach;
@@ -70,7 +72,7 @@ use signals::{FORWARDED, SignalPlan};
 use sinks::Sinks;
 use tick::{Core, TickInputs};
 
-pub use crate::exit::{
+pub use crate::vocab::exit::{
     FAIL_ABOVE as EXIT_FAIL_ABOVE, INTERNAL as EXIT_INTERNAL, OUTPUT_LOST as EXIT_OUTPUT_LOST,
     POLICY as EXIT_POLICY,
 };
@@ -86,15 +88,15 @@ pub fn run(cfg: Settings) -> i32 {
 
 /// `oomguard doctor -- CMD`: runs the job until it can be judged (see
 /// `cfg.doctor`), and returns the exit code with what was found.
-pub fn judge(cfg: Settings) -> (i32, Option<crate::verdict::Finding>) {
-    let watch = crate::verdict::Watch::new(cfg.doctor.unwrap_or_default());
+pub fn judge(cfg: Settings) -> (i32, Option<crate::vocab::verdict::Finding>) {
+    let watch = crate::vocab::verdict::Watch::new(cfg.doctor.unwrap_or_default());
     let code = run_watched(cfg, Some(watch.clone()));
     (code, watch.finding())
 }
 
-fn run_watched(cfg: Settings, doctor: Option<crate::verdict::Watch>) -> i32 {
+fn run_watched(cfg: Settings, doctor: Option<crate::vocab::verdict::Watch>) -> i32 {
     let log = cfg.log.clone();
-    let started = crate::clock::now();
+    let started = crate::vocab::clock::now();
     let outcome =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match build_runtime() {
             Ok(rt) => rt.block_on(setup::supervise_job(cfg, doctor)),
@@ -109,7 +111,7 @@ fn run_watched(cfg: Settings, doctor: Option<crate::verdict::Watch>) -> i32 {
             let what = panic_text(payload.as_ref());
             eprintln!("oomguard: internal error: {what}");
             if let Some(path) = log {
-                crate::log::end_after_failure(
+                crate::sinks::log::end_after_failure(
                     &path,
                     started,
                     &format!("oomguard panicked: {what}"),
@@ -198,13 +200,13 @@ async fn drain_output(
 ) -> bool {
     let Some(r) = relay else { return true };
     r.finish();
-    let mut progress = (r.written_bytes(), crate::clock::now());
+    let mut progress = (r.written_bytes(), crate::vocab::clock::now());
     while !r.flushed() {
         if shutting_down {
             let written = r.written_bytes();
             if written != progress.0 {
-                progress = (written, crate::clock::now());
-            } else if crate::clock::since(progress.1) >= SHUTDOWN_STALL {
+                progress = (written, crate::vocab::clock::now());
+            } else if crate::vocab::clock::since(progress.1) >= SHUTDOWN_STALL {
                 return false;
             }
         }
@@ -224,7 +226,7 @@ async fn drain_output(
 fn attach_to(cfg: &Settings, pid: u32) -> Result<Job, String> {
     let text = std::fs::read_to_string(cfg.proc_root.join(pid.to_string()).join("stat"))
         .map_err(|e| format!("cannot attach to pid {pid}: {e}"))?;
-    let st = crate::probe::proc::parse_stat(&text)
+    let st = crate::engine::probe::proc::parse_stat(&text)
         .ok_or_else(|| format!("cannot attach to pid {pid}: unreadable /proc/{pid}/stat"))?;
     let pidfd = rustix::process::Pid::from_raw(pid as i32)
         .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
@@ -247,14 +249,16 @@ fn resume_place(cfg: &Settings) -> Option<(PathBuf, resume::Identity)> {
 }
 
 /// A victim's last minute of memory, as the `oom_kill` event carries it.
-fn memory_points(points: &[(f64, u64, u64)]) -> Vec<crate::log::MemoryPoint> {
+fn memory_points(points: &[(f64, u64, u64)]) -> Vec<crate::sinks::log::MemoryPoint> {
     points
         .iter()
-        .map(|&(pt, rss_bytes, pss_bytes)| crate::log::MemoryPoint {
-            t: (pt * 1000.0).round() / 1000.0,
-            rss_bytes,
-            pss_bytes,
-        })
+        .map(
+            |&(pt, rss_bytes, pss_bytes)| crate::sinks::log::MemoryPoint {
+                t: (pt * 1000.0).round() / 1000.0,
+                rss_bytes,
+                pss_bytes,
+            },
+        )
         .collect()
 }
 
@@ -279,13 +283,13 @@ fn report_stale(stale: &[cgroup::Stale], quiet: bool) {
 
 /// A pty for the job, sized like the dashboard's output pane.
 fn open_job_pty(
-    tui: &crate::tui::Tui,
-    app: &crate::tui::App,
-) -> Result<(crate::tui::PtyMaster, std::os::fd::OwnedFd), String> {
+    tui: &crate::sinks::tui::Tui,
+    app: &crate::sinks::tui::App,
+) -> Result<(crate::sinks::tui::PtyMaster, std::os::fd::OwnedFd), String> {
     let (cols, rows) = tui.size().map_err(|e| e.to_string())?;
-    let (c, r) = crate::tui::output_pane_size(app, cols, rows);
-    let (master, slave) = crate::tui::open_pty(c, r).map_err(|e| e.to_string())?;
-    let master = crate::tui::PtyMaster::new(master).map_err(|e| e.to_string())?;
+    let (c, r) = crate::sinks::tui::output_pane_size(app, cols, rows);
+    let (master, slave) = crate::sinks::tui::open_pty(c, r).map_err(|e| e.to_string())?;
+    let master = crate::sinks::tui::PtyMaster::new(master).map_err(|e| e.to_string())?;
     Ok((master, slave))
 }
 
@@ -317,7 +321,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &Settings) {
         pid: 0,
         ceilings: Vec::new(),
         cgroup: None,
-        policy: Some(crate::log::PolicyInfo::of(&cfg.policy.policy)),
+        policy: Some(crate::sinks::log::PolicyInfo::of(&cfg.policy.policy)),
         gpu: GpuInfo {
             available: false,
             reason: Some("the job did not start".into()),
@@ -326,7 +330,7 @@ fn start_without_a_job(log: &mut LogWriter, cfg: &Settings) {
         interval_seconds: cfg.interval.as_secs_f64(),
         pss_interval_seconds: cfg.pss_interval.as_secs_f64(),
         every_tick: cfg.run.log_every_tick,
-        ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
+        ids: Some(crate::sinks::metrics::run_ids()).filter(|ids| !ids.is_empty()),
     };
     log.write(&Event::RunStart(Box::new(start)));
 }
@@ -367,7 +371,7 @@ impl Supervisor {
             .join("stat");
         let same = std::fs::read_to_string(path)
             .ok()
-            .and_then(|t| crate::probe::proc::parse_stat(&t))
+            .and_then(|t| crate::engine::probe::proc::parse_stat(&t))
             .is_some_and(|st| st.start_time == self.child.job().start_time && st.state != 'Z');
         if !same {
             self.attached_job_ended(format!("pid {} has ended", self.child.pid()));
@@ -392,7 +396,7 @@ impl Supervisor {
     }
 
     fn run_time(&self) -> Duration {
-        crate::clock::since(self.sinks.started())
+        crate::vocab::clock::since(self.sinks.started())
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
@@ -429,13 +433,13 @@ impl Supervisor {
             pid: self.child.pid(),
             ceilings: sample.ceilings().iter().map(|c| c.ceiling).collect(),
             cgroup,
-            policy: Some(crate::log::PolicyInfo::of(self.core.policy())),
+            policy: Some(crate::sinks::log::PolicyInfo::of(self.core.policy())),
             gpu: self.sampler.gpu_info().clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             interval_seconds: self.cfg.interval.as_secs_f64(),
             pss_interval_seconds: self.cfg.pss_interval.as_secs_f64(),
             every_tick: self.cfg.run.log_every_tick,
-            ids: Some(crate::metrics::run_ids()).filter(|ids| !ids.is_empty()),
+            ids: Some(crate::sinks::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
         self.sinks
             .write_at(sample.t, &Event::RunStart(Box::new(start)));
@@ -451,7 +455,7 @@ impl Supervisor {
             wake = wake.min(k);
         }
         if self.child.status().is_some() {
-            wake = wake.min(crate::clock::now() + Duration::from_millis(50));
+            wake = wake.min(crate::vocab::clock::now() + Duration::from_millis(50));
         }
         if let Some(d) = self.child.hooks().next_deadline() {
             wake = wake.min(d);
@@ -488,7 +492,7 @@ impl Supervisor {
     }
 
     fn on_timer(&mut self) {
-        let now = crate::clock::now();
+        let now = crate::vocab::clock::now();
         let cheap = self.wakeups.cheap_loop_moved(now);
         self.reap();
         if self.core.act().kill_due(now) {
@@ -510,7 +514,7 @@ impl Supervisor {
         self.log_output_events();
         self.reap();
         self.check_attached_target();
-        let now = crate::clock::now();
+        let now = crate::vocab::clock::now();
         let quick = quick && !self.core.needs_full_scan();
         if !quick {
             self.wakeups.full_scan_ran(now, self.cfg.interval);
@@ -601,7 +605,7 @@ impl Supervisor {
                 .procs
                 .iter()
                 .filter_map(|p| p.torch.as_deref())
-                .map(crate::probe::torch_stats::total_fragmentation_bytes)
+                .map(crate::engine::probe::torch_stats::total_fragmentation_bytes)
                 .max()
                 .unwrap_or(0) as f64
         })
@@ -632,7 +636,7 @@ impl Supervisor {
                 // ceiling's usage is the whole machine's.
                 .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes))
             {
-                let event = crate::log::PhaseMemoryEvent::new(&flag);
+                let event = crate::sinks::log::PhaseMemoryEvent::new(&flag);
                 let advice = event.advice.clone();
                 self.sinks.write_at(sample.t, &Event::PhaseMemory(event));
                 if !self.cfg.quiet {
@@ -678,7 +682,7 @@ impl Supervisor {
                     waited_seconds,
                 } => {
                     self.sinks
-                        .write(&Event::Checkpoint(crate::log::CheckpointEvent {
+                        .write(&Event::Checkpoint(crate::sinks::log::CheckpointEvent {
                             confirmed: path.is_some(),
                             path: path.clone(),
                             waited_seconds,
@@ -691,15 +695,16 @@ impl Supervisor {
                 Acted::Requested { id, kind, reason } => self.log_request(id, kind, &reason),
                 Acted::Companion(r) => self.companion_said(r),
                 Acted::Fault { id, fault } => {
-                    self.sinks.write(&Event::Fault(crate::log::FaultEvent {
-                        id,
-                        remote: false,
-                        node: None,
-                        cause_rank: fault.cause_rank,
-                        reason: Some(fault.reason),
-                        detail: Some(fault.detail),
-                        then: fault.then,
-                    }));
+                    self.sinks
+                        .write(&Event::Fault(crate::sinks::log::FaultEvent {
+                            id,
+                            remote: false,
+                            node: None,
+                            cause_rank: fault.cause_rank,
+                            reason: Some(fault.reason),
+                            detail: Some(fault.detail),
+                            then: fault.then,
+                        }));
                 }
                 Acted::Rule(r) => self.sinks.write(&Event::Rule(r)),
                 Acted::Hook {
@@ -729,7 +734,7 @@ impl Supervisor {
             tree: self.sampler.tree(),
             prev: None,
             job_pid: self.child.pid(),
-            now: crate::clock::now(),
+            now: crate::vocab::clock::now(),
         };
         self.core
             .begin_stop(action, reason, at, self.child.sig_mut());
@@ -770,7 +775,7 @@ impl Supervisor {
                 self.sampler.exclude(pid);
                 self.child
                     .hooks_mut()
-                    .started(pid, cmd.to_string(), crate::clock::now());
+                    .started(pid, cmd.to_string(), crate::vocab::clock::now());
             }
             Err(e) => self.say(format!("cannot run hook '{cmd}': {e}")),
         }
@@ -805,7 +810,7 @@ impl Supervisor {
                     (_, Some(s)) => format!("killed by {s}"),
                     _ => String::new(),
                 };
-                self.sinks.ui(crate::tui::UiEvent::ChildExit {
+                self.sinks.ui(crate::sinks::tui::UiEvent::ChildExit {
                     t: self.run_t(),
                     pid: r.pid,
                     how,
@@ -844,13 +849,15 @@ impl Supervisor {
         let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
         self.sinks.action(
-            crate::log::ActionKind::Stop,
+            crate::sinks::log::ActionKind::Stop,
             "left behind by the job's main process",
             pids,
             Some(SIG_TERM),
             result,
         );
-        self.core.act_mut().arm_kill_after(crate::clock::now());
+        self.core
+            .act_mut()
+            .arm_kill_after(crate::vocab::clock::now());
     }
 
     /// Starts an output keeper for the dashboard's pty: if oomguard dies,
@@ -859,7 +866,7 @@ impl Supervisor {
         match self.screen.keep_pty() {
             Some(Ok(pid)) => self.sampler.exclude(pid),
             Some(Err(e)) => {
-                let e = crate::relay::OutputError::Keeper(e);
+                let e = crate::job::relay::OutputError::Keeper(e);
                 self.say(e.to_string());
             }
             None => {}
@@ -885,7 +892,7 @@ impl Supervisor {
             // The dashboard's terminal went away (not a HUP sent by hand);
             // with --on-hangup detach a dashboard's SIGHUP is that hangup
             // even before the terminal reports it.
-            let detach = self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach;
+            let detach = self.cfg.tui.on_hangup == crate::settings::cli::OnHangup::Detach;
             if self.screen.is_open() && (self.screen.terminal_hung_up() || detach) {
                 self.on_hangup();
                 return;
@@ -893,7 +900,7 @@ impl Supervisor {
         }
         // What the companion said since the last tick: a job that signals
         // between two ticks still has its hello read.
-        self.core.act_mut().poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::vocab::clock::now());
         self.acted(None);
         let starts_shutdown = match signals::plan(sig, self.standing(), &self.cfg.on_signal) {
             SignalPlan::Ignore => return,
@@ -941,7 +948,9 @@ impl Supervisor {
             let why = format!("{} received", supervise::signal_name(sig));
             self.begin_shutdown(&why, pids, sig, result);
             // From this signal on, whatever the clock said before.
-            self.core.act_mut().rearm_kill_after(crate::clock::now());
+            self.core
+                .act_mut()
+                .rearm_kill_after(crate::vocab::clock::now());
         }
     }
 
@@ -950,11 +959,18 @@ impl Supervisor {
     /// run (a paused job cannot handle the signal), `sig` remembered (the
     /// same one again kills), and the `--kill-after` clock started.
     fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
-        self.sinks
-            .action(crate::log::ActionKind::Stop, why, pids, Some(sig), result);
+        self.sinks.action(
+            crate::sinks::log::ActionKind::Stop,
+            why,
+            pids,
+            Some(sig),
+            result,
+        );
         self.core.act_mut().unpause(self.child.sig_mut());
         self.child.shutting_down(sig);
-        self.core.act_mut().arm_kill_after(crate::clock::now());
+        self.core
+            .act_mut()
+            .arm_kill_after(crate::vocab::clock::now());
     }
 
     /// Whether the job was told to end, or its main process did: from
@@ -1001,7 +1017,7 @@ impl Supervisor {
             why,
             self.sampler.tree(),
             group,
-            crate::clock::now(),
+            crate::vocab::clock::now(),
             self.child.sig_mut(),
         );
         self.acted(None);

@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use super::act::Ident;
-use crate::forensics::kernel::OomKill;
-use crate::model::{Role, Sample};
+use crate::vocab::forensics::kernel::OomKill;
+use crate::vocab::model::{Role, Sample};
 
 /// How much of a process's memory history an `oom_kill` event carries.
 const RECENT_WINDOW: f64 = 60.0;
@@ -181,9 +181,9 @@ impl OomWatch {
     /// that vanished from `sample` (now and for [`VANISH_WAIT`] after, by
     /// [`OomWatch::follow_up`]).
     pub fn explain(&mut self, sample: &Sample) -> Vec<Finding> {
-        let log = crate::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
+        let log = crate::vocab::forensics::kmsg::read_kernel_log(Some(Duration::from_secs(300)));
         let kills = match &log {
-            Ok(l) => crate::forensics::kernel::parse(&l.text),
+            Ok(l) => crate::vocab::forensics::kernel::parse(&l.text),
             Err(_) => Vec::new(),
         };
         let found = self.match_kills(kills);
@@ -310,20 +310,23 @@ impl super::Supervisor {
     /// An `oom_kill` the kernel's report could not name: the victim from
     /// the counter and the tree, and what could not be read.
     pub(super) fn write_attributed_kill(&mut self, t: f64, v: &Victim, why: String) {
-        self.sinks.ui(crate::tui::UiEvent::OomKill {
+        self.sinks.ui(crate::sinks::tui::UiEvent::OomKill {
             t,
             pid: v.pid,
             comm: v.comm.clone(),
             role: Some(v.role),
         });
         let rss = v.rss_bytes.map_or(String::new(), |b| {
-            format!(", RSS {} at its last reading", crate::units::HumanBytes(b))
+            format!(
+                ", RSS {} at its last reading",
+                crate::vocab::units::HumanBytes(b)
+            )
         });
         let reason = format!(
             "{why}: attributed from the OOM-kill counter and the tree (pid {} vanished as the counter rose, the largest that did{rss}); the kernel's own report (its choice of victim, oom_score_adj, constraint) is not known",
             v.pid
         );
-        let event = crate::log::OomKillEvent {
+        let event = crate::sinks::log::OomKillEvent {
             pid: Some(v.pid),
             comm: Some(v.comm.clone()),
             role: Some(v.role.as_str().to_string()),
@@ -331,10 +334,10 @@ impl super::Supervisor {
             anon_rss_bytes: None,
             memory: super::memory_points(&v.memory),
             reason: Some(reason),
-            ..crate::log::OomKillEvent::default()
+            ..crate::sinks::log::OomKillEvent::default()
         };
         self.sinks
-            .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
+            .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(v.pid, &v.comm);
         if !self.cfg.quiet {
             self.say(format!(
@@ -349,7 +352,7 @@ impl super::Supervisor {
         let restart = self.restart_enabled() && self.target.restarts();
         self.core
             .act_mut()
-            .raise_kill(pid, comm, restart, crate::clock::now());
+            .raise_kill(pid, comm, restart, crate::vocab::clock::now());
         self.acted(None);
     }
 
@@ -357,12 +360,12 @@ impl super::Supervisor {
         let e = match finding {
             Finding::Kill(e) => e,
             Finding::Unexplained(why) => {
-                let event = crate::log::OomKillEvent {
+                let event = crate::sinks::log::OomKillEvent {
                     reason: Some(why),
-                    ..crate::log::OomKillEvent::default()
+                    ..crate::sinks::log::OomKillEvent::default()
                 };
                 self.sinks
-                    .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
+                    .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
                 return;
             }
             Finding::Attributed { victim, why } => {
@@ -370,13 +373,13 @@ impl super::Supervisor {
                 return;
             }
         };
-        self.sinks.ui(crate::tui::UiEvent::OomKill {
+        self.sinks.ui(crate::sinks::tui::UiEvent::OomKill {
             t,
             pid: e.kill.pid,
             comm: e.comm.clone(),
             role: Some(e.role),
         });
-        let event = crate::log::OomKillEvent {
+        let event = crate::sinks::log::OomKillEvent {
             pid: Some(e.kill.pid),
             comm: Some(e.comm.clone()),
             role: Some(e.role.as_str().to_string()),
@@ -389,7 +392,7 @@ impl super::Supervisor {
             reason: None,
         };
         self.sinks
-            .write_at(t, &crate::log::Event::OomKill(Box::new(event)));
+            .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(e.kill.pid, &e.comm);
         if !self.cfg.quiet {
             self.say(format!(
@@ -399,7 +402,7 @@ impl super::Supervisor {
                 e.place,
                 e.kill.anon_rss_bytes.map_or(String::new(), |b| format!(
                     " holding {} anonymous memory",
-                    crate::units::HumanBytes(b)
+                    crate::vocab::units::HumanBytes(b)
                 ))
             ));
         }
@@ -409,15 +412,15 @@ impl super::Supervisor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ProcSample;
-    use crate::model::testing::budget_sample;
+    use crate::vocab::model::ProcSample;
+    use crate::vocab::model::testing::budget_sample;
 
     const MIB: u64 = 1 << 20;
 
     fn proc(pid: u32, ppid: u32, role: Role, rss: u64) -> ProcSample {
         ProcSample {
             ppid,
-            ..crate::model::testing::proc_sample(pid, role, rss)
+            ..crate::vocab::model::testing::proc_sample(pid, role, rss)
         }
     }
 

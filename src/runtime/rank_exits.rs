@@ -79,14 +79,14 @@ impl super::Supervisor {
         // every 0.1 s): how it ended.
         let status = std::fs::read_to_string(self.cfg.proc_root.join(format!("{pid}/stat")))
             .ok()
-            .and_then(|t| crate::probe::proc::zombie_status(&t));
+            .and_then(|t| crate::engine::probe::proc::zombie_status(&t));
         self.tick(false);
         if self.child.status().is_some() || self.child.shutdown_signal().is_some() {
             return; // the job is ending anyway
         }
         self.core
             .act_mut()
-            .rank_ended(pid, status, crate::clock::now());
+            .rank_ended(pid, status, crate::vocab::clock::now());
         self.acted(None);
     }
 }

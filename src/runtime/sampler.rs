@@ -9,21 +9,21 @@ use std::time::Instant;
 
 use super::act::{Ident, idents};
 use super::attach::Attached;
-use crate::model::{GpuSample, ProcSample, Sample};
-use crate::probe::cgroup::CgroupReader;
-use crate::probe::gpu::GpuProbe;
-use crate::probe::proc::{TreeScanner, totals};
-use crate::probe::pss::{Member, PssSweeper, SweepConfig};
-use crate::probe::system::SystemReader;
-use crate::probe::torch_stats::TorchStatsReader;
+use crate::engine::probe::cgroup::CgroupReader;
+use crate::engine::probe::gpu::GpuProbe;
+use crate::engine::probe::proc::{TreeScanner, totals};
+use crate::engine::probe::pss::{Member, PssSweeper, SweepConfig};
+use crate::engine::probe::system::SystemReader;
+use crate::engine::probe::torch_stats::TorchStatsReader;
+use crate::vocab::model::{GpuSample, ProcSample, Sample};
 
 pub struct Sampler {
     proc_root: PathBuf,
     /// Whether NVML could be opened, and why not (for `run_start`).
-    gpu_info: crate::log::GpuInfo,
+    gpu_info: crate::sinks::log::GpuInfo,
     /// `--torch-stats`: the injected reporter (removed on drop); its
     /// reader is `torch`.
-    torch_injector: Option<crate::inject::TorchStatsInjector>,
+    torch_injector: Option<crate::job::inject::TorchStatsInjector>,
     started: Instant,
     scanner: TreeScanner,
     sweeper: PssSweeper,
@@ -57,9 +57,9 @@ pub struct Readers {
     pub cgroup: Option<CgroupReader>,
     pub budget_bytes: Option<u64>,
     pub gpu: Option<GpuProbe>,
-    pub gpu_info: crate::log::GpuInfo,
+    pub gpu_info: crate::sinks::log::GpuInfo,
     pub torch: Option<TorchStatsReader>,
-    pub torch_injector: Option<crate::inject::TorchStatsInjector>,
+    pub torch_injector: Option<crate::job::inject::TorchStatsInjector>,
 }
 
 impl Sampler {
@@ -124,11 +124,11 @@ impl Sampler {
         self.budget_bytes
     }
 
-    pub fn gpu_info(&self) -> &crate::log::GpuInfo {
+    pub fn gpu_info(&self) -> &crate::sinks::log::GpuInfo {
         &self.gpu_info
     }
 
-    pub fn torch_injector(&self) -> Option<&crate::inject::TorchStatsInjector> {
+    pub fn torch_injector(&self) -> Option<&crate::job::inject::TorchStatsInjector> {
         self.torch_injector.as_ref()
     }
 
@@ -148,7 +148,7 @@ impl Sampler {
     /// known processes), the cgroup, the machine, the PSS sweep's latest
     /// readings, the GPUs and PyTorch's allocator.
     pub fn sample(&mut self, quick: bool, attached: Option<&Attached>) -> Sample {
-        let now = crate::clock::now();
+        let now = crate::vocab::clock::now();
         let mut procs = self.scan(quick, attached);
         // One pass over the cgroup files; the owned cgroup's working set is
         // the job's exact footprint.
@@ -270,7 +270,7 @@ impl Sampler {
     /// The latest GPU reading (never blocks: NVML runs on its own thread),
     /// attributed to the tree's processes by pid, namespaced pids included.
     fn sample_gpus(&mut self, procs: &mut [ProcSample]) -> Option<Vec<GpuSample>> {
-        use crate::probe::gpu::{TreeProc, attribute, read_ns_pids};
+        use crate::engine::probe::gpu::{TreeProc, attribute, read_ns_pids};
         let reading = self.gpu.as_mut().and_then(|g| g.sample())?;
         let root = self.proc_root.clone();
         let tree: Vec<TreeProc> = procs
@@ -357,7 +357,7 @@ impl Sampler {
         if self.gpu_history.len() < 3 {
             return None;
         }
-        crate::growth::eta(
+        crate::vocab::growth::eta(
             self.gpu_history.make_contiguous(),
             g.total_bytes.saturating_sub(g.used_bytes) as f64,
         )

@@ -8,8 +8,8 @@ use std::os::fd::AsFd;
 
 use super::signals::{self, HangupPlan, SignalPlan};
 use super::{SIG_TERM, Supervisor, words};
-use crate::policy::Action;
-use crate::tui::{App, PtyMaster, TermError, TermEvent, Tui};
+use crate::engine::policy::Action;
+use crate::sinks::tui::{App, PtyMaster, TermError, TermEvent, Tui};
 
 /// What the dashboard's terminal or the job's pty brought.
 pub(super) enum Brought {
@@ -25,7 +25,7 @@ pub(super) struct Screen {
     tui: Option<Tui>,
     pty: Option<PtyMaster>,
     /// Holds the job's pty in case oomguard dies (see `keeper`).
-    keeper: Option<crate::keeper::Keeper>,
+    keeper: Option<crate::job::keeper::Keeper>,
     /// The terminal hung up (handled once).
     hung_up: bool,
     /// Ctrl-C was typed into the job's terminal from the dashboard this
@@ -89,7 +89,7 @@ impl Screen {
         let pty = self.pty.as_ref()?;
         let stdout = std::io::stdout();
         Some(
-            match crate::keeper::Keeper::spawn(&[(pty.as_fd(), stdout.as_fd())]) {
+            match crate::job::keeper::Keeper::spawn(&[(pty.as_fd(), stdout.as_fd())]) {
                 Ok(k) => {
                     let pid = k.pid();
                     self.keeper = Some(k);
@@ -123,7 +123,7 @@ impl Screen {
     /// The terminal took a new size: so does the job's pane.
     pub fn resize(&self, app: &App, cols: u16, rows: u16) {
         if let Some(pty) = &self.pty {
-            let (c, r) = crate::tui::output_pane_size(app, cols, rows);
+            let (c, r) = crate::sinks::tui::output_pane_size(app, cols, rows);
             let _ = pty.resize(c, r);
         }
     }
@@ -180,7 +180,7 @@ impl Screen {
 impl Supervisor {
     /// A key or a resize on the dashboard.
     pub(super) fn on_term(&mut self, ev: Result<TermEvent, TermError>) {
-        use crate::tui::UiCommand;
+        use crate::sinks::tui::UiCommand;
         let ev = match ev {
             Ok(ev) => ev,
             Err(TermError::HangUp) => {
@@ -248,7 +248,7 @@ impl Supervisor {
     /// SIGINT to oomguard does); without a companion, or once a save is
     /// under way, ^C is typed into the job's terminal as before.
     fn on_ctrl_c(&mut self) {
-        self.core.act_mut().poll_channel(crate::clock::now());
+        self.core.act_mut().poll_channel(crate::vocab::clock::now());
         self.acted(None);
         let saves = self.child.status().is_none()
             && signals::plan(libc::SIGINT, self.standing(), &self.cfg.on_signal)
@@ -277,7 +277,7 @@ impl Supervisor {
             && !self.cfg.quiet
             && !self.screen.hung_up()
         {
-            let lines = crate::tui::afterword(&app, self.cfg.output_lines as usize);
+            let lines = crate::sinks::tui::afterword(&app, self.cfg.output_lines as usize);
             let mut err = std::io::stderr().lock();
             for line in lines {
                 use std::io::Write;
@@ -295,7 +295,7 @@ impl Supervisor {
 
     /// Redraws the dashboard (after every event; nothing runs while idle).
     pub(super) fn draw(&mut self) {
-        use crate::tui::PolicyState;
+        use crate::sinks::tui::PolicyState;
         let t = self.run_t();
         let Some(app) = self.sinks.app_mut().filter(|_| self.screen.is_open()) else {
             return;
@@ -331,9 +331,9 @@ impl Supervisor {
         }
         // First: ratatui reports a failed cleanup with `eprintln!`, which
         // panics on a dead terminal.
-        crate::tui::detach_dead_terminal();
+        crate::sinks::tui::detach_dead_terminal();
         self.close_dashboard();
-        let go_on = self.cfg.tui.on_hangup == crate::cli::OnHangup::Detach;
+        let go_on = self.cfg.tui.on_hangup == crate::settings::cli::OnHangup::Detach;
         match signals::hangup_plan(go_on, self.standing()) {
             HangupPlan::GoOnHeadless => return,
             HangupPlan::EndWatch => {

@@ -22,38 +22,38 @@ use super::{
     EXIT_INTERNAL, Settings, Supervisor, attach, attach_to, drain_output, internal_failure,
     open_job_pty, report_stale, spawn_failed,
 };
-use crate::cli::CgroupMode;
-use crate::inject::TorchStatsInjector;
-use crate::log::{GpuInfo, LogWriter};
-use crate::model::SystemSample;
-use crate::policy::Engine;
-use crate::probe::cgroup::{self, CgroupReader, OwnedCgroup};
-use crate::probe::proc::{TreeRoot, TreeScanner};
-use crate::probe::pss::SweepConfig;
-use crate::probe::system::SystemReader;
-use crate::probe::torch_stats::TorchStatsReader;
-use crate::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
-use crate::restart::Budget;
-use crate::supervise::{self, Job};
+use crate::engine::policy::Engine;
+use crate::engine::probe::cgroup::{self, CgroupReader, OwnedCgroup};
+use crate::engine::probe::proc::{TreeRoot, TreeScanner};
+use crate::engine::probe::pss::SweepConfig;
+use crate::engine::probe::system::SystemReader;
+use crate::engine::probe::torch_stats::TorchStatsReader;
+use crate::job::inject::TorchStatsInjector;
+use crate::job::relay::{JobStdio, OutputError, OutputRelay, RelayOptions};
+use crate::job::restart::Budget;
+use crate::job::supervise::{self, Job};
+use crate::settings::cli::CgroupMode;
+use crate::sinks::log::{GpuInfo, LogWriter};
+use crate::vocab::model::SystemSample;
 
 /// Where the run's own records go, opened before the job starts: a port in
 /// use or an unwritable file is a usage error (exit 2), not something to
 /// find out later.
 struct Outputs {
     log: LogWriter,
-    metrics: crate::metrics::Metrics,
+    metrics: crate::sinks::metrics::Metrics,
     /// Stops the metrics endpoint when dropped.
     metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
-    textfile: Option<crate::metrics::Textfile>,
+    textfile: Option<crate::sinks::metrics::Textfile>,
 }
 
 /// The dashboard, its state, and the job's pty (the dashboard owns the real
 /// terminal; the job gets a terminal of its own).
 #[derive(Default)]
 struct OpenedDashboard {
-    tui: Option<crate::tui::Tui>,
-    app: Option<crate::tui::App>,
-    pty: Option<crate::tui::PtyMaster>,
+    tui: Option<crate::sinks::tui::Tui>,
+    app: Option<crate::sinks::tui::App>,
+    pty: Option<crate::sinks::tui::PtyMaster>,
     /// The job's side of the pty, until the job has it.
     slave: Option<OwnedFd>,
 }
@@ -82,11 +82,14 @@ struct Readers {
     budget_bytes: Option<u64>,
 }
 
-pub(super) async fn supervise_job(cfg: Settings, doctor: Option<crate::verdict::Watch>) -> i32 {
-    let started = crate::clock::now();
+pub(super) async fn supervise_job(
+    cfg: Settings,
+    doctor: Option<crate::vocab::verdict::Watch>,
+) -> i32 {
+    let started = crate::vocab::clock::now();
     // Read before oomguard forks anything: these are not the job's.
     let strangers = if cfg.attach.is_none() {
-        crate::probe::proc::inherited_children(&cfg.proc_root)
+        crate::engine::probe::proc::inherited_children(&cfg.proc_root)
     } else {
         Vec::new()
     };
@@ -134,7 +137,11 @@ pub(super) async fn supervise_job(cfg: Settings, doctor: Option<crate::verdict::
     if let Some((inj, _)) = &torch {
         first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
     }
-    first_env.extend(channel.iter().flat_map(crate::companion::Channel::env));
+    first_env.extend(
+        channel
+            .iter()
+            .flat_map(crate::vocab::companion::Channel::env),
+    );
     let resume_note = resume_from_a_previous_run(&cfg, &mut first_env);
     let start = Start {
         env: first_env,
@@ -205,7 +212,7 @@ pub(super) async fn supervise_job(cfg: Settings, doctor: Option<crate::verdict::
 impl Supervisor {
     /// `memory.high` on the job's own v2 cgroup, three quarters of the way
     /// from the critical level to the ceiling (see `wakeups.rs`).
-    fn set_memory_high(&self, cg: Option<&crate::model::CgroupSample>) -> Option<u64> {
+    fn set_memory_high(&self, cg: Option<&crate::vocab::model::CgroupSample>) -> Option<u64> {
         let (reader, cg) = (self.sampler.cgroup()?, cg?);
         let crit = self.core.policy().thresholds().1?;
         let budget = self.sampler.budget_bytes();
@@ -215,7 +222,7 @@ impl Supervisor {
     /// Arms the kernel's wake-ups (v1 thresholds on the limit and on the
     /// budget where the cgroup is the job's alone; PSI; `memory.events`),
     /// saying once which the kernel refused.
-    fn arm_wakeups(&mut self, cg: Option<&crate::model::CgroupSample>) {
+    fn arm_wakeups(&mut self, cg: Option<&crate::vocab::model::CgroupSample>) {
         if let (Some(reader), Some(cg)) = (self.sampler.cgroup(), cg) {
             let budget_here = reader.owned() || self.attached_exclusive();
             let refused = self.wakeups.register_thresholds(
@@ -263,7 +270,7 @@ pub(super) async fn run_loop(mut sup: Supervisor, mut outside: Outside) -> i32 {
             pumped = sup.output.pump() => sup.on_relay(pumped),
         }
         sup.draw();
-        if sup.attempts.due(crate::clock::now()) {
+        if sup.attempts.due(crate::vocab::clock::now()) {
             sup.relaunch();
         }
         if !sup.attempts.between() && sup.finished() && !sup.plan_restart() {
@@ -296,20 +303,22 @@ async fn open_outputs(cfg: &Settings, started: Instant) -> Result<Outputs, i32> 
             2
         }
     };
-    let metrics =
-        crate::metrics::Metrics::new(crate::metrics::constant_labels(), env!("CARGO_PKG_VERSION"));
+    let metrics = crate::sinks::metrics::Metrics::new(
+        crate::sinks::metrics::constant_labels(),
+        env!("CARGO_PKG_VERSION"),
+    );
     let mut metrics_stop = None;
     if let Some(addr) = cfg.run.metrics_addr {
-        if let Some(w) = crate::metrics::http::exposure_warning(addr) {
+        if let Some(w) = crate::sinks::metrics::http::exposure_warning(addr) {
             eprintln!("oomguard: warning: {w}");
         }
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        if let Err(e) = crate::metrics::serve(addr, metrics.clone(), async {
+        if let Err(e) = crate::sinks::metrics::serve(addr, metrics.clone(), async {
             let _ = rx.await;
         })
         .await
         {
-            let crate::metrics::MetricsError::Bind { source, .. } = &e;
+            let crate::sinks::metrics::MetricsError::Bind { source, .. } = &e;
             return Err(refused(&e, source));
         }
         metrics_stop = Some(tx);
@@ -318,7 +327,7 @@ async fn open_outputs(cfg: &Settings, started: Instant) -> Result<Outputs, i32> 
         .run
         .metrics_textfile
         .as_ref()
-        .map(crate::metrics::Textfile::new);
+        .map(crate::sinks::metrics::Textfile::new);
     if let Some(t) = &textfile
         && let Err(e) = t.write(&metrics.render())
     {
@@ -381,9 +390,9 @@ fn job_cgroup_name() -> String {
 async fn own_user_scope(cfg: &Settings, here: &cgroup::Location) -> Result<OwnedCgroup, String> {
     // The cgroup's owner first: SLURM's or a limited cgroup is the answer
     // whether or not a bus is there.
-    crate::systemd::may_leave(here, rustix::process::getuid().as_raw())?;
-    let bus = crate::systemd::user_scope_support()?;
-    let (unit, scope) = crate::systemd::start_user_scope(&bus, &cfg.proc_root)
+    crate::job::systemd::may_leave(here, rustix::process::getuid().as_raw())?;
+    let bus = crate::job::systemd::user_scope_support()?;
+    let (unit, scope) = crate::job::systemd::start_user_scope(&bus, &cfg.proc_root)
         .await
         .map_err(|e| e.to_string())?;
     // oomguard is the scope's only process: OwnedCgroup moves it into a
@@ -460,9 +469,9 @@ fn resume_from_a_previous_run(
 }
 
 /// The first attempt's control channel, in the hook's directory.
-fn open_channel(cfg: &Settings, torch: Option<&Torch>) -> Option<crate::companion::Channel> {
+fn open_channel(cfg: &Settings, torch: Option<&Torch>) -> Option<crate::vocab::companion::Channel> {
     let (inj, _) = torch.filter(|_| cfg.companion())?;
-    match crate::companion::Channel::create(inj.dir(), 1) {
+    match crate::vocab::companion::Channel::create(inj.dir(), 1) {
         Ok(c) => Some(c),
         Err(e) => {
             if !cfg.quiet {
@@ -476,9 +485,9 @@ fn open_channel(cfg: &Settings, torch: Option<&Torch>) -> Option<crate::companio
 /// `attach` to a job that was itself started with a control channel
 /// (`OOMGUARD_CONTROL` in its environment): its companion is asked, as
 /// under `run`; otherwise a stop signals, as it always did.
-fn attached_channel(cfg: &Settings, job: &Job) -> Option<crate::companion::Channel> {
-    let dir = crate::companion::Channel::of_process(&cfg.proc_root, job.pid)?;
-    match crate::companion::Channel::join(&dir) {
+fn attached_channel(cfg: &Settings, job: &Job) -> Option<crate::vocab::companion::Channel> {
+    let dir = crate::vocab::companion::Channel::of_process(&cfg.proc_root, job.pid)?;
+    match crate::vocab::companion::Channel::join(&dir) {
         Ok(c) => {
             if !cfg.quiet {
                 eprintln!(
@@ -508,7 +517,7 @@ fn open_dashboard(cfg: &Settings) -> OpenedDashboard {
     if !want {
         return OpenedDashboard::default();
     }
-    let tui = match crate::tui::Tui::new() {
+    let tui = match crate::sinks::tui::Tui::new() {
         Ok(t) => t,
         Err(e) => {
             eprintln!("oomguard: no dashboard ({e}); running without it");
@@ -521,7 +530,7 @@ fn open_dashboard(cfg: &Settings) -> OpenedDashboard {
         .map(|a| a.to_string_lossy())
         .collect::<Vec<_>>()
         .join(" ");
-    let mut app = crate::tui::App::new(cmd);
+    let mut app = crate::sinks::tui::App::new(cmd);
     let (w, c) = cfg.policy.policy.thresholds();
     app.set_thresholds(w, c);
     if cfg.attach.is_some() {
@@ -691,7 +700,7 @@ fn open_readers(
         )
     });
     let mut system = SystemReader::new(&cfg.proc_root);
-    let first_system = system.read(crate::clock::now());
+    let first_system = system.read(crate::vocab::clock::now());
     let budget_bytes = cfg.budget_bytes;
     let root = match cfg.attach {
         _ if attached.as_ref().is_some_and(|a| a.members_of.is_some()) => TreeRoot::Members,
@@ -716,14 +725,14 @@ fn open_readers(
 }
 
 /// NVML is loaded at run time: the same binary works without a driver.
-fn open_gpu(cfg: &Settings) -> (Option<crate::probe::gpu::GpuProbe>, GpuInfo) {
+fn open_gpu(cfg: &Settings) -> (Option<crate::engine::probe::gpu::GpuProbe>, GpuInfo) {
     let off = |reason: String| GpuInfo {
         available: false,
         reason: Some(reason),
     };
     match &cfg.nvml() {
         None => (None, off("disabled with --no-gpu".into())),
-        Some(lib) => match crate::probe::gpu::GpuProbe::open(lib.as_deref()) {
+        Some(lib) => match crate::engine::probe::gpu::GpuProbe::open(lib.as_deref()) {
             Ok(p) => (
                 Some(p),
                 GpuInfo {
@@ -744,7 +753,7 @@ struct Parts {
     job: Job,
     foreground: bool,
     torch: Option<Torch>,
-    channel: Option<crate::companion::Channel>,
+    channel: Option<crate::vocab::companion::Channel>,
     screen: OpenedDashboard,
     output: Output,
     /// The job cgroup's OOM-kill counter at the start.
@@ -754,7 +763,7 @@ struct Parts {
     /// (the loop's tests pass fakes).
     sig: Box<dyn super::act::Signaller>,
     /// `oomguard doctor`'s hold on the run: where the finding goes.
-    doctor: Option<crate::verdict::Watch>,
+    doctor: Option<crate::vocab::verdict::Watch>,
     host: Box<dyn super::host::Host>,
 }
 
@@ -781,7 +790,7 @@ impl Supervisor {
             Some((inj, reader)) => (Some(inj), reader),
             None => (None, None),
         };
-        let now = crate::clock::now();
+        let now = crate::vocab::clock::now();
         let wakeups = super::wakeups::Wakeups::new(cfg.without, now);
         let (max_restarts, restart_delay, restart_reset) =
             (cfg.max_restarts, cfg.restart_delay, cfg.restart_reset);
@@ -878,12 +887,12 @@ pub(super) fn assemble_started(
     sig: Box<dyn super::act::Signaller>,
     host: Box<dyn super::host::Host>,
 ) -> Supervisor {
-    let started = crate::clock::now();
+    let started = crate::vocab::clock::now();
     let readers = open_readers(&cfg, None, &job, started);
     let parts = Parts {
         outputs: Outputs {
             log: LogWriter::create(log, started).expect("the test's log"),
-            metrics: crate::metrics::Metrics::new(Default::default(), "test"),
+            metrics: crate::sinks::metrics::Metrics::new(Default::default(), "test"),
             metrics_stop: None,
             textfile: None,
         },

@@ -7,9 +7,9 @@ use std::os::fd::AsFd;
 
 use super::Supervisor;
 use super::act::{self, Ident, SIG_TERM};
-use crate::policy::Action;
-use crate::supervise;
-use crate::units::human_duration;
+use crate::engine::policy::Action;
+use crate::job::supervise;
+use crate::vocab::units::human_duration;
 
 impl Supervisor {
     /// A signal that asks for a save (`--on-signal`): with `exit`, every
@@ -23,7 +23,7 @@ impl Supervisor {
     /// [`Supervisor::save_for_signal`], said as `what` ("SIGTERM
     /// received", "Ctrl-C").
     pub(super) fn signal_save(&mut self, sig: i32, exit: bool, name: &str) {
-        let now = crate::clock::now();
+        let now = crate::vocab::clock::now();
         if !exit {
             self.core.act_mut().request(Action::Checkpoint, name, now);
             if !self.cfg.quiet {
@@ -72,7 +72,9 @@ impl Supervisor {
     /// next one kills.
     pub(super) fn already_saving(&mut self, sig: i32) {
         let budget = self.save_budget();
-        self.core.act_mut().hurry_save(budget, crate::clock::now());
+        self.core
+            .act_mut()
+            .hurry_save(budget, crate::vocab::clock::now());
         self.core.act_mut().served_signal(sig);
         if sig == libc::SIGINT {
             self.child.shutting_down(sig);
@@ -139,5 +141,5 @@ impl Supervisor {
 /// The process group of `pid` (from its `stat`), while it runs.
 fn process_group(proc_root: &std::path::Path, pid: u32) -> Option<i32> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    crate::probe::proc::parse_stat(&text).map(|st| st.pgrp)
+    crate::engine::probe::proc::parse_stat(&text).map(|st| st.pgrp)
 }

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::supervise::{self, SignalError};
+use crate::job::supervise::{self, SignalError};
 
 /// Identity of a process: pid and start time.
 pub type Ident = (u32, u64);
@@ -87,7 +87,7 @@ impl Signaller for ProcSignaller {
         if sig == SIG_STOP {
             // Told first: if oomguard dies right after the stop, the
             // keeper already knows to let the process run again.
-            crate::keeper::note_stopped(pid, start);
+            crate::job::keeper::note_stopped(pid, start);
         }
         supervise::signal_process(&self.proc_root, pid, start, sig)
     }
@@ -135,7 +135,7 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Notifier for DesktopNotifier {
     fn notify(&mut self, summary: String, body: String) {
-        if !crate::systemd::session_bus() || tokio::runtime::Handle::try_current().is_err() {
+        if !crate::job::systemd::session_bus() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         tokio::spawn(async move {

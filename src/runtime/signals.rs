@@ -6,7 +6,7 @@
 //! forwards) are tested without a process. The loop carries the decision
 //! out.
 
-use crate::values::{SignalAction, SignalMap};
+use crate::settings::values::{SignalAction, SignalMap};
 
 /// The forwarded signals: (signal, whether it starts oomguard's shutdown:
 /// the `--kill-after` clock). HUP and QUIT are only passed on; a job may
@@ -158,7 +158,7 @@ mod tests {
                 starts_shutdown: false
             }
         );
-        let map = crate::values::signal_map("USR1=checkpoint,USR2=forward").unwrap();
+        let map = crate::settings::values::signal_map("USR1=checkpoint,USR2=forward").unwrap();
         assert_eq!(
             super::plan(libc::SIGUSR1, with, &map),
             SignalPlan::Save { exit: false }

@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use super::act::Notifier;
-use crate::log::{ActionKind, LogWriter, Peak, SampleEvent};
-use crate::model::{CeilingState, Role, Sample, View};
-use crate::policy::{Policy, Readings};
-use crate::supervise;
-use crate::units::HumanBytes;
+use crate::engine::policy::{Policy, Readings};
+use crate::job::supervise;
+use crate::sinks::log::{ActionKind, LogWriter, Peak, SampleEvent};
+use crate::vocab::model::{CeilingState, Role, Sample, View};
+use crate::vocab::units::HumanBytes;
 
 /// Running totals for `run_end` and the summary.
 #[derive(Debug, Default)]
@@ -30,12 +30,12 @@ pub struct RunStats {
 pub struct Sinks {
     started: Instant,
     log: LogWriter,
-    metrics: crate::metrics::Metrics,
-    textfile: Option<crate::metrics::Textfile>,
+    metrics: crate::sinks::metrics::Metrics,
+    textfile: Option<crate::sinks::metrics::Textfile>,
     /// Set when running as a GitHub Actions step.
-    annotator: Option<crate::github::Annotator>,
+    annotator: Option<crate::sinks::github::Annotator>,
     /// The dashboard's state (it owns the terminal while it runs).
-    app: Option<crate::tui::App>,
+    app: Option<crate::sinks::tui::App>,
     notifier: Box<dyn Notifier>,
     stats: RunStats,
     /// `--interval` and `--procs-interval`: the log's cadence.
@@ -177,12 +177,12 @@ impl RunStats {
 /// Where a run's output goes, as `setup.rs` opens it (plain data).
 pub struct Outlets {
     pub log: LogWriter,
-    pub metrics: crate::metrics::Metrics,
-    pub textfile: Option<crate::metrics::Textfile>,
+    pub metrics: crate::sinks::metrics::Metrics,
+    pub textfile: Option<crate::sinks::metrics::Textfile>,
     /// Stops the metrics endpoint when dropped.
     pub metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// The dashboard's state.
-    pub app: Option<crate::tui::App>,
+    pub app: Option<crate::sinks::tui::App>,
     pub notifier: Box<dyn Notifier>,
 }
 
@@ -202,8 +202,8 @@ impl Sinks {
             log: out.log,
             metrics: out.metrics,
             textfile: out.textfile,
-            annotator: crate::github::in_github_actions(std::env::vars())
-                .then(crate::github::Annotator::default),
+            annotator: crate::sinks::github::in_github_actions(std::env::vars())
+                .then(crate::sinks::github::Annotator::default),
             app: out.app,
             notifier: out.notifier,
             stats: RunStats::default(),
@@ -228,12 +228,12 @@ impl Sinks {
     }
 
     /// One line to the log, at the run's time now.
-    pub fn write(&mut self, event: &crate::log::Event) {
+    pub fn write(&mut self, event: &crate::sinks::log::Event) {
         self.log.write(event);
     }
 
     /// One line to the log, at run time `t`.
-    pub fn write_at(&mut self, t: f64, event: &crate::log::Event) {
+    pub fn write_at(&mut self, t: f64, event: &crate::sinks::log::Event) {
         self.log.write_at(t, event);
     }
 
@@ -246,7 +246,7 @@ impl Sinks {
     /// `changed`), the metrics and the dashboard.
     pub fn set_progress(
         &mut self,
-        current: Option<&crate::forensics::progress::Progress>,
+        current: Option<&crate::vocab::forensics::progress::Progress>,
         changed: bool,
     ) {
         self.log.set_progress(current, changed);
@@ -269,16 +269,16 @@ impl Sinks {
     }
 
     /// The dashboard's state, while the dashboard runs.
-    pub fn app(&self) -> Option<&crate::tui::App> {
+    pub fn app(&self) -> Option<&crate::sinks::tui::App> {
         self.app.as_ref()
     }
 
-    pub fn app_mut(&mut self) -> Option<&mut crate::tui::App> {
+    pub fn app_mut(&mut self) -> Option<&mut crate::sinks::tui::App> {
         self.app.as_mut()
     }
 
     /// The dashboard closes: its state, for what it leaves behind.
-    pub fn take_app(&mut self) -> Option<crate::tui::App> {
+    pub fn take_app(&mut self) -> Option<crate::sinks::tui::App> {
         self.app.take()
     }
 
@@ -295,7 +295,7 @@ impl Sinks {
     }
 
     /// The metrics textfile, for its last write and removal.
-    pub fn take_textfile(&mut self) -> Option<crate::metrics::Textfile> {
+    pub fn take_textfile(&mut self) -> Option<crate::sinks::metrics::Textfile> {
         self.textfile.take()
     }
 
@@ -408,12 +408,12 @@ impl Sinks {
         if with_procs && !force {
             // Per-GPU detail on one process list in GPU_DETAIL_EVERY.
             self.procs_lists = self.procs_lists.wrapping_add(1);
-            if self.procs_lists % crate::log::GPU_DETAIL_EVERY != 1 {
+            if self.procs_lists % crate::sinks::log::GPU_DETAIL_EVERY != 1 {
                 event = event.without_gpus();
             }
         }
         self.log
-            .write_at(sample.t, &crate::log::Event::Sample(Box::new(event)));
+            .write_at(sample.t, &crate::sinks::log::Event::Sample(Box::new(event)));
     }
 
     /// An `action`: counted, shown on the dashboard, annotated on GitHub
@@ -441,20 +441,20 @@ impl Sinks {
         }
         let kind = match action {
             _ if idle => None,
-            ActionKind::Warn => Some(crate::tui::ActionKind::Warn),
-            ActionKind::Checkpoint => Some(crate::tui::ActionKind::Checkpoint),
-            ActionKind::Pause => Some(crate::tui::ActionKind::Pause),
-            ActionKind::Resume => Some(crate::tui::ActionKind::Resume),
-            ActionKind::Stop => Some(crate::tui::ActionKind::Stop),
-            ActionKind::Kill => Some(crate::tui::ActionKind::Kill),
-            ActionKind::Restart => Some(crate::tui::ActionKind::Restart),
+            ActionKind::Warn => Some(crate::sinks::tui::ActionKind::Warn),
+            ActionKind::Checkpoint => Some(crate::sinks::tui::ActionKind::Checkpoint),
+            ActionKind::Pause => Some(crate::sinks::tui::ActionKind::Pause),
+            ActionKind::Resume => Some(crate::sinks::tui::ActionKind::Resume),
+            ActionKind::Stop => Some(crate::sinks::tui::ActionKind::Stop),
+            ActionKind::Kill => Some(crate::sinks::tui::ActionKind::Kill),
+            ActionKind::Restart => Some(crate::sinks::tui::ActionKind::Restart),
             ActionKind::Relieve | ActionKind::Other => None,
         };
         if let Some(action) = kind {
-            let t = crate::clock::since(self.started).as_secs_f64();
+            let t = crate::vocab::clock::since(self.started).as_secs_f64();
             let error = (result != "ok").then(|| result.clone());
             let (reason, pids) = (reason.to_string(), pids.clone());
-            self.ui(crate::tui::UiEvent::Action {
+            self.ui(crate::sinks::tui::UiEvent::Action {
                 t,
                 action,
                 reason,
@@ -463,9 +463,9 @@ impl Sinks {
             });
         }
         let level = match action {
-            ActionKind::Warn => Some(crate::github::Level::Warning),
+            ActionKind::Warn => Some(crate::sinks::github::Level::Warning),
             ActionKind::Pause | ActionKind::Stop | ActionKind::Kill | ActionKind::Restart => {
-                Some(crate::github::Level::Error)
+                Some(crate::sinks::github::Level::Error)
             }
             _ => None,
         };
@@ -478,17 +478,18 @@ impl Sinks {
                 &msg,
             );
         }
-        self.log
-            .write(&crate::log::Event::Action(crate::log::ActionEvent {
+        self.log.write(&crate::sinks::log::Event::Action(
+            crate::sinks::log::ActionEvent {
                 action,
                 reason: reason.to_string(),
                 pids,
                 signal: signal.map(supervise::signal_name),
                 result,
-            }));
+            },
+        ));
     }
 
-    pub fn ui(&mut self, ev: crate::tui::UiEvent) {
+    pub fn ui(&mut self, ev: crate::sinks::tui::UiEvent) {
         if let Some(app) = self.app.as_mut() {
             app.on_event(ev);
         }
@@ -498,9 +499,9 @@ impl Sinks {
     /// while the dashboard owns the terminal.
     pub fn say(&mut self, text: String) {
         match self.app.as_mut() {
-            Some(app) => app.on_event(crate::tui::UiEvent::Note {
-                t: crate::clock::since(self.started).as_secs_f64(),
-                severity: crate::tui::Severity::Info,
+            Some(app) => app.on_event(crate::sinks::tui::UiEvent::Note {
+                t: crate::vocab::clock::since(self.started).as_secs_f64(),
+                severity: crate::sinks::tui::Severity::Info,
                 text,
             }),
             None => eprintln!("oomguard: {text}"),
@@ -513,7 +514,13 @@ impl Sinks {
     }
 
     /// A few GitHub Actions annotations (rate-limited), never one per tick.
-    pub fn annotate(&mut self, key: &str, level: crate::github::Level, title: &str, message: &str) {
+    pub fn annotate(
+        &mut self,
+        key: &str,
+        level: crate::sinks::github::Level,
+        title: &str,
+        message: &str,
+    ) {
         let t = self.log.t();
         if let Some(a) = self.annotator.as_mut()
             && let Some(line) = a.offer(t, key, level, title, message)
@@ -526,8 +533,8 @@ impl Sinks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Role;
-    use crate::model::testing::{bare_view as view, budget_sample, proc_sample};
+    use crate::vocab::model::Role;
+    use crate::vocab::model::testing::{bare_view as view, budget_sample, proc_sample};
 
     /// The summary names the figure the ceilings were compared with: in
     /// a cgroup of its own, the working set (here 300 MiB below the PSS
@@ -586,7 +593,7 @@ mod tests {
         let started = Instant::now();
         let out = Outlets {
             log: LogWriter::create(log, started).unwrap(),
-            metrics: crate::metrics::Metrics::new(Default::default(), "test"),
+            metrics: crate::sinks::metrics::Metrics::new(Default::default(), "test"),
             textfile: None,
             metrics_stop: None,
             app: None,

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::companion::{Fault, Record};
+use crate::vocab::companion::{Fault, Record};
 
 const VALIDATE: u8 = 0;
 const SET: u8 = 1;

@@ -13,13 +13,13 @@ pub(super) enum Target {
     Launched,
     /// oomguard started it for `oomguard doctor`, which it ends once
     /// judged, leaving the finding here.
-    Judged(crate::verdict::Watch),
+    Judged(crate::vocab::verdict::Watch),
     /// oomguard watches a job it did not start.
     Attached(Attached),
 }
 
 impl Target {
-    pub fn new(attached: Option<Attached>, doctor: Option<crate::verdict::Watch>) -> Self {
+    pub fn new(attached: Option<Attached>, doctor: Option<crate::vocab::verdict::Watch>) -> Self {
         match (attached, doctor) {
             (Some(a), _) => Self::Attached(a),
             (None, Some(w)) => Self::Judged(w),
@@ -60,7 +60,7 @@ impl Target {
     }
 
     /// The doctor's hold, when the run is its probe.
-    pub fn judged(&self) -> Option<&crate::verdict::Watch> {
+    pub fn judged(&self) -> Option<&crate::vocab::verdict::Watch> {
         match self {
             Self::Judged(w) => Some(w),
             _ => None,

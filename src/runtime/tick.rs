@@ -12,10 +12,10 @@
 use std::time::{Duration, Instant};
 
 use super::act::{Acted, Actuator, Levels, Notifier, Scene, Signaller};
-use crate::model::{History, Sample, View};
-use crate::policy::{Action, Decision, Engine, Readings};
-use crate::supervise;
-use crate::units::{HumanBytes, human_duration};
+use crate::engine::policy::{Action, Decision, Engine, Readings};
+use crate::job::supervise;
+use crate::vocab::model::{History, Sample, View};
+use crate::vocab::units::{HumanBytes, human_duration};
 
 /// Fastest polling cadence (near the ceiling and while stopping).
 pub const FAST: Duration = Duration::from_millis(20);
@@ -76,7 +76,7 @@ impl Core {
     pub fn new(engine: Engine, act: Actuator, voice: Voice) -> Self {
         Self {
             engine,
-            history: History::new(crate::model::ETA_WINDOW_SECONDS),
+            history: History::new(crate::vocab::model::ETA_WINDOW_SECONDS),
             act,
             voice,
             last_sample: None,
@@ -96,7 +96,7 @@ impl Core {
         &mut self.act
     }
 
-    pub fn policy(&self) -> &crate::policy::Policy {
+    pub fn policy(&self) -> &crate::engine::policy::Policy {
         self.engine.policy()
     }
 
@@ -280,7 +280,7 @@ impl Core {
                 threshold,
                 firing,
             } => {
-                self.act.push(Acted::Rule(crate::log::RuleEvent::new(
+                self.act.push(Acted::Rule(crate::sinks::log::RuleEvent::new(
                     &rule,
                     metric.name(),
                     value,
@@ -325,7 +325,7 @@ impl Core {
         let tree = &sample.procs;
         match action {
             Action::Warn => self.act.push(Acted::Action {
-                action: crate::log::ActionKind::Warn,
+                action: crate::sinks::log::ActionKind::Warn,
                 reason: reason.clone(),
                 pids: Vec::new(),
                 signal: None,
@@ -353,7 +353,7 @@ impl Core {
                     "{reason}: not killing processes oomguard did not launch (use --allow-kill)"
                 )));
                 self.act.push(Acted::Action {
-                    action: crate::log::ActionKind::Warn,
+                    action: crate::sinks::log::ActionKind::Warn,
                     reason: reason.clone(),
                     pids: Vec::new(),
                     signal: None,
@@ -521,10 +521,10 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::model::{ProcSample, Role, SystemSample, TreeTotals};
-    use crate::policy::Policy;
+    use crate::engine::policy::Policy;
+    use crate::job::supervise::SignalError;
     use crate::runtime::act::{ActConfig, Ident, SIG_CONT, SIG_KILL, SIG_STOP, SIG_TERM};
-    use crate::supervise::SignalError;
+    use crate::vocab::model::{ProcSample, Role, SystemSample, TreeTotals};
 
     const GIB: u64 = 1 << 30;
     const CKPT: i32 = libc::SIGUSR1;
@@ -745,7 +745,7 @@ mod tests {
 
     #[test]
     fn lightning_without_a_companion_is_warned_about_once_before_any_stop() {
-        use crate::forensics::torch::Framework;
+        use crate::vocab::forensics::torch::Framework;
         let script = Script::new();
         let tree = script.sample(0.0, 50.0).procs;
         for companion in [false, true] {
@@ -1107,7 +1107,7 @@ mod tests {
         tune: impl FnOnce(&mut ActConfig),
     ) -> (Run, std::path::PathBuf) {
         let mut c = core_with(on_critical, true, tune);
-        let ch = crate::companion::Channel::create(dir, 1).unwrap();
+        let ch = crate::vocab::companion::Channel::create(dir, 1).unwrap();
         let events = ch.dir().join("events");
         c.act.set_channel(Some(ch));
         (Run::new(c), events)
@@ -1137,7 +1137,7 @@ mod tests {
 
     #[test]
     fn a_relieve_rule_asks_the_companion_and_never_replaces_a_checkpoint_being_served() {
-        use crate::policy::{Metric, Op, Rule};
+        use crate::engine::policy::{Metric, Op, Rule};
         let t = tempfile::tempdir().unwrap();
         let (mut run, events) = with_companion(t.path());
         let mut policy = Policy::default_with(80.0, 92.0, Action::Stop);

@@ -14,11 +14,11 @@ use tokio::io::unix::AsyncFd;
 use super::cheap::{self, CheapLoop};
 use super::rank_exits::RankExits;
 use super::tick::FAST;
-use crate::log::{CheapLoopStats, Wakeups as Counts};
-use crate::model::CgroupSample;
-use crate::probe::cgroup::{CgroupReader, Threshold, Version};
-use crate::probe::system::PriWake;
-use crate::values::Without;
+use crate::engine::probe::cgroup::{CgroupReader, Threshold, Version};
+use crate::engine::probe::system::PriWake;
+use crate::settings::values::Without;
+use crate::sinks::log::{CheapLoopStats, Wakeups as Counts};
+use crate::vocab::model::CgroupSample;
 
 /// What the kernel woke the loop with.
 pub(super) enum Kernel {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::act::parts::StopParts;
-use crate::policy::Action;
+use crate::engine::policy::Action;
 
 /// The reasons the dashboard's keys give their actions (the log keeps
 /// them as they are).

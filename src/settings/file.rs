@@ -27,8 +27,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::Layer;
-use crate::policy::{Action, Metric, Op, Rule, unit};
-use crate::units;
+use crate::engine::policy::{Action, Metric, Op, Rule, unit};
+use crate::vocab::units;
 
 /// Why the configuration was rejected.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -99,7 +99,7 @@ impl Ctx<'_> {
             + 1
     }
 
-    /// Applies a value rule (`crate::values`) to a field.
+    /// Applies a value rule (`crate::settings::values`) to a field.
     fn value<T>(
         &self,
         field: &str,
@@ -331,7 +331,7 @@ fn rule_from(ctx: &Ctx<'_>, i: usize, r: &Spanned<RawRule>) -> Result<Rule, Conf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Op;
+    use crate::engine::policy::Op;
 
     fn from(text: &str) -> Result<FileSettings, ConfigError> {
         parse(Path::new("oomguard.toml"), text)

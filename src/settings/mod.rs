@@ -7,6 +7,10 @@
 //! The rest of the program sees only [`Settings`]: validated, complete, and
 //! the same shape whichever subcommand built it.
 
+pub mod cli;
+pub mod options;
+pub mod values;
+
 pub mod file;
 
 use std::ffi::OsString;
@@ -15,12 +19,12 @@ use std::time::Duration;
 
 pub use file::{ConfigError, FileSettings};
 
-use crate::cli::{
+use crate::engine::policy::{Action, Policy};
+use crate::settings::cli::{
     AttachArgs, CgroupMode, Cli, DemoArgs, PolicyArgs, PolicyName, RunArgs, RunOnly, TuiArgs,
 };
-pub use crate::options::{Layer, Values};
-use crate::policy::{Action, Policy};
-use crate::units::SizeOrPercent;
+pub use crate::settings::options::{Layer, Values};
+use crate::vocab::units::SizeOrPercent;
 
 /// The policy and how its actions are carried out.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,8 +38,8 @@ pub struct PolicySettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RestartSettings {
     pub resume_cmd: Option<String>,
-    pub degrade: Vec<crate::restart::Degrade>,
-    pub restart_on: Vec<crate::restart::RestartOn>,
+    pub degrade: Vec<crate::job::restart::Degrade>,
+    pub restart_on: Vec<crate::job::restart::RestartOn>,
 }
 
 /// Validated settings of one supervised job, whichever subcommand asked.
@@ -64,7 +68,7 @@ pub struct Settings {
     /// `attach --allow-kill`.
     pub allow_kill: bool,
     /// `attach`: how the job was named, and its cgroup when named by one.
-    pub attach_spec: Option<crate::attach::AttachSpec>,
+    pub attach_spec: Option<crate::job::attach::AttachSpec>,
     /// `oomguard doctor -- CMD`: end the job once it shows progress, or
     /// after this wait (the finding comes back from `runtime::judge`).
     pub doctor: Option<std::time::Duration>,
@@ -152,8 +156,8 @@ pub struct CommandLine {
     pub config: Option<PathBuf>,
     pub run: RunOnly,
     pub resume_cmd: Option<String>,
-    pub degrade: Vec<crate::restart::Degrade>,
-    pub restart_on: Vec<crate::restart::RestartOn>,
+    pub degrade: Vec<crate::job::restart::Degrade>,
+    pub restart_on: Vec<crate::job::restart::RestartOn>,
 }
 
 impl Settings {
@@ -183,7 +187,7 @@ impl Settings {
         let target = a.job.target().ok_or_else(|| {
             ConfigError::Flag("attach: name a pid, --cgroup, --slurm-job or --match".into())
         })?;
-        let mut spec = crate::attach::resolve(&target, Path::new("/proc"))
+        let mut spec = crate::job::attach::resolve(&target, Path::new("/proc"))
             .map_err(|e| ConfigError::Flag(e.to_string()))?;
         spec.watch_for = a.watch_for;
         let mut flags = Layer::default();
@@ -287,7 +291,8 @@ impl Settings {
         let log = match &cmd.log {
             Some(pattern) => {
                 let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-                let host = crate::metrics::hostname().unwrap_or_else(|| "localhost".to_string());
+                let host =
+                    crate::sinks::metrics::hostname().unwrap_or_else(|| "localhost".to_string());
                 let log = expand_log_pattern(pattern, &env, &host, std::process::id())?;
                 check_log_path(&log)?;
                 Some(log)
@@ -346,12 +351,14 @@ fn budget_in_bytes(budget: Option<SizeOrPercent>) -> Result<Option<u64>, ConfigE
     let path = Path::new("/proc/meminfo");
     let total = std::fs::read_to_string(path)
         .ok()
-        .and_then(|text| crate::probe::system::parse_meminfo(&text))
+        .and_then(|text| crate::engine::probe::system::parse_meminfo(&text))
         .map(|(total, ..)| total)
         .filter(|t| *t > 0)
         .ok_or_else(|| ConfigError::Read {
             path: path.into(),
-            reason: format!("--budget {percent}% needs the machine's MemTotal; give a size instead"),
+            reason: format!(
+                "--budget {percent}% needs the machine's MemTotal; give a size instead"
+            ),
         })?;
     Ok(Some((total as f64 * percent / 100.0) as u64))
 }
@@ -504,7 +511,7 @@ pub fn command() -> clap::Command {
         // to the end), which orders the headings of `--help`.
         cmd = cmd.mut_subcommand(sub, |s| {
             s.mut_args(|a| {
-                let default = crate::options::DEFAULTS
+                let default = crate::settings::options::DEFAULTS
                     .iter()
                     .find(|(id, _)| a.get_id() == *id);
                 match default {
@@ -526,7 +533,7 @@ pub fn parse_cli() -> Cli {
     let cmd = command();
     let matches = match cmd.clone().try_get_matches() {
         Ok(m) => m,
-        Err(e) => crate::cli::with_better_suggestions(e, &cmd).exit(),
+        Err(e) => crate::settings::cli::with_better_suggestions(e, &cmd).exit(),
     };
     match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,

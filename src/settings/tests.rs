@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::Parser;
 
 use super::*;
-use crate::cli::{Cli, Command};
-use crate::policy::Metric;
+use crate::engine::policy::Metric;
+use crate::settings::cli::{Cli, Command};
 
 fn run_args(extra: &[&str]) -> RunArgs {
     let mut argv = vec!["oomguard", "run"];
@@ -482,7 +482,7 @@ fn a_replay_keeps_the_recorded_policy_unless_a_rule_shaping_flag_is_given() {
 fn a_budget_leaves_the_settings_in_bytes() {
     let total = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|t| crate::probe::system::parse_meminfo(&t))
+        .and_then(|t| crate::engine::probe::system::parse_meminfo(&t))
         .unwrap()
         .0;
     let share = settings(&["--budget", "25%"], None);

@@ -470,7 +470,7 @@ pub fn children_of(ppid: u32) -> Vec<(u32, char)> {
     out
 }
 
-/// Whether `pid` is an oomguard output keeper (`src/keeper.rs`).
+/// Whether `pid` is an oomguard output keeper (`src/job/keeper.rs`).
 pub fn is_keeper(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "oomguard-keep")
 }

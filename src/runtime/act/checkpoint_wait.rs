@@ -10,10 +10,10 @@ use super::{
     Acted, Actuator, EXIT_AFTER_DONE, Ident, LAST_RESORT_HOLD, SIG_CONT, SIG_KILL, SIG_TERM,
     Signaller, Stop, StopStep, idents, signal_all,
 };
-use crate::log::ActionKind;
-use crate::model::ProcSample;
-use crate::supervise;
-use crate::units::human_duration;
+use crate::job::supervise;
+use crate::sinks::log::ActionKind;
+use crate::vocab::model::ProcSample;
+use crate::vocab::units::human_duration;
 
 impl Actuator {
     /// Decides whether the checkpoint wait is over and, if so, moves the

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::{Acted, Actuator};
-use crate::policy::Action;
+use crate::engine::policy::Action;
 
 /// One step of a stop's ladder that is logged as an action of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

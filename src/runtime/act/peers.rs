@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use super::super::store_link::{News, StoreLink};
 use super::{Acted, Actuator, Ident, Signaller};
-use crate::companion::{Fault, Record};
-use crate::model::{ProcSample, Role};
-use crate::policy::Action;
-use crate::units::human_duration;
+use crate::engine::policy::Action;
+use crate::vocab::companion::{Fault, Record};
+use crate::vocab::model::{ProcSample, Role};
+use crate::vocab::units::human_duration;
 
 /// How long a rank may stay stopped before it counts as a fault: a short
 /// ^Z passes, and the other nodes still end well inside `--grace` + 10 s.
@@ -148,7 +148,7 @@ impl Peers {
                 ..
             } => {
                 self.remote.get_or_insert(RemoteFault {
-                    why: crate::companion::remote_cause(
+                    why: crate::vocab::companion::remote_cause(
                         *node,
                         *cause_rank,
                         reason.as_deref().unwrap_or("fault"),
@@ -364,7 +364,7 @@ impl Actuator {
     /// output may name a better cause: a CUDA OOM), waits [`HOLD`] for the
     /// fault that explains it.
     pub fn rank_ended(&mut self, pid: u32, status: Option<i32>, now: Instant) {
-        use crate::probe::proc::Ended;
+        use crate::engine::probe::proc::Ended;
         let end = self.peers.ends.remove(&pid).unwrap_or_default();
         let Some(rank) = self.peers.rank_of(pid) else {
             return;
@@ -409,7 +409,10 @@ impl Actuator {
                 );
             }
             (Some(Ended::Signaled(sig)), None) => {
-                let detail = format!("{who} was killed by {}", crate::model::signal_name(sig));
+                let detail = format!(
+                    "{who} was killed by {}",
+                    crate::vocab::model::signal_name(sig)
+                );
                 self.raise_death("rank-killed", detail, Some(rank), false, now);
             }
             (Some(Ended::Exited(code)), None) => {
@@ -494,7 +497,7 @@ impl Actuator {
         if !failed || self.policy_end.is_some() || self.peers.raised.is_some() {
             return false;
         }
-        self.release_held(crate::clock::now(), true);
+        self.release_held(crate::vocab::clock::now(), true);
         if self.peers.raised.is_some() {
             return false;
         }
@@ -551,8 +554,8 @@ fn broken_collective(error: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::supervise::SignalError;
     use crate::runtime::act::{ActConfig, SIG_CONT, SIG_TERM};
-    use crate::supervise::SignalError;
 
     #[derive(Default)]
     struct Rec(Vec<(u32, i32)>);
@@ -572,7 +575,7 @@ mod tests {
     fn rank(pid: u32, stopped: bool) -> ProcSample {
         ProcSample {
             stopped,
-            ..crate::model::testing::proc_sample(pid, Role::Trainer, 0)
+            ..crate::vocab::model::testing::proc_sample(pid, Role::Trainer, 0)
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::super::store_link::News;
 use super::{Acted, Actuator, RemoteStop};
-use crate::companion::{Kind, Record};
+use crate::vocab::companion::{Kind, Record};
 
 /// What the companion of this attempt has said.
 #[derive(Debug, Default)]
@@ -74,7 +74,7 @@ impl Actuator {
                 path,
                 ..
             } = &r
-                && *v != crate::companion::PROTOCOL
+                && *v != crate::vocab::companion::PROTOCOL
             {
                 self.companion.foreign = true;
                 self.companion.connected = false;
@@ -84,7 +84,7 @@ impl Actuator {
                      (install the oomguard that matches, or remove the other from the job's environment)",
                     path.as_deref().unwrap_or("?"),
                     version.as_deref().unwrap_or("?"),
-                    crate::companion::PROTOCOL
+                    crate::vocab::companion::PROTOCOL
                 ));
                 self.push(Acted::Companion(r));
                 continue;
@@ -143,7 +143,7 @@ impl Actuator {
                         if *kind == Kind::CheckpointAndExit {
                             self.remote_stop = Some(RemoteStop {
                                 id: *id,
-                                why: crate::companion::remote_cause(
+                                why: crate::vocab::companion::remote_cause(
                                     *node,
                                     *cause_rank,
                                     reason.as_deref().unwrap_or("a stop"),

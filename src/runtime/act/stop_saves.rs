@@ -7,10 +7,10 @@
 use std::time::Instant;
 
 use super::{Actuator, FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
-use crate::forensics::torch::Framework;
-use crate::model::ProcSample;
-use crate::supervise;
-pub use crate::verdict::StopVerdict;
+use crate::job::supervise;
+use crate::vocab::forensics::torch::Framework;
+use crate::vocab::model::ProcSample;
+pub use crate::vocab::verdict::StopVerdict;
 
 /// The trainers of `tree` (or the job's process) and which of them a stop
 /// would reach with no handler: neither `wanted` nor SIGTERM caught.
@@ -131,9 +131,9 @@ impl Actuator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Role;
+    use crate::job::supervise::SignalError;
     use crate::runtime::act::Ident;
-    use crate::supervise::SignalError;
+    use crate::vocab::model::Role;
     use std::collections::HashMap;
 
     /// Which (pid, signal) pairs are caught; absent pids are unknown.
@@ -155,7 +155,7 @@ mod tests {
     }
 
     fn proc(pid: u32, role: Role) -> ProcSample {
-        crate::model::testing::proc_sample(pid, role, 0)
+        crate::vocab::model::testing::proc_sample(pid, role, 0)
     }
 
     #[test]

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::companion::{Kind, Record};
-use crate::model::{ProcSample, Sample};
-use crate::policy::Action;
+use crate::engine::policy::Action;
+use crate::vocab::companion::{Kind, Record};
+use crate::vocab::model::{ProcSample, Sample};
 
 /// Another node's stop the ranks agreed on, which this node joins.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub enum Acted {
     /// An `action` line: what, why, the pids reached, the signal and the
     /// first error (`"ok"` when none).
     Action {
-        action: crate::log::ActionKind,
+        action: crate::sinks::log::ActionKind,
         reason: String,
         pids: Vec<u32>,
         signal: Option<i32>,
@@ -40,7 +40,7 @@ pub enum Acted {
         waited_seconds: f64,
     },
     /// A rule changed state.
-    Rule(crate::log::RuleEvent),
+    Rule(crate::sinks::log::RuleEvent),
     /// A hook command to run for an action.
     Hook {
         cmd: String,
@@ -56,7 +56,7 @@ pub enum Acted {
     /// none when it could not be written).
     Fault {
         id: Option<u64>,
-        fault: crate::companion::Fault,
+        fault: crate::vocab::companion::Fault,
     },
     /// The companion said something (progress, an acknowledgement, a
     /// finished save), for the log and the progress tracker.

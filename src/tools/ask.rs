@@ -1,0 +1,174 @@
+//! `oomguard checkpoint TARGET`: asks a running job's companion to save
+//! now, and training goes on. The job is named as for `attach`; its
+//! control directory is the one `oomguard run` named in the job's
+//! environment (`OOMGUARD_CONTROL`). The request is written there as the
+//! supervising oomguard writes its own, and the answer is the companion's
+//! `done` record, printed as JSON on stdout.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::vocab::companion::{Channel, Kind, Record};
+
+/// Why a checkpoint could not be had (exit 1), each naming what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("{0}")]
+    Target(#[from] crate::job::attach::AttachError),
+    #[error(
+        "{label} has no control channel: it was not started by `oomguard run` \
+         (or was, with --no-companion), so nothing in it can be asked to save"
+    )]
+    NoChannel { label: String },
+    #[error(transparent)]
+    Channel(#[from] crate::vocab::companion::ChannelError),
+    #[error(
+        "no companion has spoken in {dir}: the job is not a Python job that loads it \
+         (a plain loop calls oomguard.guard().step(); Lightning and the HF Trainer get it \
+         under `oomguard run`)"
+    )]
+    Silent { dir: PathBuf },
+    #[error(
+        "a request is already being served in {dir} (id {id}, until {left:.0} s from now): \
+         ask again once it is done"
+    )]
+    Busy { dir: PathBuf, id: u64, left: f64 },
+    #[error("the companion did not finish a save within {0}")]
+    NoAnswer(String),
+    #[error("the companion reports that the checkpoint failed: {0}")]
+    Failed(String),
+}
+
+/// Asks the job `target` names for a checkpoint and waits up to `timeout`
+/// for its `done` record, which is returned as a JSON line.
+pub fn checkpoint(
+    target: &crate::job::attach::Target,
+    proc_root: &Path,
+    timeout: Duration,
+) -> Result<String, AskError> {
+    let spec = crate::job::attach::resolve(target, proc_root)?;
+    let mut pids: BTreeSet<u32> = crate::job::attach::descendants(proc_root, spec.pid)
+        .into_iter()
+        .collect();
+    pids.insert(spec.pid);
+    let dir = pids
+        .iter()
+        .find_map(|&pid| Channel::of_process(proc_root, pid))
+        .ok_or_else(|| AskError::NoChannel {
+            label: spec.label.clone(),
+        })?;
+    let mut ch = Channel::join(&dir)?;
+    let said = ch.poll();
+    if !said.iter().any(|r| matches!(r, Record::Hello { .. })) {
+        return Err(AskError::Silent { dir });
+    }
+    if let Some((id, left)) = pending(&dir, &said) {
+        return Err(AskError::Busy { dir, id, left });
+    }
+    let id = ch.request(Kind::Checkpoint, "oomguard checkpoint", None, timeout)?;
+    let began = Instant::now();
+    while began.elapsed() < timeout {
+        for r in ch.poll() {
+            if let Record::Done { id: done, ok, .. } = &r
+                && *done == id
+            {
+                let line = serde_json::to_string(&r).unwrap_or_default();
+                return if *ok {
+                    Ok(line)
+                } else {
+                    Err(AskError::Failed(line))
+                };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(AskError::NoAnswer(crate::vocab::units::human_duration(
+        timeout,
+    )))
+}
+
+/// The request in `dir` still being served: its id, and the seconds until
+/// its deadline. One that a `done` answered, or whose deadline passed, is
+/// over. Writing over a stop's request would lose the stop.
+fn pending(dir: &Path, said: &[Record]) -> Option<(u64, f64)> {
+    let text = std::fs::read(dir.join("request")).ok()?;
+    let req: crate::vocab::companion::Request = serde_json::from_slice(&text).ok()?;
+    let answered = said
+        .iter()
+        .any(|r| matches!(r, Record::Done { id, .. } if *id == req.id));
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    (!answered && req.deadline > now).then_some((req.id, req.deadline - now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> Record {
+        Record::Hello {
+            pid: 1,
+            rank: 0,
+            framework: "plain".into(),
+            world: None,
+            local_world: None,
+            v: None,
+            version: None,
+            path: None,
+            node: None,
+            store: None,
+        }
+    }
+
+    #[test]
+    fn a_request_not_yet_answered_is_pending_until_its_deadline() {
+        let t = tempfile::tempdir().unwrap();
+        let mut ch = Channel::create(t.path(), 1).unwrap();
+        let dir = ch.dir().to_path_buf();
+        assert_eq!(pending(&dir, &[]), None, "no request at all");
+        let id = ch
+            .request(
+                Kind::CheckpointAndExit,
+                "critical",
+                None,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        let (p, left) = pending(&dir, &[hello()]).unwrap();
+        assert_eq!(p, id);
+        assert!(left > 50.0 && left <= 60.0, "{left}");
+        let done = Record::Done {
+            id,
+            rank: 0,
+            step: Some(3),
+            paths: vec![],
+            ok: true,
+            seconds: 0.1,
+        };
+        assert_eq!(pending(&dir, &[hello(), done]), None, "answered");
+        ch.request(Kind::Checkpoint, "old", None, Duration::ZERO)
+            .unwrap();
+        assert_eq!(pending(&dir, &[]), None, "past its deadline");
+    }
+
+    #[test]
+    fn a_process_without_a_channel_is_refused_with_its_name() {
+        let t = tempfile::tempdir().unwrap();
+        let proc_root = t.path();
+        std::fs::create_dir_all(proc_root.join("4242")).unwrap();
+        std::fs::write(proc_root.join("4242/environ"), b"PATH=/bin\0").unwrap();
+        let e = checkpoint(
+            &crate::job::attach::Target::Pid(4242),
+            proc_root,
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("pid 4242 has no control channel"),
+            "{e}"
+        );
+    }
+}

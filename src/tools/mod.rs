@@ -1,0 +1,9 @@
+//! The commands built on the loop and the log: report, replay, demo, doctor,
+//! ask and the man page.
+
+pub mod ask;
+pub mod demo;
+pub mod doctor;
+pub mod manpage;
+pub mod replay;
+pub mod report;

@@ -1,0 +1,14 @@
+//! Vocabulary and parsers with no I/O of their own: units, the clock, exit
+//! codes, the model of a sample, growth and verdicts, the companion's
+//! protocol, and the forensics that read kernel and PyTorch text.
+
+pub mod clock;
+pub mod companion;
+pub mod demo_job;
+pub mod exit;
+pub mod forensics;
+pub mod growth;
+pub mod help;
+pub mod model;
+pub mod units;
+pub mod verdict;
