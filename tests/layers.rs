@@ -15,12 +15,12 @@ use std::path::Path;
 /// Lowest first: each layer's folder may use those above it in this list.
 const LAYERS: &[&str] = &[
     // Vocabulary and parsers with no I/O of their own.
-    "vocab", // The readers (process tree, PSS, cgroup, PSI, GPU) and the policy.
-    "engine", // Launching, signalling and watching the job's processes.
-    "job", // The log, metrics, dashboard and CI output.
-    "sinks", // The command line, the config file and the settings they make.
+    "vocab",    // The readers (process tree, PSS, cgroup, PSI, GPU) and the policy.
+    "engine",   // Launching, signalling and watching the job's processes.
+    "job",      // The log, metrics, dashboard and CI output.
+    "sinks",    // The command line, the config file and the settings they make.
     "settings", // The supervisor's loop.
-    "runtime", // The commands built on it: report, replay, demo, doctor, ask, manpage.
+    "runtime",  // The commands built on it: report, replay, demo, doctor, ask, manpage.
     "tools",
 ];
 

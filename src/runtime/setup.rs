@@ -133,16 +133,7 @@ pub(super) async fn supervise_job(
         Err(OutputSetupError::Internal(msg)) => return internal_failure(&mut log, &cfg, msg),
     };
     let channel = open_channel(&cfg, torch.as_ref());
-    let mut first_env = super::attempts::Attempts::first_env();
-    if let Some((inj, _)) = &torch {
-        first_env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
-    }
-    first_env.extend(
-        channel
-            .iter()
-            .flat_map(crate::vocab::companion::Channel::env),
-    );
-    let resume_note = resume_from_a_previous_run(&cfg, &mut first_env);
+    let (first_env, resume_note) = first_env(&cfg, torch.as_ref(), channel.as_ref());
     let start = Start {
         env: first_env,
         owned,
@@ -427,6 +418,30 @@ fn open_torch(cfg: &Settings) -> Result<Option<Torch>, i32> {
             Ok(None)
         }
     }
+}
+
+/// The first attempt's environment: the attempt's own variables, the
+/// start-up hook's and the channel's, and a previous run's save to resume
+/// from (with what to tell the user about it).
+fn first_env(
+    cfg: &Settings,
+    torch: Option<&Torch>,
+    channel: Option<&crate::vocab::companion::Channel>,
+) -> (
+    Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    Option<String>,
+) {
+    let mut env = super::attempts::Attempts::first_env();
+    if let Some((inj, _)) = torch {
+        env.extend(inj.env(std::env::var_os("PYTHONPATH").as_deref()));
+    }
+    env.extend(
+        channel
+            .into_iter()
+            .flat_map(crate::vocab::companion::Channel::env),
+    );
+    let note = resume_from_a_previous_run(cfg, &mut env);
+    (env, note)
 }
 
 /// A save a previous run of this job left (`resume.rs`): the first
