@@ -432,12 +432,7 @@ impl Core {
     /// processes already known).
     pub fn needs_full_scan(&self) -> bool {
         let (_, crit) = self.watched_levels();
-        self.act.busy()
-            || self
-                .last_view
-                .as_ref()
-                .and_then(View::headroom_percent)
-                .is_some_and(|h| h < crit)
+        self.act.busy() || self.last_headroom().is_some_and(|h| h < crit)
     }
 
     pub fn cadence(&self, view: &View, base: Duration) -> Duration {
