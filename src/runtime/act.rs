@@ -21,7 +21,7 @@
 //! longer the process that was held is forgotten by [`Actuator::prune`], and
 //! every signal is sent by identity, so a recycled pid is never hit.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant, SystemTime};
 
 pub use super::signaller::{
@@ -30,19 +30,30 @@ pub use super::signaller::{
 };
 use crate::engine::policy::Action;
 use crate::job::restart::CheckpointWatch;
-use crate::job::supervise::{self, SignalError};
+use crate::job::supervise;
 use crate::sinks::log::ActionKind;
 use crate::vocab::companion::{Channel, Kind};
 use crate::vocab::forensics::torch::Framework;
-use crate::vocab::model::{CeilingSource, ProcSample, Role, Sample};
+use crate::vocab::model::{ProcSample, Role, Sample};
+use journal::Journal;
+use peers::Voice;
+use requests::Companion;
 pub use requests::CompanionState;
+use stop_saves::SaveChecks;
+use targets::kernel_headroom;
+pub(super) use targets::trainer_idents;
+pub use targets::{Sent, growers, idents, signal_all};
 pub use types::{ActConfig, Acted, Levels, RemoteStop, SaveBudget, Scene};
 
 mod checkpoint_wait;
+use checkpoint_wait::{Waited, checkpoint_signal};
+use parts::Part;
+mod journal;
 pub mod parts;
 mod peers;
 mod requests;
 pub(super) mod stop_saves;
+mod targets;
 mod types;
 
 /// One throttle cycle: growers are stopped except for a short run slice.
@@ -126,7 +137,11 @@ pub enum StopStep {
     Killed,
 }
 
-/// The state of what oomguard holds and is doing to the job.
+/// The state of what oomguard holds and is doing to the job. Its parts
+/// (the companion's line, the faults across nodes, the save checks, the
+/// journal of what was done) keep their own state behind their own verbs;
+/// the actuator holds what ends an attempt and lends the parts what each
+/// call needs.
 #[derive(Debug)]
 pub struct Actuator {
     cfg: ActConfig,
@@ -143,39 +158,29 @@ pub struct Actuator {
     killed: bool,
     /// When SIGKILL follows if the tree has not exited by then.
     kill_at: Option<Instant>,
-    /// This attempt's control channel (`run`, unless `--no-companion`).
-    channel: Option<Channel>,
-    /// What the deciding tick saw (headroom under which ceiling), for the
-    /// request's `detail`.
-    detail: Option<String>,
-    /// The rank behind the fastest-growing process at the deciding tick.
-    cause_rank: Option<u32>,
-    /// Another node's request the ranks agreed on: the stop this node
-    /// joins (its id, and who asked and why).
-    remote_stop: Option<RemoteStop>,
     /// Faults of a job across nodes (`peers.rs`).
     peers: peers::Peers,
     /// The next stop serves this request instead of writing its own.
     joined: Option<u64>,
-    /// This attempt's trainer was checked for a handler of the
-    /// checkpoint signal ([`Actuator::check_stop_saves`]).
-    stop_checked: bool,
-    /// The job's output showed a framework whose own signal handling
-    /// loses work (Lightning stops on SIGTERM without saving).
-    framework: Option<(Framework, Instant)>,
-    /// The framework's warning was given this attempt.
-    framework_warned: bool,
-    companion: CompanionState,
-    /// The parts of the run's stops, for the summary (kept across attempts,
-    /// as the log's counts are).
-    parts: parts::StopParts,
-    out: Vec<Acted>,
+    /// The warnings that a stop would lose work (`stop_saves.rs`).
+    checks: SaveChecks,
+    /// The channel to the job's companion (`requests.rs`).
+    companion: Companion,
+    out: Journal,
+}
+
+/// What a stop's steps act with, lent by the actuator for one call.
+struct Hands<'a> {
+    cfg: &'a ActConfig,
+    companion: &'a CompanionState,
+    checks: &'a mut SaveChecks,
+    out: &'a mut Journal,
+    sig: &'a mut dyn Signaller,
 }
 
 impl Actuator {
     pub fn new(cfg: ActConfig) -> Self {
         Self {
-            cfg,
             paused: HashSet::new(),
             stop: None,
             policy_end: None,
@@ -183,18 +188,12 @@ impl Actuator {
             policy_reason: None,
             killed: false,
             kill_at: None,
-            channel: None,
-            detail: None,
-            cause_rank: None,
-            remote_stop: None,
             peers: peers::Peers::default(),
             joined: None,
-            stop_checked: false,
-            framework: None,
-            framework_warned: false,
-            companion: CompanionState::default(),
-            parts: parts::StopParts::default(),
-            out: Vec::new(),
+            checks: SaveChecks::new(cfg.checkpoint_signal, cfg.quiet),
+            companion: Companion::default(),
+            out: Journal::default(),
+            cfg,
         }
     }
 
@@ -224,18 +223,18 @@ impl Actuator {
     }
 
     pub fn companion(&self) -> &CompanionState {
-        &self.companion
+        self.companion.state()
     }
 
     /// A request can go to a companion that said hello on this channel.
     pub fn can_ask(&self) -> bool {
-        self.companion.connected && self.channel.is_some()
+        self.companion.can_ask()
     }
 
     /// Tests stand in for a companion's hello.
     #[cfg(test)]
     pub fn companion_mut(&mut self) -> &mut CompanionState {
-        &mut self.companion
+        self.companion.state_mut()
     }
 
     pub fn cfg(&self) -> &ActConfig {
@@ -247,18 +246,18 @@ impl Actuator {
     }
 
     pub fn parts(&self) -> &parts::StopParts {
-        &self.parts
+        self.out.parts()
     }
 
     /// This attempt's control channel changes (one that could not be
     /// read is dropped, a new one replaces it).
     pub fn set_channel(&mut self, channel: Option<Channel>) {
-        self.channel = channel;
+        self.companion.set_channel(channel);
     }
 
     /// Another node's stop to join, taken once.
     pub fn take_remote_stop(&mut self) -> Option<RemoteStop> {
-        self.remote_stop.take()
+        self.companion.take_remote_stop()
     }
 
     /// What the deciding tick saw, for the request's `detail`, and the
@@ -269,8 +268,8 @@ impl Actuator {
         fastest: Option<u32>,
         tree: &[ProcSample],
     ) {
-        self.detail = detail;
-        self.cause_rank = self.peers.rank_above(fastest, tree);
+        let cause_rank = self.peers.rank_above(fastest, tree);
+        self.companion.note_cause(detail, cause_rank);
     }
 
     /// The `checkpoint` and `relieve` actions: requests that training goes
@@ -283,10 +282,12 @@ impl Actuator {
             Kind::Checkpoint
         };
         // A relief must not replace a checkpoint request still being served.
-        if kind == Kind::Relieve && self.companion.pending.is_some_and(|p| p.1 != Kind::Relieve) {
+        let pending = self.companion.state().pending_kind();
+        if kind == Kind::Relieve && pending.is_some_and(|k| k != Kind::Relieve) {
             return;
         }
-        let result = match self.ask(kind, reason, now) {
+        let asked = (self.companion).ask((kind, reason), false, self.cfg.grace, now, &mut self.out);
+        let result = match asked {
             Some(_) => "ok".to_string(),
             None => NO_COMPANION.to_string(),
         };
@@ -315,8 +316,176 @@ impl Actuator {
     }
 
     pub fn with_channel(mut self, channel: Option<Channel>) -> Self {
-        self.channel = channel;
+        self.companion.set_channel(channel);
         self
+    }
+
+    /// What a stop's steps act with.
+    fn hands<'a>(&'a mut self, sig: &'a mut dyn Signaller) -> Hands<'a> {
+        Hands {
+            cfg: &self.cfg,
+            companion: self.companion.state(),
+            checks: &mut self.checks,
+            out: &mut self.out,
+            sig,
+        }
+    }
+
+    /// What raising this node's fault needs (see [`Voice`]); `open`: this
+    /// node may still raise one.
+    fn voice(&mut self) -> (Voice<'_>, &mut peers::Peers) {
+        let open = self.companion.spans_nodes() && self.policy_end.is_none();
+        let voice = Voice::new(self.companion.channel_mut(), &mut self.out, open);
+        (voice, &mut self.peers)
+    }
+
+    /// Reads what the companion appended since the last tick.
+    pub fn poll_channel(&mut self, now: Instant) {
+        self.companion.poll(now, &mut self.peers, &mut self.out);
+    }
+
+    /// Once per tick, for a job across nodes: acts on another node's
+    /// fault, raises this node's when a rank stalls, and ends this node's
+    /// part once the others know (`peers.rs`). `ending`: the job is ending
+    /// anyway.
+    pub fn watch_peers(
+        &mut self,
+        tree: &[ProcSample],
+        ending: bool,
+        now: Instant,
+        sig: &mut dyn Signaller,
+    ) {
+        if !self.companion.spans_nodes() || ending || self.stop.is_some() {
+            return;
+        }
+        let held = std::mem::take(&mut self.paused);
+        let (mut voice, peers) = self.voice();
+        let end = peers.watch(tree, &held, now, &mut voice);
+        self.paused = held;
+        if let Some((action, why)) = end {
+            self.end_for_fault(action, &why, tree, now, sig);
+        }
+    }
+
+    /// A rank of this node ended (its pidfd said so), with its wait status
+    /// when it was read: news for the other nodes unless the job is ending
+    /// anyway ([`peers::Peers::rank_ended`]).
+    pub fn rank_ended(&mut self, pid: u32, status: Option<i32>, now: Instant) {
+        let ending = !self.companion.spans_nodes()
+            || self.stop.is_some()
+            || self.signal_end.is_some()
+            || self.policy_end.is_some();
+        let (mut voice, peers) = self.voice();
+        peers.rank_ended((pid, status), ending, now, &mut voice);
+    }
+
+    /// The kernel OOM killer took a process of this node's part of a job
+    /// across nodes: the other nodes are told ([`peers::Peers::raise_kill`]).
+    pub fn raise_kill(&mut self, pid: u32, what: &str, restart: bool, now: Instant) {
+        let (mut voice, peers) = self.voice();
+        peers.raise_kill((pid, what), restart, now, &mut voice);
+    }
+
+    /// A process of this node's part of a job across nodes died another
+    /// way the job's output named (`reason`: `cuda-oom`, `worker-died`).
+    pub fn raise_death(
+        &mut self,
+        reason: &str,
+        detail: String,
+        rank: Option<u32>,
+        restart: bool,
+        now: Instant,
+    ) {
+        let (mut voice, peers) = self.voice();
+        peers.raise_death((reason, detail), rank, restart, now, &mut voice);
+    }
+
+    /// At the attempt's end: another node's fault that came too late to
+    /// act on (this node's ranks had already failed in their collectives)
+    /// still says why the attempt ended. True when it did.
+    pub fn adopt_remote_fault(&mut self, failed: bool) -> bool {
+        if !failed || self.policy_end.is_some() {
+            return false;
+        }
+        let (mut voice, peers) = self.voice();
+        let Some(remote) = peers.late_fault(crate::vocab::clock::now(), &mut voice) else {
+            return false;
+        };
+        self.end_after_the_ranks(remote.restart, remote.why, "the ranks had already ended");
+        true
+    }
+
+    /// At the attempt's end: another node's stop whose save this node's
+    /// ranks made and then left, before a tick could join it (the request,
+    /// the save and the exit all fell between two ticks), is still why the
+    /// attempt ended, however the launcher reported the ranks' exit (a rank
+    /// aborted by its store's teardown fails it). True when it did.
+    pub fn adopt_remote_stop(&mut self) -> bool {
+        let Some(remote) = self.companion.take_saved_remote_stop() else {
+            return false;
+        };
+        if self.policy_end.is_some() || self.stop.is_some() {
+            return false;
+        }
+        let result = "the ranks had already saved and left";
+        self.end_after_the_ranks(remote.restart, remote.why, result);
+        true
+    }
+
+    /// Another node's stop or fault is the attempt's end, though this
+    /// node's ranks had already gone: recorded as a stop (or restart) that
+    /// signalled nothing, with `result` saying why.
+    fn end_after_the_ranks(&mut self, restart: bool, why: String, result: &str) {
+        let action = if restart {
+            Action::Restart
+        } else {
+            Action::Stop
+        };
+        self.policy_end = Some(action);
+        self.policy_reason = Some(why.clone());
+        self.push(Acted::Action {
+            action: action.into(),
+            reason: why,
+            pids: Vec::new(),
+            signal: None,
+            result: result.into(),
+        });
+    }
+
+    /// The job's output named its framework.
+    pub fn note_framework(&mut self, framework: Framework, now: Instant) {
+        self.checks.note_framework(framework, now);
+    }
+
+    /// Says, once and before any stop, that the framework the job's output
+    /// named would lose work on a stop ([`SaveChecks::check_framework`]).
+    pub fn check_framework(
+        &mut self,
+        now: Instant,
+        tree: &[ProcSample],
+        job_pid: u32,
+        sig: &dyn Signaller,
+    ) {
+        let connected = self.companion.state().connected;
+        if let Some(warning) = (self.checks).check_framework(now, (tree, job_pid), connected, sig) {
+            self.say(warning);
+        }
+    }
+
+    /// Once per attempt, when the trainer has shown progress: says so now
+    /// if a stop would lose its work ([`SaveChecks::check_stop_saves`]).
+    pub fn check_stop_saves(&mut self, tree: &[ProcSample], job_pid: u32, sig: &dyn Signaller) {
+        let connected = self.companion.state().connected;
+        if let Some(warning) = (self.checks).check_stop_saves(tree, job_pid, connected, sig) {
+            self.say(warning);
+        }
+    }
+
+    /// Why the framework the job's output named would not save on the
+    /// signal a stop sends ([`SaveChecks::framework_loses_work`]).
+    pub fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
+        let connected = self.companion.state().connected;
+        self.checks.framework_loses_work(trainers, connected, sig)
     }
 
     /// A new attempt holds nothing.
@@ -328,16 +497,12 @@ impl Actuator {
         self.policy_reason = None;
         self.killed = false;
         self.kill_at = None;
-        self.companion = CompanionState::default();
-        self.remote_stop = None;
+        self.companion.reset();
         self.peers = peers::Peers::default();
         self.joined = None;
-        self.stop_checked = false;
-        self.framework = None;
-        self.framework_warned = false;
+        self.checks.reset();
     }
 
-    /// The job's output named its framework.
     /// The attempt ended while its stop still waited for a checkpoint (the
     /// trainer saved and left between two ticks): the newest checkpoint
     /// written since the signal is final now that its writer is gone.
@@ -351,32 +516,19 @@ impl Actuator {
         let Some(watch) = st.watch.take() else {
             return;
         };
-        let began = st.began;
-        self.report_checkpoint(watch.written(), now - began);
-    }
-
-    /// The `checkpoint` event: the confirmed checkpoint, or none (said).
-    fn report_checkpoint(&mut self, path: Option<std::path::PathBuf>, waited: Duration) {
-        if path.is_none() && !self.cfg.quiet {
-            self.say("no new checkpoint was confirmed in the checkpoint directory".to_string());
-        }
-        self.out.push(Acted::Checkpoint {
-            path,
-            waited_seconds: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
-        });
+        let waited = now - st.began;
+        self.out.checkpoint(watch.written(), waited, self.cfg.quiet);
     }
 
     /// Whether what [`Actuator::drain`] would give holds a rule change or
     /// an action (the tick's sample line then carries the process list).
     pub fn acting(&self) -> bool {
-        self.out
-            .iter()
-            .any(|a| matches!(a, Acted::Action { .. } | Acted::Rule(_)))
+        self.out.acting()
     }
 
     /// What was done since the last call.
     pub fn drain(&mut self) -> Vec<Acted> {
-        std::mem::take(&mut self.out)
+        self.out.drain()
     }
 
     /// Whether anything is held or under way (the loop then ticks fast).
@@ -389,17 +541,11 @@ impl Actuator {
     }
 
     pub(super) fn say(&mut self, text: String) {
-        self.out.push(Acted::Say(text));
+        self.out.say(text);
     }
 
     fn record(&mut self, action: ActionKind, reason: &str, sent: Sent, signal: i32) {
-        self.out.push(Acted::Action {
-            action,
-            reason: reason.to_string(),
-            pids: sent.0,
-            signal: Some(signal),
-            result: sent.1,
-        });
+        self.out.record(action, reason, sent, signal);
     }
 
     /// Forgets held processes (paused, throttled, signalled for a
@@ -504,8 +650,9 @@ impl Actuator {
         // ranks agree on a step, save it together, and leave.
         let joined = self.joined.take();
         let restart = action == Action::Restart;
-        let request =
-            joined.or_else(|| self.ask_then(Kind::CheckpointAndExit, reason, restart, now));
+        let ask = (Kind::CheckpointAndExit, reason);
+        let request = joined
+            .or_else(|| (self.companion).ask(ask, restart, self.cfg.grace, now, &mut self.out));
         // A request (ours, or the other node's we join) goes without a
         // signal; its id is in the `checkpoint_request` line.
         if request.is_some() {
@@ -518,7 +665,7 @@ impl Actuator {
                 result: "ok".into(),
             });
         } else {
-            self.checkpoint_signal(action.into(), reason, &trainers, sig);
+            checkpoint_signal(&mut self.hands(sig), action.into(), reason, &trainers);
         }
         let watch = self
             .cfg
@@ -677,10 +824,17 @@ impl Actuator {
                 if !st.joined {
                     let new_growers = growers(tree, prev);
                     let hard = kernel_headroom(sample);
-                    self.hold(&mut st, hard, levels, new_growers, tree, now, sig);
+                    st.hold((hard, levels), new_growers, tree, now, sig, &mut self.out);
                 }
-                if !self.checkpoint_step(&mut st, tree, now, sig) {
-                    return;
+                match st.checkpoint_step(tree, now, &mut self.hands(sig)) {
+                    Waited::Going => self.killed |= st.step == StopStep::Killed,
+                    Waited::Released => return,
+                    Waited::GaveUp => {
+                        self.policy_end = None;
+                        self.policy_reason = None;
+                        self.out.push(Acted::GaveUp);
+                        return;
+                    }
                 }
             }
             StopStep::Terminate { until } => {
@@ -689,9 +843,8 @@ impl Actuator {
                     let sent = signal_all(sig, &rest, SIG_KILL);
                     if !sent.0.is_empty() {
                         let why = format!("{}: --kill-after expired", st.reason);
-                        let mark = self.mark();
-                        self.record(ActionKind::Kill, &why, sent, SIG_KILL);
-                        self.parts_since(mark, st.action, parts::Part::Kill);
+                        let part = (st.action, Part::Kill);
+                        (self.out).record_part(part, ActionKind::Kill, &why, sent, SIG_KILL);
                     }
                     self.killed = true;
                     st.step = StopStep::Killed;
@@ -706,104 +859,6 @@ impl Actuator {
         self.stop = Some(st);
     }
 
-    /// The checkpoint step's holding pattern: the last-resort freeze, and
-    /// the throttle of the growers (held, with a short run slice per cycle
-    /// so a data-bound trainer still gets its batches).
-    #[allow(clippy::too_many_arguments)]
-    fn hold(
-        &mut self,
-        st: &mut Stop,
-        hard: Option<f64>,
-        levels: Levels,
-        new_growers: HashSet<Ident>,
-        tree: &[ProcSample],
-        now: Instant,
-        sig: &mut dyn Signaller,
-    ) {
-        let low = hard.is_some_and(|h| h < levels.last_resort);
-        if low && !st.frozen_all {
-            let all = idents(tree, |_| true);
-            let sent = signal_all(sig, &all, SIG_STOP);
-            st.frozen_all = true;
-            st.frozen_since = Some(now);
-            st.throttle_running = false;
-            let why = format!("last resort during {}", st.reason);
-            let mark = self.mark();
-            self.record(ActionKind::Pause, &why, sent, SIG_STOP);
-            self.parts_since(mark, st.action, parts::Part::Freeze);
-        } else if st.frozen_all && hard.is_some_and(|h| h >= levels.last_resort * 1.5) {
-            // Room again: the trainers may go on to their checkpoint.
-            let sent = signal_all(sig, &st.signalled, SIG_CONT);
-            let why = format!("room again during {}", st.reason);
-            let mark = self.mark();
-            self.record(ActionKind::Resume, &why, sent, SIG_CONT);
-            self.parts_since(mark, st.action, parts::Part::Thaw);
-            st.frozen_all = false;
-            st.frozen_since = None;
-        }
-        if st.done_at.is_some() {
-            // The save is done and the ranks are leaving: a held process
-            // would take ten times as long to exit (a torchrun job's ranks
-            // are its growers), so nothing is held any more.
-            let held: Vec<Ident> = st.throttled.drain().collect();
-            if st.throttle_running || held.is_empty() {
-                return;
-            }
-            signal_all(sig, &held, SIG_CONT);
-            st.throttle_running = true;
-            return;
-        }
-        st.throttled.extend(new_growers);
-        let signalled = st.signalled.clone();
-        st.throttled.retain(|id| !signalled.contains(id));
-        if st.frozen_all || st.throttled.is_empty() || now < st.throttle_switch {
-            return;
-        }
-        let targets: Vec<Ident> = st.throttled.iter().copied().collect();
-        if st.throttle_running {
-            let (held, result) = signal_all(sig, &targets, SIG_STOP);
-            st.throttle_running = false;
-            st.throttle_switch = now + THROTTLE_CYCLE - THROTTLE_RUN;
-            // Logged when a process is first held, not at every cycle.
-            let new: Vec<u32> = held
-                .into_iter()
-                .filter(|pid| st.announced.insert(*pid))
-                .collect();
-            if !new.is_empty() {
-                let why = format!(
-                    "throttle during {}: growing, held except {} ms in every {} ms",
-                    st.reason,
-                    THROTTLE_RUN.as_millis(),
-                    THROTTLE_CYCLE.as_millis()
-                );
-                let mark = self.mark();
-                self.record(ActionKind::Pause, &why, (new, result), SIG_STOP);
-                self.parts_since(mark, st.action, parts::Part::Throttle);
-            }
-        } else {
-            signal_all(sig, &targets, SIG_CONT);
-            st.throttle_running = true;
-            st.throttle_switch = now + THROTTLE_RUN;
-        }
-    }
-
-    /// Lets go of everything a graceful stop holds (throttled or frozen
-    /// processes): a job oomguard stops watching, or whose stop it gives
-    /// up, must not be left stopped. Logged as a `resume` when it reached
-    /// anyone.
-    pub fn release(&mut self, st: &Stop, why: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
-        let mut held: Vec<Ident> = st.throttled.iter().copied().collect();
-        if st.frozen_all {
-            held.extend(idents(tree, |_| true));
-        }
-        held.sort_unstable();
-        held.dedup();
-        let sent = signal_all(sig, &held, SIG_CONT);
-        if !sent.0.is_empty() {
-            self.record(ActionKind::Resume, why, sent, SIG_CONT);
-        }
-    }
-
     /// Ends what oomguard holds without ending the job (attach's watch
     /// ends): resumes the paused (logged) and releases a stop.
     pub fn let_go(&mut self, why: &str, tree: &[ProcSample], sig: &mut dyn Signaller) {
@@ -812,7 +867,7 @@ impl Actuator {
             self.record(ActionKind::Resume, why, sent, SIG_CONT);
         }
         if let Some(st) = self.stop.take() {
-            self.release(&st, why, tree, sig);
+            st.release(why, tree, sig, &mut self.out);
         }
     }
 
@@ -890,77 +945,6 @@ impl Actuator {
         self.kill_at = Some(now + Duration::from_millis(100));
         true
     }
-}
-
-/// The pids reached and the first error (`"ok"` when none).
-pub type Sent = (Vec<u32>, String);
-
-/// Signals processes by identity; a process that is gone is skipped
-/// silently.
-pub fn signal_all(sig: &mut dyn Signaller, targets: &[Ident], signal: i32) -> Sent {
-    let mut reached = Vec::new();
-    let mut err = None;
-    for &id in targets {
-        match sig.signal(id, signal) {
-            Ok(()) => reached.push(id.0),
-            Err(SignalError::Gone(_)) => {}
-            Err(e) => {
-                err.get_or_insert(e.to_string());
-            }
-        }
-    }
-    (reached, err.unwrap_or_else(|| "ok".into()))
-}
-
-/// The identities of the tree's processes that match.
-/// The trainers, or the job's main process when none is named one.
-pub(super) fn trainer_idents(tree: &[ProcSample], job_pid: u32) -> Vec<Ident> {
-    let trainers = idents(tree, |p| p.role == Role::Trainer);
-    if trainers.is_empty() {
-        return idents(tree, |p| p.pid == job_pid);
-    }
-    trainers
-}
-
-pub fn idents(tree: &[ProcSample], pred: impl Fn(&ProcSample) -> bool) -> Vec<Ident> {
-    tree.iter()
-        .filter(|p| pred(p))
-        .map(|p| (p.pid, p.start_time))
-        .collect()
-}
-
-/// Non-trainer processes whose memory grew since `prev` (usually
-/// DataLoader workers with a leaking cache), new ones included.
-pub fn growers(tree: &[ProcSample], prev: Option<&Sample>) -> HashSet<Ident> {
-    let Some(prev) = prev else {
-        return HashSet::new();
-    };
-    let before: HashMap<Ident, u64> = prev
-        .procs
-        .iter()
-        .map(|p| ((p.pid, p.start_time), p.rss_bytes))
-        .collect();
-    tree.iter()
-        .filter(|p| matches!(p.role, Role::Worker | Role::Other))
-        .filter(|p| {
-            before
-                .get(&(p.pid, p.start_time))
-                .is_none_or(|&b| p.rss_bytes > b)
-        })
-        .map(|p| (p.pid, p.start_time))
-        .collect()
-}
-
-/// The least headroom (percent) under a ceiling the kernel enforces:
-/// freezing everything is only for those, since a budget overrun is not an
-/// OOM kill and the trainer keeps its chance to checkpoint there.
-fn kernel_headroom(sample: &Sample) -> Option<f64> {
-    sample
-        .ceilings()
-        .into_iter()
-        .filter(|c| c.ceiling.source != CeilingSource::Budget)
-        .map(|c| c.headroom_percent())
-        .min_by(f64::total_cmp)
 }
 
 #[cfg(test)]

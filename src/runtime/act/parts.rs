@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use super::{Acted, Actuator};
 use crate::engine::policy::Action;
 
 /// One step of a stop's ladder that is logged as an action of its own.
@@ -73,27 +72,5 @@ impl StopParts {
     pub fn note(&mut self, of: Action, part: Part, logged: &'static str) {
         *self.parts.entry((of.name(), part)).or_insert(0) += 1;
         *self.logged.entry(logged).or_insert(0) += 1;
-    }
-}
-
-impl Actuator {
-    /// Every action line pushed since `mark` (a length of the output) is
-    /// `part` of the stop or restart `of`.
-    pub(super) fn parts_since(&mut self, mark: usize, of: Action, part: Part) {
-        let logged: Vec<&'static str> = self.out[mark.min(self.out.len())..]
-            .iter()
-            .filter_map(|a| match a {
-                Acted::Action { action, .. } => Some(action.as_str()),
-                _ => None,
-            })
-            .collect();
-        for name in logged {
-            self.parts.note(of, part, name);
-        }
-    }
-
-    /// Where the next pushed action would start (see [`Self::parts_since`]).
-    pub(super) fn mark(&self) -> usize {
-        self.out.len()
     }
 }

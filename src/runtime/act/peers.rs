@@ -16,9 +16,10 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::super::store_link::{News, StoreLink};
-use super::{Acted, Actuator, Ident, Signaller};
+use super::journal::Journal;
+use super::{Acted, Ident};
 use crate::engine::policy::Action;
-use crate::vocab::companion::{Fault, Record};
+use crate::vocab::companion::{Channel, Fault, Record};
 use crate::vocab::model::{ProcSample, Role};
 use crate::vocab::units::human_duration;
 
@@ -240,75 +241,88 @@ impl Peers {
     }
 }
 
-impl Actuator {
-    /// Once per tick, for a job across nodes: acts on another node's
-    /// fault, raises this node's when a rank stalls, and ends this node's
-    /// part once the others know. `ending`: the job is ending anyway.
-    pub fn watch_peers(
+/// What raising this node's fault needs of the actuator, lent for one
+/// call: the channel it is told on, the journal it is written to, and
+/// whether this node may still raise one (a job across nodes, not already
+/// ending by a decision of its own).
+pub struct Voice<'a> {
+    ch: Option<&'a mut Channel>,
+    out: &'a mut Journal,
+    open: bool,
+}
+
+impl<'a> Voice<'a> {
+    pub fn new(ch: Option<&'a mut Channel>, out: &'a mut Journal, open: bool) -> Self {
+        Self { ch, out, open }
+    }
+}
+
+/// How this node's part ends for a fault: `stop` or `restart`, and why.
+pub type FaultEnd = (Action, String);
+
+impl Peers {
+    /// Once per tick, for a job across nodes that is not ending anyway:
+    /// another node's fault, this node's raised when a rank stalls (`held`:
+    /// the processes oomguard itself holds are not stalls), and the end of
+    /// this node's part once the others know: the end, when it is due.
+    pub fn watch(
         &mut self,
         tree: &[ProcSample],
-        ending: bool,
+        held: &HashSet<Ident>,
         now: Instant,
-        sig: &mut dyn Signaller,
-    ) {
-        if !self.companion.spans_nodes() || ending || self.stop.is_some() {
-            return;
-        }
-        self.release_held(now, false);
-        if self.peers.raised.is_some() {
+        v: &mut Voice<'_>,
+    ) -> Option<FaultEnd> {
+        self.release_held(now, false, v);
+        if self.raised.is_some() {
             // This node's own fault came first: another node's (a
             // consequence of it, as a rank there failed) is not the cause.
-            self.peers.remote = None;
+            self.remote = None;
         }
-        if self.peers.remote.is_none()
-            && self.peers.raised.is_none()
-            && let Some(why) = self.peers.store_lost_why()
+        if self.remote.is_none()
+            && self.raised.is_none()
+            && let Some(why) = self.store_lost_why()
             && self
-                .peers
                 .store_lost
                 .as_ref()
                 .is_some_and(|(at, _)| now >= *at + STORE_LOST_WAIT)
         {
-            self.push(Acted::Say(format!(
+            v.out.say(format!(
                 "{why}; this node's ranks would wait for it in their next collective: stopping"
-            )));
-            self.peers.store_lost = None;
-            self.end_for_fault(Action::Stop, &why, tree, now, sig);
-            return;
+            ));
+            self.store_lost = None;
+            return Some((Action::Stop, why));
         }
-        if let Some(remote) = self.peers.remote.take() {
+        if let Some(remote) = self.remote.take() {
             let then = if remote.restart {
                 "restart the job with it"
             } else {
                 "stop with it"
             };
-            self.push(Acted::Say(format!(
+            v.out.say(format!(
                 "{}; this node's ranks cannot go on without it, and {then} (no save is possible: the vote needs every rank)",
                 remote.why
-            )));
+            ));
             let action = if remote.restart {
                 Action::Restart
             } else {
                 Action::Stop
             };
-            self.end_for_fault(action, &remote.why, tree, now, sig);
-            return;
+            return Some((action, remote.why));
         }
-        if self.peers.raised.is_none()
-            && let Some((pid, stalled)) = self.peers.stalled(tree, &self.paused, now)
+        if self.raised.is_none()
+            && let Some((pid, stalled)) = self.stalled(tree, held, now)
         {
-            self.raise_stall(pid, stalled, now);
+            self.raise_stall(pid, stalled, now, v);
         }
-        if let Some(why) = self.peers.due(now) {
-            if let Some(r) = self.peers.raised.as_mut() {
-                r.ended = true;
-            }
-            self.end_for_fault(Action::Stop, &why, tree, now, sig);
+        let why = self.due(now)?;
+        if let Some(r) = self.raised.as_mut() {
+            r.ended = true;
         }
+        Some((Action::Stop, why))
     }
 
-    fn raise_stall(&mut self, pid: u32, stalled: Duration, now: Instant) {
-        let rank = self.peers.rank_of(pid);
+    fn raise_stall(&mut self, pid: u32, stalled: Duration, now: Instant, v: &mut Voice<'_>) {
+        let rank = self.rank_of(pid);
         let who = rank.map_or(format!("pid {pid}"), |r| format!("rank {r} (pid {pid})"));
         let detail = format!("{who} stopped by a signal for {}", human_duration(stalled));
         let fault = Fault {
@@ -317,14 +331,14 @@ impl Actuator {
             detail: detail.clone(),
             then: None,
         };
-        let id = self.tell(&fault);
+        let id = self.tell(&fault, v);
         let why = format!("rank-stopped: {detail}");
-        self.push(Acted::Say(format!(
+        v.out.say(format!(
             "{detail} (not by oomguard): every node's ranks wait for it in their next collective; \
              telling the other nodes and ending this node's part"
-        )));
-        self.push(Acted::Fault { id, fault });
-        self.peers.raised = Some(Raised {
+        ));
+        v.out.push(Acted::Fault { id, fault });
+        self.raised = Some(Raised {
             id,
             why,
             at: now,
@@ -337,9 +351,9 @@ impl Actuator {
     /// the job's store when a rank named it (no rank of this node need
     /// live), else in the channel for the companion to carry (a companion
     /// older than this oomguard). Its id, when it could go.
-    fn tell(&mut self, fault: &Fault) -> Option<u64> {
-        let ch = self.channel.as_mut()?;
-        if let Some(link) = &self.peers.link {
+    fn tell(&self, fault: &Fault, v: &mut Voice<'_>) -> Option<u64> {
+        let ch = v.ch.as_deref_mut()?;
+        if let Some(link) = &self.link {
             let id = ch.fault_id();
             link.publish(id, fault);
             return Some(id);
@@ -347,39 +361,38 @@ impl Actuator {
         match ch.fault(fault) {
             Ok(id) => Some(id),
             Err(e) => {
-                self.push(Acted::Say(format!("cannot tell the other nodes: {e}")));
+                v.out.say(format!("cannot tell the other nodes: {e}"));
                 None
             }
         }
     }
 
     /// A rank of this node ended (its pidfd said so). Unless the job is
-    /// ending anyway, the other nodes' ranks would wait for it in their
-    /// next collective: they are told at once, naming the rank and how it
-    /// ended: `status`, its wait status read while it was a zombie (before
-    /// its launcher reaped it), and what its companion said (an exception,
-    /// Python's shutdown). A rank that exited 0, or (status unknown) by
-    /// Python's own shutdown with no exception, is not news. One that died
-    /// of a broken collective, or exited non-zero with no exception (its
-    /// output may name a better cause: a CUDA OOM), waits [`HOLD`] for the
-    /// fault that explains it.
-    pub fn rank_ended(&mut self, pid: u32, status: Option<i32>, now: Instant) {
+    /// ending anyway (`ending`, or a fault already out), the other nodes'
+    /// ranks would wait for it in their next collective: they are told at
+    /// once, naming the rank and how it ended: `status`, its wait status
+    /// read while it was a zombie (before its launcher reaped it), and what
+    /// its companion said (an exception, Python's shutdown). A rank that
+    /// exited 0, or (status unknown) by Python's own shutdown with no
+    /// exception, is not news. One that died of a broken collective, or
+    /// exited non-zero with no exception (its output may name a better
+    /// cause: a CUDA OOM), waits [`HOLD`] for the fault that explains it.
+    pub fn rank_ended(
+        &mut self,
+        (pid, status): (u32, Option<i32>),
+        ending: bool,
+        now: Instant,
+        v: &mut Voice<'_>,
+    ) {
         use crate::engine::probe::proc::Ended;
-        let end = self.peers.ends.remove(&pid).unwrap_or_default();
-        let Some(rank) = self.peers.rank_of(pid) else {
+        let end = self.ends.remove(&pid).unwrap_or_default();
+        let Some(rank) = self.rank_of(pid) else {
             return;
         };
-        if !self.peers.gone.insert(pid) {
+        if !self.gone.insert(pid) {
             return;
         }
-        if !self.companion.spans_nodes()
-            || self.stop.is_some()
-            || self.signal_end().is_some()
-            || self.policy_end.is_some()
-            || self.peers.raised.is_some()
-            || self.peers.remote.is_some()
-            || self.peers.held.is_some()
-        {
+        if ending || self.raised.is_some() || self.remote.is_some() || self.held.is_some() {
             return;
         }
         let who = format!("rank {rank} (pid {pid})");
@@ -392,7 +405,7 @@ impl Actuator {
         match (status.map(Ended::from_wait_status), end.crash) {
             (Some(Ended::Exited(0)), _) => {}
             (_, Some(err)) if broken_collective(&err) => {
-                self.peers.held = Some(hold("rank-crashed", format!("{who} raised {err}")));
+                self.held = Some(hold("rank-crashed", format!("{who} raised {err}")));
             }
             (_, Some(err)) => {
                 let reason = if err.contains("CUDA out of memory") {
@@ -400,43 +413,38 @@ impl Actuator {
                 } else {
                     "rank-crashed"
                 };
-                self.raise_death(
-                    reason,
-                    format!("{who} raised {err}"),
-                    Some(rank),
-                    false,
-                    now,
-                );
+                let detail = format!("{who} raised {err}");
+                self.raise_death((reason, detail), Some(rank), false, now, v);
             }
             (Some(Ended::Signaled(sig)), None) => {
                 let detail = format!(
                     "{who} was killed by {}",
                     crate::vocab::model::signal_name(sig)
                 );
-                self.raise_death("rank-killed", detail, Some(rank), false, now);
+                self.raise_death(("rank-killed", detail), Some(rank), false, now, v);
             }
             (Some(Ended::Exited(code)), None) => {
                 let detail = format!("{who} exited with {code}");
-                self.peers.held = Some(hold("rank-exited", detail));
+                self.held = Some(hold("rank-exited", detail));
             }
             (None, None) if end.bye => {}
             (None, None) => {
                 let detail =
                     format!("{who} was killed by a signal (it ended without Python's shutdown)");
-                self.raise_death("rank-killed", detail, Some(rank), false, now);
+                self.raise_death(("rank-killed", detail), Some(rank), false, now, v);
             }
         }
     }
 
-    /// A held death (see [`Actuator::rank_ended`]) that no other node's
-    /// fault explained in time is this node's own fault.
-    fn release_held(&mut self, now: Instant, force: bool) {
-        if self.peers.remote.is_some() {
-            self.peers.held = None;
+    /// A held death (see [`Peers::rank_ended`]) that no other node's fault
+    /// explained in time (or at all: `force`) is this node's own fault.
+    fn release_held(&mut self, now: Instant, force: bool, v: &mut Voice<'_>) {
+        if self.remote.is_some() {
+            self.held = None;
             return;
         }
-        if let Some(h) = self.peers.held.take_if(|h| force || now >= h.at + HOLD) {
-            self.raise_death(h.reason, h.detail, Some(h.rank), false, now);
+        if let Some(h) = self.held.take_if(|h| force || now >= h.at + HOLD) {
+            self.raise_death((h.reason, h.detail), Some(h.rank), false, now, v);
         }
     }
 
@@ -446,30 +454,35 @@ impl Actuator {
     /// rank of this node must still live to carry it to the store), and
     /// whether this node restarts the job (`restart`). Nothing to end: the
     /// kill ends this node's part.
-    pub fn raise_kill(&mut self, pid: u32, what: &str, restart: bool, now: Instant) {
-        let rank = self.peers.rank_of(pid);
+    pub fn raise_kill(
+        &mut self,
+        (pid, what): (u32, &str),
+        restart: bool,
+        now: Instant,
+        v: &mut Voice<'_>,
+    ) {
+        let rank = self.rank_of(pid);
         let who = rank.map_or(format!("{what} (pid {pid})"), |r| {
             format!("rank {r} (pid {pid})")
         });
         let detail = format!("{who} killed by the kernel OOM killer");
-        self.raise_death("oom-kill", detail, rank, restart, now);
+        self.raise_death(("oom-kill", detail), rank, restart, now, v);
     }
 
     /// A process of this node's part of a job across nodes died another
     /// way the job's output named (`reason`: `cuda-oom`, `worker-died`):
-    /// the other nodes learn it as [`Actuator::raise_kill`] tells a kill.
+    /// the other nodes learn it as [`Peers::raise_kill`] tells a kill.
     pub fn raise_death(
         &mut self,
-        reason: &str,
-        detail: String,
+        (reason, detail): (&str, String),
         rank: Option<u32>,
         restart: bool,
         now: Instant,
+        v: &mut Voice<'_>,
     ) {
         // Only the first trouble of a node that is not already ending for
         // another reason (its own, or another node's) is news.
-        if !self.companion.spans_nodes() || self.peers.raised.is_some() || self.policy_end.is_some()
-        {
+        if !v.open || self.raised.is_some() {
             return;
         }
         let fault = Fault {
@@ -478,10 +491,10 @@ impl Actuator {
             detail,
             then: restart.then(|| "restart".to_string()),
         };
-        let id = self.tell(&fault);
+        let id = self.tell(&fault, v);
         let why = format!("{reason}: {}", fault.detail);
-        self.push(Acted::Fault { id, fault });
-        self.peers.raised = Some(Raised {
+        v.out.push(Acted::Fault { id, fault });
+        self.raised = Some(Raised {
             id,
             why,
             at: now,
@@ -490,46 +503,23 @@ impl Actuator {
         });
     }
 
-    /// At the attempt's end: another node's fault that came too late to
-    /// act on (this node's ranks had already failed in their collectives)
-    /// still says why the attempt ended. True when it did.
-    pub fn adopt_remote_fault(&mut self, failed: bool) -> bool {
-        if !failed || self.policy_end.is_some() || self.peers.raised.is_some() {
-            return false;
+    /// At the attempt's end, its ranks having failed: another node's fault
+    /// that came too late to act on (this node's ranks had already failed
+    /// in their collectives), or the store that went away, still says why
+    /// the attempt ended, unless this node raised its own.
+    pub fn late_fault(&mut self, now: Instant, v: &mut Voice<'_>) -> Option<RemoteFault> {
+        if self.raised.is_some() {
+            return None;
         }
-        self.release_held(crate::vocab::clock::now(), true);
-        if self.peers.raised.is_some() {
-            return false;
+        self.release_held(now, true, v);
+        if self.raised.is_some() {
+            return None;
         }
-        let lost = self.peers.store_lost_why().map(|why| RemoteFault {
+        let lost = self.store_lost_why().map(|why| RemoteFault {
             why,
             restart: false,
         });
-        let Some(remote) = self.peers.remote.take().or(lost) else {
-            return false;
-        };
-        self.end_after_the_ranks(remote.restart, remote.why, "the ranks had already ended");
-        true
-    }
-
-    /// Another node's stop or fault is the attempt's end, though this
-    /// node's ranks had already gone: recorded as a stop (or restart) that
-    /// signalled nothing, with `result` saying why.
-    pub fn end_after_the_ranks(&mut self, restart: bool, why: String, result: &str) {
-        let action = if restart {
-            Action::Restart
-        } else {
-            Action::Stop
-        };
-        self.policy_end = Some(action);
-        self.policy_reason = Some(why.clone());
-        self.push(Acted::Action {
-            action: action.into(),
-            reason: why,
-            pids: Vec::new(),
-            signal: None,
-            result: result.into(),
-        });
+        self.remote.take().or(lost)
     }
 }
 
@@ -555,7 +545,7 @@ fn broken_collective(error: &str) -> bool {
 mod tests {
     use super::*;
     use crate::job::supervise::SignalError;
-    use crate::runtime::act::{ActConfig, SIG_CONT, SIG_TERM};
+    use crate::runtime::act::{ActConfig, Actuator, SIG_CONT, SIG_TERM, Signaller};
 
     #[derive(Default)]
     struct Rec(Vec<(u32, i32)>);
@@ -612,7 +602,7 @@ mod tests {
 
     fn across_nodes() -> Actuator {
         let mut a = Actuator::new(cfg());
-        a.companion.world = Some((4, 2));
+        a.companion.state_mut().world = Some((4, 2));
         let hello = Record::Hello {
             pid: 11,
             rank: 3,
@@ -677,7 +667,7 @@ mod tests {
         a.watch_peers(&tree, false, t0 + STALL_AFTER * 2, &mut sig);
         assert!(a.peers.raised.is_none());
         let mut one = Actuator::new(cfg());
-        one.companion.world = Some((2, 2));
+        one.companion.state_mut().world = Some((2, 2));
         one.watch_peers(&tree, false, t0, &mut sig);
         one.watch_peers(&tree, false, t0 + STALL_AFTER * 2, &mut sig);
         assert!(one.peers.raised.is_none());
@@ -806,10 +796,10 @@ mod tests {
             why: "node 0 (rank 1): critical-headroom".into(),
             restart: false,
         };
-        a.remote_stop = Some(remote());
+        a.companion.agreed_stop(remote());
         assert!(!a.adopt_remote_stop(), "no save for it: not its end");
-        a.remote_stop = Some(remote());
-        a.companion.done = Some(crate::runtime::act::requests::Saved {
+        a.companion.agreed_stop(remote());
+        a.companion.state_mut().done = Some(crate::runtime::act::requests::Saved {
             id: 7,
             step: Some(72),
             after_request_seconds: 0.0,

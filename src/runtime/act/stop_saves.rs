@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::{Actuator, FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
+use super::{FRAMEWORK_GRACE, Ident, SIG_TERM, Signaller, trainer_idents};
 use crate::job::supervise;
 use crate::vocab::forensics::torch::Framework;
 use crate::vocab::model::ProcSample;
@@ -40,75 +40,129 @@ pub fn stop_verdict(
     verdict
 }
 
-impl Actuator {
+/// The warnings of an attempt that a stop would lose work: what the job's
+/// output said of its framework, and which warnings were given.
+#[derive(Debug)]
+pub struct SaveChecks {
+    /// The signal a stop sends the trainers (`--checkpoint-signal`).
+    wanted: i32,
+    /// `--quiet`: no warning is said.
+    quiet: bool,
+    /// This attempt's trainer was checked for a handler of the checkpoint
+    /// signal ([`SaveChecks::check_stop_saves`]).
+    stop_checked: bool,
+    /// The job's output showed a framework whose own signal handling
+    /// loses work (Lightning stops on SIGTERM without saving), and when.
+    framework: Option<(Framework, Instant)>,
+    /// The framework's warning was given this attempt.
+    framework_warned: bool,
+}
+
+impl SaveChecks {
+    pub fn new(wanted: i32, quiet: bool) -> Self {
+        Self {
+            wanted,
+            quiet,
+            stop_checked: false,
+            framework: None,
+            framework_warned: false,
+        }
+    }
+
+    /// A new attempt is checked again.
+    pub fn reset(&mut self) {
+        *self = Self::new(self.wanted, self.quiet);
+    }
+
+    /// The job's output named its framework.
     pub fn note_framework(&mut self, framework: Framework, now: Instant) {
         self.framework.get_or_insert((framework, now));
     }
 
     /// A framework that would lose work on a stop, with no companion
     /// [`FRAMEWORK_GRACE`] after its banner (the companion says hello as
-    /// the framework's `Trainer` is built, so by then it would have):
-    /// said once, before any stop, when the policy can stop at all.
+    /// the framework's `Trainer` is built, so by then it would have): the
+    /// warning, given once, before any stop.
     pub fn check_framework(
         &mut self,
         now: Instant,
-        tree: &[ProcSample],
-        job_pid: u32,
+        (tree, job_pid): (&[ProcSample], u32),
+        connected: bool,
         sig: &dyn Signaller,
-    ) {
-        let Some((_, seen)) = self.framework else {
-            return;
-        };
-        if self.framework_warned || self.cfg.quiet || now.duration_since(seen) < FRAMEWORK_GRACE {
-            return;
+    ) -> Option<String> {
+        let (_, seen) = self.framework?;
+        if self.framework_warned || self.quiet || now.duration_since(seen) < FRAMEWORK_GRACE {
+            return None;
         }
         let trainers = trainer_idents(tree, job_pid);
-        if let Some(why) = self.framework_loses_work(&trainers, sig) {
-            self.framework_warned = true;
-            self.say(format!(
-                "warning: {why}: a stop would lose the work since its last checkpoint"
-            ));
-        }
+        self.warn_framework(&trainers, connected, sig).map(|why| {
+            format!("warning: {why}: a stop would lose the work since its last checkpoint")
+        })
+    }
+
+    /// [`SaveChecks::framework_loses_work`], marked as told (the caller
+    /// says it).
+    pub fn warn_framework(
+        &mut self,
+        trainers: &[Ident],
+        connected: bool,
+        sig: &dyn Signaller,
+    ) -> Option<String> {
+        let why = self.framework_loses_work(trainers, connected, sig)?;
+        self.framework_warned = true;
+        Some(why)
     }
 
     /// Once per attempt, when the trainer has shown progress (its signal
-    /// handlers are installed by then): says so now if a stop would lose
+    /// handlers are installed by then): the warning, if a stop would lose
     /// its work: no companion speaks and the trainer catches neither the
     /// checkpoint signal nor SIGTERM. Users learn it before the stop, not
     /// from a lost run.
-    pub fn check_stop_saves(&mut self, tree: &[ProcSample], job_pid: u32, sig: &dyn Signaller) {
-        if self.stop_checked || self.companion.connected || self.cfg.quiet {
-            return;
+    pub fn check_stop_saves(
+        &mut self,
+        tree: &[ProcSample],
+        job_pid: u32,
+        connected: bool,
+        sig: &dyn Signaller,
+    ) -> Option<String> {
+        if self.stop_checked || connected || self.quiet {
+            return None;
         }
         self.stop_checked = true;
-        let verdict = stop_verdict(tree, job_pid, self.cfg.checkpoint_signal, false, sig);
-        if !verdict.deaf.is_empty() {
-            self.say(format!(
-                "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
-                 since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
-                 under oomguard; a plain loop can with python/oomguard)",
-                verdict
-                    .deaf
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                supervise::signal_name(verdict.signal)
-            ));
+        let verdict = stop_verdict(tree, job_pid, self.wanted, false, sig);
+        if verdict.deaf.is_empty() {
+            return None;
         }
+        Some(format!(
+            "warning: the trainer (pid {}) does not catch {}: a stop would lose the work \
+             since its last checkpoint (a Lightning or Hugging Face Trainer saves on request \
+             under oomguard; a plain loop can with python/oomguard)",
+            verdict
+                .deaf
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            supervise::signal_name(verdict.signal)
+        ))
     }
 
     /// Why the framework the job's output named would not save on the
     /// signal a stop sends, though its trainer catches it: Lightning's
     /// SIGTERM handler only ends `fit` at the next step, and its SIGUSR1
     /// handler (save, then requeue) is installed only under SLURM's
-    /// auto-requeue. `None` once a companion speaks (it saves on request).
-    pub fn framework_loses_work(&self, trainers: &[Ident], sig: &dyn Signaller) -> Option<String> {
-        if self.companion.connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning)
-        {
+    /// auto-requeue. `None` once a companion speaks (`connected`: it
+    /// saves on request).
+    pub fn framework_loses_work(
+        &self,
+        trainers: &[Ident],
+        connected: bool,
+        sig: &dyn Signaller,
+    ) -> Option<String> {
+        if connected || self.framework.map(|(f, _)| f) != Some(Framework::Lightning) {
             return None;
         }
-        let wanted = self.cfg.checkpoint_signal;
+        let wanted = self.wanted;
         // A Lightning that catches the checkpoint signal other than TERM
         // was set up for it (SLURMEnvironment(auto_requeue=True) saves on
         // USR1): trust it.
