@@ -358,10 +358,11 @@ impl Actuator {
         if !self.companion.spans_nodes() || ending || self.stop.is_some() {
             return;
         }
-        let held = std::mem::take(&mut self.paused);
-        let (mut voice, peers) = self.voice();
-        let end = peers.watch(tree, &held, now, &mut voice);
-        self.paused = held;
+        // The processes oomguard holds are not stalls; spanning nodes is
+        // known here, so only a decision of this node's own closes it.
+        let open = self.policy_end.is_none();
+        let mut voice = Voice::new(self.companion.channel_mut(), &mut self.out, open);
+        let end = self.peers.watch(tree, &self.paused, now, &mut voice);
         if let Some((action, why)) = end {
             self.end_for_fault(action, &why, tree, now, sig);
         }

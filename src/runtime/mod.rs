@@ -665,14 +665,9 @@ impl Supervisor {
     }
 
     fn begin_stop(&mut self, action: Action, reason: &str) {
-        let at = act::Scene {
-            tree: self.sampler.tree(),
-            prev: None,
-            job_pid: self.child.pid(),
-            now: crate::vocab::clock::now(),
-        };
-        self.core
-            .begin_stop(action, reason, at, self.child.sig_mut());
+        let (tree, job_pid) = (self.sampler.tree(), self.child.pid());
+        let now = crate::vocab::clock::now();
+        (self.core).begin_stop((action, reason), tree, job_pid, now, self.child.sig_mut());
         self.acted(None);
     }
 

@@ -39,15 +39,9 @@ impl Supervisor {
             self.child.left_foreground();
         }
         self.refresh_tree();
-        let at = act::Scene {
-            tree: self.sampler.tree(),
-            prev: None,
-            job_pid: self.child.pid(),
-            now,
-        };
         let budget = self.save_budget();
-        self.core
-            .begin_signal_save((sig, name), budget, at, self.child.sig_mut());
+        let at = (self.sampler.tree(), self.child.pid());
+        (self.core).begin_signal_save((sig, name), budget, at, now, self.child.sig_mut());
         if sig == libc::SIGINT {
             // A second interrupt means now.
             self.child.shutting_down(sig);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::act::{Acted, Actuator, Levels, Notifier, Scene, Signaller};
 use crate::engine::policy::{Action, Decision, Engine, Readings};
 use crate::job::supervise;
-use crate::vocab::model::{History, Sample, View};
+use crate::vocab::model::{History, ProcSample, Sample, View};
 use crate::vocab::units::{HumanBytes, human_duration};
 
 /// Fastest polling cadence (near the ceiling and while stopping).
@@ -127,18 +127,22 @@ impl Core {
         self.history.push(sample)
     }
 
-    /// A stop the loop begins between ticks (a key, a hook): the growers
-    /// are found against the core's own last sample, whatever `at.prev`.
+    /// A stop the loop begins between ticks (a key, a hook), on the tree
+    /// of the last scan (`tree`): the growers are found against the core's
+    /// own last sample.
     pub fn begin_stop(
         &mut self,
-        action: Action,
-        reason: &str,
-        at: Scene<'_>,
+        (action, reason): (Action, &str),
+        tree: &[ProcSample],
+        job_pid: u32,
+        now: Instant,
         sig: &mut dyn Signaller,
     ) {
         let at = Scene {
+            tree,
             prev: self.last_sample.as_ref(),
-            ..at
+            job_pid,
+            now,
         };
         self.act.begin_stop(action, reason, at, sig);
     }
@@ -148,12 +152,15 @@ impl Core {
         &mut self,
         (signal, reason): (i32, &str),
         budget: super::act::SaveBudget,
-        at: Scene<'_>,
+        (tree, job_pid): (&[ProcSample], u32),
+        now: Instant,
         sig: &mut dyn Signaller,
     ) {
         let at = Scene {
+            tree,
             prev: self.last_sample.as_ref(),
-            ..at
+            job_pid,
+            now,
         };
         self.act.begin_signal_save(signal, reason, budget, at, sig);
     }
