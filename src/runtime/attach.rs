@@ -179,7 +179,7 @@ impl Supervisor {
             }
         }
         self.sinks
-            .write(&crate::sinks::log::Event::RunEnd(Box::new(end)));
+            .emit(&crate::sinks::log::Event::RunEnd(Box::new(end)));
     }
 
     /// The summary's first line under `attach` (`None`: the usual one).

@@ -399,15 +399,7 @@ impl Supervisor {
         // The restart line belongs to the attempt it starts: its envelope
         // `attempt` is the new number.
         self.sinks.set_attempt(next);
-        self.sinks.ui(crate::sinks::tui::UiEvent::Restart {
-            t: self.run_t(),
-            attempt: next,
-            degraded: changes
-                .iter()
-                .map(|(k, _, new)| (k.clone(), new.clone()))
-                .collect(),
-        });
-        self.sinks.write(&crate::sinks::log::Event::Restart(
+        self.sinks.emit(&crate::sinks::log::Event::Restart(
             crate::sinks::log::RestartEvent {
                 reason: Some(reason.to_string()),
                 checkpoint: checkpoint.clone(),

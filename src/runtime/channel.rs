@@ -16,7 +16,7 @@ impl Supervisor {
     /// A request went to the companion.
     pub(super) fn log_request(&mut self, id: u64, kind: Kind, reason: &str) {
         self.sinks
-            .write(&Event::CheckpointRequest(CheckpointRequestEvent {
+            .emit(&Event::CheckpointRequest(CheckpointRequestEvent {
                 id,
                 kind: kind.name().into(),
                 reason: Some(reason.into()),
@@ -37,7 +37,7 @@ impl Supervisor {
                 path,
                 ..
             } => {
-                self.sinks.write(&Event::Companion(CompanionEvent {
+                self.sinks.emit(&Event::Companion(CompanionEvent {
                     pid,
                     rank,
                     framework,
@@ -52,7 +52,7 @@ impl Supervisor {
             } => self.companion_progress(step, epoch, phase.as_deref()),
             Record::Ack { id, rank, step } => {
                 let ack = CheckpointAckEvent { id, rank, step };
-                self.sinks.write(&Event::CheckpointAck(ack));
+                self.sinks.emit(&Event::CheckpointAck(ack));
             }
             Record::Done {
                 id,
@@ -83,7 +83,7 @@ impl Supervisor {
                 then,
             } => {
                 self.sinks
-                    .write(&Event::CheckpointRequest(CheckpointRequestEvent {
+                    .emit(&Event::CheckpointRequest(CheckpointRequestEvent {
                         id,
                         kind: kind.name().into(),
                         reason,
@@ -103,7 +103,7 @@ impl Supervisor {
                 detail,
                 then,
             } => {
-                self.sinks.write(&Event::Fault(FaultEvent {
+                self.sinks.emit(&Event::Fault(FaultEvent {
                     id: Some(id),
                     remote: true,
                     node: Some(node),
@@ -114,16 +114,16 @@ impl Supervisor {
                 }));
             }
             Record::StoreLost { addr } => {
-                self.sinks.write(&Event::StoreLost(StoreLostEvent { addr }));
+                self.sinks.emit(&Event::StoreLost(StoreLostEvent { addr }));
             }
             Record::FaultPublished { id } => {
                 self.sinks
-                    .write(&Event::FaultPublished(FaultPublishedEvent { id }));
+                    .emit(&Event::FaultPublished(FaultPublishedEvent { id }));
             }
             // A rank's end: a fault names it, when it is one.
             Record::Crash { .. } | Record::Bye { .. } => {}
             Record::Relieved { id, rank, freed } => {
-                self.sinks.write(&Event::Relieved(RelievedEvent {
+                self.sinks.emit(&Event::Relieved(RelievedEvent {
                     id,
                     rank,
                     freed_bytes: freed,
@@ -158,7 +158,7 @@ impl Supervisor {
     fn companion_saved(&mut self, done: CheckpointDoneEvent) {
         let (step, ok) = (done.step, done.ok);
         let first = done.paths.first().cloned();
-        self.sinks.write(&Event::CheckpointDone(done));
+        self.sinks.emit(&Event::CheckpointDone(done));
         if let Some(step) = step.filter(|_| ok) {
             self.sinks.saved(step);
         }

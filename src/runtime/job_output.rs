@@ -232,35 +232,8 @@ impl Supervisor {
                 if let crate::sinks::log::Event::RankFailed(r) = &mut record {
                     self.note_rank_failed(r);
                 }
-                self.sinks.write(&record);
+                self.sinks.emit(&record);
                 self.tell_peers_of_death(&record);
-                let t = self.run_t();
-                let ui = match &record {
-                    crate::sinks::log::Event::CudaOom(e) => {
-                        Some(crate::sinks::tui::UiEvent::CudaOom {
-                            t,
-                            pid: e.pid,
-                            device: e.device,
-                            tried_bytes: e.tried_bytes,
-                        })
-                    }
-                    crate::sinks::log::Event::WorkerDied(e) => {
-                        Some(crate::sinks::tui::UiEvent::WorkerDied {
-                            t,
-                            pid: e.pid.unwrap_or(0),
-                            comm: String::new(),
-                            how: match (&e.signal, e.exit_code) {
-                                (Some(s), _) => format!("killed by {s}"),
-                                (None, Some(code)) => format!("exit code {code}"),
-                                (None, None) => "exit code unknown".to_string(),
-                            },
-                        })
-                    }
-                    _ => None,
-                };
-                if let Some(ev) = ui {
-                    self.sinks.ui(ev);
-                }
             }
         }
         for e in self.output.take_errors() {

@@ -321,7 +321,7 @@ impl Supervisor {
             code: None,
             signal: None,
         };
-        self.sinks.write(&Event::ChildExit(exit));
+        self.sinks.emit(&Event::ChildExit(exit));
         self.say(why);
     }
 
@@ -377,7 +377,7 @@ impl Supervisor {
             ids: Some(crate::sinks::metrics::run_ids()).filter(|ids| !ids.is_empty()),
         };
         self.sinks
-            .write_at(sample.t, &Event::RunStart(Box::new(start)));
+            .emit_at(sample.t, &Event::RunStart(Box::new(start)));
         self.core.keep_sample(sample);
     }
 
@@ -573,7 +573,7 @@ impl Supervisor {
             {
                 let event = crate::sinks::log::PhaseMemoryEvent::new(&flag);
                 let advice = event.advice.clone();
-                self.sinks.write_at(sample.t, &Event::PhaseMemory(event));
+                self.sinks.emit_at(sample.t, &Event::PhaseMemory(event));
                 if !self.cfg.quiet {
                     self.say(advice);
                 }
@@ -610,14 +610,14 @@ impl Supervisor {
                     pids,
                     signal,
                     result,
-                } => self.sinks.action(action, &reason, pids, signal, result),
+                } => (self.sinks).emit(&sinks::action(action, &reason, pids, signal, result)),
                 Acted::Say(text) => self.say(text),
                 Acted::Checkpoint {
                     path,
                     waited_seconds,
                 } => {
                     self.sinks
-                        .write(&Event::Checkpoint(crate::sinks::log::CheckpointEvent {
+                        .emit(&Event::Checkpoint(crate::sinks::log::CheckpointEvent {
                             confirmed: path.is_some(),
                             path: path.clone(),
                             waited_seconds,
@@ -631,7 +631,7 @@ impl Supervisor {
                 Acted::Companion(r) => self.companion_said(r),
                 Acted::Fault { id, fault } => {
                     self.sinks
-                        .write(&Event::Fault(crate::sinks::log::FaultEvent {
+                        .emit(&Event::Fault(crate::sinks::log::FaultEvent {
                             id,
                             remote: false,
                             node: None,
@@ -641,7 +641,7 @@ impl Supervisor {
                             then: fault.then,
                         }));
                 }
-                Acted::Rule(r) => self.sinks.write(&Event::Rule(r)),
+                Acted::Rule(r) => self.sinks.emit(&Event::Rule(r)),
                 Acted::Hook {
                     cmd,
                     action,
@@ -735,17 +735,7 @@ impl Supervisor {
                     Status::Exited(c) => (Some(c), None),
                     Status::Signaled(s) => (None, Some(supervise::signal_name(s))),
                 };
-                let how = match (&code, &signal) {
-                    (Some(c), _) => format!("exited with {c}"),
-                    (_, Some(s)) => format!("killed by {s}"),
-                    _ => String::new(),
-                };
-                self.sinks.ui(crate::sinks::tui::UiEvent::ChildExit {
-                    t: self.run_t(),
-                    pid: r.pid,
-                    how,
-                });
-                self.sinks.write(&Event::ChildExit(ChildExit {
+                self.sinks.emit(&Event::ChildExit(ChildExit {
                     pid: r.pid,
                     code,
                     signal,
@@ -778,13 +768,13 @@ impl Supervisor {
         let rest = self.idents(|_| true);
         let (pids, result) = self.signal_all(&rest, SIG_TERM);
         self.signal_all(&rest, SIG_CONT);
-        self.sinks.action(
+        self.sinks.emit(&sinks::action(
             crate::sinks::log::ActionKind::Stop,
             "left behind by the job's main process",
             pids,
             Some(SIG_TERM),
             result,
-        );
+        ));
         self.core
             .act_mut()
             .arm_kill_after(crate::vocab::clock::now());
@@ -889,13 +879,13 @@ impl Supervisor {
     /// run (a paused job cannot handle the signal), `sig` remembered (the
     /// same one again kills), and the `--kill-after` clock started.
     fn begin_shutdown(&mut self, why: &str, pids: Vec<u32>, sig: i32, result: String) {
-        self.sinks.action(
+        self.sinks.emit(&sinks::action(
             crate::sinks::log::ActionKind::Stop,
             why,
             pids,
             Some(sig),
             result,
-        );
+        ));
         self.core.act_mut().unpause(self.child.sig_mut());
         self.child.shutting_down(sig);
         self.core

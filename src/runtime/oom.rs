@@ -310,12 +310,6 @@ impl super::Supervisor {
     /// An `oom_kill` the kernel's report could not name: the victim from
     /// the counter and the tree, and what could not be read.
     pub(super) fn write_attributed_kill(&mut self, t: f64, v: &Victim, why: String) {
-        self.sinks.ui(crate::sinks::tui::UiEvent::OomKill {
-            t,
-            pid: v.pid,
-            comm: v.comm.clone(),
-            role: Some(v.role),
-        });
         let rss = v.rss_bytes.map_or(String::new(), |b| {
             format!(
                 ", RSS {} at its last reading",
@@ -337,7 +331,7 @@ impl super::Supervisor {
             ..crate::sinks::log::OomKillEvent::default()
         };
         self.sinks
-            .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
+            .emit_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(v.pid, &v.comm);
         if !self.cfg.quiet {
             self.say(format!(
@@ -365,7 +359,7 @@ impl super::Supervisor {
                     ..crate::sinks::log::OomKillEvent::default()
                 };
                 self.sinks
-                    .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
+                    .emit_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
                 return;
             }
             Finding::Attributed { victim, why } => {
@@ -373,12 +367,6 @@ impl super::Supervisor {
                 return;
             }
         };
-        self.sinks.ui(crate::sinks::tui::UiEvent::OomKill {
-            t,
-            pid: e.kill.pid,
-            comm: e.comm.clone(),
-            role: Some(e.role),
-        });
         let event = crate::sinks::log::OomKillEvent {
             pid: Some(e.kill.pid),
             comm: Some(e.comm.clone()),
@@ -392,7 +380,7 @@ impl super::Supervisor {
             reason: None,
         };
         self.sinks
-            .write_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
+            .emit_at(t, &crate::sinks::log::Event::OomKill(Box::new(event)));
         self.tell_peers_of_kill(e.kill.pid, &e.comm);
         if !self.cfg.quiet {
             self.say(format!(

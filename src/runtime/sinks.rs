@@ -2,6 +2,11 @@
 //! the NDJSON log, the Prometheus metrics (and their textfile), GitHub
 //! Actions annotations, the dashboard, stderr and desktop notifications,
 //! and into the run's totals for `run_end` and the summary.
+//!
+//! What happened is one stream of log events ([`Sinks::emit`]): the
+//! dashboard's line, the counts, the metrics and the annotation of an event
+//! are derived here from the very line the log gets, so what the user sees
+//! cannot say other than what the log (and so `report` and `replay`) says.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -9,7 +14,8 @@ use std::time::{Duration, Instant};
 use super::act::Notifier;
 use crate::engine::policy::{Policy, Readings};
 use crate::job::supervise;
-use crate::sinks::log::{ActionKind, LogWriter, Peak, SampleEvent};
+use crate::sinks::log::{ActionEvent, ActionKind, Event, LogWriter, Peak, RuleState, SampleEvent};
+use crate::sinks::tui::UiEvent;
 use crate::vocab::model::{CeilingState, Role, Sample, View};
 use crate::vocab::units::HumanBytes;
 
@@ -227,13 +233,27 @@ impl Sinks {
         self.started
     }
 
-    /// One line to the log, at the run's time now.
-    pub fn write(&mut self, event: &crate::sinks::log::Event) {
-        self.log.write(event);
+    /// What happened, now, to every sink that shows it.
+    pub fn emit(&mut self, event: &Event) {
+        let t = self.log.t();
+        self.emit_at(t, event);
     }
 
-    /// One line to the log, at run time `t`.
-    pub fn write_at(&mut self, t: f64, event: &crate::sinks::log::Event) {
+    /// What happened at run time `t`, to every sink that shows it: counted
+    /// and on the metrics, on the dashboard, annotated on GitHub, and
+    /// logged.
+    pub fn emit_at(&mut self, t: f64, event: &Event) {
+        if let Event::Action(a) = event {
+            self.tally(a);
+        }
+        if let Some(ui) = dashboard_event(t, event, self.log.attempt())
+            && let Some(app) = self.app.as_mut()
+        {
+            app.on_event(ui);
+        }
+        if let Event::Action(a) = event {
+            self.annotate_action(a);
+        }
         self.log.write_at(t, event);
     }
 
@@ -416,83 +436,37 @@ impl Sinks {
             .write_at(sample.t, &crate::sinks::log::Event::Sample(Box::new(event)));
     }
 
-    /// An `action`: counted, shown on the dashboard, annotated on GitHub
-    /// and logged.
-    pub fn action(
-        &mut self,
-        action: ActionKind,
-        reason: &str,
-        pids: Vec<u32>,
-        signal: Option<i32>,
-        result: String,
-    ) {
-        // A `checkpoint` or `relieve` decided with no companion to ask: logged (so a
-        // replay of the run matches it), but it did nothing to count or show.
-        let idle = matches!(action, ActionKind::Checkpoint | ActionKind::Relieve)
-            && result == crate::runtime::act::NO_COMPANION;
-        if !idle {
-            self.count(action.as_str());
+    /// An action into the run's counts and the metrics. A `checkpoint` or
+    /// `relieve` decided with no companion to ask is logged (so a replay of
+    /// the run matches it), but it did nothing to count.
+    fn tally(&mut self, a: &ActionEvent) {
+        if !idle(a) {
+            self.count(a.action.as_str());
         }
         if matches!(
-            action,
+            a.action,
             ActionKind::Stop | ActionKind::Restart | ActionKind::Kill
         ) {
-            self.metrics.stopped(action.as_str(), reason);
+            self.metrics.stopped(a.action.as_str(), &a.reason);
         }
-        let kind = match action {
-            _ if idle => None,
-            ActionKind::Warn => Some(crate::sinks::tui::ActionKind::Warn),
-            ActionKind::Checkpoint => Some(crate::sinks::tui::ActionKind::Checkpoint),
-            ActionKind::Pause => Some(crate::sinks::tui::ActionKind::Pause),
-            ActionKind::Resume => Some(crate::sinks::tui::ActionKind::Resume),
-            ActionKind::Stop => Some(crate::sinks::tui::ActionKind::Stop),
-            ActionKind::Kill => Some(crate::sinks::tui::ActionKind::Kill),
-            ActionKind::Restart => Some(crate::sinks::tui::ActionKind::Restart),
-            ActionKind::Relieve | ActionKind::Other => None,
-        };
-        if let Some(action) = kind {
-            let t = crate::vocab::clock::since(self.started).as_secs_f64();
-            let error = (result != "ok").then(|| result.clone());
-            let (reason, pids) = (reason.to_string(), pids.clone());
-            self.ui(crate::sinks::tui::UiEvent::Action {
-                t,
-                action,
-                reason,
-                pids,
-                error,
-            });
-        }
-        let level = match action {
-            ActionKind::Warn => Some(crate::sinks::github::Level::Warning),
-            ActionKind::Pause | ActionKind::Stop | ActionKind::Kill | ActionKind::Restart => {
-                Some(crate::sinks::github::Level::Error)
-            }
-            _ => None,
-        };
-        if let Some(level) = level {
-            let msg = format!("{action} ({reason})");
-            self.annotate(
-                &format!("{action}:{reason}"),
-                level,
-                &format!("oomguard: {action}"),
-                &msg,
-            );
-        }
-        self.log.write(&crate::sinks::log::Event::Action(
-            crate::sinks::log::ActionEvent {
-                action,
-                reason: reason.to_string(),
-                pids,
-                signal: signal.map(supervise::signal_name),
-                result,
-            },
-        ));
     }
 
-    pub fn ui(&mut self, ev: crate::sinks::tui::UiEvent) {
-        if let Some(app) = self.app.as_mut() {
-            app.on_event(ev);
-        }
+    /// The actions a CI run must see, as GitHub annotations.
+    fn annotate_action(&mut self, a: &ActionEvent) {
+        let level = match a.action {
+            ActionKind::Warn => crate::sinks::github::Level::Warning,
+            ActionKind::Pause | ActionKind::Stop | ActionKind::Kill | ActionKind::Restart => {
+                crate::sinks::github::Level::Error
+            }
+            _ => return,
+        };
+        let (action, reason) = (a.action, &a.reason);
+        self.annotate(
+            &format!("{action}:{reason}"),
+            level,
+            &format!("oomguard: {action}"),
+            &format!("{action} ({reason})"),
+        );
     }
 
     /// oomguard's own message: on stderr, or in the dashboard's events pane
@@ -528,6 +502,126 @@ impl Sinks {
             eprintln!("{line}");
         }
     }
+}
+
+/// An `action` line: what was done to which processes, with which signal.
+pub fn action(
+    action: ActionKind,
+    reason: &str,
+    pids: Vec<u32>,
+    signal: Option<i32>,
+    result: String,
+) -> Event {
+    Event::Action(ActionEvent {
+        action,
+        reason: reason.to_string(),
+        pids,
+        signal: signal.map(supervise::signal_name),
+        result,
+    })
+}
+
+/// A `checkpoint` or `relieve` decided with no companion to ask.
+fn idle(a: &ActionEvent) -> bool {
+    matches!(a.action, ActionKind::Checkpoint | ActionKind::Relieve)
+        && a.result == crate::runtime::act::NO_COMPANION
+}
+
+/// The dashboard's line for a log event at `t` (in `attempt`), for the
+/// events it shows.
+fn dashboard_event(t: f64, event: &Event, attempt: u32) -> Option<UiEvent> {
+    Some(match event {
+        Event::Action(a) => {
+            use crate::sinks::tui::ActionKind as Shown;
+            let action = match a.action {
+                _ if idle(a) => return None,
+                ActionKind::Warn => Shown::Warn,
+                ActionKind::Checkpoint => Shown::Checkpoint,
+                ActionKind::Pause => Shown::Pause,
+                ActionKind::Resume => Shown::Resume,
+                ActionKind::Stop => Shown::Stop,
+                ActionKind::Kill => Shown::Kill,
+                ActionKind::Restart => Shown::Restart,
+                ActionKind::Relieve | ActionKind::Other => return None,
+            };
+            UiEvent::Action {
+                t,
+                action,
+                reason: a.reason.clone(),
+                pids: a.pids.clone(),
+                error: (a.result != "ok").then(|| a.result.clone()),
+            }
+        }
+        Event::Rule(r) => {
+            let (rule, metric) = (r.rule.clone(), r.metric.clone().unwrap_or_default());
+            let (value, threshold) = (r.value.unwrap_or(f64::NAN), r.threshold.unwrap_or(f64::NAN));
+            match r.state {
+                RuleState::Firing => UiEvent::RuleFiring {
+                    t,
+                    rule,
+                    metric,
+                    value,
+                    threshold,
+                },
+                RuleState::Cleared => UiEvent::RuleCleared {
+                    t,
+                    rule,
+                    metric,
+                    value,
+                    threshold,
+                },
+                RuleState::Other => return None,
+            }
+        }
+        Event::ChildExit(e) => UiEvent::ChildExit {
+            t,
+            pid: e.pid,
+            how: match (&e.code, &e.signal) {
+                (Some(c), _) => format!("exited with {c}"),
+                (_, Some(s)) => format!("killed by {s}"),
+                _ => String::new(),
+            },
+        },
+        Event::Restart(r) => UiEvent::Restart {
+            t,
+            attempt,
+            degraded: r
+                .degraded
+                .iter()
+                .map(|(k, v)| {
+                    let new = v.get(1).unwrap_or(v);
+                    let new = new.as_str().map_or_else(|| new.to_string(), str::to_string);
+                    (k.clone(), new)
+                })
+                .collect(),
+        },
+        Event::OomKill(k) => UiEvent::OomKill {
+            t,
+            pid: k.pid?,
+            comm: k.comm.clone().unwrap_or_default(),
+            role: k
+                .role
+                .as_deref()
+                .and_then(|r| Role::ALL.into_iter().find(|x| x.as_str() == r)),
+        },
+        Event::CudaOom(e) => UiEvent::CudaOom {
+            t,
+            pid: e.pid,
+            device: e.device,
+            tried_bytes: e.tried_bytes,
+        },
+        Event::WorkerDied(e) => UiEvent::WorkerDied {
+            t,
+            pid: e.pid.unwrap_or(0),
+            comm: String::new(),
+            how: match (&e.signal, e.exit_code) {
+                (Some(s), _) => format!("killed by {s}"),
+                (None, Some(code)) => format!("exit code {code}"),
+                (None, None) => "exit code unknown".to_string(),
+            },
+        },
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -581,6 +675,140 @@ mod tests {
             lines[0].starts_with("peak footprint 500 MiB (PSS sum) at 1s"),
             "{lines:?}"
         );
+    }
+
+    /// The dashboard's line is made from the logged event itself: what it
+    /// shows of an action, a restart, a kill or an exit is what the log
+    /// (and so `report`) says of it.
+    #[test]
+    fn the_dashboard_shows_what_is_logged() {
+        use crate::sinks::log::{ChildExit, OomKillEvent, RestartEvent};
+        use crate::sinks::tui::ActionKind as Shown;
+        let stop = action(
+            ActionKind::Stop,
+            "critical",
+            vec![7, 8],
+            Some(15),
+            "EPERM".into(),
+        );
+        assert_eq!(
+            dashboard_event(3.0, &stop, 1),
+            Some(UiEvent::Action {
+                t: 3.0,
+                action: Shown::Stop,
+                reason: "critical".into(),
+                pids: vec![7, 8],
+                error: Some("EPERM".into()),
+            })
+        );
+        // A request with no companion to take it did nothing to show.
+        let idle = action(
+            ActionKind::Checkpoint,
+            "eta",
+            vec![],
+            None,
+            crate::runtime::act::NO_COMPANION.into(),
+        );
+        assert_eq!(dashboard_event(3.0, &idle, 1), None);
+        let restart = Event::Restart(RestartEvent {
+            reason: Some("oom".into()),
+            checkpoint: None,
+            degraded: [("NUM_WORKERS".to_string(), serde_json::json!(["4", "2"]))].into(),
+            delay_seconds: None,
+        });
+        assert_eq!(
+            dashboard_event(9.0, &restart, 2),
+            Some(UiEvent::Restart {
+                t: 9.0,
+                attempt: 2,
+                degraded: vec![("NUM_WORKERS".into(), "2".into())],
+            })
+        );
+        let kill = |pid| {
+            Event::OomKill(Box::new(OomKillEvent {
+                pid,
+                comm: Some("pt_data_worker".into()),
+                role: Some("worker".into()),
+                ..OomKillEvent::default()
+            }))
+        };
+        assert_eq!(
+            dashboard_event(5.0, &kill(Some(42)), 1),
+            Some(UiEvent::OomKill {
+                t: 5.0,
+                pid: 42,
+                comm: "pt_data_worker".into(),
+                role: Some(Role::Worker),
+            })
+        );
+        // A kill the kernel's report could not name has no process to show.
+        assert_eq!(dashboard_event(5.0, &kill(None), 1), None);
+        // A rule's change, with an ETA of never logged as the largest
+        // number, reads as the log says.
+        let cleared = Event::Rule(crate::sinks::log::RuleEvent::new(
+            "eta",
+            "eta_seconds",
+            f64::INFINITY,
+            60.0,
+            false,
+        ));
+        let shown = dashboard_event(4.0, &cleared, 1).map(|e| crate::sinks::tui::describe(&e));
+        assert_eq!(
+            shown.map(|l| l.text),
+            Some("eta cleared: eta never (threshold 1m 00s)".to_string())
+        );
+        let exit = Event::ChildExit(ChildExit {
+            pid: 10,
+            code: None,
+            signal: Some("SIGKILL".into()),
+        });
+        assert_eq!(
+            dashboard_event(6.0, &exit, 1),
+            Some(UiEvent::ChildExit {
+                t: 6.0,
+                pid: 10,
+                how: "killed by SIGKILL".into(),
+            })
+        );
+    }
+
+    /// One `emit` reaches the log and the run's counts (the summary's
+    /// actions), and a request that did nothing is logged, not counted.
+    #[test]
+    fn an_emitted_action_is_logged_and_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.ndjson");
+        let mut s = sinks(&path, false);
+        s.emit(&action(
+            ActionKind::Stop,
+            "critical",
+            vec![7],
+            Some(15),
+            "ok".into(),
+        ));
+        let idle = crate::runtime::act::NO_COMPANION.to_string();
+        s.emit(&action(ActionKind::Checkpoint, "eta", vec![], None, idle));
+        assert_eq!(s.stats().actions.get("stop"), Some(&1));
+        assert_eq!(s.stats().actions.get("checkpoint"), None);
+        // With the dashboard: the same emit is its line too.
+        s.app = Some(crate::sinks::tui::App::new("train".into()));
+        s.emit(&action(
+            ActionKind::Kill,
+            "last resort",
+            vec![7],
+            Some(9),
+            "ok".into(),
+        ));
+        let shown: Vec<String> = s.app().unwrap().events().map(|l| l.text.clone()).collect();
+        assert_eq!(shown.len(), 1, "{shown:?}");
+        assert!(shown[0].starts_with("kill (last resort)"), "{shown:?}");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let actions: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(r#""event":"action""#))
+            .collect();
+        assert_eq!(actions.len(), 3, "{text}");
+        assert!(actions[0].contains(r#""signal":"SIGTERM""#), "{text}");
     }
 
     struct Quiet;

@@ -125,6 +125,11 @@ impl LogWriter {
         self.attempt = attempt;
     }
 
+    /// The attempt the lines written now belong to.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
     /// The job's progress from now on; `changed` when its step, epoch or
     /// phase moved (the next sample carries it then).
     pub fn set_progress(

@@ -136,13 +136,18 @@ pub(crate) fn metric_name(metric: &str) -> String {
 
 /// A metric value the way its name says it is measured.
 pub(crate) fn metric_value(metric: &str, v: f64) -> String {
-    if metric.ends_with("_bytes") {
+    if v.is_nan() {
+        // A value the log did not have.
+        "?".to_string()
+    } else if metric.ends_with("_bytes") {
         let s = HumanBytes(v.abs() as u64).to_string();
         if v < 0.0 { format!("-{s}") } else { s }
     } else if metric.ends_with("_percent") {
         format!("{v:.1}%")
     } else if metric.ends_with("_seconds") {
-        crate::vocab::units::human_duration(std::time::Duration::from_secs_f64(v.max(0.0)))
+        // An ETA of never is logged as the largest number.
+        std::time::Duration::try_from_secs_f64(v.max(0.0))
+            .map_or_else(|_| "never".to_string(), crate::vocab::units::human_duration)
     } else {
         let r = (v * 100.0).round() / 100.0;
         format!("{r}")
@@ -264,6 +269,8 @@ mod tests {
         assert_eq!(metric_value("headroom_bytes", 1536.0), "1.5 KiB");
         assert_eq!(metric_value("headroom_percent", 9.75), "9.8%");
         assert_eq!(metric_value("eta_seconds", 90.0), "1m 30s");
+        assert_eq!(metric_value("eta_seconds", f64::MAX), "never");
+        assert_eq!(metric_value("headroom_percent", f64::NAN), "?");
         assert_eq!(metric_value("psi_some_avg10", 12.345), "12.35");
         assert_eq!(metric_name("headroom_percent"), "headroom");
         assert_eq!(metric_name("psi_some_avg10"), "psi some avg10");

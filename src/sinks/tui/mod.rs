@@ -34,6 +34,8 @@ pub use afterword::afterword;
 pub use app::{
     ActionKind, App, KEYS, Overlay, Pane, PolicyState, Severity, SortKey, UiCommand, UiEvent,
 };
+#[cfg(test)]
+pub(crate) use event::describe;
 pub use output::OutputBuffer;
 // The job's pty lives below the dashboard (`crate::job::pty`): the relay uses it
 // without a dashboard too.
