@@ -50,17 +50,24 @@ struct Point {
 struct Truth {
     procs: BTreeMap<u32, (String, Vec<Point>)>,
     /// Per round of the reader: the cgroup's working set, and the workers'
-    /// USS read in that round.
+    /// USS read in that round. Rounds where a listed process was gone by
+    /// its reading are left out: their working set holds memory no
+    /// reading does.
     rounds: BTreeMap<u64, (Option<f64>, f64)>,
 }
 
 impl Truth {
     fn parse(text: &str, shift: f64) -> Self {
         let mut t = Truth::default();
+        let mut incomplete = Vec::new();
         for line in text.lines() {
             let Ok(v) = serde_json::from_str::<Value>(line) else {
                 continue;
             };
+            if v["incomplete"].as_bool() == Some(true) {
+                incomplete.extend(v["round"].as_u64());
+                continue;
+            }
             let round = t
                 .rounds
                 .entry(v["round"].as_u64().unwrap_or(0))
@@ -89,6 +96,9 @@ impl Truth {
                     rss: f("rss"),
                     uss: f("uss"),
                 });
+        }
+        for round in incomplete {
+            t.rounds.remove(&round);
         }
         t
     }
