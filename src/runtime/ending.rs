@@ -249,39 +249,12 @@ impl Supervisor {
         duration: Duration,
         fail_above: Option<(u64, bool)>,
     ) {
-        if let Some((limit, true)) = fail_above {
-            let peak = &self.sinks.stats().peak;
-            let what = if peak.tree_pss_bytes > limit {
-                format!(
-                    "peak PSS sum {} exceeded --fail-above {}",
-                    HumanBytes(peak.tree_pss_bytes),
-                    HumanBytes(limit),
-                )
-            } else {
-                format!(
-                    "one process reached {} RSS (the kernel's high-water mark; the samples saw a PSS sum of at most {}) and exceeded --fail-above {}",
-                    HumanBytes(peak.largest_process_rss_bytes),
-                    HumanBytes(peak.tree_pss_bytes),
-                    HumanBytes(limit),
-                )
-            };
-            if !self.cfg.quiet {
-                eprintln!("oomguard: {what}; exit {exit_code}");
-            }
-            self.sinks.annotate(
-                "fail_above",
-                crate::sinks::github::Level::Error,
-                "oomguard: memory regression",
-                &what,
-            );
-        }
-        if outcome == Outcome::OomKilled {
-            self.sinks.annotate(
-                "oom_kill",
-                crate::sinks::github::Level::Error,
-                "oomguard: OOM kill",
-                "the kernel OOM killer killed the job",
-            );
+        // The annotations came from the run_end line (`Sinks::emit`).
+        if let Some((limit, true)) = fail_above
+            && !self.cfg.quiet
+        {
+            let what = super::sinks::fail_above_verdict(&self.sinks.stats().peak, limit);
+            eprintln!("oomguard: {what}; exit {exit_code}");
         }
         if self.sinks.in_github_actions()
             && let Some(path) = crate::sinks::github::step_summary_path(std::env::vars())

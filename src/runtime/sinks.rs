@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use super::act::Notifier;
 use crate::engine::policy::{Policy, Readings};
 use crate::job::supervise;
-use crate::sinks::log::{ActionEvent, ActionKind, Event, LogWriter, Peak, RuleState, SampleEvent};
+use crate::sinks::log::{
+    ActionEvent, ActionKind, Event, LogWriter, Outcome, Peak, RuleState, RunEnd, SampleEvent,
+};
 use crate::sinks::tui::UiEvent;
 use crate::vocab::model::{CeilingState, Role, Sample, View};
 use crate::vocab::units::HumanBytes;
@@ -243,16 +245,18 @@ impl Sinks {
     /// and on the metrics, on the dashboard, annotated on GitHub, and
     /// logged.
     pub fn emit_at(&mut self, t: f64, event: &Event) {
-        if let Event::Action(a) = event {
-            self.tally(a);
-        }
         if let Some(ui) = dashboard_event(t, event, self.log.attempt())
             && let Some(app) = self.app.as_mut()
         {
             app.on_event(ui);
         }
-        if let Event::Action(a) = event {
-            self.annotate_action(a);
+        match event {
+            Event::Action(a) => {
+                self.tally(a);
+                self.annotate_action(a);
+            }
+            Event::RunEnd(end) => self.annotate_end(end),
+            _ => {}
         }
         self.log.write_at(t, event);
     }
@@ -469,6 +473,29 @@ impl Sinks {
         );
     }
 
+    /// How the run ended, for CI: a memory regression past `--fail-above`
+    /// and a kernel OOM kill are errors a pipeline must see.
+    fn annotate_end(&mut self, end: &RunEnd) {
+        use crate::sinks::github::Level;
+        if let Some(limit) = end.fail_above.as_ref().filter(|f| f.exceeded) {
+            let what = fail_above_verdict(&end.peak, limit.limit_bytes);
+            self.annotate(
+                "fail_above",
+                Level::Error,
+                "oomguard: memory regression",
+                &what,
+            );
+        }
+        if end.outcome == Outcome::OomKilled {
+            self.annotate(
+                "oom_kill",
+                Level::Error,
+                "oomguard: OOM kill",
+                "the kernel OOM killer killed the job",
+            );
+        }
+    }
+
     /// oomguard's own message: on stderr, or in the dashboard's events pane
     /// while the dashboard owns the terminal.
     pub fn say(&mut self, text: String) {
@@ -501,6 +528,25 @@ impl Sinks {
         {
             eprintln!("{line}");
         }
+    }
+}
+
+/// Why `--fail-above` failed the run: the peak PSS sum, or else one
+/// process's RSS high-water mark, past `limit`.
+pub fn fail_above_verdict(peak: &Peak, limit: u64) -> String {
+    if peak.tree_pss_bytes > limit {
+        format!(
+            "peak PSS sum {} exceeded --fail-above {}",
+            HumanBytes(peak.tree_pss_bytes),
+            HumanBytes(limit),
+        )
+    } else {
+        format!(
+            "one process reached {} RSS (the kernel's high-water mark; the samples saw a PSS sum of at most {}) and exceeded --fail-above {}",
+            HumanBytes(peak.largest_process_rss_bytes),
+            HumanBytes(peak.tree_pss_bytes),
+            HumanBytes(limit),
+        )
     }
 }
 
