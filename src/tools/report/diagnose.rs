@@ -747,6 +747,21 @@ mod tests {
     }
 
     #[test]
+    fn a_rise_while_the_job_trained_is_not_called_a_start_up_load() {
+        // Level at 200 MiB, then +8 MiB/s from 20 s to 60 s, then level
+        // for 40 s: it grew while the job ran, so not "at start-up".
+        let mut uss = vec![200; 20];
+        uss.extend((1..=40).map(|s| 200 + 8 * s));
+        uss.extend([520; 40]);
+        let f = diagnose(&load(&trainer_log(&uss)).unwrap());
+        let l = f.iter().find(|f| f.kind == "trainer_load").unwrap();
+        assert!(!l.title.contains("start-up"), "{}", l.title);
+        assert!(l.title.contains("between 20.0s and 1m 00s"), "{}", l.title);
+        assert!(!l.advice.contains("read in once"), "{}", l.advice);
+        assert!(l.advice.contains("while the job ran"), "{}", l.advice);
+    }
+
+    #[test]
     fn a_process_that_execs_is_measured_from_its_new_program() {
         // pid 100 is first seen as the launcher's bash (3 MiB), then as
         // python at a flat 200 MiB: no growth to report.

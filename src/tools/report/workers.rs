@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use super::finding::{
     Cited, EARLY_SECONDS, Finding, ProcSummary, Severity, and_list, held_spans, rate_text,
+    time_text,
 };
 use super::run_log::{RunLog, SamplePoint};
 use crate::vocab::growth;
@@ -604,7 +605,7 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize, started: usize)
         advice: format!(
             "The private memory (USS) of {names} rose by {} each over {} while their RSS did not: they were not allocating, they were copying pages shared with the trainer since the fork. Reading a Python object writes its reference count, so every page of a Python list, dict or DataFrame of objects a worker reads becomes its own copy (pytorch/pytorch#13246). {how_far}{again} To share instead of copy, hold the data as numpy arrays (or tensors) rather than Python lists or object columns, or in shared storage (a memory-mapped file, torch tensors' shared memory); or run fewer workers, which lowers the cost in proportion.",
             HumanBytes(growth as u64),
-            super::finding::time_text(seconds.max(1.0)),
+            time_text(seconds.max(1.0)),
         ),
         numbers: vec![
             Cited::count("cow_workers", "workers copying", cow.len() as u64),
@@ -766,7 +767,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
-                None if p.leaks() => out.push(trainer_load(p, bytes, seconds)),
+                None if p.leaks() => out.push(trainer_load(p, pts, bytes, seconds)),
                 None => {}
             },
             _ => {}
@@ -878,28 +879,59 @@ fn trainer_accumulation(p: &ProcSummary, held: f64, freed: f64) -> Finding {
     }
 }
 
-/// A trainer whose memory rose and then stayed: a load, not a leak.
-fn trainer_load(p: &ProcSummary, bytes: f64, seconds: f64) -> Finding {
-    let when = if p.first_t < EARLY_SECONDS {
-        " at start-up"
+/// A trainer whose memory rose and then stayed: a load, not a leak. "At
+/// start-up" only when the rise was over within the start-up window: one
+/// that went on while the job trained is named by when it ran (from its
+/// last reading still near the first level), and not called a one-off
+/// read.
+fn trainer_load(p: &ProcSummary, pts: &[Reading], bytes: f64, seconds: f64) -> Finding {
+    let to = p.first_t + seconds;
+    let (title, advice) = if to <= EARLY_SECONDS {
+        (
+            format!(
+                "The trainer ({} {}) loaded {} in {:.0} s at start-up, then stayed level",
+                p.pid,
+                p.comm,
+                HumanBytes(bytes as u64),
+                seconds.max(1.0)
+            ),
+            format!(
+                "Its private memory rose from {} to {} and then stopped growing: a data set, a checkpoint or a cache read in once, not a leak. It is part of the job's fixed cost; if it is too large, load it lazily, memory-map it, or keep it as numpy arrays shared with the workers.",
+                HumanBytes(p.first_uss_bytes),
+                HumanBytes(p.peak_uss_bytes)
+            ),
+        )
     } else {
-        ""
+        // Readings wander by a few MiB at a level.
+        let near_first = p.first_uss_bytes as f64 + (0.05 * bytes).min(8.0 * MIB as f64);
+        let from = pts
+            .iter()
+            .rev()
+            .find(|r| r.t <= to && r.uss < near_first)
+            .map(|r| r.t)
+            .unwrap_or(p.first_t);
+        (
+            format!(
+                "The trainer ({} {}) gained {} between {} and {}, then stayed level",
+                p.pid,
+                p.comm,
+                HumanBytes(bytes as u64),
+                time_text(from),
+                time_text(to)
+            ),
+            format!(
+                "Its private memory rose from {} to {} while the job ran, then stayed level for the last {} of its readings: a cache or pool that filled to its size (a dataset or tokenizer cache, the pinned-memory pool), or growth that stopped. It is part of the job's peak; a longer run that grows again is a leak.",
+                HumanBytes(p.first_uss_bytes),
+                HumanBytes(p.peak_uss_bytes),
+                time_text(p.last_t - to)
+            ),
+        )
     };
     Finding {
         kind: "trainer_load",
         severity: Severity::Info,
-        title: format!(
-            "The trainer ({} {}) loaded {} in {:.0} s{when}, then stayed level",
-            p.pid,
-            p.comm,
-            HumanBytes(bytes as u64),
-            seconds.max(1.0)
-        ),
-        advice: format!(
-            "Its private memory rose from {} to {} and then stopped growing: a data set, a checkpoint or a cache read in once, not a leak. It is part of the job's fixed cost; if it is too large, load it lazily, memory-map it, or keep it as numpy arrays shared with the workers.",
-            HumanBytes(p.first_uss_bytes),
-            HumanBytes(p.peak_uss_bytes)
-        ),
+        title,
+        advice,
         numbers: vec![
             Cited::count("pid", "trainer pid", u64::from(p.pid)),
             Cited::bytes("loaded_bytes", "loaded", bytes as u64),
