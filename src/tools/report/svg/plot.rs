@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::scale::{Frame, MemScale, YScale, byte_axis, line_path, step_path, time_step, y_axis};
-use super::{
+use super::style::{
     CEILING, GPU_COLOURS, GPU_H, GRID, INK, LANE_H, MARKER_R, MEM_H, ML, MUTED, PSS_SUM, PW, STACK,
     STEP_AXIS_H, SWAP, Shape, WARN, esc, marker_style, role_colour, shape_path, time_label,
 };

@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use super::{GRID, INK, ML, MUTED, OFF_SCALE, PW, esc};
+use super::style::{GRID, INK, ML, MUTED, OFF_SCALE, PW, esc};
 use crate::sinks::log::ActionKind;
 use crate::tools::report::run_log::{RunLog, SamplePoint};
 use crate::vocab::units::HumanBytes;
