@@ -712,16 +712,24 @@ mod tests {
             r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
             4096 * MIB
         )];
+        lines.extend(trainer_samples(1, 0, 100, uss_mib));
+        lines.join("\n")
+    }
+
+    /// [`trainer_log`]'s sample lines for trainer `pid` of `attempt`, the
+    /// first at `t0 + 1`.
+    fn trainer_samples(attempt: u32, t0: usize, pid: u32, uss_mib: &[u64]) -> Vec<String> {
+        let mut lines = Vec::new();
         for (s, uss) in uss_mib.iter().enumerate() {
             let b = uss * MIB;
             lines.push(format!(
-                r#"{{{ENV},"event":"sample","t":{},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]}}"#,
-                s + 1,
+                r#"{{{ENV},"event":"sample","t":{},"attempt":{attempt},"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"procs":[{{"pid":{pid},"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]}}"#,
+                t0 + s + 1,
                 4096 * MIB - b,
                 4096 * MIB
             ));
         }
-        lines.join("\n")
+        lines
     }
 
     #[test]
@@ -759,6 +767,25 @@ mod tests {
         assert!(l.title.contains("between 20.0s and 1m 00s"), "{}", l.title);
         assert!(!l.advice.contains("read in once"), "{}", l.advice);
         assert!(l.advice.contains("while the job ran"), "{}", l.advice);
+        // A restarted attempt loads again at its own start-up (100 s into
+        // the run): that is a start-up load.
+        let mut log = trainer_log(&[200; 99]);
+        log.push('\n');
+        log.push_str(
+            &trainer_samples(
+                2,
+                99,
+                200,
+                &[40, 210, 380, 380, 381, 380, 379, 380, 381, 380],
+            )
+            .join("\n"),
+        );
+        let f = diagnose(&load(&log).unwrap());
+        let l = f
+            .iter()
+            .find(|f| f.kind == "trainer_load" && f.title.contains("(200 "))
+            .unwrap();
+        assert!(l.title.contains("in 2 s at start-up"), "{}", l.title);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub(super) const MIB: u64 = 1 << 20;
 /// room for the page cache, the allocator's slack and the thresholds.
 pub const FIT_SHARE: f64 = 0.9;
 
-/// A process first seen this early in its attempt loaded "at start-up".
+/// A rise over this early in its attempt was a load "at start-up".
 pub(super) const EARLY_SECONDS: f64 = 15.0;
 
 /// How urgent a finding is. Ordered from most to least urgent.

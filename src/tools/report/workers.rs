@@ -767,7 +767,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
-                None if p.leaks() => out.push(trainer_load(p, pts, bytes, seconds)),
+                None if p.leaks() => out.push(trainer_load(log, p, pts, bytes, seconds)),
                 None => {}
             },
             _ => {}
@@ -884,9 +884,21 @@ fn trainer_accumulation(p: &ProcSummary, held: f64, freed: f64) -> Finding {
 /// that went on while the job trained is named by when it ran (from its
 /// last reading still near the first level), and not called a one-off
 /// read.
-fn trainer_load(p: &ProcSummary, pts: &[Reading], bytes: f64, seconds: f64) -> Finding {
+fn trainer_load(
+    log: &RunLog,
+    p: &ProcSummary,
+    pts: &[Reading],
+    bytes: f64,
+    seconds: f64,
+) -> Finding {
     let to = p.first_t + seconds;
-    let (title, advice) = if to <= EARLY_SECONDS {
+    // The start-up of its own attempt: a restarted job loads again.
+    let began = log
+        .attempts
+        .iter()
+        .find(|a| a.number == p.attempt)
+        .map_or(0.0, |a| a.start_t);
+    let (title, advice) = if to - began <= EARLY_SECONDS {
         (
             format!(
                 "The trainer ({} {}) loaded {} in {:.0} s at start-up, then stayed level",
