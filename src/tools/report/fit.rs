@@ -226,7 +226,7 @@ fn fit_with_peak(log: &RunLog, raised: Option<u64>) -> Option<WorkerFit> {
     let peak = log.samples.iter().max_by_key(|s| s.footprint());
     let peak_footprint = peak.map_or(0, SamplePoint::footprint);
     let workers_at_peak = peak
-        .and_then(|p| log.attempts.iter().find(|a| a.number == p.attempt))
+        .and_then(|p| log.attempt(p.attempt))
         .map_or(0, |a| a.max_workers) as u64;
     // Each part at its own peak may come from another moment: at most
     // what the run's peak footprint leaves beyond the private parts, so

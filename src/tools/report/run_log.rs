@@ -40,6 +40,11 @@ pub struct RunLog {
 }
 
 impl RunLog {
+    /// Attempt `n`, when the log shows it.
+    pub fn attempt(&self, n: u32) -> Option<&Attempt> {
+        self.attempts.iter().find(|a| a.number == n)
+    }
+
     /// The pids the kernel OOM killer took, as the `oom_kill` events name
     /// them.
     pub fn oom_killed_pids(&self) -> Vec<u32> {

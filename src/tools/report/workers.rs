@@ -893,11 +893,7 @@ fn trainer_load(
 ) -> Finding {
     let to = p.first_t + seconds;
     // The start-up of its own attempt: a restarted job loads again.
-    let began = log
-        .attempts
-        .iter()
-        .find(|a| a.number == p.attempt)
-        .map_or(0.0, |a| a.start_t);
+    let began = log.attempt(p.attempt).map_or(0.0, |a| a.start_t);
     let (title, advice) = if to - began <= EARLY_SECONDS {
         (
             format!(
