@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -170,7 +170,7 @@ fn assert_footprint_is_the_cgroup(lines: &[schema::Line], path: &str, at_least: 
 /// /dev/shm that PSS cannot see included).
 #[test]
 fn serial_attach_by_pid_uses_the_jobs_own_cgroup_and_detaches_honestly() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-pid", 512 * MIB) else {
         return;
     };
@@ -226,7 +226,7 @@ fn serial_attach_by_pid_uses_the_jobs_own_cgroup_and_detaches_honestly() {
 /// ends by `--watch-for`.
 #[test]
 fn serial_attach_falls_back_to_the_tree_when_the_cgroup_is_shared() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-shared", 512 * MIB) else {
         return;
     };
@@ -295,7 +295,7 @@ fn serial_attach_falls_back_to_the_tree_when_the_cgroup_is_shared() {
 /// directory), its processes sitting in a leaf below it.
 #[test]
 fn serial_attach_by_slurm_job_and_by_cgroup_path() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-slurm", 512 * MIB) else {
         return;
     };
@@ -517,7 +517,7 @@ time.sleep(60)
 /// resumes what it paused, and the job runs on.
 #[test]
 fn serial_attach_warns_pauses_and_resumes_on_detach() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-pause", 256 * MIB) else {
         return;
     };
@@ -759,7 +759,7 @@ const STOP_AT_60: [&str; 5] = ["--warn-at", "40%", "--critical-at", "60%", "--gr
 /// is resumed and left running: nothing is killed and the watch goes on.
 #[test]
 fn serial_attach_without_allow_kill_leaves_a_deaf_trainer_running() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-deaf", 256 * MIB) else {
         return;
     };
@@ -794,7 +794,7 @@ fn serial_attach_without_allow_kill_leaves_a_deaf_trainer_running() {
 /// to the tree after the grace, SIGKILL after `--kill-after` (10 s).
 #[test]
 fn serial_attach_with_allow_kill_ends_a_deaf_trainer() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("attach-killable", 256 * MIB) else {
         return;
     };
@@ -825,6 +825,8 @@ fn serial_attach_with_allow_kill_ends_a_deaf_trainer() {
 /// running, and the log says `detached`.
 #[test]
 fn attach_dashboard_detach_resumes_and_leaves_the_job_running() {
+    // Its job runs under the tmux server, not this test's process.
+    let _lock = common::machine::beside();
     let have_tmux = Command::new("tmux")
         .arg("-V")
         .output()

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -82,7 +82,7 @@ fn a_stale_owned_cgroup_is_removed_by_the_next_run() {
 
 #[test]
 fn serial_the_cgroup_of_a_run_killed_with_sigkill_is_removed_by_the_next() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("killed", 1 << 30) else {
         return;
     };
@@ -134,7 +134,7 @@ fn leaker(dir: &Path) -> Option<PathBuf> {
 
 #[test]
 fn serial_a_job_that_leaves_the_owned_cgroup_is_still_supervised() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("escape", 1 << 30) else {
         return;
     };

@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -152,7 +152,7 @@ fn plain() -> String {
 
 #[test]
 fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let r = run("400M", &[], &["python3", &plain()], &[]);
     assert_eq!(r.code(), 75, "{}", r.why());
     let (step, paths) = r.saved();
@@ -187,7 +187,7 @@ fn serial_a_plain_loop_is_stopped_with_a_checkpoint_of_its_last_step() {
 /// left behind), the summary counts one stop and names its parts.
 #[test]
 fn serial_one_stop_is_counted_as_one_stop() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let cmd = format!("sleep 60 & exec python3 {}", plain());
     let r = run("400M", &[], &["bash", "-c", &cmd], &[]);
     assert_eq!(r.code(), 75, "{}", r.why());
@@ -214,7 +214,7 @@ fn serial_one_stop_is_counted_as_one_stop() {
 /// installed, with no oomguard channel to talk to.)
 #[test]
 fn serial_without_the_companion_the_plain_loop_loses_its_work() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
     let r = run(
         "400M",
@@ -240,7 +240,7 @@ fn serial_without_the_companion_the_plain_loop_loses_its_work() {
 
 #[test]
 fn serial_a_restart_resumes_from_the_companions_checkpoint() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let r = run(
         "400M",
         &["--on-critical", "restart", "--restart-delay", "1s"],
@@ -280,7 +280,7 @@ fn serial_a_restart_resumes_from_the_companions_checkpoint() {
 
 #[test]
 fn serial_an_unmodified_lightning_script_saves_its_last_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some((r, py)) = torch_script("lightning_job.py", &[], &[], &[]) else {
         return;
     };
@@ -334,7 +334,7 @@ fn serial_an_unmodified_lightning_script_saves_its_last_step() {
 /// because the job's output showed Lightning's banner.
 #[test]
 fn serial_lightning_without_the_companion_is_warned_about() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some((r, _)) = torch_script("lightning_job.py", &["--no-companion"], &[], &[]) else {
         return;
     };
@@ -367,7 +367,7 @@ fn serial_lightning_without_the_companion_is_warned_about() {
 
 #[test]
 fn serial_an_unmodified_hf_trainer_script_saves_its_last_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some((r, _)) = torch_script("hf_job.py", &[], &[], &[]) else {
         return;
     };
@@ -381,7 +381,7 @@ fn serial_an_unmodified_hf_trainer_script_saves_its_last_step() {
 
 #[test]
 fn serial_two_torchrun_ranks_save_the_same_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some(venv) = common::torch_venv() else {
         return;
     };
@@ -432,7 +432,7 @@ fn serial_two_torchrun_ranks_save_the_same_step() {
 /// it gets SIGTERM, and the user is told the stop loses work.
 #[test]
 fn serial_a_trainer_that_does_not_catch_usr1_is_never_sent_usr1() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
     let r = run(
         "400M",
@@ -457,7 +457,7 @@ fn serial_a_trainer_that_does_not_catch_usr1_is_never_sent_usr1() {
 
 #[test]
 fn serial_an_accelerate_loop_saves_its_last_step_and_resumes_from_it() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let extra = ["--on-critical", "restart", "--restart-delay", "1s"];
     let Some((r, _)) = torch_script("accelerate_job.py", &extra, &["150"], &[]) else {
         return;
@@ -477,7 +477,7 @@ fn serial_an_accelerate_loop_saves_its_last_step_and_resumes_from_it() {
 /// `fit`/`train` is given the first attempt's checkpoint and finishes.
 #[test]
 fn serial_unmodified_lightning_and_hf_scripts_resume_from_the_checkpoint() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let extra = ["--on-critical", "restart", "--restart-delay", "1s"];
     let env = [
         ("LEAK_ONLY_ATTEMPT", "1"),
@@ -515,7 +515,7 @@ fn serial_unmodified_lightning_and_hf_scripts_resume_from_the_checkpoint() {
 /// its end (exit 0): a save, not the run.
 #[test]
 fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let r = run(
         "400M",
         &[],
@@ -555,7 +555,7 @@ fn serial_a_job_that_levels_off_near_the_ceiling_is_checkpointed_and_goes_on() {
 #[test]
 fn serial_attach_asks_a_job_started_with_a_channel() {
     use std::os::unix::fs::DirBuilderExt;
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("control");
     fs::DirBuilder::new().mode(0o700).create(&control).unwrap();
@@ -627,7 +627,7 @@ fn serial_attach_asks_a_job_started_with_a_channel() {
 /// runs on to its end.
 #[test]
 fn serial_a_relieve_rule_frees_caches_and_training_goes_on() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let cfg = tempfile::NamedTempFile::new().unwrap();
     fs::write(
         cfg.path(),
@@ -688,7 +688,7 @@ fn other_copy(version: &str, protocol: u32) -> tempfile::TempDir {
 /// falls back to the signal, saying why.
 #[test]
 fn serial_another_copy_of_the_companion_runs_and_another_protocol_falls_back_to_signals() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let site = other_copy("0.0.9", 1);
     let path = site.path().to_str().unwrap();
     let r = run("400M", &[], &["python3", &plain()], &[("PYTHONPATH", path)]);

@@ -3,7 +3,7 @@
 //! of hanging the run.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ fn the_deadline_fails_a_hung_test_by_name() {
         .args([
             "--ignored",
             "--exact",
-            "deadline_self_test_hangs_on_purpose",
+            "deadline::deadline_self_test_hangs_on_purpose",
             "--nocapture",
         ])
         .output()
@@ -37,7 +37,9 @@ fn the_deadline_fails_a_hung_test_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(101), "{err}");
     assert!(
-        err.contains("test 'deadline_self_test_hangs_on_purpose' passed its deadline of 3 s"),
+        err.contains(
+            "test 'deadline::deadline_self_test_hangs_on_purpose' passed its deadline of 3 s"
+        ),
         "{err}"
     );
     assert!(took < Duration::from_secs(30), "took {took:?}");

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::schema::Event;
 use common::*;
@@ -52,13 +52,13 @@ fn demo(builtin: bool) {
 
 #[test]
 fn serial_demo_without_python_uses_the_builtin_job() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     demo(true);
 }
 
 #[test]
 fn serial_demo_with_python() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     if !require(
         std::process::Command::new("python3")
             .arg("-c")

@@ -17,9 +17,8 @@
 //! (with pandas): skipped elsewhere, run under `CI=true`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/screenshot.rs"]
-mod screenshot;
+use crate::common;
+use crate::support::screenshot;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -175,7 +174,7 @@ struct Case {
     _dir: tempfile::TempDir,
     /// Held until the case's checks are done, its Chromium run included:
     /// another test's job must not share the machine with it.
-    _serial: common::Serial,
+    _serial: common::machine::Held,
 }
 
 /// The wall-clock time at which oomguard's run clock (`t`) was 0, from

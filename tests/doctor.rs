@@ -10,11 +10,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/fake_nvml.rs"]
-mod fake_nvml;
-#[path = "support/vm.rs"]
-mod vm;
+use crate::common;
+use crate::support::fake_nvml;
+use crate::support::vm;
 
 use std::path::Path;
 use std::process::Output;
@@ -512,7 +510,7 @@ fn a_command_that_ends_at_once_is_not_judged() {
 /// limit is the ceiling and the exit code 0 each time.
 #[test]
 fn serial_vm_cgroup_v2_as_root_and_as_a_user() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

@@ -3,7 +3,7 @@
 //! Expected values in the fixture tests were read off the fixture text by
 //! hand (sizes in the log are kB, so `kb(n)` is `n * 1024` bytes).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1199,6 +1199,9 @@ fn live_oom_kill_in_a_memory_cgroup_is_found_by_pid() {
         skip("no cgroup v1 memory controller for this process");
         return;
     };
+    // The kernel kills here: alone, so no other test sees the machine's
+    // OOM-kill count rise or this report (common::machine).
+    let _alone = common::machine::alone();
     let name = format!("oomguard-kernel-test-{}", std::process::id());
     let dir = parent.join(&name);
     if let Err(e) = std::fs::create_dir(&dir) {
@@ -1270,6 +1273,7 @@ fn live_oom_kill_in_a_memory_cgroup_is_found_by_pid() {
 
 #[allow(clippy::unwrap_used)]
 fn oomguard_forensics(args: &[&str], stdin: Stdio) -> std::process::Output {
+    common::deadline::arm();
     Command::new(env!("CARGO_BIN_EXE_oomguard"))
         .arg("forensics")
         .args(args)

@@ -2,9 +2,8 @@
 //! nvml-wrapper code path (dlopen, symbol lookup, struct layouts, the
 //! two-call process protocol), with scenarios for what real drivers do wrong.
 
-mod common;
-#[path = "support/fake_nvml.rs"]
-mod fake_nvml;
+use crate::common;
+use crate::support::fake_nvml;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -362,7 +361,7 @@ fn old_driver_without_uuid_or_shutdown() {
     // output is checked for one.
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
-            "old_driver_child",
+            "gpu::old_driver_child",
             "--exact",
             "--ignored",
             "--nocapture",

@@ -12,11 +12,9 @@
 // The helpers below are test code too; a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/fake_nvml.rs"]
-mod fake_nvml;
-#[path = "support/prometheus.rs"]
-mod prometheus;
+use crate::common;
+use crate::support::fake_nvml;
+use crate::support::prometheus;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -7,9 +7,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/screenshot.rs"]
-mod screenshot;
+use crate::common;
+use crate::support::screenshot;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -199,7 +198,10 @@ fn every_rank_resumed(r: &TwoNodes, step: u64, last: u64) {
 
 #[test]
 fn serial_a_stop_on_one_node_checkpoints_every_rank_on_both() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
     let Some(r) = two_nodes(29687, &[], "2000") else {
         return;
     };
@@ -265,7 +267,10 @@ fn oomguard_pid(node: &str) -> Option<u32> {
 /// rank last completed, and both oomguards exit 75.
 #[test]
 fn serial_a_sigterm_to_one_nodes_oomguard_saves_every_rank_of_both_nodes() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
     let a = NodeA {
         leak: "99",
         limit: 4 << 30,
@@ -370,7 +375,10 @@ fn merged_report_names_the_cause(r: &TwoNodes, step: u64) {
 /// collective's timeout): a stop with a checkpoint, on both nodes.
 #[test]
 fn serial_a_pause_on_one_node_of_a_multinode_job_becomes_a_stop() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
     let Some(r) = two_nodes(29688, &["--on-critical", "pause"], "2000") else {
         return;
     };
@@ -396,7 +404,10 @@ fn serial_a_pause_on_one_node_of_a_multinode_job_becomes_a_stop() {
 /// needs every node), and all four ranks resume from that step and finish.
 #[test]
 fn serial_a_restart_on_one_node_restarts_every_node_from_the_same_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
     let Some(r) = two_nodes(
         29689,
         &["--on-critical", "restart", "--restart-delay", "1s"],
@@ -615,7 +626,10 @@ fn serial_a_kernel_oom_kill_on_one_node_restarts_every_node_from_the_last_save()
 /// no rank.)
 #[test]
 fn serial_a_cuda_oom_on_one_node_is_named_on_the_other() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
     let a = NodeA {
         leak: "1",
         limit: 4 << 30,

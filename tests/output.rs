@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::Read as _;
@@ -328,6 +328,12 @@ fn terminal_case(by_signal: bool) {
     if !common::require(has_python(), "python3 is not installed") {
         return;
     }
+    // The signal case sends SIGWINCH to this whole test process: the poll
+    // case, beside it, would see a resize the poll did not find.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("output.log");
     let (term_master, term_slave) = fake_terminal(132, 43);
@@ -938,6 +944,7 @@ fn cuda_oom_and_worker_death_end_to_end() {
 /// Runs a bash pipeline (bash for PIPESTATUS) with `$OOMGUARD` set, within
 /// a time limit; its stdout.
 fn pipeline(script: &str) -> String {
+    common::deadline::arm();
     let out = Command::new("timeout")
         .args(["60", "bash", "-c", script])
         .env("OOMGUARD", env!("CARGO_BIN_EXE_oomguard"))

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -412,7 +412,7 @@ fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
 
 #[test]
 fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("pause", 512 << 20) else {
         return;
     };
@@ -915,7 +915,7 @@ fn serial_a_pause_longer_than_max_pause_escalates_to_a_stop() {
 /// compares the PSS sum (the working set would exceed it).
 #[test]
 fn serial_the_footprint_shown_is_the_working_set_the_policy_compared() {
-    let _serial = serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("footprint", 1 << 30) else {
         return;
     };

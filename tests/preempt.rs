@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -271,7 +271,7 @@ fn one_rank(extra: &[&str], env: &[(&str, &str)]) -> Live {
 }
 
 fn preempted_by(sig: &str, port: &str) {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some(mut live) = two_ranks(&[], &[], port) else {
         return;
     };
@@ -313,7 +313,7 @@ fn serial_a_sigusr1_to_oomguard_saves_every_ranks_last_step_instead_of_killing_t
 
 #[test]
 fn serial_a_second_sigterm_during_the_save_changes_nothing() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let mut live = one_rank(&[], &[("SAVE_SECONDS", "2")]);
     live.wait_for("rank 0 completed step 10\n");
     let at = live.signal("TERM");
@@ -337,7 +337,7 @@ fn serial_a_second_sigterm_during_the_save_changes_nothing() {
 
 #[test]
 fn serial_a_sigint_to_oomguard_saves_first_and_exits_130() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let mut live = one_rank(&[], &[]);
     live.wait_for("rank 0 completed step 10\n");
     let at = live.signal("INT");
@@ -349,7 +349,7 @@ fn serial_a_sigint_to_oomguard_saves_first_and_exits_130() {
 
 #[test]
 fn serial_a_second_sigint_during_the_save_kills_at_once() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let mut live = one_rank(&[], &[("SAVE_SECONDS", "20")]);
     live.wait_for("rank 0 completed step 10\n");
     let at = live.signal("INT");
@@ -370,7 +370,7 @@ fn serial_a_second_sigint_during_the_save_kills_at_once() {
 
 #[test]
 fn serial_the_stop_code_is_a_setting() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let mut live = one_rank(&["--stop-code", "138"], &[]);
     live.wait_for("rank 0 completed step 10\n");
     let at = live.signal("TERM");
@@ -396,7 +396,7 @@ fn serial_the_stop_code_is_a_setting() {
 /// save, a cause nobody guesses) and gets SIGTERM instead.
 #[test]
 fn serial_without_a_companion_usr1_never_kills_a_process_that_does_not_catch_it() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let deaf = common::script(
         dir.path(),
@@ -443,7 +443,7 @@ fn serial_without_a_companion_usr1_never_kills_a_process_that_does_not_catch_it(
 /// record is printed, and training goes on.
 #[test]
 fn serial_oomguard_checkpoint_saves_a_running_job_and_training_goes_on() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some(mut live) = two_ranks(&[], &[], "29633") else {
         return;
     };
@@ -484,7 +484,7 @@ fn serial_oomguard_checkpoint_saves_a_running_job_and_training_goes_on() {
 
 #[test]
 fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = common::script(
         dir.path(),
@@ -518,7 +518,7 @@ fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
 /// oomguard must handle TERM itself, and a TERM from outside saves.
 #[test]
 fn serial_as_pid_1_a_sigterm_from_outside_saves_and_exits_75() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let root = rustix::process::geteuid().is_root();
     let unshare = Path::new("/usr/bin/unshare").exists();
     if !common::require(root && unshare, "root and unshare(1) for a PID namespace") {
@@ -603,7 +603,7 @@ fn framework(dir: tempfile::TempDir, script: &str, extra: &[&str], py: &Path) ->
 /// (exit 75); the same command run again resumes from that step, a
 /// changed one does not, nor does one with --fresh.
 fn framework_is_preempted_and_resumes(script: &str, resumed: impl Fn(u64) -> String) {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some(venv) = common::torch_venv() else {
         return;
     };
@@ -723,7 +723,7 @@ fn lightning_validating(val_seconds: &str) -> Option<(Ended, u64)> {
 /// budget.
 #[test]
 fn serial_a_signal_during_a_short_validation_is_served_at_the_next_step() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some((r, val_step)) = lightning_validating("1") else {
         return;
     };
@@ -739,7 +739,7 @@ fn serial_a_signal_during_a_short_validation_is_served_at_the_next_step() {
 /// instead, the log says so, and the end still comes inside the budget.
 #[test]
 fn serial_a_signal_during_a_validation_longer_than_the_budget_falls_back_and_says_so() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Torch]);
     let Some((r, _)) = lightning_validating("5") else {
         return;
     };
@@ -757,7 +757,7 @@ fn serial_a_signal_during_a_validation_longer_than_the_budget_falls_back_and_say
 /// ends normally leaves nothing to resume.
 #[test]
 fn serial_a_plain_loop_run_again_resumes_from_the_step_its_preemption_saved() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let plain = plain();
     let argv = ["python3", plain.to_str().unwrap(), "300"];
     let mut live = Live::start(&[], &argv, &[]);

@@ -4,7 +4,7 @@
 //! and phase the job was really at, which the job records in its signal
 //! handler.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::process::Stdio;
@@ -152,7 +152,7 @@ sys.exit(1)
 
 #[test]
 fn serial_a_worker_sigkilled_at_the_warn_level_restarts_the_job() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("workerkill", 1 << 30) else {
         return;
     };

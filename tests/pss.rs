@@ -12,7 +12,7 @@
 //! parent's pages twice (800 MiB / 7), puts a settled sample outside it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

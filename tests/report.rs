@@ -17,9 +17,8 @@
 // The helpers below (checkers, fixture readers) panic on bad input by design.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/screenshot.rs"]
-mod screenshot;
+use crate::common;
+use crate::support::screenshot;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};

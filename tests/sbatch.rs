@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -69,7 +69,8 @@ fn executable(path: &Path, text: &str) {
 
 #[test]
 fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() {
-    let _serial = common::serial();
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
     let Some(venv) = common::torch_venv() else {
         return;
     };
@@ -347,7 +348,8 @@ fn start_munge() {
 
 #[test]
 fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
-    let _serial = common::serial();
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
     let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
         .iter()
         .all(|t| which(t).is_file());
@@ -461,7 +463,8 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
 /// and the requeued run resumes from the saved step and finishes.
 #[test]
 fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_requeue_resumes() {
-    let _serial = common::serial();
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
     let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
         .iter()
         .all(|t| which(t).is_file());

@@ -8,9 +8,8 @@
 //! levels, rates and ceilings.
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/shapes.rs"]
-mod shapes;
+use crate::common;
+use crate::support::shapes;
 
 use common::{require, serial};
 
@@ -35,14 +34,22 @@ fn stops(log: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-fn each_run(shape: &str, check: impl Fn(&shapes::ShapeRun, &[String], &str)) {
+/// `lock`: what the runs need of the machine (`common::machine`). A healthy
+/// shape's runs wait beside other tests (every test that makes the kernel
+/// kill runs alone, so the machine's OOM-kill count cannot rise under
+/// them); a leak races the kernel and runs alone.
+fn each_run(
+    shape: &str,
+    lock: fn() -> common::machine::Held,
+    check: impl Fn(&shapes::ShapeRun, &[String], &str),
+) {
     if !require(
         shapes::available(),
         "needs root and a cgroup v1 memory hierarchy",
     ) {
         return;
     }
-    let _lock = serial();
+    let _lock = lock();
     let dir = tempfile::tempdir().unwrap();
     for mode in ["auto", "off"] {
         for seed in 1..=SEEDS {
@@ -65,7 +72,7 @@ fn each_run(shape: &str, check: impl Fn(&shapes::ShapeRun, &[String], &str)) {
 }
 
 fn healthy(shape: &str) {
-    each_run(shape, |run, stops, what| {
+    each_run(shape, common::machine::beside, |run, stops, what| {
         assert_eq!(run.kills, 0, "{what}");
         assert!(
             stops.is_empty(),
@@ -76,7 +83,7 @@ fn healthy(shape: &str) {
 }
 
 fn leaking(shape: &str) {
-    each_run(shape, |run, stops, what| {
+    each_run(shape, common::machine::alone, |run, stops, what| {
         assert_eq!(run.kills, 0, "the kernel killed first: {what}");
         assert_eq!(run.exit, Some(75), "{what}");
         assert!(!stops.is_empty(), "{what}");

@@ -1,7 +1,7 @@
 //! `--torch-stats` end to end: real `python3` jobs with the injected
 //! environment and the stub `torch` package from `tests/fixtures/stub-torch`.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -320,7 +320,7 @@ fn peak_rss_kib(pid: u32) -> Option<u64> {
 
 #[test]
 fn serial_a_100_mb_redrawn_bar_with_no_newline_keeps_memory_bounded() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside();
     if !common::require(has_python(), "python3 is not installed") {
         return;
     }

@@ -4,7 +4,7 @@
 //! resize, and the terminal restored on exit and on panic).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -249,7 +249,7 @@ fn dashboard_in_pty(mode: &str) -> (Child, Screen, OwnedFd, OwnedFd) {
     cmd.args([
         "--exact",
         "--ignored",
-        "dashboard_child_process",
+        "tui::dashboard_child_process",
         "--nocapture",
         "--test-threads=1",
     ])

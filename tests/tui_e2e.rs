@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;
@@ -13,12 +13,15 @@ use std::time::Duration;
 use common::schema;
 use common::*;
 
-struct Session(String);
+/// A tmux session and the test's hold on the machine: its jobs run under
+/// the tmux server, outside the test's own processes, so starting them
+/// does not take the lock for it (common::machine).
+struct Session(String, #[allow(dead_code)] common::machine::Held);
 
 impl Session {
     /// A detached tmux session of `w`×`h` running a bare bash.
     fn start(name: String, w: u16, h: u16) -> Session {
-        let s = Session(name);
+        let s = Session(name, common::machine::beside());
         s.tmux(&[
             "new-session",
             "-d",
@@ -694,7 +697,7 @@ fn the_dashboard_gauges_the_working_set_the_policy_compares() {
     let Some(cg) = MemCgroup::or_skip("tui-footprint", 1 << 30) else {
         return;
     };
-    let _serial = serial();
+    let _serial = common::machine::beside();
     common::deadline::arm_for(Duration::from_secs(120));
     let dir = tempfile::tempdir().unwrap();
     let job = ShmJob::new(dir.path(), "tui-footprint", 6);

@@ -13,9 +13,8 @@
 //! stopped in 0–2 of 10 in 1 and 2 GiB (design.md, *Controls*).
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/shapes.rs"]
-mod shapes;
+use crate::common;
+use crate::support::shapes;
 
 use std::os::unix::fs::PermissionsExt;
 

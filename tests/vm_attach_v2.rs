@@ -6,9 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/vm.rs"]
-mod vm;
+use crate::common;
+use crate::support::vm;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -242,7 +241,7 @@ impl Run {
 
 #[test]
 fn serial_vm_attach_v2() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

@@ -4,9 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/vm.rs"]
-mod vm;
+use crate::common;
+use crate::support::vm;
 
 use std::path::Path;
 
@@ -24,12 +23,12 @@ fn image(m: &vm::Machine, dir: &Path) -> Option<vm::Initramfs> {
 /// What every test here starts with: the serial lock, the VM's kernel, a
 /// directory and the image (`None`: skipped).
 fn boot() -> Option<(
-    common::Serial,
+    common::machine::Held,
     vm::Machine,
     tempfile::TempDir,
     vm::Initramfs,
 )> {
-    let serial = common::serial();
+    let serial = common::machine::beside_with(&[common::machine::Need::Vm]);
     let m = vm::machine_or_skip()?;
     let dir = tempfile::tempdir().unwrap();
     let img = image(&m, dir.path())?;

@@ -10,9 +10,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "support/vm.rs"]
-mod vm;
+use crate::common;
+use crate::support::vm;
 
 use std::fs;
 use std::io::Write;
@@ -217,7 +216,7 @@ fn run_start(out: &vm::Output, dir: &Path, name: &str) -> common::schema::RunSta
 
 #[test]
 fn serial_vm_systemd_user_scope() {
-    let _serial = common::serial();
+    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

@@ -59,12 +59,26 @@ pub fn arm_for(limit: Duration) {
     arm_at(limit, true);
 }
 
+/// Moves the calling test's deadline (if it has one) `by` later: the time
+/// it waited for a lock (`machine`) is not the test's own.
+pub fn postpone(by: Duration) {
+    let id = std::thread::current().id();
+    if let Ok(mut m) = armed().lock()
+        && let Some(e) = m.get_mut(&id)
+    {
+        e.1 += by;
+    }
+}
+
 fn arm_at(limit: Duration, explicit: bool) {
     let me = std::thread::current();
     // A bench's `main` (not a test) keeps no deadline.
     let Some(name) = me.name().filter(|n| *n != "main").map(str::to_string) else {
         return;
     };
+    // Before the deadline starts: waiting for an `alone` test to finish
+    // is not this test's time.
+    super::machine::implicit();
     let id = me.id();
     let Ok(mut m) = armed().lock() else { return };
     if !explicit && m.get(&id).is_some_and(|e| e.3) {

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod deadline;
+pub mod machine;
 pub mod schema;
 
 use std::fs;
@@ -67,23 +68,10 @@ pub fn require(ok: bool, what: &str) -> bool {
     false
 }
 
-/// Held by a test that grows memory on purpose or measures timing (the
-/// `serial_*` tests), so such tests run one at a time under `cargo test`
-/// (threads in one binary) and `cargo nextest` (one process per test)
-/// alike: on a 2-core machine their numbers mean nothing under load.
-pub struct Serial(#[allow(dead_code)] fs::File);
-
-/// Waits for the machine-wide lock of the `serial_*` tests.
-pub fn serial() -> Serial {
-    let path = std::env::temp_dir().join("oomguard-serial-tests.lock");
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .unwrap();
-    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
-    Serial(f)
+/// Held by a test that must run alone (`machine::alone`): the name the
+/// suite's `serial_*` tests have always used for it.
+pub fn serial() -> machine::Held {
+    machine::alone()
 }
 
 /// A trainer that prints a step every 50 ms and, on SIGTERM, prints that
@@ -261,7 +249,11 @@ impl MemCgroup {
     /// fails under CI).
     pub fn new(name: &str, limit: u64) -> Option<Self> {
         let parent = own_memory_cgroup()?;
-        let dir = parent.join(format!("test-{name}-{}", std::process::id()));
+        // Tests of one binary run side by side: the pid alone does not
+        // keep two of them (or one test's two runs) apart.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("test-{name}-{}-{n}", std::process::id()));
         let _ = fs::create_dir(&dir);
         fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
         let root = Path::new("/sys/fs/cgroup/memory");

@@ -1,6 +1,6 @@
 //! Test helper: builds the fake `libnvidia-ml.so.1` (tests/fake-nvml) with the
 //! machine's gcc and gives each test its own copy next to its own scenario
-//! file. Include it with `#[path = "support/fake_nvml.rs"] mod fake_nvml;`.
+//! file. The suite's files use it as `crate::support::fake_nvml`.
 //!
 //! Why a copy per test: dlopen hands out one instance per file (it matches
 //! already loaded objects by path and by inode), so tests running in parallel

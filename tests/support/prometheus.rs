@@ -1,7 +1,6 @@
 //! Test helper: a real Prometheus server (Debian's `prometheus` package) on
 //! loopback, `promtool check metrics`, a tiny HTTP/1.0 client on std
-//! sockets, and the Grafana dashboards' PromQL. Include it with
-//! `#[path = "support/prometheus.rs"] mod prometheus;`.
+//! sockets, and the Grafana dashboards' PromQL (`crate::support::prometheus`).
 //!
 //! Everything binds 127.0.0.1 only. The server is killed when its handle is
 //! dropped, also when the test panics.

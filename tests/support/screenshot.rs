@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 /// The page's DOM after Chromium ran it, and whether its console logged an
 /// error.
 pub fn dump_dom(chrome: &Path, html: &Path) -> (String, bool) {
+    // Chromium keeps a core busy for seconds.
+    let _lock = crate::common::machine::beside();
     let out = Command::new(chrome)
         .args([
             "--headless",
@@ -46,6 +48,7 @@ pub fn chromium() -> Option<PathBuf> {
 /// Renders `html` at `width`×`height` CSS pixels into `png`. Chromium runs
 /// offline: no network, no first-run work, a throwaway profile.
 pub fn screenshot(chrome: &Path, html: &Path, png: &Path, width: u32, height: u32) {
+    let _lock = crate::common::machine::beside();
     let profile = tempfile::tempdir().unwrap();
     let _ = std::fs::remove_file(png);
     let mut child = Command::new(chrome)

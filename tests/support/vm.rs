@@ -1,7 +1,7 @@
 //! Test helper: boots the machine's Debian kernel (`linux-image-amd64`) in
 //! `qemu-system-x86_64` with a busybox initramfs built here, runs a scenario
 //! shell script as PID 1's payload and hands back what it printed on the
-//! serial console. Include it with `#[path = "support/vm.rs"] mod vm;`.
+//! serial console. The suite's files use it as `crate::support::vm`.
 //!
 //! Why a VM: this host runs cgroup v1; cgroup v2 ownership, `memory.events`,
 //! PSI triggers, swap and the global OOM killer can only be proven on a real
