@@ -595,6 +595,7 @@ fn serial_attach_warns_pauses_and_resumes_on_detach() {
 /// candidates listed.
 #[test]
 fn attach_by_match_finds_one_job_or_lists_the_candidates() {
+    let _machine = common::machine::beside();
     let marker = format!("oomguard-match-{}", std::process::id());
     let spawn = || {
         Command::new("python3")
@@ -643,6 +644,7 @@ fn attach_by_match_finds_one_job_or_lists_the_candidates() {
 /// code is unknown (oomguard is not its parent).
 #[test]
 fn attach_reports_an_ended_job_with_an_unknown_code() {
+    let _machine = common::machine::beside();
     let mut job = Command::new("python3")
         .args(["-c", "import time, sys; time.sleep(1.5); sys.exit(3)"])
         .spawn()
@@ -667,6 +669,7 @@ fn attach_reports_an_ended_job_with_an_unknown_code() {
 /// footprint and the reason logged.
 #[test]
 fn attach_by_v2_cgroup_without_memory_files_watches_its_members() {
+    let _machine = common::machine::beside();
     let unified = Path::new("/sys/fs/cgroup/unified");
     let ok = unified.join("cgroup.procs").exists()
         && fs::read_to_string("/proc/self/status")

@@ -40,6 +40,7 @@ fn copy(from: &Path, to: &Path) {
 
 #[test]
 fn v1_nested_limits_the_tightest_headroom_wins() {
+    let _machine = crate::common::machine::beside();
     let (_dir, proc) = scenario("v1-nested");
     let loc = locate(&proc, "4242").unwrap();
     assert_eq!(loc.version, Version::V1);
@@ -57,6 +58,7 @@ fn v1_nested_limits_the_tightest_headroom_wins() {
 
 #[test]
 fn v2_nested_max_means_unlimited_and_the_ancestor_limits() {
+    let _machine = crate::common::machine::beside();
     let (_dir, proc) = scenario("v2-nested");
     let loc = locate(&proc, "777").unwrap();
     assert_eq!(loc.version, Version::V2);
@@ -70,6 +72,7 @@ fn v2_nested_max_means_unlimited_and_the_ancestor_limits() {
 
 #[test]
 fn v2_container_mount_of_a_subtree_with_missing_files() {
+    let _machine = crate::common::machine::beside();
     let (_dir, proc) = scenario("v2-container");
     let loc = locate(&proc, "1").unwrap();
     assert_eq!(loc.path, "/");
@@ -84,6 +87,7 @@ fn v2_container_mount_of_a_subtree_with_missing_files() {
 
 #[test]
 fn hybrid_without_a_memory_controller_reads_nothing() {
+    let _machine = crate::common::machine::beside();
     let (_dir, proc) = scenario("v2-no-memory");
     let loc = locate(&proc, "9").unwrap();
     assert_eq!(loc.version, Version::V2);

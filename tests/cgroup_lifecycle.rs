@@ -28,6 +28,7 @@ fn oomguard_path() -> PathBuf {
 
 #[test]
 fn a_stale_owned_cgroup_is_removed_by_the_next_run() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("stale", 1 << 30) else {
         return;
     };

@@ -23,8 +23,10 @@ fn deadline_self_test_hangs_on_purpose() {
 
 #[test]
 fn the_deadline_fails_a_hung_test_by_name() {
+    let _machine = common::machine::beside();
     let started = Instant::now();
     let out = Command::new(std::env::current_exe().unwrap())
+        .env(common::machine::CHILD, "1")
         .args([
             "--ignored",
             "--exact",

@@ -80,6 +80,7 @@ fn docs() -> String {
 
 #[test]
 fn every_flag_in_help_is_documented_and_every_documented_flag_exists() {
+    let _machine = common::machine::beside();
     let documented = flags(&docs());
     let mut offered = BTreeSet::new();
     for cmd in COMMANDS {
@@ -114,6 +115,7 @@ fn every_flag_in_help_is_documented_and_every_documented_flag_exists() {
 
 #[test]
 fn the_readme_is_short_and_its_links_resolve() {
+    let _machine = common::machine::beside();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let readme = fs::read_to_string(root.join("README.md")).unwrap();
     assert!(
@@ -157,6 +159,7 @@ fn unroff(page: &str) -> String {
 
 #[test]
 fn the_man_page_names_every_subcommand_and_its_flags() {
+    let _machine = common::machine::beside();
     let commands = listed_commands();
     let mut known = COMMANDS.to_vec();
     known.sort_unstable();
@@ -192,6 +195,7 @@ fn the_man_page_names_every_subcommand_and_its_flags() {
 
 #[test]
 fn man_out_writes_a_page_per_subcommand() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let listed = stdout(&["man", "--out", dir.path().to_str().unwrap()]);
     let main = fs::read_to_string(dir.path().join("oomguard.1")).unwrap();
@@ -221,6 +225,7 @@ const HEADINGS: [&str; 5] = [
 
 #[test]
 fn run_help_is_grouped_under_headings_and_ends_with_examples() {
+    let _machine = common::machine::beside();
     let text = stdout(&["run", "--help"]);
     let at: Vec<usize> = HEADINGS
         .iter()
@@ -282,6 +287,7 @@ fn lists_code(text: &str, code: &str) -> bool {
 
 #[test]
 fn help_run_help_and_the_man_page_list_the_exit_codes() {
+    let _machine = common::machine::beside();
     for args in [
         &["--help"][..],
         &["run", "--help"],
@@ -322,6 +328,7 @@ fn help_run_help_and_the_man_page_list_the_exit_codes() {
 
 #[test]
 fn a_mistyped_subcommand_suggests_the_nearest() {
+    let _machine = common::machine::beside();
     let out = common::oomguard().arg("rn").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -335,6 +342,7 @@ fn a_mistyped_subcommand_suggests_the_nearest() {
 
 #[test]
 fn the_readme_states_the_rust_version_and_the_first_build_s_time() {
+    let _machine = common::machine::beside();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let manifest = fs::read_to_string(root.join("Cargo.toml")).unwrap();
     let value = |key: &str| {

@@ -167,6 +167,7 @@ fn serial_root_on_the_host_answers_every_check_within_2_s() {
 /// own (with the reason and a remedy) — and the exit code is still 0.
 #[test]
 fn unprivileged_in_a_root_made_cgroup_gets_the_cheap_loop_and_exit_0() {
+    let _machine = common::machine::beside();
     if !common::require(Path::new("/usr/bin/setpriv").exists(), "needs setpriv") {
         return;
     }
@@ -232,6 +233,7 @@ fn in_mount_namespace(mounts: &str) -> Option<Doctor> {
 /// required checks fail and the exit code is 1.
 #[test]
 fn hidden_proc_and_cgroups_fail_the_required_checks() {
+    let _machine = common::machine::beside();
     let Some(d) = in_mount_namespace(
         "mount --bind /dev/null /proc/meminfo && mount -t tmpfs none /sys/fs/cgroup && \
          mount -t tmpfs none /proc/pressure",
@@ -255,6 +257,7 @@ fn hidden_proc_and_cgroups_fail_the_required_checks() {
 /// missing library is a warning with a remedy, never a failure.
 #[test]
 fn nvml_names_the_driver_and_the_gpus() {
+    let _machine = common::machine::beside();
     let fake = fake_nvml::FakeNvml::new(
         "driver_version=535.104.05\n\
          gpu=0 total=85899345920 reserved=536870912 used=1073741824 util=3 uuid=GPU-a name=NVIDIA A100-SXM4-80GB\n\
@@ -288,6 +291,7 @@ fn nvml_names_the_driver_and_the_gpus() {
 /// mount namespace).
 #[test]
 fn a_64_mib_dev_shm_is_named_as_dockers_default() {
+    let _machine = common::machine::beside();
     let Some(d) = in_mount_namespace("mount -t tmpfs -o size=64m none /dev/shm") else {
         return;
     };
@@ -305,6 +309,7 @@ fn a_64_mib_dev_shm_is_named_as_dockers_default() {
 /// companion.
 #[test]
 fn python_with_torch_is_found() {
+    let _machine = common::machine::beside();
     let Some(venv) = common::torch_venv() else {
         return;
     };
@@ -370,6 +375,7 @@ fn assert_gone(pid: Option<u32>) {
 
 #[test]
 fn a_trainer_that_catches_sigterm_would_save() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let t = trainer(dir.path(), Some("sys.exit(0)"));
     let (d, pid) = probe(dir.path(), &["python3", t.to_str().unwrap(), "pid"], &[]);
@@ -389,6 +395,7 @@ fn a_trainer_that_catches_sigterm_would_save() {
 
 #[test]
 fn a_trainer_that_does_not_catch_sigterm_would_lose_work() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let t = trainer(dir.path(), None);
     let (d, pid) = probe(dir.path(), &["python3", t.to_str().unwrap(), "pid"], &[]);
@@ -410,6 +417,7 @@ fn a_trainer_that_does_not_catch_sigterm_would_lose_work() {
 /// path's framework warning, also said by the doctor.
 #[test]
 fn lightning_without_its_companion_would_lose_work() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let t = common::script(
         dir.path(),
@@ -441,6 +449,7 @@ while True:
 /// environment's Python) answers: a stop asks it for a checkpoint.
 #[test]
 fn a_trainer_with_the_companion_would_save() {
+    let _machine = common::machine::beside();
     let Some(venv) = common::torch_venv() else {
         return;
     };
@@ -469,6 +478,7 @@ fn a_trainer_with_the_companion_would_save() {
 /// `python3` on PATH (a venv without pip, made in a second).
 #[test]
 fn the_command_s_own_python_is_checked() {
+    let _machine = common::machine::beside();
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
     let venv = dir.path().join("venv");
@@ -495,6 +505,7 @@ fn the_command_s_own_python_is_checked() {
 /// so, as an advisory.
 #[test]
 fn a_command_that_ends_at_once_is_not_judged() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let (d, _) = probe(dir.path(), &["true"], &[]);
     let c = d.check("stop_saves");

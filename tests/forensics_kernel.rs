@@ -68,6 +68,7 @@ fn row(k: &OomKill, pid: u32) -> &TaskRow {
 
 #[test]
 fn fixture_00_local_memcg_v1_two_kills() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("00-local-6.18-memcg-v1-two-kills.txt"));
     assert_eq!(kills.len(), 2);
 
@@ -158,6 +159,7 @@ fn fixture_00_local_memcg_v1_two_kills() {
 
 #[test]
 fn fixture_01_raw_kmsg_records_with_wrapped_lines() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("01-kmsg-raw-records-mixed-nohang.txt"));
     // Four unrelated records from different kernels: a selection whose
     // kill line is not included, two kills, and an oom_reaper line whose
@@ -204,6 +206,7 @@ fn fixture_01_raw_kmsg_records_with_wrapped_lines() {
 
 #[test]
 fn fixture_03_old_selection_then_kill_without_shmem() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture(
         "03-dmesg-old-python2-sacrifice-child-no-shmem.txt",
     ));
@@ -229,6 +232,7 @@ fn fixture_03_old_selection_then_kill_without_shmem() {
 
 #[test]
 fn fixture_05_syslog_several_kills_and_comm_with_parentheses() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("05-syslog-multikill-python3-oom_reaper.txt"));
     let python = [kb(11_964), kb(4288), kb(3028), kb(0)];
     let resolved = [kb(168_424), kb(4064), kb(3584), kb(0)];
@@ -250,6 +254,7 @@ fn fixture_05_syslog_several_kills_and_comm_with_parentheses() {
 
 #[test]
 fn fixture_07_iso_timestamps_grep_filtered() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("07-dmesg-iso8601-global-perl-oom_reaper.txt"));
     assert_eq!(kills.len(), 1);
     let k = &kills[0];
@@ -277,6 +282,7 @@ fn fixture_07_iso_timestamps_grep_filtered() {
 
 #[test]
 fn fixture_09_memcg_fragments_do_not_mix() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture(
         "09-dmesg-memcg-v1-k8s-5.4-azure-triton-fragments.txt",
     ));
@@ -320,6 +326,7 @@ fn fixture_09_memcg_fragments_do_not_mix() {
 
 #[test]
 fn fixture_12_global_rss_anon_table_without_header() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("12-dmesg-debian-6.11-global-python-rss_anon.txt"));
     // `OOM killer disabled.` / `enabled.` and `Purging GPU memory` are not kills.
     assert_eq!(kills.len(), 1);
@@ -365,6 +372,7 @@ fn fixture_12_global_rss_anon_table_without_header() {
 
 #[test]
 fn fixture_15_memcg_nested_cgroup_and_cut_kill_line() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture(
         "15-dmesgT-memcg-nested-kubelet-in-rootless-podman-rss_anon.txt",
     ));
@@ -385,6 +393,7 @@ fn fixture_15_memcg_nested_cgroup_and_cut_kill_line() {
 
 #[test]
 fn fixtures_without_a_kill_line_report_no_kill() {
+    let _machine = common::machine::beside();
     for name in [
         "13-mail-6.12-rc2-rss_anon-many-dd-workers.txt",
         "14-dmesgT-2025-rss_anon-table-python-workers.txt",
@@ -404,6 +413,7 @@ fn fixtures_without_a_kill_line_report_no_kill() {
 /// read and attached.
 #[test]
 fn fixture_13_completed_64k_pages_and_6x_header() {
+    let _machine = common::machine::beside();
     let text = fixture("13-mail-6.12-rc2-rss_anon-many-dd-workers.txt")
         + " Out of memory: Killed process 185707 (dd) total-vm:556032kB, anon-rss:114688kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:512kB oom_score_adj:250\n";
     let kills = parse(&text);
@@ -439,6 +449,7 @@ fn fixture_13_completed_64k_pages_and_6x_header() {
 
 #[test]
 fn fixture_14_completed_dmesg_t_gap_splits_reports() {
+    let _machine = common::machine::beside();
     let text = fixture("14-dmesgT-2025-rss_anon-table-python-workers.txt")
         + "[Mon Dec  8 17:51:31 2025] Out of memory: Killed process 737 (docker-swarm) total-vm:2174508kB, anon-rss:11004kB, file-rss:7760kB, shmem-rss:0kB, UID:112 pgtables:368kB oom_score_adj:0\n";
     let kills = parse(&text);
@@ -462,6 +473,7 @@ fn fixture_14_completed_dmesg_t_gap_splits_reports() {
 
 #[test]
 fn fixture_17_completed_rhel6_legacy_table() {
+    let _machine = common::machine::beside();
     let text = fixture("17-syslog-rhel6-2.6.32-oom_adj-legacy-table.txt")
         + "Nov 22 06:26:05 hostname kernel: Out of memory: Kill process 1808 (crond) score 1 or sacrifice child\n\
            Nov 22 06:26:05 hostname kernel: Killed process 1808, UID 0, (crond) total-vm:117452kB, anon-rss:396kB, file-rss:4kB\n";
@@ -508,6 +520,7 @@ fn fixture_17_completed_rhel6_legacy_table() {
 
 #[test]
 fn fixture_18_no_killable_processes_ends_the_report() {
+    let _machine = common::machine::beside();
     let text = fixture("18-dmesg-5.12-early-boot-no-killable-processes-panic.txt")
         + "[   21.000000] Out of memory: Killed process 5 (y) total-vm:4kB, anon-rss:4kB, file-rss:0kB, shmem-rss:0kB\n";
     let kills = parse(&text);
@@ -522,6 +535,7 @@ fn fixture_18_no_killable_processes_ends_the_report() {
 
 #[test]
 fn fixture_22_completed_modern_memcg_header() {
+    let _machine = common::machine::beside();
     let text = fixture("22-dmesg-6.14-memcg-header-UID-TASK-markers.txt")
         + "[13357.168700] memory: usage 524288kB, limit 524288kB, failcnt 77\n\
            [13357.168800] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=cri-x,mems_allowed=0,oom_memcg=/kubepods/burstable/podA,task_memcg=/kubepods/burstable/podA/cri-x,task=squid,pid=527543,uid=31\n\
@@ -549,6 +563,7 @@ fn fixture_22_completed_modern_memcg_header() {
 
 #[test]
 fn fixture_23_completed_headerless_nr_ptes_after_time_goes_back() {
+    let _machine = common::machine::beside();
     let text = fixture("23-dmesg-4.4-python-invoker-nr_ptes-nr_pmds-table.txt")
         + "[  687.294300] Out of memory: Kill process 2030 (compiz) score 40 or sacrifice child\n\
            [  687.294310] Killed process 2030 (compiz) total-vm:1245896kB, anon-rss:38468kB, file-rss:0kB\n";
@@ -584,6 +599,7 @@ fn fixture_23_completed_headerless_nr_ptes_after_time_goes_back() {
 
 #[test]
 fn fixture_24_completed_header_with_nr_ptes_nr_pmds() {
+    let _machine = common::machine::beside();
     let text = fixture("24-dmesg-4.x-table-header-nr_ptes-nr_pmds.txt")
         + "[1044908.759400] Out of memory: Kill process 848 (clamd) score 300 or sacrifice child\n\
            [1044908.759401] Killed process 848 (clamd) total-vm:1011908kB, anon-rss:448328kB, file-rss:0kB, shmem-rss:0kB\n";
@@ -628,6 +644,7 @@ fn fixture_24_completed_header_with_nr_ptes_nr_pmds() {
 
 #[test]
 fn older_memcg_task_in_form() {
+    let _machine = common::machine::beside();
     let text = "\
 [ 5000.000001] java invoked oom-killer: gfp_mask=0x24000c0, order=0, oom_score_adj=0
 [ 5000.000002] java cpuset=/ mems_allowed=0
@@ -665,6 +682,7 @@ fn older_memcg_task_in_form() {
 
 #[test]
 fn constraint_none_in_a_memcg_oom_and_a_sacrificed_child() {
+    let _machine = common::machine::beside();
     // 4.19–5.0: the summary names the selected parent with CONSTRAINT_NONE
     // (a kernel bug for memcg OOMs), then a child is killed.
     let text = "\
@@ -711,6 +729,7 @@ fn constraint_none_in_a_memcg_oom_and_a_sacrificed_child() {
 
 #[test]
 fn summary_lines_alone_are_kills() {
+    let _machine = common::machine::beside();
     let text = "\
 [ 10.000000] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,task=a,pid=1,uid=0
 [ 20.000000] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0-1,3,oom_memcg=/x,task_memcg=/x/y,task=b c,pid=2,uid=5
@@ -729,6 +748,7 @@ fn summary_lines_alone_are_kills() {
 
 #[test]
 fn memory_oom_group_kills_share_the_report() {
+    let _machine = common::machine::beside();
     let text = "\
 [  800.000001] python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
 [  800.000002] memory: usage 1048576kB, limit 1048576kB, failcnt 9
@@ -771,6 +791,7 @@ fn memory_oom_group_kills_share_the_report() {
 
 #[test]
 fn processes_sharing_memory_are_killed_too() {
+    let _machine = common::machine::beside();
     let text = "\
 [   50.000000] Out of memory: Kill process 10 (a) score 900 or sacrifice child
 [   50.000100] Killed process 10 (a) total-vm:1000kB, anon-rss:800kB, file-rss:4kB
@@ -785,6 +806,7 @@ fn processes_sharing_memory_are_killed_too() {
 
 #[test]
 fn kill_line_variants() {
+    let _machine = common::machine::beside();
     let text = "\
 [    1.000000] Killed process 2592 (java), UID 500, total-vm:2298160kB, anon-rss:1031316kB, file-rss:12kB, shmem-rss:0kB
 [    2.000000] Killed process 10366, UID 48, (httpd) total-vm:2298160kB, anon-rss:1031316kB, file-rss:12kB
@@ -825,6 +847,7 @@ fn kill_line_variants() {
 
 #[test]
 fn every_transport_gives_the_same_kill() {
+    let _machine = common::machine::beside();
     let line = "Out of memory: Killed process 4321 (python3) total-vm:2048kB, anon-rss:1024kB, file-rss:512kB, shmem-rss:0kB, UID:1000 pgtables:40kB oom_score_adj:0";
     let cases = [
         (format!("[  123.456789] {line}"), Some("123.456789")),
@@ -894,6 +917,7 @@ fn every_transport_gives_the_same_kill() {
 
 #[test]
 fn kmsg_continuation_and_dictionary_lines() {
+    let _machine = common::machine::beside();
     let text = "\
 6,100,5000000,-;tail invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0, oom_score_adj=0
  SUBSYSTEM=mem
@@ -919,6 +943,7 @@ fn kmsg_continuation_and_dictionary_lines() {
 
 #[test]
 fn a_long_pause_separates_reports() {
+    let _machine = common::machine::beside();
     let text = "\
 [  100.000000] python invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0
 [  400.000000] Out of memory: Killed process 1 (x) total-vm:4kB, anon-rss:4kB, file-rss:0kB, shmem-rss:0kB
@@ -930,6 +955,7 @@ fn a_long_pause_separates_reports() {
 
 #[test]
 fn find_pid_takes_the_latest_kill() {
+    let _machine = common::machine::beside();
     let text = "\
 [  1.0] Out of memory: Killed process 7 (a) total-vm:4kB, anon-rss:4kB, file-rss:0kB
 [  2.0] Out of memory: Killed process 8 (b) total-vm:4kB, anon-rss:4kB, file-rss:0kB
@@ -946,6 +972,7 @@ fn find_pid_takes_the_latest_kill() {
 
 #[test]
 fn json_has_every_field_named_by_the_contract() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("00-local-6.18-memcg-v1-two-kills.txt"));
     let json = render_json(&kills);
     let list = json["kills"].as_array().expect("kills array");
@@ -988,6 +1015,7 @@ fn json_has_every_field_named_by_the_contract() {
 
 #[test]
 fn text_summary_names_victim_cause_invoker_and_top_tasks() {
+    let _machine = common::machine::beside();
     let kills = parse(&fixture("00-local-6.18-memcg-v1-two-kills.txt"));
     let text = render_text(&kills);
     for needle in [
@@ -1073,6 +1101,7 @@ proptest! {
 
     #[test]
     fn arbitrary_text_never_panics(text in any::<String>()) {
+        let _machine = crate::common::machine::beside();
         let kills = parse(&text);
         let _ = render_text(&kills);
         let _ = render_json(&kills);
@@ -1080,6 +1109,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+        let _machine = crate::common::machine::beside();
         let _ = parse(&String::from_utf8_lossy(&bytes));
     }
 
@@ -1087,6 +1117,7 @@ proptest! {
     fn shuffled_truncated_report_lines_never_panic(
         picks in proptest::collection::vec((any::<proptest::sample::Index>(), any::<proptest::sample::Index>(), 0u8..4), 0..200),
     ) {
+        let _machine = crate::common::machine::beside();
         let lines = all_fixture_lines();
         let mut text = String::new();
         for (line, cut, style) in picks {
@@ -1127,6 +1158,7 @@ fn skip(reason: &str) {
 
 #[test]
 fn live_kmsg_reads_back_a_line_written_to_it() {
+    let _machine = common::machine::beside();
     use std::io::Write as _;
     let marker = format!(
         "oomguard-kmsg-test pid={} t={:?}",
@@ -1286,6 +1318,7 @@ const TWO_KILLS: &str = "00-local-6.18-memcg-v1-two-kills.txt";
 
 #[test]
 fn stdin_with_a_bad_byte_is_read_lossily_and_the_bytes_counted() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let mut bytes = b"\xff\xfe garbage\n".to_vec();
     bytes.extend_from_slice(fixture(TWO_KILLS).as_bytes());
@@ -1302,6 +1335,7 @@ fn stdin_with_a_bad_byte_is_read_lossily_and_the_bytes_counted() {
 
 #[test]
 fn a_pipe_on_stdin_is_read_instead_of_the_live_kernel_log() {
+    let _machine = common::machine::beside();
     let path = Path::new(FIXTURES).join(TWO_KILLS);
     let mut cat = Command::new("cat")
         .arg(&path)
@@ -1319,6 +1353,7 @@ fn a_pipe_on_stdin_is_read_instead_of_the_live_kernel_log() {
 
 #[test]
 fn json_output_streams_in_bounded_memory() {
+    let _machine = common::machine::beside();
     // Every fixture, many times over: about 40 MB of kernel log with
     // thousands of kills.
     let mut one = String::new();
@@ -1363,6 +1398,7 @@ fn json_output_streams_in_bounded_memory() {
 /// 256 MiB address-space limit.
 #[test]
 fn a_line_with_no_end_costs_bounded_memory() {
+    let _machine = common::machine::beside();
     let chunk = vec![b'x'; 1 << 20];
     let out = common::run_capped(&["forensics", "-"], move |w| {
         for _ in 0..400 {
@@ -1385,6 +1421,7 @@ fn a_line_with_no_end_costs_bounded_memory() {
 /// rows, not a JSON tree of them (which took some 30 times the text).
 #[test]
 fn json_of_a_huge_task_table_costs_bounded_memory() {
+    let _machine = common::machine::beside();
     const ROWS: usize = 100_000;
     let out = common::run_capped(&["forensics", "--format", "json", "-"], |w| {
         let mut text = String::from(

@@ -116,6 +116,7 @@ fn summary_data(command: &str) -> RunSummaryData {
 proptest! {
     #[test]
     fn annotations_decode_to_what_was_given(title in any::<String>(), message in any::<String>()) {
+        let _machine = crate::common::machine::beside();
         for (level, name) in [(Level::Warning, "warning"), (Level::Error, "error")] {
             let line = annotation(level, &title, &message);
             prop_assert!(!line.contains('\n') && !line.contains('\r'), "{}", line);
@@ -133,6 +134,7 @@ proptest! {
 
     #[test]
     fn step_summary_rows_have_two_cells(command in any::<String>()) {
+        let _machine = crate::common::machine::beside();
         let text = step_summary(&summary_data(&command));
         let rows: Vec<&str> = text.lines().filter(|l| l.starts_with('|')).collect();
         prop_assert!(rows.len() >= 10);
@@ -145,6 +147,7 @@ proptest! {
 
 #[test]
 fn an_oom_run_summary() {
+    let _machine = common::machine::beside();
     let text = step_summary(&summary_data("torchrun --nproc-per-node 8 train.py"));
     assert!(
         text.starts_with(
@@ -186,6 +189,7 @@ fn an_oom_run_summary() {
 
 #[test]
 fn a_day_of_firing_rules_makes_a_few_annotations() {
+    let _machine = common::machine::beside();
     let mut a = Annotator::default();
     let mut lines = Vec::new();
     // Two rules firing on every 1 s tick for 24 h, an OOM kill every hour.

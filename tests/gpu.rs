@@ -34,8 +34,17 @@ fn fresh(probe: &mut GpuProbe) -> GpuReading {
     reading_after(probe, Instant::now())
 }
 
+/// A probe whose `sample()` waits for the reading it asks for: one NVML
+/// call per [`fresh`] reading however busy the machine, so scenarios that
+/// count calls (`fail=… after=N`) mean what they say. The default 5 ms wait
+/// hands back the previous reading when the worker thread is slow to run,
+/// and the next poll asks again: a second call for one reading.
 fn open(fake: &FakeNvml) -> GpuProbe {
-    GpuProbe::open(Some(fake.lib_path())).expect("open the fake NVML")
+    let options = GpuProbeOptions {
+        sample_wait: Duration::from_secs(10),
+        ..GpuProbeOptions::default()
+    };
+    GpuProbe::open_with(Some(fake.lib_path()), options).expect("open the fake NVML")
 }
 
 fn two_gpus(extra: &str) -> String {
@@ -54,6 +63,7 @@ fn two_gpus(extra: &str) -> String {
 
 #[test]
 fn two_gpus_tree_foreign_and_garbage() {
+    let _machine = common::machine::beside();
     common::deadline::arm();
     // A real child, so its pid and NSpid come from the real /proc.
     let mut child = std::process::Command::new("sleep")
@@ -143,6 +153,7 @@ fn two_gpus_tree_foreign_and_garbage() {
 
 #[test]
 fn library_missing_names_the_path() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let lib = dir.path().join("libnvidia-ml.so.1");
     let err = GpuProbe::open(Some(&lib)).unwrap_err();
@@ -157,6 +168,7 @@ fn library_missing_names_the_path() {
 
 #[test]
 fn default_library_opens_or_explains() {
+    let _machine = common::machine::beside();
     // No driver here, so this is normally "not found"; on a machine with a
     // real driver it may open. Either way, no panic and a one-line reason.
     match GpuProbe::open(None) {
@@ -167,6 +179,7 @@ fn default_library_opens_or_explains() {
 
 #[test]
 fn init_failing_with_9_is_driver_not_loaded() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new("init_error=9\n");
     let err = GpuProbe::open(Some(fake.lib_path())).unwrap_err();
     assert_eq!(err, GpuUnavailable::DriverNotLoaded);
@@ -175,6 +188,7 @@ fn init_failing_with_9_is_driver_not_loaded() {
 
 #[test]
 fn init_failing_with_another_code_says_which() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new("init_error=999\n");
     let err = GpuProbe::open(Some(fake.lib_path())).unwrap_err();
     assert!(
@@ -186,6 +200,7 @@ fn init_failing_with_another_code_says_which() {
 
 #[test]
 fn init_symbol_missing() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::variant(&["FAKE_NVML_NO_INIT"], "");
     let err = GpuProbe::open(Some(fake.lib_path())).unwrap_err();
     assert!(
@@ -196,6 +211,7 @@ fn init_symbol_missing() {
 
 #[test]
 fn no_devices_is_unavailable() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new("driver_version=550.54.15\n");
     let err = GpuProbe::open(Some(fake.lib_path())).unwrap_err();
     assert_eq!(err, GpuUnavailable::NoDevices);
@@ -203,6 +219,7 @@ fn no_devices_is_unavailable() {
 
 #[test]
 fn init_that_hangs_times_out() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&two_gpus("sleep=nvmlInit_v2 ms=3000\n"));
     let options = GpuProbeOptions {
         init_timeout: Duration::from_millis(200),
@@ -214,6 +231,7 @@ fn init_that_hangs_times_out() {
 
 #[test]
 fn memory_call_failing_mid_run_drops_the_device_then_recovers() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&two_gpus(""));
     let mut probe = open(&fake);
     assert_eq!(fresh(&mut probe).devices.len(), 2);
@@ -236,6 +254,7 @@ fn memory_call_failing_mid_run_drops_the_device_then_recovers() {
 
 #[test]
 fn failing_after_n_calls() {
+    let _machine = common::machine::beside();
     // One GPU; memory info works for 3 calls, then fails.
     let fake = FakeNvml::new(&format!(
         "gpu=0 total={t} reserved=0 used={u} name=Fake\nfail=nvmlDeviceGetMemoryInfo_v2 after=3\n",
@@ -253,6 +272,7 @@ fn failing_after_n_calls() {
 
 #[test]
 fn process_list_failing_keeps_the_device() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&two_gpus(
         "proc=0 pid=100 used=1024\nfail=nvmlDeviceGetComputeRunningProcesses_v3 gpu=0\n",
     ));
@@ -267,6 +287,7 @@ fn process_list_failing_keeps_the_device() {
 
 #[test]
 fn a_panic_inside_nvml_wrapper_is_contained() {
+    let _machine = common::machine::beside();
     // A process count of 0xFFFFFFFF makes nvml-wrapper's `count + 5`
     // overflow: a panic where overflow checks are on (debug builds), an
     // error otherwise. Either way the other device is read and the probe
@@ -289,6 +310,7 @@ fn a_panic_inside_nvml_wrapper_is_contained() {
 
 #[test]
 fn a_stalled_call_does_not_block_the_tick() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&two_gpus(""));
     let options = GpuProbeOptions {
         stall_after: Duration::from_millis(300),
@@ -337,6 +359,7 @@ fn a_stalled_call_does_not_block_the_tick() {
 
 #[test]
 fn memory_growing_every_call() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&format!(
         "gpu=0 total={t} reserved=0 used={u} grow={g} name=Fake\n",
         t = 16 * GIB,
@@ -368,6 +391,7 @@ fn old_driver_without_uuid_or_shutdown() {
             "--test-threads=1",
         ])
         .env(CHILD_ENV, "1")
+        .env(common::machine::CHILD, "1")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -416,6 +440,7 @@ fn old_driver_child() {
 
 #[test]
 fn probe_drop_shuts_nvml_down() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(&two_gpus(""));
     let mut probe = open(&fake);
     fresh(&mut probe);
@@ -429,6 +454,7 @@ fn probe_drop_shuts_nvml_down() {
 /// sample and attributes GPU memory to the job's process by pid.
 #[test]
 fn run_reports_gpus_and_attributes_the_job() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(
         "gpu=0 total=17179869184 reserved=0 used=1073741824 util=50 uuid=GPU-0 name=Fake A\n",
     );
@@ -521,6 +547,7 @@ fn run_reports_gpus_and_attributes_the_job() {
 /// vanish from the log (and /metrics, the dashboard) when memory is tight.
 #[test]
 fn fast_ticks_near_a_ceiling_carry_the_last_gpu_reading() {
+    let _machine = common::machine::beside();
     let fake = FakeNvml::new(
         "gpu=0 total=17179869184 reserved=0 used=1073741824 util=50 uuid=GPU-0 name=Fake A\n",
     );

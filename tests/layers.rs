@@ -237,6 +237,7 @@ fn src() -> std::path::PathBuf {
 
 #[test]
 fn src_holds_only_the_layers() {
+    let _machine = crate::common::machine::beside();
     let entries: BTreeSet<String> = fs::read_dir(src())
         .unwrap()
         .flatten()
@@ -253,6 +254,7 @@ fn src_holds_only_the_layers() {
 
 #[test]
 fn a_layer_uses_only_itself_and_those_below() {
+    let _machine = crate::common::machine::beside();
     let graphs = graphs(&src());
     let rank = |m: &str| LAYERS.iter().position(|l| *l == m);
     let mut upward = Vec::new();
@@ -268,6 +270,7 @@ fn a_layer_uses_only_itself_and_those_below() {
 
 #[test]
 fn no_folder_holds_a_circle() {
+    let _machine = crate::common::machine::beside();
     let circles: Vec<String> = graphs(&src())
         .iter()
         .filter_map(|(folder, g)| circle(g).map(|c| format!("src/{}: {c}", folder.join("/"))))
@@ -284,6 +287,7 @@ fn no_folder_holds_a_circle() {
 /// and comments are left out.
 #[test]
 fn the_layer_check_sees_what_it_looks_for() {
+    let _machine = crate::common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path();
     fs::create_dir_all(src.join("vocab")).unwrap();

@@ -40,6 +40,7 @@ fn start_quiet_run(job: &Path, pid_file: &Path, stdout: Stdio, stderr: Stdio) ->
 
 #[test]
 fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "quiet.py", QUIET);
     let pid_file = dir.path().join("job.pid");
@@ -63,6 +64,7 @@ fn the_job_gets_a_death_signal_when_oomguard_is_killed() {
 
 #[test]
 fn a_killed_oomguard_leaves_the_trainer_its_output_to_checkpoint() {
+    let _machine = common::machine::beside();
     // stdout to a file, stderr to a pipe: the two kinds of channel. Without
     // the keeper the trainer's first print after the death signal fails
     // (EPIPE) inside its handler, and no checkpoint is written.
@@ -107,6 +109,7 @@ fn a_killed_oomguard_leaves_the_trainer_its_output_to_checkpoint() {
 /// checkpoints as it would had nothing been held.
 #[test]
 fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "trainer.py", SAVES_ON_TERM);
     let pid_file = dir.path().join("job.pid");
@@ -172,6 +175,7 @@ fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
 
 #[test]
 fn a_run_that_ends_leaves_no_keeper_behind() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "quiet.py", QUIET);
     let pid_file = dir.path().join("job.pid");
@@ -257,6 +261,7 @@ while True:
 
 #[test]
 fn every_signal_oomguard_sends_while_ending_is_an_action() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "stubborn.py", STUBBORN);
     let log = dir.path().join("run.ndjson");
@@ -387,6 +392,7 @@ fn hard_nofile(pid: u32) -> Option<u64> {
 /// with `outcome: internal_error` and the `error`.
 #[test]
 fn a_relaunch_that_gets_no_pipes_ends_with_internal_error() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/torch-errors/04-torch1.4-1.9-reserved-in-total.txt");
@@ -487,6 +493,7 @@ fn a_relaunch_that_gets_no_pipes_ends_with_internal_error() {
 /// limits span from too few to open the log to enough to run.
 #[test]
 fn running_out_of_descriptors_at_start_is_an_internal_error() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let mut logged_failures = 0;
     let mut failures = 0;

@@ -452,6 +452,7 @@ fn check_dashboards_have_data(prom: &Prometheus, gpu: bool) {
 
 #[test]
 fn dashboards_are_provisioning_ready() {
+    let _machine = common::machine::beside();
     let known: Vec<String> = metric_names(&full_metrics(ConstantLabels::new()).render());
     let boards = prometheus::dashboards();
     let names: Vec<&str> = boards.iter().map(|(n, _)| n.as_str()).collect();
@@ -609,6 +610,7 @@ fn dashboards_are_provisioning_ready() {
 
 #[test]
 fn promtool_accepts_the_endpoint_and_the_textfile() {
+    let _machine = common::machine::beside();
     if !require(
         prometheus::tools_installed(),
         "prometheus/promtool not installed (apt-get install prometheus)",
@@ -649,6 +651,7 @@ fn promtool_accepts_the_endpoint_and_the_textfile() {
 
 #[test]
 fn live_samples_scraped_by_prometheus() {
+    let _machine = common::machine::beside();
     if !require(
         prometheus::tools_installed(),
         "prometheus/promtool not installed (apt-get install prometheus)",
@@ -720,6 +723,7 @@ fn live_samples_scraped_by_prometheus() {
 
 #[test]
 fn real_oomguard_run_scraped_by_prometheus() {
+    let _machine = common::machine::beside();
     if !require(
         prometheus::tools_installed(),
         "prometheus/promtool not installed (apt-get install prometheus)",
@@ -830,6 +834,7 @@ fn real_oomguard_run_scraped_by_prometheus() {
 /// keep Prometheus-style scrapes of a real run from being answered.
 #[test]
 fn idle_sockets_do_not_starve_scrapes_of_a_real_run() {
+    let _machine = common::machine::beside();
     let addr: SocketAddr = format!("127.0.0.1:{}", prometheus::free_port())
         .parse()
         .unwrap();
@@ -872,6 +877,7 @@ fn idle_sockets_do_not_starve_scrapes_of_a_real_run() {
 /// `--metrics-addr 0.0.0.0:…` exposes the endpoint to the network: say so.
 #[test]
 fn a_non_loopback_metrics_address_is_warned_about() {
+    let _machine = common::machine::beside();
     let out = common::oomguard()
         .args(["run", "--metrics-addr", "0.0.0.0:0", "--", "true"])
         .output()

@@ -120,6 +120,7 @@ fn notify_calls(seen: &Path) -> usize {
 
 #[test]
 fn a_warning_is_a_desktop_notification_on_the_session_bus() {
+    let _machine = common::machine::beside();
     if !require(
         have("dbus-daemon") && have("dbus-monitor"),
         "needs dbus-daemon and dbus-monitor (Debian: dbus-daemon, dbus-bin)",

@@ -178,6 +178,7 @@ fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 
 #[test]
 fn pipes_relay_each_stream_unchanged_and_find_the_events() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let oom_text = fixture(OOM_FIXTURE);
     let oom = write_file(dir.path(), "oom.txt", &oom_text);
@@ -246,6 +247,7 @@ fn pipes_relay_each_stream_unchanged_and_find_the_events() {
 
 #[test]
 fn one_destination_for_both_streams_keeps_the_jobs_interleaving() {
+    let _machine = common::machine::beside();
     // oomguard ... > file 2>&1, or 2>&1 | tee: the job gets one channel,
     // so lines alternate exactly as written.
     let (r_end, w_end) = pipe();
@@ -268,6 +270,7 @@ fn one_destination_for_both_streams_keeps_the_jobs_interleaving() {
 
 #[test]
 fn a_job_that_had_a_pipe_sees_no_terminal() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let (out, _err) = (collect(out_r), collect(err_r));
@@ -313,6 +316,7 @@ os.write(1, ("resized %d %d\n" % (size.columns, size.lines)).encode())
 
 #[test]
 fn a_job_that_had_a_terminal_still_has_one() {
+    let _machine = common::machine::beside();
     // oomguard is in a background process group while the job has the
     // terminal, so no SIGWINCH comes: the size poll must see the change.
     terminal_case(false);
@@ -320,6 +324,7 @@ fn a_job_that_had_a_terminal_still_has_one() {
 
 #[test]
 fn sigwinch_resizes_the_jobs_terminal_at_once() {
+    let _machine = common::machine::beside();
     // Without a job in the foreground, oomguard gets SIGWINCH itself.
     terminal_case(true);
 }
@@ -421,6 +426,7 @@ fn has_python() -> bool {
 
 #[test]
 fn a_slow_reader_gets_every_byte_in_order() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let reader = std::thread::spawn(move || {
         // Start reading only long after the job could have written it all.
@@ -460,6 +466,7 @@ fn a_slow_reader_gets_every_byte_in_order() {
 /// scanner still sees every line of both.
 #[test]
 fn spliced_and_copied_destinations_get_every_byte_and_the_events() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("err.txt");
     let file = fs::File::create(&path).unwrap();
@@ -503,6 +510,7 @@ fn spliced_and_copied_destinations_get_every_byte_and_the_events() {
 
 #[test]
 fn a_closed_stdout_gives_the_job_epipe() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     drop(out_r);
     let r = relay_job(
@@ -530,6 +538,7 @@ fn a_closed_stdout_gives_the_job_epipe() {
 
 #[test]
 fn with_output_drop_a_stdout_nobody_reads_does_not_block_the_job() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let err = collect(err_r);
@@ -561,6 +570,7 @@ fn with_output_drop_a_stdout_nobody_reads_does_not_block_the_job() {
 
 #[test]
 fn with_output_drop_a_closed_stdout_is_reported_and_the_job_is_still_drained() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     drop(out_r);
     let (err_r, err_w) = pipe();
@@ -606,6 +616,7 @@ fn with_output_drop_a_closed_stdout_is_reported_and_the_job_is_still_drained() {
 
 #[test]
 fn messages_split_across_writes_and_progress_bars_are_scanned() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let oom_text = fixture(OOM_FIXTURE);
     let (head, tail) = oom_text.split_at(oom_text.len() / 2);
@@ -657,6 +668,7 @@ fn messages_split_across_writes_and_progress_bars_are_scanned() {
 
 #[test]
 fn invalid_utf8_and_a_ten_mib_line_pass_through() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let (out, err) = (collect(out_r), collect(err_r));
@@ -690,6 +702,7 @@ fn invalid_utf8_and_a_ten_mib_line_pass_through() {
 
 #[test]
 fn next_attempt_reuses_the_destinations() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let (out, _err) = (collect(out_r), collect(err_r));
@@ -740,6 +753,7 @@ fn next_attempt_reuses_the_destinations() {
 
 #[test]
 fn the_end_is_seen_only_after_after_spawn() {
+    let _machine = common::machine::beside();
     // Without after_spawn the relay's own copy keeps the pipe open: this is
     // why the call exists. With it, the end comes when the job exits.
     let (out_r, out_w) = pipe();
@@ -775,6 +789,7 @@ fn the_end_is_seen_only_after_after_spawn() {
 
 #[test]
 fn a_last_line_without_newline_is_scanned_when_the_output_ends() {
+    let _machine = common::machine::beside();
     let (out_r, out_w) = pipe();
     let (err_r, err_w) = pipe();
     let (_out, _err) = (collect(out_r), collect(err_r));
@@ -809,6 +824,7 @@ fn a_last_line_without_newline_is_scanned_when_the_output_ends() {
 
 #[test]
 fn an_output_log_that_cannot_be_opened_is_an_error_naming_it() {
+    let _machine = common::machine::beside();
     let rt = runtime();
     let _guard = rt.enter();
     let err = OutputRelay::new(RelayOptions {
@@ -824,6 +840,7 @@ fn an_output_log_that_cannot_be_opened_is_an_error_naming_it() {
 
 #[test]
 fn cuda_oom_and_worker_death_end_to_end() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let oom_text = fixture(OOM_FIXTURE);
     let pid_text = fixture("10-container-own-process-as-Process-N.txt");
@@ -963,6 +980,7 @@ fn pipeline(script: &str) -> String {
 
 #[test]
 fn a_slow_reader_gets_every_byte_through_oomguard() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let bytes: Vec<u8> = (0..5_242_880u32).map(|i| (i % 251) as u8).collect();
@@ -983,6 +1001,7 @@ fn a_slow_reader_gets_every_byte_through_oomguard() {
 
 #[test]
 fn a_slow_reader_gets_every_line_unchanged_through_oomguard() {
+    let _machine = common::machine::beside();
     let direct = pipeline("seq 1 3000000 | md5sum");
     let relayed = pipeline("\"$OOMGUARD\" run -q -- seq 1 3000000 | (sleep 2; md5sum)");
     assert_eq!(relayed, direct);
@@ -990,6 +1009,7 @@ fn a_slow_reader_gets_every_line_unchanged_through_oomguard() {
 
 #[test]
 fn a_reader_that_goes_away_gives_the_job_epipe_through_oomguard() {
+    let _machine = common::machine::beside();
     // `yes` never ends by itself: only SIGPIPE ends it, and oomguard with
     // it, exiting as the job did (128 + 13).
     let got = pipeline("\"$OOMGUARD\" run -q -- yes | head -c 1000 | wc -c; echo ${PIPESTATUS[0]}");
@@ -998,6 +1018,7 @@ fn a_reader_that_goes_away_gives_the_job_epipe_through_oomguard() {
 
 #[test]
 fn output_drop_counts_what_it_dropped_in_run_end() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let got = pipeline(&format!(

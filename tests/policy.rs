@@ -261,6 +261,7 @@ fn serial_fast_leak_is_stopped_before_the_kernel() {
 
 #[test]
 fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("ckptsig", 1 << 30) else {
         return;
     };
@@ -314,6 +315,7 @@ fn checkpoint_signal_reaches_the_trainer_and_not_the_workers() {
 
 #[test]
 fn a_trainer_that_saves_and_leaves_at_once_has_its_checkpoint_logged() {
+    let _machine = common::machine::beside();
     // No workers: the tree is gone the moment the trainer has saved, before
     // any tick sees it go, and the checkpoint event must still be written.
     let Some(cg) = MemCgroup::or_skip("ckptquick", 1 << 30) else {
@@ -363,6 +365,7 @@ fn a_trainer_that_saves_and_leaves_at_once_has_its_checkpoint_logged() {
 
 #[test]
 fn trainer_ignoring_the_signal_is_stopped_after_grace_and_kill_after() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("stubborn", 1 << 30) else {
         return;
     };
@@ -494,6 +497,7 @@ fn serial_pause_freezes_the_tree_and_resume_thaws_it() {
 
 #[test]
 fn warn_runs_the_hook_with_the_event() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("hook.env");
     let hook = format!("env | grep ^OOMGUARD_ | sort > {}", out.display());
@@ -533,6 +537,7 @@ fn warn_runs_the_hook_with_the_event() {
 
 #[test]
 fn invalid_configs_are_rejected_before_the_job_starts() {
+    let _machine = common::machine::beside();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configs/invalid");
     let mut n = 0;
     let marker = tempfile::tempdir().unwrap();
@@ -573,6 +578,7 @@ fn invalid_configs_are_rejected_before_the_job_starts() {
 
 #[test]
 fn bad_flags_exit_2() {
+    let _machine = common::machine::beside();
     let marker = tempfile::tempdir().unwrap();
     let started = marker.path().join("started");
     // (flags, what the message must name)
@@ -629,6 +635,7 @@ fn bad_flags_exit_2() {
 
 #[test]
 fn metrics_addr_takes_a_host_name() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let out = oomguard()

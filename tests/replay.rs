@@ -50,6 +50,7 @@ fn replay(log: &Path, flags: &[&str]) -> (usize, usize, usize, Vec<(f64, String,
 
 #[test]
 fn the_recorded_policy_reproduces_every_recorded_run() {
+    let _machine = common::machine::beside();
     for name in ["prevented.ndjson", "restarted.ndjson"] {
         let (recorded, replayed, same, _) = replay(&fixture(name), &[]);
         assert!(recorded > 0, "{name}: nothing recorded to compare");
@@ -63,6 +64,7 @@ fn the_recorded_policy_reproduces_every_recorded_run() {
 
 #[test]
 fn a_stricter_critical_level_stops_earlier() {
+    let _machine = common::machine::beside();
     let log = fixture("prevented.ndjson");
     let (_, _, _, base) = replay(&log, &[]);
     let (_, _, same, strict) = replay(&log, &["--critical-at", "60%", "--warn-at", "40%"]);
@@ -86,6 +88,7 @@ fn a_stricter_critical_level_stops_earlier() {
 
 #[test]
 fn a_live_run_is_reproduced_by_its_own_replay() {
+    let _machine = common::machine::beside();
     // A job that grows to about 300 MiB in 10 MiB steps and then holds,
     // under a 256 MiB budget: the default policy warns, then stops it. It
     // never grows past 300 MiB, so no memory cgroup is needed.

@@ -76,6 +76,7 @@ const DETACHED_FIXTURE: &str = "attach-detached";
 
 #[test]
 fn fixtures_follow_the_log_schema() {
+    let _machine = common::machine::beside();
     for name in FIXTURES.into_iter().chain([
         "cuda-oom-restarted",
         GPU_FIXTURE,
@@ -242,6 +243,7 @@ fn check_entities(text: &str) -> Result<(), String> {
 
 #[test]
 fn the_checker_catches_bad_markup() {
+    let _machine = common::machine::beside();
     assert!(check_html("<p><b>x</b></p>").is_ok());
     assert!(check_html("<p><b>x</p></b>").is_err());
     assert!(check_html("<p>a & b</p>").is_err());
@@ -259,6 +261,7 @@ fn svg_of(html: &str) -> &str {
 
 #[test]
 fn html_is_well_formed_and_self_contained() {
+    let _machine = common::machine::beside();
     for name in FIXTURES {
         let html = html_of(name);
         check_html(&html).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -302,6 +305,7 @@ fn html_is_well_formed_and_self_contained() {
 
 #[test]
 fn svg_is_strict_xml() {
+    let _machine = common::machine::beside();
     let have_python = Command::new("python3")
         .arg("-c")
         .arg("import xml.etree.ElementTree")
@@ -352,6 +356,7 @@ fn svg_groups(svg: &str) -> BTreeMap<String, String> {
 
 #[test]
 fn svg_has_every_series_and_one_marker_per_event() {
+    let _machine = common::machine::beside();
     for name in FIXTURES {
         let text = fixture(name);
         let ls = lines(&text);
@@ -472,6 +477,7 @@ fn esc_html(s: &str) -> String {
 
 #[test]
 fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
+    let _machine = common::machine::beside();
     for name in FIXTURES {
         let text = fixture(name);
         let ls = lines(&text);
@@ -647,6 +653,7 @@ fn leaking_worker_advice_names_the_workers_and_a_count_that_fits() {
 
 #[test]
 fn each_run_is_explained() {
+    let _machine = common::machine::beside();
     let kinds = |name: &str| -> Vec<&'static str> {
         let log = load(&fixture(name)).unwrap();
         diagnose(&log).iter().map(|f| f.kind).collect()
@@ -697,6 +704,7 @@ fn each_run_is_explained() {
 
 #[test]
 fn text_and_json_carry_the_same_findings() {
+    let _machine = common::machine::beside();
     for name in FIXTURES {
         let log = load(&fixture(name)).unwrap();
         let findings = diagnose(&log);
@@ -734,6 +742,7 @@ fn text_and_json_carry_the_same_findings() {
 /// 256 MiB address-space limit; listing every one took gigabytes).
 #[test]
 fn millions_of_junk_lines_cost_a_count_not_memory() {
+    let _machine = common::machine::beside();
     let log = fixture("prevented");
     let out = common::run_capped(&["report", "--format", "text", "-"], move |w| {
         let junk = "x\n".repeat(1 << 16);
@@ -760,6 +769,7 @@ fn millions_of_junk_lines_cost_a_count_not_memory() {
 
 #[test]
 fn damaged_and_extended_logs_still_render() {
+    let _machine = common::machine::beside();
     for name in FIXTURES {
         let text = fixture(name);
         let all: Vec<&str> = text.lines().collect();
@@ -797,6 +807,7 @@ fn damaged_and_extended_logs_still_render() {
 
 #[test]
 fn run_report_writes_html_next_to_the_log_and_text_to_stdout() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("run.ndjson");
     std::fs::copy(fixture_path("restarted"), &input).unwrap();
@@ -818,6 +829,7 @@ fn run_report_writes_html_next_to_the_log_and_text_to_stdout() {
 
 #[test]
 fn inflate_matches_zlib() {
+    let _machine = common::machine::beside();
     let have_python = Command::new("python3")
         .arg("-c")
         .arg("import zlib")
@@ -867,6 +879,7 @@ fn screenshot_dir() -> PathBuf {
 
 #[test]
 fn screenshot_in_headless_chromium_is_a_real_picture() {
+    let _machine = common::machine::beside();
     let Some(chrome) = screenshot::chromium() else {
         common::require(false, "chromium not installed (apt-get install chromium)");
         return;
@@ -947,6 +960,7 @@ proptest::proptest! {
         ops in proptest::collection::vec((0usize..10_000, 0u8..12, proptest::prelude::any::<i64>()), 0..24),
         cut in 0usize..400,
     ) {
+        let _machine = crate::common::machine::beside();
         let text = fixture(FIXTURES[which]);
         let mut ls: Vec<Value> = lines(&text);
         for (at, kind, seed) in ops {
@@ -983,6 +997,7 @@ proptest::proptest! {
 
 #[test]
 fn a_line_without_a_schema_is_skipped_with_a_warning_not_the_whole_log() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("run.ndjson");
     let text = std::fs::read_to_string(fixture_path("restarted")).unwrap();
@@ -1008,6 +1023,7 @@ fn a_line_without_a_schema_is_skipped_with_a_warning_not_the_whole_log() {
 /// the job printed, and marks where epoch 2 began.
 #[test]
 fn a_real_run_with_progress_gets_a_step_axis_with_epoch_starts() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let html = dir.path().join("run.html");
@@ -1101,6 +1117,7 @@ fn card_html(key: &str, value: &str) -> String {
 
 #[test]
 fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
+    let _machine = common::machine::beside();
     let name = GPU_FIXTURE;
     let gpu_peak = raw_peak(name, "gpu_used_bytes", |s| {
         let g = s["gpus"].as_array()?;
@@ -1176,6 +1193,7 @@ fn gpu_run_report_has_the_gpu_figures_in_text_html_and_json() {
 
 #[test]
 fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
+    let _machine = common::machine::beside();
     let name = SWAP_FIXTURE;
     let swap_peak = raw_peak(name, "swap_used_bytes", |s| {
         s["system"]["swap_used_bytes"].as_u64()
@@ -1233,6 +1251,7 @@ fn swap_run_report_has_the_swap_figures_in_text_html_and_json() {
 
 #[test]
 fn attach_run_report_says_detached_in_text_html_and_json() {
+    let _machine = common::machine::beside();
     let name = DETACHED_FIXTURE;
     let end = lines(&fixture(name)).pop().unwrap();
     assert_eq!(
@@ -1307,6 +1326,7 @@ fn binary_report_json(name: &str) -> Value {
 /// count.
 #[test]
 fn worker_count_advice_uses_the_trainers_share_and_the_footprint_the_policy_used() {
+    let _machine = common::machine::beside();
     let ls = lines(&fixture(LEAK2_FIXTURE));
     // The trainer's USS in every list whose workers were read (a worker
     // listed with PSS = USS was not read since its fork, and its trainer's
@@ -1412,6 +1432,7 @@ fn series_points(svg: &str, id: &str) -> Vec<(f64, f64)> {
 /// shown only under its own name.
 #[test]
 fn the_report_shows_the_footprint_the_policy_used_and_pss_as_a_breakdown() {
+    let _machine = common::machine::beside();
     let name = LEAK2_FIXTURE;
     let ls = lines(&fixture(name));
     let samples: Vec<&Value> = ls.iter().filter(|l| l["event"] == "sample").collect();

@@ -235,6 +235,7 @@ fn serial_restart_after_a_real_kernel_oom_kill_of_a_worker() {
 
 #[test]
 fn restart_limit_backoff_and_degradation_floors() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("limit", 1 << 30) else {
         return;
     };
@@ -308,6 +309,7 @@ fn restart_limit_backoff_and_degradation_floors() {
 
 #[test]
 fn a_long_clean_attempt_resets_the_restart_count() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("reset", 1 << 30) else {
         return;
     };
@@ -352,6 +354,7 @@ fn a_long_clean_attempt_resets_the_restart_count() {
 
 #[test]
 fn resume_command_gets_the_checkpoint_and_the_environment() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("resume", 1 << 30) else {
         return;
     };
@@ -399,6 +402,7 @@ fn resume_command_gets_the_checkpoint_and_the_environment() {
 
 #[test]
 fn checkpoint_confirmation_waits_for_a_slow_writer() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("slowckpt", 1 << 30) else {
         return;
     };
@@ -454,6 +458,7 @@ fn checkpoint_confirmation_waits_for_a_slow_writer() {
 
 #[test]
 fn no_checkpoint_is_reported_when_the_trainer_never_writes_one() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("nockpt", 1 << 30) else {
         return;
     };
@@ -506,6 +511,7 @@ fn no_checkpoint_is_reported_when_the_trainer_never_writes_one() {
 
 #[test]
 fn restart_on_cuda_oom_adds_expandable_segments_when_fragmented() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torch-errors");
     // A 2.x message where PyTorch held more reserved-but-unallocated memory
@@ -568,6 +574,7 @@ fn restart_on_cuda_oom_adds_expandable_segments_when_fragmented() {
 /// started them. Without it the report said "workers 0" for such attempts.
 #[test]
 fn a_short_attempt_still_shows_its_workers() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     // Attempt 1 leaks in the trainer (at most 400 MiB, so it is safe
     // outside a cgroup) and is restarted; attempt 2 (MODE=calm) holds its
@@ -650,6 +657,7 @@ if __name__ == "__main__":
 /// and the last attempt, ended by a `restart` with none left, says so.
 #[test]
 fn one_restart_reads_as_one_and_the_refused_one_as_the_limit() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     // Leaks in the trainer (at most 400 MiB, safe outside a cgroup) on
     // every attempt.

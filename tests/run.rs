@@ -20,6 +20,7 @@ fn py(dir: &std::path::Path, name: &str, body: &str) -> String {
 
 #[test]
 fn exit_codes_pass_through() {
+    let _machine = common::machine::beside();
     for code in [0, 1, 2, 127, 255] {
         let st = oomguard()
             .args(["run", "-q", "--", "sh", "-c", &format!("exit {code}")])
@@ -31,6 +32,7 @@ fn exit_codes_pass_through() {
 
 #[test]
 fn death_by_signal_is_128_plus_n() {
+    let _machine = common::machine::beside();
     for (sig, code) in [("SIGTERM", 143), ("SIGKILL", 137)] {
         let st = oomguard()
             .args([
@@ -49,6 +51,7 @@ fn death_by_signal_is_128_plus_n() {
 
 #[test]
 fn missing_and_non_executable_commands() {
+    let _machine = common::machine::beside();
     let out = oomguard()
         .args(["run", "--", "/no/such/cmd-xyz"])
         .output()
@@ -74,6 +77,7 @@ fn missing_and_non_executable_commands() {
 /// the command (and pid 0: there was no job), then `run_end` with the code.
 #[test]
 fn a_command_that_cannot_start_still_opens_and_closes_the_log() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let st = oomguard()
@@ -107,6 +111,7 @@ fn a_command_that_cannot_start_still_opens_and_closes_the_log() {
 /// measured, never signalled when the job ends, and never waited for.
 #[test]
 fn processes_forked_before_exec_are_not_the_job() {
+    let _machine = common::machine::beside();
     let og = env!("CARGO_BIN_EXE_oomguard");
     for cgroup in ["auto", "off"] {
         let dir = tempfile::tempdir().unwrap();
@@ -180,6 +185,7 @@ fn processes_forked_before_exec_are_not_the_job() {
 
 #[test]
 fn usage_errors_exit_2() {
+    let _machine = common::machine::beside();
     let out = oomguard()
         .args(["run", "--budget", "lots", "--", "true"])
         .output()
@@ -203,6 +209,7 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn stdout_and_stdin_pass_through_untouched() {
+    let _machine = common::machine::beside();
     let mut child = oomguard()
         .args([
             "run",
@@ -241,6 +248,7 @@ while True:
 
 #[test]
 fn each_forwarded_signal_reaches_the_job() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let rec = py(dir.path(), "rec.py", SIGNAL_RECORDER);
     let out = dir.path().join("got.txt");
@@ -284,6 +292,7 @@ fn each_forwarded_signal_reaches_the_job() {
 
 #[test]
 fn job_ignoring_sigterm_is_killed_after_kill_after() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = py(
         dir.path(),
@@ -318,6 +327,7 @@ fn job_ignoring_sigterm_is_killed_after_kill_after() {
 
 #[test]
 fn second_interrupt_kills_at_once() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = py(
         dir.path(),
@@ -342,6 +352,7 @@ fn second_interrupt_kills_at_once() {
 
 #[test]
 fn run_end_is_written_when_oomguard_gets_sigterm() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let mut child = oomguard()
@@ -372,6 +383,7 @@ fn run_end_is_written_when_oomguard_gets_sigterm() {
 /// killed by the TERM, as it would be from a shell.)
 #[test]
 fn one_sigterm_ends_the_run_while_a_stalled_reader_holds_output() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     // stdout is a pipe this test never reads.
@@ -422,6 +434,7 @@ fn dev_full() -> fs::File {
 /// (the pause), and finishes.
 #[test]
 fn output_that_cannot_be_written_fails_the_run_with_74() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let out = oomguard()
@@ -454,6 +467,7 @@ fn output_that_cannot_be_written_fails_the_run_with_74() {
 /// action line names them, not the main pid, which is gone.
 #[test]
 fn a_sigterm_after_the_main_process_exited_names_the_processes_it_reached() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let ready = dir.path().join("ready");
@@ -524,6 +538,7 @@ time.sleep(float(sys.argv[2]))
 /// output keeper (oomguard's other child) set apart.
 #[test]
 fn orphaned_grandchildren_are_reaped_while_oomguard_runs() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = py(dir.path(), "orphans.py", ORPHANS);
     let ready = dir.path().join("ready");
@@ -571,6 +586,7 @@ open(ready, "w").close()
 
 #[test]
 fn double_forked_worker_in_its_own_session_stays_in_the_tree_and_is_reaped() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = py(dir.path(), "setsid.py", SETSID_WORKER);
     let (ready, pidfile) = (dir.path().join("ready"), dir.path().join("pid"));
@@ -637,6 +653,7 @@ for k in kids:
 
 #[test]
 fn forked_workers_are_counted_once_by_pss() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("pss", 1 << 30) else {
         return;
     };
@@ -716,6 +733,7 @@ fn forked_workers_are_counted_once_by_pss() {
 
 #[test]
 fn reports_the_memory_cgroup_it_runs_in() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("limit", 300 << 20) else {
         return;
     };
@@ -780,6 +798,7 @@ fn reports_the_memory_cgroup_it_runs_in() {
 
 #[test]
 fn budget_is_a_ceiling() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let st = oomguard()
@@ -813,6 +832,7 @@ fn budget_is_a_ceiling() {
 
 #[test]
 fn summary_on_stderr() {
+    let _machine = common::machine::beside();
     let mut child = oomguard()
         .args([
             "run",
@@ -844,6 +864,7 @@ fn summary_on_stderr() {
 
 #[test]
 fn fail_above_turns_a_memory_regression_into_exit_76() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = "import time\nb = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\ntime.sleep(1.5)\n";
     for (limit, code, exceeded) in [("16MiB", 76, true), ("1GiB", 0, false)] {
@@ -886,6 +907,7 @@ fn fail_above_turns_a_memory_regression_into_exit_76() {
 /// burst, and the sample, not the high-water mark, saw it).
 #[test]
 fn fail_above_catches_a_spike_between_samples() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let short = "import time\nb = bytearray(200 << 20)\ntime.sleep(0.3)\n";
     let burst = "import time\ntime.sleep(1.2)\nb = bytearray(200 << 20)\ntime.sleep(0.2)\ndel b\ntime.sleep(1.6)\n";
@@ -936,6 +958,7 @@ const FORKER: &str = "import os, sys, time\nb = bytearray(16 << 20)\nkids = []\n
 
 #[test]
 fn attach_watches_a_job_it_did_not_launch() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("attach.ndjson");
     let mut job = std::process::Command::new("python3")
@@ -983,6 +1006,7 @@ fn attach_watches_a_job_it_did_not_launch() {
 
 #[test]
 fn attach_detaches_on_sigterm_without_touching_the_job() {
+    let _machine = common::machine::beside();
     let mut job = std::process::Command::new("python3")
         .args(["-c", FORKER, "30"])
         .process_group(0)
@@ -1041,6 +1065,7 @@ for k in kids:
 /// process's RSS; the PSS sweep must still see it.
 #[test]
 fn copy_on_write_growth_without_rss_change_is_measured() {
+    let _machine = common::machine::beside();
     let Some(cg) = MemCgroup::or_skip("cow", 1 << 30) else {
         return;
     };
@@ -1089,6 +1114,7 @@ fn copy_on_write_growth_without_rss_change_is_measured() {
 /// --log run-%N-%r.ndjson …`), from SLURM's variables.
 #[test]
 fn a_log_pattern_gives_each_node_its_own_file() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let pattern = dir.path().join("run-%j-%N-%r.ndjson");
     let out = oomguard()
@@ -1145,6 +1171,7 @@ sys.exit(1)
 /// and an interrupt passed on to the job reads as one.
 #[test]
 fn the_ceiling_estimate_is_the_last_before_the_job_began_to_exit() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let job = py(dir.path(), "job.py", GROWS_THEN_TEARS_DOWN);
     let at = dir.path().join("interrupted-at");

@@ -154,11 +154,13 @@ fn runs_and_saves_on_a_stop(file: &str) {
 
 #[test]
 fn the_snippet_of_docs_companion_md_runs() {
+    let _machine = common::machine::beside();
     runs_and_saves_on_a_stop("docs/companion.md");
 }
 
 #[test]
 fn the_snippet_of_python_readme_md_runs() {
+    let _machine = common::machine::beside();
     runs_and_saves_on_a_stop("python/README.md");
 }
 
@@ -166,6 +168,7 @@ fn the_snippet_of_python_readme_md_runs() {
 /// checkpoint holds: the second attempt reports no step before it.
 #[test]
 fn the_snippet_of_python_readme_md_resumes_after_a_restart() {
+    let _machine = common::machine::beside();
     let code = snippet("python/README.md");
     let r = run_with(
         &code,

@@ -149,6 +149,7 @@ print("pids", sorted({l["pid"] for l in lines}), flush=True)
 
 #[test]
 fn the_trainer_reports_and_its_forked_worker_does_not() {
+    let _machine = common::machine::beside();
     let tmp = tempfile::tempdir().expect("tempdir");
     let injector =
         TorchStatsInjector::new_in(tmp.path(), Duration::from_millis(100), None).expect("injector");
@@ -223,6 +224,7 @@ fn the_trainer_reports_and_its_forked_worker_does_not() {
 
 #[test]
 fn a_child_forked_before_cuda_init_reports_for_itself() {
+    let _machine = common::machine::beside();
     // A fork-based launcher: the parent imports torch but never touches CUDA;
     // its child does. The child is a trainer and must be seen.
     let script = r#"
@@ -262,6 +264,7 @@ os.waitpid(child, 0)
 
 #[test]
 fn a_job_without_torch_is_untouched() {
+    let _machine = common::machine::beside();
     let script = r#"
 import sys, threading, time
 time.sleep(0.5)
@@ -294,6 +297,7 @@ print("oomguard on sys.path", any("oomguard-torch" in p for p in sys.path))
 
 #[test]
 fn an_existing_sitecustomize_still_runs() {
+    let _machine = common::machine::beside();
     let tmp = tempfile::tempdir().expect("tempdir");
     let user_site = tmp.path().join("user-site");
     fs::create_dir(&user_site).expect("mkdir");
@@ -347,6 +351,7 @@ time.sleep(0.5)
 
 #[test]
 fn a_failing_sitecustomize_fails_as_it_would_without_oomguard() {
+    let _machine = common::machine::beside();
     let tmp = tempfile::tempdir().expect("tempdir");
     let user_site = tmp.path().join("user-site");
     fs::create_dir(&user_site).expect("mkdir");
@@ -372,6 +377,7 @@ fn a_failing_sitecustomize_fails_as_it_would_without_oomguard() {
 
 #[test]
 fn a_reporter_whose_torch_calls_raise_leaves_the_job_alone() {
+    let _machine = common::machine::beside();
     let script = r#"
 import time
 import torch
@@ -412,6 +418,7 @@ raise SystemExit(3)
 
 #[test]
 fn an_unwritable_stats_path_leaves_the_job_alone() {
+    let _machine = common::machine::beside();
     let script = r#"
 import time
 import torch
@@ -436,6 +443,7 @@ print("fine")
 /// figures on the sample lines, and nothing for its forked worker.
 #[test]
 fn run_with_torch_stats_logs_the_trainers_allocator() {
+    let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.ndjson");
     let job = "import os, time, torch\n\

@@ -237,51 +237,61 @@ fn replay(name: &str) {
 
 #[test]
 fn tqdm_with_a_description_and_an_eval_bar() {
+    let _machine = common::machine::beside();
     replay("tqdm");
 }
 
 #[test]
 fn lightning_sanity_training_validation_test_and_predict() {
+    let _machine = common::machine::beside();
     replay("lightning");
 }
 
 #[test]
 fn hf_trainer_bars_and_log_dicts() {
+    let _machine = common::machine::beside();
     replay("hf_trainer");
 }
 
 #[test]
 fn keras_2() {
+    let _machine = common::machine::beside();
     replay("keras");
 }
 
 #[test]
 fn keras_3() {
+    let _machine = common::machine::beside();
     replay("keras3");
 }
 
 #[test]
 fn plain_imagenet_example() {
+    let _machine = common::machine::beside();
     replay("plain_imagenet");
 }
 
 #[test]
 fn plain_mnist_example() {
+    let _machine = common::machine::beside();
     replay("plain_mnist");
 }
 
 #[test]
 fn plain_epoch_step_val_step_and_iter() {
+    let _machine = common::machine::beside();
     replay("plain_steps");
 }
 
 #[test]
 fn plain_nanogpt() {
+    let _machine = common::machine::beside();
     replay("plain_nanogpt");
 }
 
 #[test]
 fn lines_that_only_look_like_progress_never_become_progress() {
+    let _machine = common::machine::beside();
     replay("noise");
 }
 

@@ -104,6 +104,7 @@ fn canonical_with_echo(fd: impl AsFd) -> bool {
 
 #[test]
 fn job_sees_a_terminal_and_its_output_arrives_through_the_master() {
+    let _machine = common::machine::beside();
     let (master, slave) = tui::open_pty(91, 27).unwrap();
     let mut child = spawn_on(
         &slave,
@@ -144,6 +145,7 @@ fn job_sees_a_terminal_and_its_output_arrives_through_the_master() {
 
 #[test]
 fn ctrl_c_and_resize_reach_the_job_like_in_a_terminal() {
+    let _machine = common::machine::beside();
     let (master, slave) = tui::open_pty(80, 24).unwrap();
     // Python, not sh: a shell cannot trap a signal ignored when it started,
     // and SIGINT is ignored in the background jobs of a script (a test
@@ -254,6 +256,7 @@ fn dashboard_in_pty(mode: &str) -> (Child, Screen, OwnedFd, OwnedFd) {
         "--test-threads=1",
     ])
     .env("OOMGUARD_TUI_CHILD", mode)
+    .env(common::machine::CHILD, "1")
     .env("TERM", "xterm-256color");
     let child = spawn_on(&slave, &mut cmd);
     // The parent keeps the slave so the terminal's settings can be read
@@ -263,6 +266,7 @@ fn dashboard_in_pty(mode: &str) -> (Child, Screen, OwnedFd, OwnedFd) {
 
 #[test]
 fn the_dashboard_takes_and_gives_back_the_terminal() {
+    let _machine = common::machine::beside();
     let (mut child, screen, master, slave) = dashboard_in_pty("keys");
     screen.wait_for("Processes");
     // Raw mode while the dashboard runs.
@@ -292,6 +296,7 @@ fn the_dashboard_takes_and_gives_back_the_terminal() {
 
 #[test]
 fn a_panic_restores_the_terminal_before_it_is_reported() {
+    let _machine = common::machine::beside();
     let (mut child, screen, _master, slave) = dashboard_in_pty("panic");
     let text = screen.wait_for("deliberate panic");
     let st = wait_exit(&mut child);

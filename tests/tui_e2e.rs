@@ -103,6 +103,7 @@ fn descendants(pid: u32) -> Vec<u32> {
 
 #[test]
 fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
+    let _machine = common::machine::beside();
     let have_tmux = Command::new("tmux")
         .arg("-V")
         .output()
@@ -267,6 +268,7 @@ fn last_event(log: &std::path::Path) -> String {
 
 #[test]
 fn closing_the_terminal_ends_the_run_with_run_end() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -302,6 +304,7 @@ fn closing_the_terminal_ends_the_run_with_run_end() {
 
 #[test]
 fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -342,6 +345,7 @@ fn with_on_hangup_detach_the_run_goes_on_and_sigterm_ends_it() {
 
 #[test]
 fn a_killed_dashboard_leaves_the_trainer_its_terminal_to_checkpoint() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -409,6 +413,7 @@ fn default_run(dir: &std::path::Path, name: &str, ci_env: &str, job_s: u32) -> (
 
 #[test]
 fn default_dashboard_on_a_terminal_without_ci() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -429,6 +434,7 @@ fn default_dashboard_on_a_terminal_without_ci() {
 
 #[test]
 fn default_with_ci_set_is_plain_output_on_a_terminal() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -462,6 +468,7 @@ time.sleep(120)
 /// warning and short of the 95 % critical level, so nothing else happens.
 #[test]
 fn the_dashboard_shows_warning_while_the_warn_rule_fires() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -540,6 +547,7 @@ fn exit_line(s: &Session, secs: u64) -> String {
 /// its last step (and says so), and the run exits 130 after the save.
 #[test]
 fn a_first_ctrl_c_in_the_dashboard_saves_the_last_step_and_exits_130() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -575,6 +583,7 @@ fn a_first_ctrl_c_in_the_dashboard_saves_the_last_step_and_exits_130() {
 /// summary says it was interrupted (not just "was killed by SIGINT").
 #[test]
 fn a_ctrl_c_in_the_dashboard_without_a_companion_reads_as_an_interrupt() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -603,6 +612,7 @@ fn scrollback(s: &Session) -> String {
 /// the job's last output, then the summary.
 #[test]
 fn the_dashboard_leaves_its_events_and_the_jobs_last_output_behind() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
@@ -665,6 +675,7 @@ fn the_dashboard_leaves_its_events_and_the_jobs_last_output_behind() {
 /// terminal, as before: the person means now.
 #[test]
 fn a_second_ctrl_c_during_the_save_reaches_the_job() {
+    let _machine = common::machine::beside();
     if !require(have_tmux(), "needs tmux") {
         return;
     }
