@@ -1,8 +1,8 @@
 //! What a test needs of the machine while it runs, declared as locks.
 //!
 //! All of the suite's tests run in one binary on many threads
-//! (`RUST_TEST_THREADS`, set in `.cargo/config.toml`); most of those threads
-//! wait here. A test that starts processes is one of two kinds:
+//! (`RUST_TEST_THREADS`, set in `tests/suite.rs`); most of those threads
+//! wait here. Every test is one of two kinds:
 //!
 //! - [`alone`]: it measures something the rest of the machine would
 //!   disturb (a rate, a peak, PSS, CPU share), races the kernel's OOM
