@@ -521,7 +521,7 @@ fn a_command_that_ends_at_once_is_not_judged() {
 /// limit is the ceiling and the exit code 0 each time.
 #[test]
 fn serial_vm_cgroup_v2_as_root_and_as_a_user() {
-    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
+    let _serial = common::serial();
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

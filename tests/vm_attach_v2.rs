@@ -241,7 +241,7 @@ impl Run {
 
 #[test]
 fn serial_vm_attach_v2() {
-    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
+    let _serial = common::serial();
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

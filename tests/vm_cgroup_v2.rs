@@ -28,7 +28,7 @@ fn boot() -> Option<(
     tempfile::TempDir,
     vm::Initramfs,
 )> {
-    let serial = common::machine::beside_with(&[common::machine::Need::Vm]);
+    let serial = common::serial();
     let m = vm::machine_or_skip()?;
     let dir = tempfile::tempdir().unwrap();
     let img = image(&m, dir.path())?;

@@ -216,7 +216,7 @@ fn run_start(out: &vm::Output, dir: &Path, name: &str) -> common::schema::RunSta
 
 #[test]
 fn serial_vm_systemd_user_scope() {
-    let _serial = common::machine::beside_with(&[common::machine::Need::Vm]);
+    let _serial = common::serial();
     let Some(m) = vm::machine_or_skip() else {
         return;
     };

@@ -8,10 +8,12 @@
 //!   disturb (a rate, a peak, PSS, CPU share), races the kernel's OOM
 //!   killer, makes the kernel kill (so no other test sees the machine's
 //!   `oom_kill` count or kernel log move), or needs a machine-wide thing
-//!   quiet (`/proc/pressure/memory`, `ns_last_pid`). It holds the machine
+//!   quiet (`/proc/pressure/memory`, `ns_last_pid`), or boots a VM (a
+//!   guest's race against its own OOM killer, under TCG, lost once with two
+//!   VMs and the rest of the suite beside it). It holds the machine
 //!   lock exclusively: no other test that takes a lock runs beside it.
-//! - [`beside`]: it mostly waits on a job (a trainer at a fixed step rate,
-//!   a VM booting) and its assertions hold on a busy machine. It holds the
+//! - [`beside`]: it mostly waits on a job (a trainer at a fixed step rate)
+//!   and its assertions hold on a busy machine. It holds the
 //!   machine lock shared and one of [`BESIDE`] slots, so at most that many
 //!   run at once, and never beside an [`alone`] one. A test that asks for
 //!   nothing and starts a process through the harness (`common::oomguard`,
@@ -20,7 +22,7 @@
 //!
 //! A [`beside`] test may name [`Need`]s too: things that few tests can use
 //! at once. It waits for them first, holding nothing else, so a test
-//! waiting for a VM keeps neither a slot nor the machine from others; then
+//! waiting for a SLURM keeps neither a slot nor the machine from others; then
 //! the machine lock, then a slot. Every test takes its locks in that one
 //! order, so no two wait on each other in a circle.
 //!
@@ -65,8 +67,6 @@ pub enum Need {
     /// processes by an environment variable in every process's
     /// environment, so two such jobs at once would find each other's.
     Multinode,
-    /// A qemu VM (TCG): about one core each, measured, so two at once.
-    Vm,
     /// torch, Lightning, transformers or accelerate jobs: each rank's
     /// import takes seconds of a core and half a GiB, so two such tests run
     /// at once, not more.
@@ -79,7 +79,6 @@ impl Need {
         let (name, n) = match self {
             Need::Slurm => ("slurm", 1),
             Need::Multinode => ("multinode", 1),
-            Need::Vm => ("vm", 2),
             Need::Torch => ("torch", 2),
         };
         (0..n)
@@ -163,7 +162,7 @@ fn take(exclusive: bool, needs: &[Need], kind: &'static str) -> Held {
     let mut needs = needs.to_vec();
     needs.sort();
     needs.dedup();
-    // A test with needs is one of the long ones (a VM, torch ranks, a
+    // A test with needs is one of the long ones (torch ranks, a
     // SLURM): it asks for a free slot more often, so the long ones start
     // first and the short ones fill the gaps, instead of the order of the
     // tests' names deciding which long one is left to run last.
