@@ -754,6 +754,68 @@ mod tests {
         assert!(!kinds(&f).contains(&"trainer_load"));
     }
 
+    /// tests/diagnosis.rs's pandas case (pytorch#5902), recorded with both
+    /// cores busy (tests/fixtures/logs/README.md): lists 3 s apart read
+    /// the two workers last at 106.3 MiB, a sweep before they exited and
+    /// still rising (96 to 106 MiB), where the independent reader saw
+    /// them settle at 111.3 and 111.1 MiB. From 106.3, 17 workers were
+    /// advised where 16 fit.
+    #[test]
+    fn workers_still_rising_at_their_last_reading_are_raised_to_where_they_settled() {
+        let log = load(include_str!(
+            "../../../tests/fixtures/logs/cow-pandas-busy.ndjson"
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        let num = |kind: &str, name: &str| {
+            f.iter()
+                .find(|f| f.kind == kind)
+                .and_then(|f| f.numbers.iter().find(|c| c.name == name))
+                .map(|c| c.value)
+                .unwrap_or_else(|| panic!("no {name} in {kind}: {:?}", kinds(&f)))
+        };
+        let peak = num("worker_cow", "per_worker_private_peak_bytes") / MIB as f64;
+        assert!(
+            (peak - 111.3).abs() <= 111.3 * 0.03,
+            "per-worker peak {peak:.1} MiB"
+        );
+        let settled = num("worker_cow", "per_worker_settled_bytes") / MIB as f64;
+        assert!(
+            (settled - 111.2).abs() <= 111.2 * 0.03,
+            "settled at {settled:.1} MiB"
+        );
+        assert_eq!(num("num_workers", "workers_fit"), 16.0);
+    }
+
+    #[test]
+    fn pages_shared_with_workers_that_exit_are_not_a_trainer_leak() {
+        // A 600 MiB data set read at start-up; workers fork at 7 s (the
+        // trainer's USS falls to 270 MiB, its RSS stays), copy until 14 s,
+        // and exit at 15 s: its pages are its own again. The last 10 s
+        // begin before the fork, so USS ends where it began and rose at
+        // the end, with no byte allocated.
+        let mut uss: Vec<u64> = vec![40, 250, 450, 600, 600, 600];
+        uss.extend([270, 280, 290, 300, 310, 320, 330, 345, 600, 600]);
+        let rss: Vec<u64> = (0..uss.len())
+            .map(|i| if i < 6 { uss[i] } else { 600 })
+            .collect();
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            4096 * MIB
+        )];
+        for (s, (u, r)) in uss.iter().zip(&rss).enumerate() {
+            let (u, r) = (u * MIB, r * MIB);
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{u},"rss_bytes":{r}}},"procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{r},"pss_bytes":{u},"uss_bytes":{u}}}]}}"#,
+                s + 1,
+                4096 * MIB - u,
+                4096 * MIB
+            ));
+        }
+        let f = diagnose(&load(&lines.join("\n")).unwrap());
+        assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+    }
+
     #[test]
     fn a_rise_while_the_job_trained_is_not_called_a_start_up_load() {
         // Level at 200 MiB, then +8 MiB/s from 20 s to 60 s, then level

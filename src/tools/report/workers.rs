@@ -447,9 +447,20 @@ fn settle<'a>(
             })
             .count()
             .max(1) as f64;
-        let Some(last) = series.get(&(c.p.attempt, c.p.pid)).and_then(|p| p.last()) else {
+        let Some(pts) = series.get(&(c.p.attempt, c.p.pid)) else {
             continue;
         };
+        let Some(last) = pts.last() else {
+            continue;
+        };
+        // Its last step still rose: whatever the trend says of the
+        // readings (a steep start makes later, slower copying look like
+        // it had stopped), it settled after its last reading, if at all.
+        // Lists seconds apart on a busy machine read a worker a sweep
+        // before it exited at -5 % of its true level (pytorch#5902's
+        // case, both cores busy).
+        let still_rising =
+            pts.len() >= 2 && last.uss - pts[pts.len() - 2].uss > growth::FLOOR_BYTES;
         // The tree as big as at the worker's last list: the workers alive.
         let alive = log
             .snapshots
@@ -505,7 +516,7 @@ fn settle<'a>(
             // before it exited was seen at -15 % of its last true level
             // without it); readings that had levelled off already say
             // where, and the footprint's drift is not added (+5 %).
-            if !c.settled {
+            if !c.settled || still_rising {
                 c.bytes += extra;
                 c.reached = last.uss + extra;
             } else {
@@ -775,11 +786,14 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
     }
 }
 
-/// Whether the growth of the last window was allocated: RSS rose by at
-/// least half of what USS did. A trainer's USS also rises, with no RSS
-/// change, when workers that shared its pages exit (with
-/// `persistent_workers=False`, every epoch): its pages are its own again,
-/// nothing was allocated.
+/// Whether the growth of the last window was allocated: RSS rose, by
+/// more than the noise floor and by at least half of what USS did. A
+/// trainer's USS also rises, with no RSS change, when workers that shared
+/// its pages exit (with `persistent_workers=False`, every epoch): its
+/// pages are its own again, nothing was allocated. A window that began
+/// before the workers' fork (its USS fell there, its RSS did not move)
+/// and ends after they exited holds no allocation either, though USS
+/// less RSS rose at its end.
 fn allocating(pts: &[Reading]) -> bool {
     let Some(last) = pts.last() else {
         return false;
@@ -787,7 +801,8 @@ fn allocating(pts: &[Reading]) -> bool {
     let Some(first) = pts.iter().find(|r| last.t - r.t <= ETA_WINDOW_SECONDS) else {
         return false;
     };
-    last.rss - first.rss >= (last.uss - first.uss) / 2.0
+    let rss_rise = last.rss - first.rss;
+    rss_rise > growth::FLOOR_BYTES && rss_rise >= (last.uss - first.uss) / 2.0
 }
 
 /// Whether the trainer gave back most of what it gathered: `(rise, freed)`
