@@ -482,21 +482,13 @@ fn serial_oomguard_checkpoint_saves_a_running_job_and_training_goes_on() {
     assert_eq!(r.code, 75, "{}", r.why());
 }
 
-#[test]
-fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
-    let _serial = common::machine::beside();
+/// `oomguard checkpoint` refused on a Python job (`body`) that `oomguard
+/// run` started with `extra`, once it printed `ready`: its stderr.
+fn checkpoint_refused(extra: &[&str], body: &str, ready: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let job = common::script(
-        dir.path(),
-        "steps.py",
-        "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n",
-    );
-    let mut live = Live::start(
-        &["--no-companion"],
-        &["python3", job.to_str().unwrap()],
-        &[],
-    );
-    live.wait_for("step 5\n");
+    let job = common::script(dir.path(), "job.py", body);
+    let mut live = Live::start(extra, &["python3", job.to_str().unwrap()], &[]);
+    live.wait_for(ready);
     let job = common::children_of(live.pid())
         .into_iter()
         .map(|c| c.0)
@@ -508,9 +500,42 @@ fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("has no control channel"), "{err}");
     let at = live.signal("TERM");
     live.end(at);
+    err
+}
+
+#[test]
+fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
+    let _serial = common::machine::beside();
+    let err = checkpoint_refused(
+        &["--no-companion"],
+        "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.05)\n",
+        "step 5\n",
+    );
+    assert!(err.contains("has no control channel"), "{err}");
+}
+
+/// A Python job under `oomguard run` that has not completed a step: its
+/// companion has not spoken, and `oomguard checkpoint` says that, with how
+/// long ago the job started, not that the job does not load it.
+#[test]
+fn serial_oomguard_checkpoint_says_a_starting_job_has_not_spoken_yet() {
+    let _serial = common::machine::beside();
+    let err = checkpoint_refused(
+        &[],
+        "import time\nprint('importing', flush=True)\ntime.sleep(60)\n",
+        "importing\n",
+    );
+    assert!(err.contains("has not spoken yet (started "), "{err}");
+    let age: f64 = err
+        .split("(started ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.trim_end_matches('s').parse().ok())
+        .unwrap_or_else(|| panic!("no age in {err}"));
+    assert!(age < 30.0, "the job started seconds ago: {err}");
+    assert!(!err.contains("is not a Python job"), "{err}");
 }
 
 /// oomguard as a container's PID 1 (Kubernetes' entrypoint): the kernel

@@ -24,11 +24,17 @@ pub enum AskError {
     #[error(transparent)]
     Channel(#[from] crate::vocab::companion::ChannelError),
     #[error(
-        "no companion has spoken in {dir}: the job is not a Python job that loads it \
-         (a plain loop calls oomguard.guard().step(); Lightning and the HF Trainer get it \
-         under `oomguard run`)"
+        "the job's companion has not spoken yet{} ({dir}): it speaks at the first training \
+         step the job completes, and before that there is nothing to save. If the job is \
+         training, it does not load the companion: a plain loop calls \
+         oomguard.guard().step(); Lightning and the HF Trainer get it under `oomguard run`",
+        started(*.age)
     )]
-    Silent { dir: PathBuf },
+    Silent {
+        dir: PathBuf,
+        /// How long ago the job's process started; `None` if unreadable.
+        age: Option<Duration>,
+    },
     #[error(
         "a request is already being served in {dir} (id {id}, until {left:.0} s from now): \
          ask again once it is done"
@@ -61,7 +67,8 @@ pub fn checkpoint(
     let mut ch = Channel::join(&dir)?;
     let said = ch.poll();
     if !said.iter().any(|r| matches!(r, Record::Hello { .. })) {
-        return Err(AskError::Silent { dir });
+        let age = age(proc_root, spec.pid);
+        return Err(AskError::Silent { dir, age });
     }
     if let Some((id, left)) = pending(&dir, &said) {
         return Err(AskError::Busy { dir, id, left });
@@ -86,6 +93,32 @@ pub fn checkpoint(
     Err(AskError::NoAnswer(crate::vocab::units::human_duration(
         timeout,
     )))
+}
+
+/// How long ago process `pid` started: its start time in `stat` (clock
+/// ticks after boot) against the machine's `uptime`, both under
+/// `proc_root`.
+fn age(proc_root: &Path, pid: u32) -> Option<Duration> {
+    use procfs::FromRead as _;
+    let stat =
+        procfs::process::Stat::from_file(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let up = procfs::Uptime::from_file(proc_root.join("uptime")).ok()?;
+    let born = stat.starttime as f64 / procfs::ticks_per_second() as f64;
+    Some(Duration::from_secs_f64((up.uptime - born).max(0.0)))
+}
+
+/// " (started 0.5 s ago)", or nothing when the age is unknown.
+fn started(age: Option<Duration>) -> String {
+    match age {
+        Some(a) if a < Duration::from_secs(10) => {
+            format!(" (started {:.1} s ago)", a.as_secs_f64())
+        }
+        Some(a) => format!(
+            " (started {} ago)",
+            crate::vocab::units::human_duration(Duration::from_secs(a.as_secs()))
+        ),
+        None => String::new(),
+    }
 }
 
 /// The request in `dir` still being served: its id, and the seconds until
@@ -152,6 +185,60 @@ mod tests {
         ch.request(Kind::Checkpoint, "old", None, Duration::ZERO)
             .unwrap();
         assert_eq!(pending(&dir, &[]), None, "past its deadline");
+    }
+
+    /// A fake `/proc` with `uptime` and process 4242 started `born`
+    /// seconds after boot, its environment naming `control`.
+    fn fake_proc(root: &Path, uptime: f64, born: f64, control: &Path) {
+        let ticks = (born * procfs::ticks_per_second() as f64) as u64;
+        std::fs::create_dir_all(root.join("4242")).unwrap();
+        std::fs::write(root.join("uptime"), format!("{uptime:.2} 10.00\n")).unwrap();
+        // A command name with a space and a parenthesis: the fields count
+        // from the last ')'.
+        let mut fields = vec!["S".to_string()];
+        fields.extend(std::iter::repeat_n("0".to_string(), 18));
+        fields.push(ticks.to_string());
+        fields.extend(std::iter::repeat_n("0".to_string(), 30));
+        std::fs::write(
+            root.join("4242/stat"),
+            format!("4242 (py (x) y) {}\n", fields.join(" ")),
+        )
+        .unwrap();
+        let mut env = b"PATH=/bin\0OOMGUARD_CONTROL=".to_vec();
+        env.extend(control.as_os_str().as_encoded_bytes());
+        env.push(0);
+        std::fs::write(root.join("4242/environ"), env).unwrap();
+    }
+
+    #[test]
+    fn a_job_whose_companion_has_not_spoken_is_told_so_with_its_age() {
+        let t = tempfile::tempdir().unwrap();
+        let ch = Channel::create(t.path(), 1).unwrap();
+        let proc_root = t.path().join("proc");
+        let ask = || {
+            checkpoint(
+                &crate::job::attach::Target::Pid(4242),
+                &proc_root,
+                Duration::from_secs(1),
+            )
+            .unwrap_err()
+        };
+        fake_proc(&proc_root, 1000.0, 999.5, ch.dir());
+        let e = ask();
+        let text = e.to_string();
+        assert!(
+            matches!(e, AskError::Silent { age: Some(a), .. } if (a.as_secs_f64() - 0.5).abs() < 0.02),
+            "{e:?}"
+        );
+        assert!(
+            text.contains("has not spoken yet (started 0.5 s ago)"),
+            "{text}"
+        );
+        assert!(!text.contains("is not a Python job"), "{text}");
+        // Two hours in, the same words with the age in hours.
+        fake_proc(&proc_root, 8000.0, 800.0, ch.dir());
+        let e = ask();
+        assert!(e.to_string().contains("(started 2h 00m ago)"), "{e}");
     }
 
     #[test]
