@@ -796,6 +796,36 @@ fn reports_the_memory_cgroup_it_runs_in() {
     assert!(head < (300 << 20) - (60 << 20), "headroom {head}");
 }
 
+/// A budget above the machine's memory runs (a shared `oomguard.toml`
+/// serves smaller nodes too) and says so, naming MemTotal; one below it
+/// says nothing.
+#[test]
+fn a_budget_above_the_machines_memory_is_said() {
+    let _machine = common::machine::beside();
+    let total_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    for (budget, said) in [(total_kib * 4, true), (total_kib / 2, false)] {
+        let out = oomguard()
+            .args(["run", "--no-tui", "--cgroup", "off", "--budget"])
+            .arg(format!("{budget}KiB"))
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(
+            err.contains("is more than this machine's memory (MemTotal "),
+            said,
+            "--budget {budget}KiB: {err}"
+        );
+    }
+}
+
 #[test]
 fn budget_is_a_ceiling() {
     let _machine = common::machine::beside();

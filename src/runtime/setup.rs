@@ -196,6 +196,7 @@ pub(super) async fn supervise_job(
     }
     let memory_high = sup.set_memory_high(cg_first.as_ref());
     sup.write_run_start(not_owned_reason, memory_high);
+    sup.warn_budget_above_memory();
     sup.arm_wakeups(cg_first.as_ref());
     run_loop(sup, outside).await
 }
@@ -208,6 +209,29 @@ impl Supervisor {
         let crit = self.core.policy().thresholds().1?;
         let budget = self.sampler.budget_bytes();
         super::wakeups::set_memory_high(&self.cfg.without, reader, cg, crit, budget)
+    }
+
+    /// `--budget` above the machine's memory is taken (one `oomguard.toml`
+    /// serves nodes of several sizes, and the machine stays a ceiling of
+    /// its own), but said: on this node the budget never decides.
+    fn warn_budget_above_memory(&mut self) {
+        let Some(budget) = self.sampler.budget_bytes() else {
+            return;
+        };
+        let meminfo =
+            std::fs::read_to_string(self.cfg.proc_root.join("meminfo")).unwrap_or_default();
+        let Some((total, ..)) = crate::engine::probe::system::parse_meminfo(&meminfo) else {
+            return;
+        };
+        if budget > total && !self.cfg.quiet {
+            use crate::vocab::units::HumanBytes;
+            self.say(format!(
+                "--budget {} is more than this machine's memory (MemTotal {}): here the \
+                 machine's own ceiling comes first, and the budget never decides",
+                HumanBytes(budget),
+                HumanBytes(total)
+            ));
+        }
     }
 
     /// Arms the kernel's wake-ups (v1 thresholds on the limit and on the
