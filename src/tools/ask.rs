@@ -16,6 +16,8 @@ use crate::vocab::companion::{Channel, Kind, Record};
 pub enum AskError {
     #[error("{0}")]
     Target(#[from] crate::job::attach::AttachError),
+    #[error("there is no process {0}: it has ended, or never ran")]
+    NoSuchProcess(u32),
     #[error(
         "{label} has no control channel: it was not started by `oomguard run` \
          (or was, with --no-companion), so nothing in it can be asked to save"
@@ -54,6 +56,9 @@ pub fn checkpoint(
     timeout: Duration,
 ) -> Result<String, AskError> {
     let spec = crate::job::attach::resolve(target, proc_root)?;
+    if !proc_root.join(spec.pid.to_string()).exists() {
+        return Err(AskError::NoSuchProcess(spec.pid));
+    }
     let mut pids: BTreeSet<u32> = crate::job::attach::descendants(proc_root, spec.pid)
         .into_iter()
         .collect();
@@ -239,6 +244,21 @@ mod tests {
         fake_proc(&proc_root, 8000.0, 800.0, ch.dir());
         let e = ask();
         assert!(e.to_string().contains("(started 2h 00m ago)"), "{e}");
+    }
+
+    #[test]
+    fn a_pid_that_does_not_exist_is_said_to_be_none() {
+        let t = tempfile::tempdir().unwrap();
+        let e = checkpoint(
+            &crate::job::attach::Target::Pid(999_999),
+            t.path(),
+            Duration::from_secs(1),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "there is no process 999999: it has ended, or never ran"
+        );
     }
 
     #[test]
