@@ -412,7 +412,8 @@ fn serial_without_a_companion_usr1_never_kills_a_process_that_does_not_catch_it(
     let at = live.signal("USR1");
     let r = live.end(at);
     assert_ne!(r.code, 128 + libc::SIGUSR1, "died of USR1\n{}", r.why());
-    assert_eq!(r.code, 128 + libc::SIGTERM, "{}", r.why());
+    // The warning still requeues: the stop code, though nothing was saved.
+    assert_eq!(r.code, 75, "{}", r.why());
     let substituted = r.log.iter().any(|l| {
         matches!(&l.event, Event::Action(a) if a.signal.as_deref() == Some("SIGTERM")
             && a.reason.contains("neither catches nor ignores it, so SIGTERM instead"))
@@ -435,8 +436,47 @@ fn serial_without_a_companion_usr1_never_kills_a_process_that_does_not_catch_it(
     live.wait_for("ready\n");
     let at = live.signal("USR1");
     let r = live.end(at);
-    assert_eq!(r.code, 0, "{}", r.why());
+    assert_eq!(r.code, 75, "{}", r.why());
     assert!(r.stdout.contains("got USR1"), "{}", r.why());
+}
+
+/// A scheduler's warning during start-up (a Python job still loading, its
+/// companion not yet spoken): no save can be made, the job ends of the
+/// SIGTERM it gets instead, and the run still ends with the stop code, so
+/// the recipe requeues it; `run_end` says no save was made and why. A bare
+/// TERM keeps its meaning (143).
+#[test]
+fn serial_a_usr1_while_the_job_is_still_loading_ends_with_the_stop_code_and_no_save() {
+    let _serial = common::machine::beside();
+    let body = "import time\nprint('loading', flush=True)\ntime.sleep(10)\n\
+                import oomguard\ng = oomguard.guard()\nfor i in range(1000):\n    g.step(i)\n    time.sleep(0.05)\n";
+    for (sig, code) in [("USR1", 75), ("USR2", 75), ("TERM", 143)] {
+        let dir = tempfile::tempdir().unwrap();
+        let job = common::script(dir.path(), "train.py", body);
+        let mut live = Live::start(&[], &["python3", job.to_str().unwrap()], &[]);
+        live.wait_for("loading\n");
+        let at = live.signal(sig);
+        let r = live.end(at);
+        assert_eq!(r.code, code, "{sig}: {}", r.why());
+        let saved = r
+            .log
+            .iter()
+            .any(|l| matches!(l.event, Event::CheckpointDone(_)));
+        assert!(!saved, "{sig}: a save?\n{}", r.why());
+        let end = common::schema::run_end(&r.log);
+        if code == 75 {
+            assert_eq!(end.outcome, "stopped_by_signal", "{}", r.why());
+            let why = end.not_saved.clone().unwrap_or_default();
+            assert!(
+                why.contains("no companion had spoken"),
+                "{sig}: {why}\n{}",
+                r.why()
+            );
+            assert!(r.stderr.contains("ended with no save"), "{}", r.why());
+        } else {
+            assert_eq!(end.not_saved, None, "{}", r.why());
+        }
+    }
 }
 
 /// `oomguard checkpoint PID`: every rank saves one step, the `done`

@@ -152,6 +152,9 @@ pub struct Actuator {
     policy_end: Option<Action>,
     /// The signal whose save ended the attempt (`--on-signal`), if one did.
     signal_end: Option<i32>,
+    /// Why the signal that ended the attempt got no save
+    /// ([`Actuator::end_unsaved`]).
+    not_saved: Option<String>,
     /// Why (the rule), kept after the stop itself is over.
     policy_reason: Option<String>,
     /// SIGKILL was sent to the tree.
@@ -185,6 +188,7 @@ impl Actuator {
             stop: None,
             policy_end: None,
             signal_end: None,
+            not_saved: None,
             policy_reason: None,
             killed: false,
             kill_at: None,
@@ -495,6 +499,7 @@ impl Actuator {
         self.stop = None;
         self.policy_end = None;
         self.signal_end = None;
+        self.not_saved = None;
         self.policy_reason = None;
         self.killed = false;
         self.kill_at = None;
@@ -747,6 +752,19 @@ impl Actuator {
         if self.stop.is_some() {
             self.signal_end.get_or_insert(signal);
         }
+    }
+
+    /// A signal asked for a save and exit that no companion could make
+    /// (none had spoken): it was passed on, and the attempt ends for it
+    /// all the same, with the stop code and `why` no save was made.
+    pub fn end_unsaved(&mut self, signal: i32, why: String) {
+        self.signal_end.get_or_insert(signal);
+        self.not_saved.get_or_insert(why);
+    }
+
+    /// Why the signal that ended the attempt got no save, if it got none.
+    pub fn not_saved(&self) -> Option<&str> {
+        self.not_saved.as_deref()
     }
 
     /// The signal whose save ended the attempt, if one did.

@@ -130,6 +130,7 @@ impl Supervisor {
                 cheap_loop: self.wakeups.cheap_loop_stats(),
                 reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
                 wakeups: Some(self.wakeups.armed()),
+                not_saved: self.core.act().not_saved().map(str::to_string),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);
@@ -367,6 +368,16 @@ impl Supervisor {
                         ),
                         None => (format!("was interrupted (Ctrl-C); exit {exit_code}"), false),
                     };
+                }
+                if let Some(why) = self.core.act().not_saved() {
+                    return (
+                        format!(
+                            "was warned ({}) and ended with no save ({why}); exit {exit_code}: \
+                             safe to requeue",
+                            supervise::signal_name(sig)
+                        ),
+                        false,
+                    );
                 }
                 format!(
                     "was preempted ({}) and saved first; exit {exit_code}",

@@ -330,6 +330,8 @@ pub struct RunEnd {
     /// Signals refused because the pid had become another process.
     #[serde(default)]
     pub reused_pids_refused: Option<u64>,
+    #[serde(default)]
+    pub not_saved: Option<String>,
     /// Which wake-ups were armed and how often each woke the loop.
     #[serde(default)]
     pub wakeups: Option<Wakeups>,

@@ -79,6 +79,11 @@ pub struct RunEnd {
     /// Absent when the run ended before its loop ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wakeups: Option<Wakeups>,
+    /// A signal asked for a save and exit (a scheduler's USR1 or USR2)
+    /// before any companion had spoken: why no save was made. The run
+    /// still ends with the stop code, so the job is requeued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_saved: Option<String>,
 }
 
 /// `run_end.wakeups`: each source of a wake-up, armed or not, and the
@@ -136,6 +141,7 @@ impl RunEnd {
             cheap_loop: None,
             reused_pids_refused: None,
             wakeups: None,
+            not_saved: None,
         }
     }
 }
