@@ -137,7 +137,8 @@ fn report(args: oomguard::settings::cli::ReportArgs) -> i32 {
         ReportFormat::Text => Format::Text,
         ReportFormat::Json => Format::Json,
     };
-    match run_reports(&args.logs, args.output.as_deref(), format) {
+    let pick = oomguard::sinks::log::runs::RunPick::from_arg(args.run);
+    match run_reports(&args.logs, args.output.as_deref(), format, pick) {
         Ok(out) => {
             for w in &out.warnings {
                 eprintln!("oomguard: {w}");
@@ -166,21 +167,29 @@ fn replay(args: oomguard::settings::cli::ReplayArgs) -> i32 {
             return 2;
         }
     };
+    let pick = oomguard::sinks::log::runs::RunPick::from_arg(args.run);
     if args.score {
-        return replay_score(&args.logs, policy, args.format);
+        return replay_score(&args.logs, policy, args.format, args.run);
     }
     let [log] = args.logs.as_slice() else {
         eprintln!("oomguard: replay takes one log (or --score with several)");
         return 2;
     };
     let name = log.display().to_string();
-    match replay_one(log, policy) {
-        Ok(r) => match args.format {
-            oomguard::settings::cli::ForensicsFormat::Text => {
-                print(&replay::render_text(&name, &r))
+    match replay_one(log, policy, pick) {
+        Ok((r, (n, of))) => {
+            if of > 1 {
+                eprintln!(
+                    "oomguard: {name} holds {of} runs; this is run {n} (--run N for another)"
+                );
             }
-            oomguard::settings::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
-        },
+            match args.format {
+                oomguard::settings::cli::ForensicsFormat::Text => {
+                    print(&replay::render_text(&name, &r))
+                }
+                oomguard::settings::cli::ForensicsFormat::Json => print(&replay::render_json(&r)),
+            }
+        }
         Err(e) => {
             eprintln!("oomguard: {e}");
             2
@@ -188,42 +197,67 @@ fn replay(args: oomguard::settings::cli::ReplayArgs) -> i32 {
     }
 }
 
-/// Replays one log (`-`: stdin).
+/// Replays run `pick` of one log: the replay, and (which run, of how many).
 fn replay_one(
     log: &std::path::Path,
     policy: Option<(oomguard::engine::policy::Policy, String)>,
-) -> Result<oomguard::tools::replay::Replay, String> {
+    pick: oomguard::sinks::log::runs::RunPick,
+) -> Result<(oomguard::tools::replay::Replay, (usize, usize)), String> {
     use oomguard::tools::replay;
-    let name = log.display().to_string();
-    if log.as_os_str() == "-" {
-        return replay::replay("stdin", std::io::stdin().lock(), policy).map_err(|e| e.to_string());
-    }
-    let f = std::fs::File::open(log).map_err(|e| format!("cannot read '{name}': {e}"))?;
-    replay::replay(&name, std::io::BufReader::new(f), policy).map_err(|e| e.to_string())
+    let name = if log.as_os_str() == "-" {
+        "stdin".to_string()
+    } else {
+        log.display().to_string()
+    };
+    let run = oomguard::sinks::log::runs::open(log, pick).map_err(|e| match e {
+        oomguard::sinks::log::runs::OpenRunError::Read(e) => format!("cannot read '{name}': {e}"),
+        oomguard::sinks::log::runs::OpenRunError::NoSuchRun(e) => format!("{name}: {e}"),
+    })?;
+    let r = replay::replay(&name, run.reader, policy).map_err(|e| e.to_string())?;
+    Ok((r, (run.index, run.of)))
 }
 
-/// `replay --score`: every log under the policy and under its fixed
-/// threshold alone.
+/// `replay --score`: every run of every log (or run `--run N` of each)
+/// under the policy and under its fixed threshold alone.
 fn replay_score(
     logs: &[std::path::PathBuf],
     policy: Option<(oomguard::engine::policy::Policy, String)>,
     format: oomguard::settings::cli::ForensicsFormat,
+    run: Option<u64>,
 ) -> i32 {
+    use oomguard::sinks::log::runs::{self, RunPick};
     use oomguard::tools::replay::score;
     let mut rows = Vec::new();
     let mut source = String::from("recorded");
     for log in logs {
-        let scored = replay_one(log, policy.clone()).and_then(|r| {
-            let fixed = score::fixed_threshold(&r.policy);
-            let f = replay_one(log, Some((fixed, "fixed threshold".into())))?;
-            source.clone_from(&r.policy_source);
-            Ok(score::score(&log.display().to_string(), &r, &f))
-        });
-        match scored {
-            Ok(s) => rows.push(s),
-            Err(e) => {
-                eprintln!("oomguard: {e}");
-                return 2;
+        let picks: Vec<RunPick> = match run {
+            Some(_) => vec![RunPick::from_arg(run)],
+            None => match runs::count(log) {
+                Ok(of) => (1..=of).map(RunPick::Nth).collect(),
+                Err(e) => {
+                    eprintln!("oomguard: cannot read '{}': {e}", log.display());
+                    return 2;
+                }
+            },
+        };
+        for pick in picks {
+            let scored = replay_one(log, policy.clone(), pick).and_then(|(r, (n, of))| {
+                let fixed = score::fixed_threshold(&r.policy);
+                let (f, _) = replay_one(log, Some((fixed, "fixed threshold".into())), pick)?;
+                source.clone_from(&r.policy_source);
+                let name = if of > 1 {
+                    format!("{} (run {n} of {of})", log.display())
+                } else {
+                    log.display().to_string()
+                };
+                Ok(score::score(&name, &r, &f))
+            });
+            match scored {
+                Ok(s) => rows.push(s),
+                Err(e) => {
+                    eprintln!("oomguard: {e}");
+                    return 2;
+                }
             }
         }
     }

@@ -436,7 +436,8 @@ fn serial_without_a_companion_usr1_never_kills_a_process_that_does_not_catch_it(
     live.wait_for("ready\n");
     let at = live.signal("USR1");
     let r = live.end(at);
-    assert_eq!(r.code, 75, "{}", r.why());
+    // It handles the warning itself: its exit stands.
+    assert_eq!(r.code, 0, "{}", r.why());
     assert!(r.stdout.contains("got USR1"), "{}", r.why());
 }
 

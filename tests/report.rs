@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use oomguard::sinks::log::runs::RunPick;
 use oomguard::tools::report::{
     Destination, Format, diagnose, load, render_html, render_json, render_text, run_report,
 };
@@ -811,16 +812,16 @@ fn run_report_writes_html_next_to_the_log_and_text_to_stdout() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("run.ndjson");
     std::fs::copy(fixture_path("restarted"), &input).unwrap();
-    let out = run_report(&input, None, Format::Html).unwrap();
+    let out = run_report(&input, None, Format::Html, RunPick::Last).unwrap();
     let html_path = dir.path().join("run.html");
     assert_eq!(out.destination, Destination::File(html_path.clone()));
     check_html(&std::fs::read_to_string(&html_path).unwrap()).unwrap();
-    let out = run_report(&input, Some(Path::new("-")), Format::Html).unwrap();
+    let out = run_report(&input, Some(Path::new("-")), Format::Html, RunPick::Last).unwrap();
     assert!(matches!(out.destination, Destination::Stdout(ref s) if s.starts_with("<!DOCTYPE")));
-    let out = run_report(&input, None, Format::Text).unwrap();
+    let out = run_report(&input, None, Format::Text, RunPick::Last).unwrap();
     assert!(matches!(out.destination, Destination::Stdout(ref s) if s.contains("Findings")));
     let json_path = dir.path().join("r.json");
-    run_report(&input, Some(&json_path), Format::Json).unwrap();
+    run_report(&input, Some(&json_path), Format::Json, RunPick::Last).unwrap();
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
     assert_eq!(v["schema"], "oomguard-report/1");
 }

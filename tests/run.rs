@@ -796,6 +796,101 @@ fn reports_the_memory_cgroup_it_runs_in() {
     assert!(head < (300 << 20) - (60 << 20), "headroom {head}");
 }
 
+/// `--log` to a file that holds a run already adds this run after it:
+/// the log of the stop that made the job run again is kept (a requeue
+/// under the recipe logs to the same `logs/%j/run-%N.ndjson`). `report`
+/// and `replay` read the last run, or the one `--run N` names; a last line
+/// cut short (a run killed mid-write) does not swallow the next run_start.
+#[test]
+fn a_second_run_to_the_same_log_keeps_the_first() {
+    let _machine = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let run = |code: i32| {
+        let st = oomguard()
+            .args([
+                "run",
+                "-q",
+                "--no-tui",
+                "--cgroup",
+                "off",
+                "--interval",
+                "100ms",
+                "--log",
+            ])
+            .arg(&log)
+            .args(["--", "sh", "-c", &format!("sleep 0.3; exit {code}")])
+            .status()
+            .unwrap();
+        assert_eq!(st.code(), Some(code));
+    };
+    run(3);
+    run(4);
+    let runs = common::read_log_runs(&log);
+    assert_eq!(runs.len(), 2, "{}", std::fs::read_to_string(&log).unwrap());
+    for (run, code) in runs.iter().zip([3, 4]) {
+        assert!(matches!(run[0].event, Event::RunStart(_)));
+        assert_eq!(common::schema::run_end(run).exit_code, code);
+    }
+    let report = |extra: &[&str]| {
+        let out = oomguard()
+            .args(["report", "--format", "json", "-o", "-"])
+            .args(extra)
+            .arg(&log)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err,
+        )
+    };
+    for (extra, code, index) in [(&[][..], 4, 2), (&["--run", "1"][..], 3, 1)] {
+        let (st, out, err) = report(extra);
+        assert_eq!(st, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["exit_code"], code, "{extra:?}");
+        assert_eq!(v["run"]["index"], index, "{extra:?}");
+        assert_eq!(v["run"]["of"], 2, "{extra:?}");
+    }
+    let (st, _, err) = report(&["--run", "3"]);
+    assert_eq!(st, Some(2), "{err}");
+    assert!(err.contains("holds 2 runs: there is no run 3"), "{err}");
+    // The last line cut short, as by a kill mid-write: the next run
+    // starts a line of its own, and its report is the third run's.
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    let cut = r#"{"schema":"oomguard/1","event":"sam"#;
+    text.push_str(cut);
+    std::fs::write(&log, &text).unwrap();
+    run(5);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "{cut}\n{{\"schema\":\"oomguard/1\",\"event\":\"run_start\""
+        )),
+        "{text}"
+    );
+    let (st, out, err) = report(&[]);
+    assert_eq!(st, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["run"]["of"].as_u64()),
+        (Some(5), Some(3))
+    );
+    for extra in [&[][..], &["--run", "1"][..]] {
+        let out = oomguard()
+            .arg("replay")
+            .args(extra)
+            .arg(&log)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {err}");
+        assert!(err.contains("holds 3 runs"), "{err}");
+    }
+}
+
 /// A budget above the machine's memory runs (a shared `oomguard.toml`
 /// serves smaller nodes too) and says so, naming MemTotal; one below it
 /// says nothing.

@@ -551,8 +551,7 @@ fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_req
     assert!(finished, "the job did not finish after its requeue\n{why}");
     assert_eq!(restarts.as_deref(), Some("1"), "{why}");
     // The signal reached oomguard, not torchrun (which would die of
-    // USR1): every rank saved and left. (The requeued run's log replaced
-    // the first's; the job's output keeps both runs.)
+    // USR1): every rank saved and left.
     let step: u64 = text
         .split("rank 0 left after its checkpoint at step ")
         .nth(1)
@@ -581,6 +580,34 @@ fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_req
     }
     assert!(
         text.contains("was preempted (SIGUSR1) and saved first; exit 75"),
+        "{why}"
+    );
+    // The requeued run kept the log of the stop that requeued it: the
+    // recipe's `logs/%j/run-%N.ndjson` holds both runs.
+    let runs = common::read_log_runs(&work.join(format!("logs/{id}/run-0.ndjson")));
+    assert_eq!(runs.len(), 2, "{why}");
+    let saved = runs[0].iter().rev().find_map(|l| match &l.event {
+        Event::CheckpointDone(v) => v["step"].as_u64(),
+        _ => None,
+    });
+    assert_eq!(
+        saved,
+        Some(step),
+        "the first run's log lost its save\n{why}"
+    );
+    let ends: Vec<(String, i32)> = runs
+        .iter()
+        .map(|r| {
+            let e = common::schema::run_end(r);
+            (e.outcome.clone(), e.exit_code)
+        })
+        .collect();
+    assert_eq!(
+        ends,
+        [
+            ("stopped_by_signal".to_string(), 75),
+            ("exited".to_string(), 0)
+        ],
         "{why}"
     );
     drop(slurm);

@@ -858,19 +858,10 @@ impl Supervisor {
         if matches!(sig, libc::SIGUSR1 | libc::SIGUSR2) && self.child.status().is_none() {
             // A scheduler's warning that asks for a save no companion can
             // make (none has spoken: a job still loading, or one that does
-            // not load it): passed on, and when the job has ended the run
-            // ends with the stop code all the same, so that the warned job
-            // is requeued, not lost to the time limit that follows.
-            if self.cfg.on_signal.get(sig)
-                == Some(crate::settings::values::SignalAction::CheckpointAndExit)
-            {
-                let why = format!(
-                    "no companion had spoken, so {} was passed on to the job (as SIGTERM to the processes it would kill)",
-                    supervise::signal_name(sig)
-                );
-                self.core.act_mut().end_unsaved(sig, why);
-            }
-            self.forward_user_signal(sig);
+            // not load it).
+            let asks_save = self.cfg.on_signal.get(sig)
+                == Some(crate::settings::values::SignalAction::CheckpointAndExit);
+            self.forward_user_signal(sig, asks_save);
             return;
         }
         let (pids, result) = self.forward(sig);

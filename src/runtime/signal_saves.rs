@@ -93,8 +93,9 @@ impl Supervisor {
     /// group), except that a process that neither catches nor ignores it
     /// gets SIGTERM instead: USR1's default action kills, with no save and
     /// a cause nobody would guess (torchrun dies of it). The log's `stop`
-    /// line names who got which.
-    pub(super) fn forward_user_signal(&mut self, sig: i32) {
+    /// line names who got which. `asks_save`: `--on-signal` maps it to a
+    /// save and exit, which no companion could make.
+    pub(super) fn forward_user_signal(&mut self, sig: i32, asks_save: bool) {
         self.refresh_tree();
         let group = self.child.pid() as i32;
         let members: Vec<Ident> = self
@@ -129,6 +130,18 @@ impl Supervisor {
         let (pids, result) = self.signal_all(&deaf, SIG_TERM);
         self.say(why.clone());
         self.begin_shutdown(&why, pids, SIG_TERM, result);
+        // The warning asked for a save, and the SIGTERM that stands in for
+        // it ends the job: when it has ended, the run ends with the stop
+        // code all the same, so that the warned job is requeued, not lost
+        // to the time limit that follows. (A job whose processes all catch
+        // the signal handles the warning itself, and its exit stands.)
+        if asks_save {
+            let not_saved = format!(
+                "no companion had spoken, so {name} was passed on to the job, as SIGTERM to pid {} that would have died of it",
+                list(&deaf_pids)
+            );
+            self.core.act_mut().end_unsaved(sig, not_saved);
+        }
     }
 }
 

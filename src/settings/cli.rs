@@ -235,6 +235,12 @@ pub struct ReportArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ReportFormat::Html)]
     pub format: ReportFormat,
+
+    /// Which run of the log, counting from 1 [default: the last]: a log
+    /// that several runs were written to (a job run again, a requeue)
+    /// holds each after the one before.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub run: Option<u64>,
 }
 
 /// `oomguard report --format`: the command line's own names, so that the
@@ -267,6 +273,11 @@ pub struct ReplayArgs {
     /// Output format: a side-by-side table, or one JSON object per action.
     #[arg(long, value_enum, default_value_t = ForensicsFormat::Text)]
     pub format: ForensicsFormat,
+
+    /// Which run of the log, counting from 1 [default: the last; with
+    /// --score, every run of every log].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub run: Option<u64>,
 
     /// The policy to replay [default: the one the run recorded].
     #[command(flatten)]

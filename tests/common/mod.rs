@@ -185,26 +185,56 @@ pub fn first_oom_kill(lines: &[schema::Line]) -> Option<serde_json::Value> {
     })
 }
 
-/// Reads the NDJSON log, every line checked against the strict schema.
+/// Reads the last run of the NDJSON log (the run a test just made), every
+/// line of the file checked against the strict schema.
 pub fn read_log(path: &Path) -> Vec<schema::Line> {
+    last_run(read_log_runs(path))
+}
+
+/// Every run the log holds, in order (each `oomguard run --log` to the
+/// same file appends one, from its `run_start`).
+pub fn read_log_runs(path: &Path) -> Vec<Vec<schema::Line>> {
     let text = fs::read_to_string(path).unwrap();
-    text.lines()
+    let lines: Vec<schema::Line> = text
+        .lines()
         .enumerate()
         .map(|(i, l)| {
             schema::parse_line(l).unwrap_or_else(|e| {
                 panic!("log line {} does not match the schema: {e}\n{l}", i + 1)
             })
         })
-        .collect()
+        .collect();
+    runs(lines)
 }
 
-/// Reads whatever lines are complete so far (the log is being written).
+/// The lines, cut at each `run_start`.
+fn runs(lines: Vec<schema::Line>) -> Vec<Vec<schema::Line>> {
+    let mut out: Vec<Vec<schema::Line>> = Vec::new();
+    for l in lines {
+        if matches!(l.event, schema::Event::RunStart(_)) || out.is_empty() {
+            out.push(Vec::new());
+        }
+        if let Some(run) = out.last_mut() {
+            run.push(l);
+        }
+    }
+    out
+}
+
+fn last_run(mut runs: Vec<Vec<schema::Line>>) -> Vec<schema::Line> {
+    runs.pop().unwrap_or_default()
+}
+
+/// Reads whatever lines of the last run are complete so far (the log is
+/// being written).
 pub fn read_log_lossy(path: &Path) -> Vec<schema::Line> {
-    fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| schema::parse_line(l).ok())
-        .collect()
+    last_run(runs(
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| schema::parse_line(l).ok())
+            .collect(),
+    ))
 }
 
 /// The memory cgroup v1 hierarchy this process runs in, if it can make

@@ -27,6 +27,7 @@ mod event;
 mod lenient;
 pub mod read;
 mod run_end;
+pub mod runs;
 mod vocab;
 
 pub use event::{
@@ -79,6 +80,18 @@ const PROGRESS_EVENTS: &[&str] = &[
     "phase_memory",
 ];
 
+/// Whether the file's last byte is not a newline (an empty file is not).
+fn ends_mid_line(f: &mut File) -> std::io::Result<bool> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
+}
+
 /// Writes events; a no-op without `--log`.
 pub struct LogWriter {
     out: Option<BufWriter<File>>,
@@ -91,11 +104,24 @@ pub struct LogWriter {
 }
 
 impl LogWriter {
+    /// Opens `path` to add this run after any runs it holds (the log of
+    /// the stop that made a job run again is kept: `runs.rs`). A last line
+    /// cut short (a run killed mid-write) is ended first, so this run's
+    /// `run_start` begins a line of its own.
     pub fn create(path: &Path, started: Instant) -> Result<Self, LogError> {
-        let f = File::create(path).map_err(|source| LogError {
+        let err = |source| LogError {
             path: path.into(),
             source,
-        })?;
+        };
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(path)
+            .map_err(err)?;
+        if ends_mid_line(&mut f).map_err(err)? {
+            f.write_all(b"\n").map_err(err)?;
+        }
         Ok(Self {
             out: Some(BufWriter::new(f)),
             path: path.into(),

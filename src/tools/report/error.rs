@@ -31,6 +31,13 @@ pub enum ReportError {
         #[source]
         source: std::io::Error,
     },
+    /// `--run N` beyond the runs the log holds.
+    #[error("{path}: {source}")]
+    NoSuchRun {
+        path: PathBuf,
+        #[source]
+        source: crate::sinks::log::runs::NoSuchRun,
+    },
     /// A parse error, with the file it came from.
     #[error("{path}: {source}")]
     InLog {

@@ -70,6 +70,7 @@ pub fn load_from(input: impl std::io::BufRead) -> Result<RunLog, LoadError> {
         }));
     }
     let mut log = r.log;
+    log.run_of = (1, 1);
     tie_ranks_to_oom_kills(&mut log);
     log.attempts = super::attempts::attempts(&log);
     Ok(log)

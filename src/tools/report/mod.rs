@@ -22,6 +22,8 @@ mod workers;
 
 use std::path::{Path, PathBuf};
 
+use crate::sinks::log::runs::{self, RunPick};
+
 pub use diagnose::diagnose;
 pub use error::ReportError;
 pub use finding::{Cited, FIT_SHARE, Finding, ProcSummary, Severity, Unit, processes};
@@ -77,8 +79,9 @@ pub fn run_report(
     input: &Path,
     output: Option<&Path>,
     format: Format,
+    pick: RunPick,
 ) -> Result<ReportOutput, ReportError> {
-    let log = load_path(input)?;
+    let log = load_path(input, pick)?;
     let findings = diagnose(&log);
     let body = match format {
         Format::Html => render_html(&log, &findings),
@@ -105,6 +108,7 @@ pub fn run_reports(
     inputs: &[PathBuf],
     output: Option<&Path>,
     format: Format,
+    pick: RunPick,
 ) -> Result<ReportOutput, ReportError> {
     let mut files = Vec::new();
     for input in inputs {
@@ -126,12 +130,12 @@ pub fn run_reports(
     }
     match files.as_slice() {
         [] => Err(ReportError::Empty),
-        [one] => run_report(one, output, format),
+        [one] => run_report(one, output, format, pick),
         _ => {
             let mut logs = Vec::new();
             let mut warnings = Vec::new();
             for f in &files {
-                let log = load_path(f)?;
+                let log = load_path(f, pick)?;
                 let name = f
                     .file_stem()
                     .map_or_else(|| f.display().to_string(), |s| s.to_string_lossy().into());
@@ -150,25 +154,28 @@ pub fn run_reports(
     }
 }
 
-/// Reads one log (`-`: stdin), errors naming the file.
-fn load_path(input: &Path) -> Result<RunLog, ReportError> {
+/// Reads run `pick` of one log (`-`: stdin), errors naming the file.
+fn load_path(input: &Path, pick: RunPick) -> Result<RunLog, ReportError> {
     let err = |source| ReportError::Read {
         path: input.to_path_buf(),
         source,
     };
-    let loaded = if input == Path::new("-") {
-        load_from(std::io::stdin().lock())
-    } else {
-        let file = std::fs::File::open(input).map_err(err)?;
-        load_from(std::io::BufReader::with_capacity(1 << 16, file))
-    };
-    loaded.map_err(|e| match e {
+    let run = runs::open(input, pick).map_err(|e| match e {
+        runs::OpenRunError::Read(source) => err(source),
+        runs::OpenRunError::NoSuchRun(source) => ReportError::NoSuchRun {
+            path: input.to_path_buf(),
+            source,
+        },
+    })?;
+    let mut log = load_from(run.reader).map_err(|e| match e {
         LoadError::Read(source) => err(source),
         LoadError::Log(e) => ReportError::InLog {
             path: input.to_path_buf(),
             source: Box::new(e),
         },
-    })
+    })?;
+    log.run_of = (run.index, run.of);
+    Ok(log)
 }
 
 fn json_text(v: &serde_json::Value) -> String {
@@ -253,7 +260,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("other.ndjson");
         std::fs::write(&p, "{\"schema\":\"other/3\",\"event\":\"x\"}\n").unwrap();
-        let e = run_report(&p, None, Format::Text).unwrap_err();
+        let e = run_report(&p, None, Format::Text, RunPick::Last).unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("other.ndjson") && msg.contains("line 1"),
@@ -261,7 +268,7 @@ mod tests {
         );
         assert!(msg.contains("other/3"), "{msg}");
         let missing = dir.path().join("missing.ndjson");
-        let e = run_report(&missing, None, Format::Html).unwrap_err();
+        let e = run_report(&missing, None, Format::Html, RunPick::Last).unwrap_err();
         assert!(e.to_string().contains("missing.ndjson"), "{e}");
     }
 }

@@ -37,6 +37,10 @@ pub struct RunLog {
     /// The job's global ranks whose companion said hello (`companion`
     /// lines), sorted, each once.
     pub ranks: Vec<u32>,
+    /// Which run of the file this is, and how many it holds (a log that
+    /// runs of a job were appended to; `sinks::log::runs`). `(1, 1)` for
+    /// a log of one run.
+    pub run_of: (usize, usize),
 }
 
 impl RunLog {

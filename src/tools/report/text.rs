@@ -447,6 +447,12 @@ pub fn render_text(log: &RunLog, findings: &[Finding]) -> String {
         cmd = cmd.chars().take(79).collect::<String>() + "…";
     }
     let _ = writeln!(o, "oomguard report: {cmd}");
+    if let (n, of @ 2..) = log.run_of {
+        let _ = writeln!(
+            o,
+            "  run {n} of the {of} in this log (`--run N` reports another)"
+        );
+    }
     summary(&mut o, log);
 
     let _ = writeln!(o, "\nFindings");
@@ -595,6 +601,7 @@ pub fn render_json(log: &RunLog, findings: &[Finding]) -> Value {
     json!({
         "schema": "oomguard-report/1",
         "log_schema": crate::sinks::log::SCHEMA,
+        "run": {"index": log.run_of.0, "of": log.run_of.1},
         "command": log.start.as_ref().map(|s| s.argv.clone()),
         "version": log.start.as_ref().and_then(|s| s.version.clone()),
         "outcome": log.end.as_ref().and_then(|e| e.outcome.clone()),
