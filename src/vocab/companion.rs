@@ -102,6 +102,13 @@ pub enum ChannelError {
         owner: u32,
         ours: u32,
     },
+    /// Others may write in it: whatever they put there (a request, a
+    /// symlink where oomguard writes) would be taken as ours.
+    #[error(
+        "the job's control directory {path} has mode {mode:o}: others can write in it, so \
+         oomguard does not use it (oomguard run creates it 0700)"
+    )]
+    Open { path: PathBuf, mode: u32 },
 }
 
 /// What oomguard asks of the trainer.
@@ -363,7 +370,9 @@ impl Channel {
             path: dir.to_path_buf(),
             source,
         };
-        let meta = fs::metadata(dir).map_err(join)?;
+        // Not followed: a symlink in its place is not the directory
+        // `oomguard run` made.
+        let meta = fs::symlink_metadata(dir).map_err(join)?;
         if !meta.is_dir() {
             return Err(join(io::Error::other("not a directory")));
         }
@@ -375,11 +384,19 @@ impl Channel {
                 ours,
             });
         }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(ChannelError::Open {
+                path: dir.to_path_buf(),
+                mode,
+            });
+        }
         let file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join(EVENTS))
             .map_err(join)?;
         Ok(Channel {
@@ -488,14 +505,16 @@ impl Channel {
     }
 
     /// Replaces `name` atomically: a temporary file renamed over it, so the
-    /// companion never reads half a file.
+    /// companion never reads half a file. The temporary file is new, never
+    /// one that was there (a leftover is unlinked, a symlink not followed).
     fn replace(&self, name: &str, text: &[u8]) -> Result<(), ChannelError> {
         let tmp = self.dir.join(format!(".{name}.tmp"));
+        let _ = fs::remove_file(&tmp);
         let written = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .and_then(|mut f| f.write_all(text))
             .and_then(|()| fs::rename(&tmp, self.dir.join(name)));
@@ -567,7 +586,7 @@ mod tests {
         let proc_root = t.path().join("proc");
         fs::create_dir_all(proc_root.join("42")).unwrap();
         let control = t.path().join("ctl");
-        fs::create_dir(&control).unwrap();
+        DirBuilder::new().mode(0o700).create(&control).unwrap();
         let environ = format!("A=1\0OOMGUARD_CONTROL={}\0B=2\0", control.display());
         fs::write(proc_root.join("42/environ"), environ).unwrap();
         fs::write(proc_root.join("43"), "").unwrap();
@@ -591,13 +610,61 @@ mod tests {
         );
         // `events` is made when the starter did not.
         let bare = t.path().join("bare");
-        fs::create_dir(&bare).unwrap();
+        DirBuilder::new().mode(0o755).create(&bare).unwrap();
         drop(Channel::join(&bare).unwrap());
         assert!(bare.join(EVENTS).exists());
         assert!(matches!(
             Channel::join(&t.path().join("missing")),
             Err(ChannelError::Join { .. })
         ));
+    }
+
+    #[test]
+    fn a_directory_others_can_write_in_or_a_symlink_is_not_joined() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let t = tempfile::tempdir().unwrap();
+        let open = t.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Channel::join(&open).err().unwrap();
+        assert!(matches!(e, ChannelError::Open { mode: 0o777, .. }), "{e}");
+        assert!(e.to_string().contains("has mode 777"), "{e}");
+        assert!(!open.join(EVENTS).exists(), "nothing is written there");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(
+            Channel::join(&open),
+            Err(ChannelError::Open { .. })
+        ));
+        let link = t.path().join("link");
+        let mine = t.path().join("mine");
+        DirBuilder::new().mode(0o700).create(&mine).unwrap();
+        std::os::unix::fs::symlink(&mine, &link).unwrap();
+        assert!(matches!(
+            Channel::join(&link),
+            Err(ChannelError::Join { .. })
+        ));
+        assert!(!mine.join(EVENTS).exists());
+    }
+
+    #[test]
+    fn a_planted_temporary_file_or_symlink_is_never_written_through() {
+        let t = tempfile::tempdir().unwrap();
+        let mut c = Channel::create(t.path(), 1).unwrap();
+        let victim = t.path().join("victim");
+        fs::write(&victim, "untouched").unwrap();
+        let tmp = c.dir().join(format!(".{REQUEST}.tmp"));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        c.request(Kind::Checkpoint, "r", None, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "untouched");
+        let req: Request =
+            serde_json::from_slice(&fs::read(c.dir().join(REQUEST)).unwrap()).unwrap();
+        assert_eq!(req.reason, "r");
+        // A leftover regular file (a write cut short) is replaced too.
+        fs::write(&tmp, "half").unwrap();
+        c.request(Kind::Checkpoint, "again", None, Duration::from_secs(5))
+            .unwrap();
+        assert!(!tmp.exists());
     }
 
     #[test]
