@@ -358,7 +358,12 @@ fn checkpoint(args: &oomguard::settings::cli::CheckpointArgs) -> i32 {
         }
         Err(e) => {
             eprintln!("oomguard: {e}");
-            1
+            // Which job was meant is the user's to say: a usage error.
+            if matches!(e, oomguard::tools::ask::AskError::Ambiguous { .. }) {
+                2
+            } else {
+                1
+            }
         }
     }
 }

@@ -15,8 +15,9 @@
 use crate::common;
 
 use std::fs;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::schema::{Event, Line};
@@ -555,6 +556,62 @@ fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
         "step 5\n",
     );
     assert!(err.contains("has no control channel"), "{err}");
+}
+
+/// A shell that started two jobs, each under `oomguard run` with a
+/// companion that has spoken: `oomguard checkpoint <the shell>` does not
+/// pick one by pid order; it exits 2 and lists both. Each job by its own
+/// pid is asked alone.
+#[test]
+fn serial_oomguard_checkpoint_of_a_shell_with_two_jobs_refuses_and_lists_both() {
+    let _serial = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let og = env!("CARGO_BIN_EXE_oomguard");
+    let plain = plain();
+    let script = format!(
+        "cd {d}/a && {og} run -q --no-tui --cgroup off -- python3 {p} 100000 > out 2>&1 &\n\
+         cd {d}/b && {og} run -q --no-tui --cgroup off -- python3 {p} 100000 > out 2>&1 &\n\
+         wait\n",
+        d = dir.path().display(),
+        p = plain.display()
+    );
+    for job in ["a", "b"] {
+        fs::create_dir(dir.path().join(job)).unwrap();
+    }
+    common::deadline::arm();
+    let mut shell = Command::new("sh")
+        .args(["-c", &script])
+        .env("CKPT_DIR", dir.path())
+        .env("LEAK_MB", "0")
+        .env_remove("OOMGUARD_CONTROL")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let stepped = |job: &str| {
+        fs::read_to_string(dir.path().join(job).join("out"))
+            .unwrap_or_default()
+            .contains("completed step 3")
+    };
+    assert!(common::wait_for(Duration::from_secs(60), || stepped("a") && stepped("b")));
+    let out = common::oomguard()
+        .args(["checkpoint", &shell.id().to_string(), "--timeout", "5s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The shell's whole group: both oomguards end their jobs.
+    let _ = Command::new("kill")
+        .args(["-TERM", "--", &format!("-{}", shell.id())])
+        .status();
+    let _ = shell.wait();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("2 different jobs"), "{err}");
+    for job in ["a", "b"] {
+        assert!(
+            err.contains(&format!("/{job})")),
+            "job {job} not listed: {err}"
+        );
+    }
+    assert_eq!(err.matches(plain.to_str().unwrap()).count(), 2, "{err}");
 }
 
 /// A Python job under `oomguard run` that has not completed a step: its

@@ -5,7 +5,7 @@
 //! supervising oomguard writes its own, and the answer is the companion's
 //! `done` record, printed as JSON on stdout.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,14 +42,39 @@ pub enum AskError {
          ask again once it is done"
     )]
     Busy { dir: PathBuf, id: u64, left: f64 },
+    #[error(
+        "{label} holds the control channels of {} different jobs, so which to ask is not clear; \
+         name one by its pid (or use --slurm-job ID for every task of one SLURM job):\n{}",
+        .jobs.len(),
+        jobs_list(.jobs)
+    )]
+    Ambiguous { label: String, jobs: Vec<JobSeen> },
     #[error("the companion did not finish a save within {0}")]
     NoAnswer(String),
     #[error("the companion reports that the checkpoint failed: {0}")]
     Failed(String),
 }
 
+/// A job whose control channel a target holds: the first of its
+/// processes found, its command and its working directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSeen {
+    pub pid: u32,
+    pub command: String,
+    pub cwd: String,
+}
+
+fn jobs_list(jobs: &[JobSeen]) -> String {
+    jobs.iter()
+        .map(|j| format!("  pid {}  {}  (in {})", j.pid, j.command, j.cwd))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Asks the job `target` names for a checkpoint and waits up to `timeout`
-/// for its `done` record, which is returned as a JSON line.
+/// for its `done` record, returned as a JSON line; for the tasks of one
+/// SLURM job (each an `oomguard run` of its own), every task is asked and
+/// each `done` is a line.
 pub fn checkpoint(
     target: &crate::job::attach::Target,
     proc_root: &Path,
@@ -59,45 +84,129 @@ pub fn checkpoint(
     if !proc_root.join(spec.pid.to_string()).exists() {
         return Err(AskError::NoSuchProcess(spec.pid));
     }
-    let mut pids: BTreeSet<u32> = crate::job::attach::descendants(proc_root, spec.pid)
-        .into_iter()
-        .collect();
-    pids.insert(spec.pid);
-    let dir = pids
-        .iter()
-        .find_map(|&pid| Channel::of_process(proc_root, pid))
-        .ok_or_else(|| AskError::NoChannel {
-            label: spec.label.clone(),
-        })?;
-    let mut ch = Channel::join(&dir)?;
-    let said = ch.poll();
-    if !said.iter().any(|r| matches!(r, Record::Hello { .. })) {
-        let age = age(proc_root, spec.pid);
-        return Err(AskError::Silent { dir, age });
+    let dirs = channels(&spec, proc_root)?;
+    let mut asked = Vec::new();
+    for (dir, pid) in dirs {
+        asked.push(ask(dir, pid, proc_root, timeout)?);
     }
-    if let Some((id, left)) = pending(&dir, &said) {
-        return Err(AskError::Busy { dir, id, left });
-    }
-    let id = ch.request(Kind::Checkpoint, "oomguard checkpoint", None, timeout)?;
     let began = Instant::now();
+    let mut lines: Vec<Option<String>> = vec![None; asked.len()];
     while began.elapsed() < timeout {
-        for r in ch.poll() {
-            if let Record::Done { id: done, ok, .. } = &r
-                && *done == id
-            {
-                let line = serde_json::to_string(&r).unwrap_or_default();
-                return if *ok {
-                    Ok(line)
-                } else {
-                    Err(AskError::Failed(line))
-                };
+        for ((ch, id), line) in asked.iter_mut().zip(lines.iter_mut()) {
+            for r in ch.poll() {
+                if let Record::Done { id: done, ok, .. } = &r
+                    && *done == *id
+                {
+                    let text = serde_json::to_string(&r).unwrap_or_default();
+                    if !*ok {
+                        return Err(AskError::Failed(text));
+                    }
+                    *line = Some(text);
+                }
             }
+        }
+        if lines.iter().all(Option::is_some) {
+            return Ok(lines.into_iter().flatten().collect::<Vec<_>>().join("\n"));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     Err(AskError::NoAnswer(crate::vocab::units::human_duration(
         timeout,
     )))
+}
+
+/// The control channels the target's processes hold, each with the first
+/// process found holding it. One job, or the tasks of one SLURM job (every
+/// one holds `SLURM_JOB_ID` alike); channels of different jobs are refused,
+/// listed, rather than one picked by pid order.
+fn channels(
+    spec: &crate::job::attach::AttachSpec,
+    proc_root: &Path,
+) -> Result<Vec<(PathBuf, u32)>, AskError> {
+    let mut pids: BTreeSet<u32> = crate::job::attach::descendants(proc_root, spec.pid)
+        .into_iter()
+        .collect();
+    pids.insert(spec.pid);
+    if let Some(loc) = &spec.cgroup {
+        pids.extend(crate::job::attach::subtree_procs(&loc.dir()));
+    }
+    let mut dirs: BTreeMap<PathBuf, u32> = BTreeMap::new();
+    for &pid in &pids {
+        if let Some(dir) = Channel::of_process(proc_root, pid) {
+            dirs.entry(dir).or_insert(pid);
+        }
+    }
+    if dirs.is_empty() {
+        return Err(AskError::NoChannel {
+            label: spec.label.clone(),
+        });
+    }
+    let slurm_jobs: BTreeSet<Option<String>> = dirs
+        .values()
+        .map(|&pid| environ_var(proc_root, pid, "SLURM_JOB_ID"))
+        .collect();
+    let one_slurm_job = slurm_jobs.len() == 1 && slurm_jobs.iter().all(Option::is_some);
+    if dirs.len() > 1 && !one_slurm_job {
+        let jobs = dirs.values().map(|&pid| job_seen(proc_root, pid)).collect();
+        return Err(AskError::Ambiguous {
+            label: spec.label.clone(),
+            jobs,
+        });
+    }
+    Ok(dirs.into_iter().collect())
+}
+
+/// Joins one channel and writes the request, once its companion has
+/// spoken and no other request is being served there.
+fn ask(
+    dir: PathBuf,
+    pid: u32,
+    proc_root: &Path,
+    timeout: Duration,
+) -> Result<(Channel, u64), AskError> {
+    let mut ch = Channel::join(&dir)?;
+    let said = ch.poll();
+    if !said.iter().any(|r| matches!(r, Record::Hello { .. })) {
+        let age = age(proc_root, pid);
+        return Err(AskError::Silent { dir, age });
+    }
+    // Asked and written under the channel's lock: a stop the supervisor
+    // writes meanwhile comes after this request, never under it.
+    let asked =
+        ch.request_unless_pending(Kind::Checkpoint, "oomguard checkpoint", timeout, |d| {
+            pending(d, &said)
+        })?;
+    match asked {
+        Ok(id) => Ok((ch, id)),
+        Err((id, left)) => Err(AskError::Busy { dir, id, left }),
+    }
+}
+
+/// `NAME`'s value in process `pid`'s environment.
+fn environ_var(proc_root: &Path, pid: u32, name: &str) -> Option<String> {
+    let environ = std::fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
+    let key = format!("{name}=");
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+fn job_seen(proc_root: &Path, pid: u32) -> JobSeen {
+    let dir = proc_root.join(pid.to_string());
+    let command = std::fs::read(dir.join("cmdline"))
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let cwd = std::fs::read_link(dir.join("cwd"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "?".to_string());
+    JobSeen { pid, command, cwd }
 }
 
 /// How long ago process `pid` started: its start time in `stat` (clock
@@ -244,6 +353,100 @@ mod tests {
         fake_proc(&proc_root, 8000.0, 800.0, ch.dir());
         let e = ask();
         assert!(e.to_string().contains("(started 2h 00m ago)"), "{e}");
+    }
+
+    /// A shell (pid 1) that started two jobs (pids 10 and 20), each with
+    /// a control channel of its own (`a`, `b`) whose companion spoke;
+    /// `slurm`: both are tasks of that SLURM job.
+    fn two_jobs(root: &Path, slurm: Option<&str>) -> (Channel, Channel) {
+        let proc_root = root.join("proc");
+        let mut chans = Vec::new();
+        for (pid, ppid, name) in [(1, 0, "sh"), (10, 1, "a"), (20, 1, "b")] {
+            let d = proc_root.join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("stat"),
+                format!(
+                    "{pid} ({name}) S {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n"
+                ),
+            )
+            .unwrap();
+            std::fs::write(d.join("cmdline"), format!("python\0train_{name}.py\0")).unwrap();
+            let mut env = b"PATH=/bin\0".to_vec();
+            if pid != 1 {
+                let ch = Channel::create(&root.join(name), 1).unwrap();
+                std::fs::write(
+                    ch.dir().join("events"),
+                    "{\"type\":\"hello\",\"v\":1,\"pid\":7}\n",
+                )
+                .unwrap();
+                env.extend(format!("OOMGUARD_CONTROL={}\0", ch.dir().display()).bytes());
+                if let Some(id) = slurm {
+                    env.extend(format!("SLURM_JOB_ID={id}\0").bytes());
+                }
+                chans.push(ch);
+            }
+            std::fs::write(d.join("environ"), env).unwrap();
+        }
+        let b = chans.pop().unwrap();
+        (chans.pop().unwrap(), b)
+    }
+
+    #[test]
+    fn a_target_that_holds_two_jobs_is_refused_with_both_listed() {
+        let t = tempfile::tempdir().unwrap();
+        for dir in ["a", "b"] {
+            std::fs::create_dir(t.path().join(dir)).unwrap();
+        }
+        let (a, b) = two_jobs(t.path(), None);
+        let e = checkpoint(
+            &crate::job::attach::Target::Pid(1),
+            &t.path().join("proc"),
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+        let AskError::Ambiguous { jobs, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(jobs.iter().map(|j| j.pid).collect::<Vec<_>>(), [10, 20]);
+        let text = e.to_string();
+        assert!(text.contains("2 different jobs"), "{text}");
+        assert!(text.contains("pid 10  python train_a.py"), "{text}");
+        assert!(text.contains("pid 20  python train_b.py"), "{text}");
+        for ch in [&a, &b] {
+            assert!(!ch.dir().join("request").exists(), "nothing is asked");
+        }
+        // Either job by its own pid is asked alone.
+        let _ = checkpoint(
+            &crate::job::attach::Target::Pid(20),
+            &t.path().join("proc"),
+            Duration::from_millis(100),
+        );
+        assert!(!a.dir().join("request").exists());
+        assert!(b.dir().join("request").exists());
+    }
+
+    #[test]
+    fn the_tasks_of_one_slurm_job_are_each_asked() {
+        let t = tempfile::tempdir().unwrap();
+        for dir in ["a", "b"] {
+            std::fs::create_dir(t.path().join(dir)).unwrap();
+        }
+        let (a, b) = two_jobs(t.path(), Some("4242"));
+        let e = checkpoint(
+            &crate::job::attach::Target::Pid(1),
+            &t.path().join("proc"),
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+        assert!(matches!(e, AskError::NoAnswer(_)), "{e:?}");
+        for ch in [&a, &b] {
+            assert!(
+                ch.dir().join("request").exists(),
+                "{} not asked",
+                ch.dir().display()
+            );
+        }
     }
 
     #[test]

@@ -458,6 +458,61 @@ impl Channel {
         restart: bool,
         cause_rank: Option<u32>,
     ) -> Result<u64, ChannelError> {
+        let _lock = self.lock()?;
+        self.write_request(kind, reason, detail, wait, restart, cause_rank)
+    }
+
+    /// A request of `kind` unless `pending` (asked under the lock that
+    /// every writer of requests takes, so nothing is written between the
+    /// question and the write) names a request still being served: then
+    /// that one's `Err((id, seconds left))`. `oomguard checkpoint` asks
+    /// this way, so it never replaces a stop the supervisor wrote.
+    pub fn request_unless_pending(
+        &mut self,
+        kind: Kind,
+        reason: &str,
+        wait: Duration,
+        pending: impl FnOnce(&Path) -> Option<(u64, f64)>,
+    ) -> Result<Result<u64, (u64, f64)>, ChannelError> {
+        let _lock = self.lock()?;
+        if let Some(busy) = pending(&self.dir) {
+            return Ok(Err(busy));
+        }
+        self.write_request(kind, reason, None, wait, false, None)
+            .map(Ok)
+    }
+
+    /// The lock every writer of `request` holds while it decides and
+    /// writes: `.lock` in the directory, released when dropped.
+    fn lock(&self) -> Result<File, ChannelError> {
+        let path = self.dir.join(".lock");
+        let err = |source| ChannelError::Write {
+            path: path.clone(),
+            source,
+        };
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(err)?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| err(e.into()))?;
+        Ok(f)
+    }
+
+    fn write_request(
+        &mut self,
+        kind: Kind,
+        reason: &str,
+        detail: Option<&str>,
+        wait: Duration,
+        restart: bool,
+        cause_rank: Option<u32>,
+    ) -> Result<u64, ChannelError> {
         let id = self.next_id();
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -665,6 +720,64 @@ mod tests {
         c.request(Kind::Checkpoint, "again", None, Duration::from_secs(5))
             .unwrap();
         assert!(!tmp.exists());
+    }
+
+    /// `oomguard checkpoint` against the supervisor's own stop: the stop
+    /// written while checkpoint is between its question and its write
+    /// waits for the write, and comes after it: the stop wins.
+    #[test]
+    fn a_stop_written_while_checkpoint_decides_comes_after_it() {
+        let t = tempfile::tempdir().unwrap();
+        let mut sup = Channel::create(t.path(), 1).unwrap();
+        let dir = sup.dir().to_path_buf();
+        let mut asker = Channel::join(&dir).unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let stop = std::thread::spawn(move || {
+            wait.recv().unwrap();
+            sup.request(
+                Kind::CheckpointAndExit,
+                "critical",
+                None,
+                Duration::from_secs(60),
+            )
+            .unwrap();
+            // Owned: the directory goes with it.
+            sup
+        });
+        let asked = asker
+            .request_unless_pending(
+                Kind::Checkpoint,
+                "oomguard checkpoint",
+                Duration::from_secs(60),
+                |_| {
+                    go.send(()).unwrap();
+                    // The supervisor's write, if nothing held it back, would
+                    // land now, and be replaced by the checkpoint below.
+                    std::thread::sleep(Duration::from_millis(300));
+                    None
+                },
+            )
+            .unwrap();
+        assert!(asked.is_ok());
+        let _sup = stop.join().unwrap();
+        let req: Request = serde_json::from_slice(&fs::read(dir.join(REQUEST)).unwrap()).unwrap();
+        assert_eq!(
+            req.kind,
+            Kind::CheckpointAndExit,
+            "the stop was lost: {req:?}"
+        );
+        // Asked again while the stop is pending: refused, nothing written.
+        let again = asker
+            .request_unless_pending(
+                Kind::Checkpoint,
+                "oomguard checkpoint",
+                Duration::from_secs(60),
+                |_| Some((req.id, 59.0)),
+            )
+            .unwrap();
+        assert_eq!(again, Err((req.id, 59.0)));
+        let still: Request = serde_json::from_slice(&fs::read(dir.join(REQUEST)).unwrap()).unwrap();
+        assert_eq!(still.id, req.id);
     }
 
     #[test]
