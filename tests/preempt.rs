@@ -558,6 +558,49 @@ fn serial_oomguard_checkpoint_says_why_a_job_without_a_companion_cannot_save() {
     assert!(err.contains("has no control channel"), "{err}");
 }
 
+/// A save whose file is empty (a write cut short, a full disk) does not
+/// count: the log says why, nothing is said to be saved, and no resume
+/// record is left for the next run to load it from.
+#[test]
+fn serial_a_save_whose_file_is_empty_does_not_count() {
+    let _serial = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let job = common::script(
+        dir.path(),
+        "empty_save.py",
+        "import os, time\nimport oomguard\ng = oomguard.guard()\n\
+         for step in range(1, 100000):\n    print('completed step %d' % step, flush=True)\n\
+         \x20   if g.step(step):\n\
+         \x20       path = os.path.join(os.environ['CKPT_DIR'], 'empty-%d.pt' % step)\n\
+         \x20       open(path, 'w').close()\n\
+         \x20       g.checkpointed([path])\n\
+         \x20       if g.should_exit():\n            break\n\
+         \x20   time.sleep(0.05)\n",
+    );
+    let mut live = Live::start(&[], &["python3", job.to_str().unwrap()], &[]);
+    live.wait_for("completed step 5\n");
+    let at = live.signal("TERM");
+    let r = live.end(at);
+    let done = r
+        .log
+        .iter()
+        .find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => Some(v.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert_eq!(done["ok"], false, "{}", r.why());
+    let why = done["not_counted"].as_str().unwrap_or_default();
+    assert!(why.ends_with(".pt is empty"), "{why}\n{}", r.why());
+    assert!(r.stderr.contains("does not count"), "{}", r.why());
+    assert!(!r.stderr.contains("saved first"), "{}", r.why());
+    assert!(
+        !r.dir.path().join(".oomguard-resume.json").exists(),
+        "a resume record of an empty save\n{}",
+        r.why()
+    );
+}
+
 /// A shell that started two jobs, each under `oomguard run` with a
 /// companion that has spoken: `oomguard checkpoint <the shell>` does not
 /// pick one by pid order; it exits 2 and lists both. Each job by its own

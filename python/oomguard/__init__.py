@@ -124,6 +124,39 @@ def _cargo_version(path: str) -> Optional[str]:
     return None
 
 
+def _fsync(path: str, directory: bool = False) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        # A file system that cannot (some network and FUSE ones): what it
+        # does is all there is.
+        pass
+    finally:
+        os.close(fd)
+
+
+def _durable(paths: Sequence[str]) -> None:
+    """fsync each saved file (a directory: every file under it, and the
+    directories themselves) and the directory each path is in, so the save
+    is on disk when it is reported done."""
+    dirs = []  # type: List[str]
+    for p in paths:
+        if os.path.isdir(p):
+            for root, _, files in os.walk(p):
+                for name in files:
+                    _fsync(os.path.join(root, name))
+                dirs.append(root)
+        elif os.path.isfile(p):
+            _fsync(p)
+        dirs.append(os.path.dirname(p) or ".")
+    for d in dict.fromkeys(dirs):
+        _fsync(d, directory=True)
+
+
 def guard(framework: str = "plain") -> Guard:
     """The process-wide :class:`Guard` (created on first use)."""
     global _GUARD
@@ -218,6 +251,10 @@ class Guard:
         if isinstance(paths, (str, bytes, os.PathLike)):
             paths = [paths]
         absolute = [os.path.abspath(os.fspath(p)) for p in paths]  # type: List[Any]
+        # On disk before any rank says done: oomguard's exit 75 tells the
+        # scheduler the job is safe to requeue, and a node that loses power
+        # right after must not leave the next run a partial file.
+        _durable(absolute)
         _barrier()
         seconds = time.monotonic() - (self._agreed_at or time.monotonic())
         if self.local_rank == 0:

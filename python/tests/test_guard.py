@@ -178,6 +178,49 @@ def test_a_served_checkpoint_is_reported_once_and_training_goes_on(control, tmp_
     assert last["paths"] == [str(tmp_path / "a"), os.path.abspath("b")]
 
 
+def test_the_saved_files_and_their_directories_are_fsynced_before_done(control, tmp_path, monkeypatch):
+    # A file, and an HF-style directory of files: each file, each
+    # directory and the parent are on disk before `done` is written.
+    ckpt = tmp_path / "model.pt"
+    ckpt.write_bytes(b"weights")
+    hf = tmp_path / "checkpoint-4"
+    (hf / "sub").mkdir(parents=True)
+    (hf / "sub" / "model.safetensors").write_bytes(b"w")
+    (hf / "trainer_state.json").write_text("{}")
+    synced = []
+    real_fsync, real_open = os.fsync, os.open
+    names = {}
+
+    def opening(path, flags, *a):
+        fd = real_open(path, flags, *a)
+        names[fd] = str(path)
+        return fd
+
+    dones = [0]
+
+    def fsync(fd):
+        # Nothing is reported done before the last fsync.
+        assert control.types().count("done") == dones[0]
+        synced.append(names[fd])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", opening)
+    monkeypatch.setattr(os, "fsync", fsync)
+    g = Guard()
+    control.request(5, "checkpoint")
+    assert g.step(4) is True
+    g.checkpointed([ckpt, hf])
+    assert control.types()[-1] == "done"
+    for p in [ckpt, hf / "sub" / "model.safetensors", hf / "trainer_state.json", hf, hf / "sub", tmp_path]:
+        assert str(p) in synced, (p, synced)
+    # A path that is not there is passed on as it is (oomguard judges it).
+    dones[0] = 1
+    control.request(6, "checkpoint")
+    assert g.step(5) is True
+    g.checkpointed([tmp_path / "missing.pt"])
+    assert control.events()[-1]["ok"] is True
+
+
 def test_only_local_rank_0_writes_done(control, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     g = Guard()

@@ -61,7 +61,16 @@ impl Supervisor {
                 paths,
                 ok,
                 seconds,
+                not_counted,
             } => {
+                if let Some(why) = &not_counted
+                    && !self.cfg.quiet
+                {
+                    self.say(format!(
+                        "the save of step {} does not count: {why}; nothing is resumed from it",
+                        step.map_or_else(|| "?".to_string(), |s| s.to_string())
+                    ));
+                }
                 let done = CheckpointDoneEvent {
                     id,
                     rank,
@@ -69,6 +78,7 @@ impl Supervisor {
                     paths,
                     ok,
                     save_seconds: seconds,
+                    not_counted,
                 };
                 self.companion_saved(done);
             }
@@ -221,7 +231,10 @@ impl Supervisor {
         let c = &self.core.act().companion();
         let saved = c.done.as_ref()?;
         if !saved.ok {
-            return Some("the companion's checkpoint failed".to_string());
+            return Some(match &saved.not_counted {
+                Some(why) => format!("the save did not count ({why})"),
+                None => "the companion's checkpoint failed".to_string(),
+            });
         }
         let at = saved.step.map_or_else(
             || "checkpoint".to_string(),

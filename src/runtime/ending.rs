@@ -379,10 +379,16 @@ impl Supervisor {
                         false,
                     );
                 }
-                format!(
-                    "was preempted ({}) and saved first; exit {exit_code}",
-                    supervise::signal_name(sig)
-                )
+                let name = supervise::signal_name(sig);
+                match self.core.act().companion().done.as_ref().map(|d| d.ok) {
+                    Some(true) => {
+                        format!("was preempted ({name}) and saved first; exit {exit_code}")
+                    }
+                    Some(false) => {
+                        format!("was preempted ({name}); its save did not count; exit {exit_code}")
+                    }
+                    None => format!("was preempted ({name}); no save finished; exit {exit_code}"),
+                }
             }
             (Outcome::StoppedByPolicy, _) => {
                 // The rule, also when the stop is over (an attached

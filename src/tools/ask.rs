@@ -294,6 +294,7 @@ mod tests {
             paths: vec![],
             ok: true,
             seconds: 0.1,
+            not_counted: None,
         };
         assert_eq!(pending(&dir, &[hello(), done]), None, "answered");
         ch.request(Kind::Checkpoint, "old", None, Duration::ZERO)

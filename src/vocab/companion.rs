@@ -261,6 +261,11 @@ pub enum Record {
         ok: bool,
         #[serde(default)]
         seconds: f64,
+        /// Set by oomguard, not the companion: why a save the companion
+        /// called done does not count (`ok` is then false): a path it
+        /// named is missing, an empty file, or a directory with no file.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_counted: Option<String>,
     },
     /// The ranks agreed on another node's request (written by this node's
     /// local rank 0): who asked and why, from the job's rendezvous store.
@@ -325,6 +330,9 @@ pub struct Channel {
     last_id: u64,
     /// Made by this oomguard (removed on drop), or joined.
     owned: bool,
+    /// The pid of the companion that last said hello: its view of the
+    /// file system is the one the paths it names are in.
+    speaker: Option<u32>,
 }
 
 impl Channel {
@@ -357,6 +365,7 @@ impl Channel {
             partial: Vec::new(),
             last_id: 0,
             owned: true,
+            speaker: None,
         })
     }
 
@@ -406,6 +415,7 @@ impl Channel {
             partial: Vec::new(),
             last_id: 0,
             owned: false,
+            speaker: None,
         })
     }
 
@@ -601,7 +611,22 @@ impl Channel {
         let mut out = Vec::new();
         while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = self.partial.drain(..=end).collect();
-            if let Ok(r) = serde_json::from_slice::<Record>(&line) {
+            if let Ok(mut r) = serde_json::from_slice::<Record>(&line) {
+                match &mut r {
+                    Record::Hello { pid, .. } => self.speaker = Some(*pid),
+                    Record::Done {
+                        ok: ok @ true,
+                        paths,
+                        not_counted,
+                        ..
+                    } => {
+                        if let Some(why) = paths.iter().find_map(|p| unusable(p, self.speaker)) {
+                            *ok = false;
+                            *not_counted = Some(why);
+                        }
+                    }
+                    _ => {}
+                }
                 out.push(r);
             }
         }
@@ -610,6 +635,46 @@ impl Channel {
         }
         out
     }
+}
+
+/// Why a path a companion named as saved cannot be a save: missing, an
+/// empty file, or a directory with no file in it (a write cut short, a
+/// volume detached: the next run would load it). The job may see another
+/// file system (a container's), so a path missing here is looked for
+/// through the companion's own root too.
+fn unusable(path: &Path, speaker: Option<u32>) -> Option<String> {
+    let theirs = speaker.map(|pid| {
+        Path::new("/proc")
+            .join(pid.to_string())
+            .join("root")
+            .join(path.strip_prefix("/").unwrap_or(path))
+    });
+    let seen = match (path.exists(), theirs) {
+        (true, _) => path.to_path_buf(),
+        (false, Some(t)) if t.exists() => t,
+        _ => return Some(format!("{} is missing", path.display())),
+    };
+    let meta = fs::metadata(&seen).ok()?;
+    if meta.is_file() && meta.len() == 0 {
+        return Some(format!("{} is empty", path.display()));
+    }
+    if meta.is_dir() && !holds_a_file(&seen, 4) {
+        return Some(format!("{} holds no file", path.display()));
+    }
+    None
+}
+
+/// Whether `dir`, or a directory under it down to `depth` levels, holds a
+/// file that is not empty.
+fn holds_a_file(dir: &Path, depth: u32) -> bool {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return false;
+    };
+    rd.flatten().any(|e| match e.metadata() {
+        Ok(m) if m.is_file() => m.len() > 0,
+        Ok(m) if m.is_dir() && depth > 0 => holds_a_file(&e.path(), depth - 1),
+        _ => false,
+    })
 }
 
 impl Drop for Channel {
@@ -781,6 +846,61 @@ mod tests {
     }
 
     #[test]
+    fn a_save_whose_path_is_missing_empty_or_a_directory_without_files_does_not_count() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        fs::write(d.join("empty.pt"), "").unwrap();
+        fs::write(d.join("good.pt"), "weights").unwrap();
+        fs::create_dir_all(d.join("checkpoint-12/sub")).unwrap();
+        fs::create_dir_all(d.join("checkpoint-13/sub")).unwrap();
+        fs::write(d.join("checkpoint-13/sub/model.safetensors"), "w").unwrap();
+        let mut c = Channel::create(d, 1).unwrap();
+        let mut events = OpenOptions::new()
+            .append(true)
+            .open(c.dir().join(EVENTS))
+            .unwrap();
+        let said = |path: &str| {
+            format!(
+                "{{\"type\":\"done\",\"id\":1,\"step\":12,\"paths\":[\"{}\"],\"ok\":true}}\n",
+                d.join(path).display()
+            )
+        };
+        for (path, counts) in [
+            ("missing.pt", false),
+            ("empty.pt", false),
+            ("checkpoint-12", false),
+            ("good.pt", true),
+            ("checkpoint-13", true),
+        ] {
+            events.write_all(said(path).as_bytes()).unwrap();
+            let got = c.poll();
+            let [
+                Record::Done {
+                    ok, not_counted, ..
+                },
+            ] = got.as_slice()
+            else {
+                panic!("{got:?}")
+            };
+            assert_eq!(*ok, counts, "{path}: {not_counted:?}");
+            assert_eq!(not_counted.is_none(), counts, "{path}");
+        }
+        // A companion that said `ok: false` is left as it said.
+        events
+            .write_all(br#"{"type":"done","id":2,"step":3,"paths":[],"ok":false}"#)
+            .unwrap();
+        events.write_all(b"\n").unwrap();
+        assert!(matches!(
+            c.poll().as_slice(),
+            [Record::Done {
+                ok: false,
+                not_counted: None,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
     fn a_request_is_replaced_whole_and_ids_increase() {
         let t = tempfile::tempdir().unwrap();
         let mut c = Channel::create(t.path(), 1).unwrap();
@@ -831,8 +951,10 @@ mod tests {
                 rank: 0,
                 step: Some(12),
                 paths: vec![PathBuf::from("/x/ckpt")],
-                ok: true,
-                seconds: 0.5
+                // No such file: the save does not count.
+                ok: false,
+                seconds: 0.5,
+                not_counted: Some("/x/ckpt is missing".into()),
             }]
         );
         assert!(c.poll().is_empty());

@@ -805,6 +805,7 @@ mod tests {
             after_request_seconds: 0.0,
             paths: Vec::new(),
             ok: true,
+            not_counted: None,
         });
         assert!(a.adopt_remote_stop());
         assert_eq!(a.policy_end, Some(Action::Stop));

@@ -58,6 +58,8 @@ pub struct Saved {
     pub after_request_seconds: f64,
     pub paths: Vec<PathBuf>,
     pub ok: bool,
+    /// Why oomguard did not count a save the companion called done.
+    pub not_counted: Option<String>,
 }
 
 /// The companion of this attempt: the channel to it and what it said.
@@ -200,6 +202,7 @@ impl Companion {
                 step,
                 paths,
                 ok,
+                not_counted,
                 ..
             } => {
                 if let Some((pid, _, at, _)) = c.pending.filter(|p| p.0 == *id) {
@@ -210,6 +213,7 @@ impl Companion {
                         after_request_seconds: (now - at).as_secs_f64(),
                         paths: paths.clone(),
                         ok: *ok,
+                        not_counted: not_counted.clone(),
                     });
                 }
                 c.step = (*step).max(c.step);

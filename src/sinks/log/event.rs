@@ -196,6 +196,10 @@ pub struct CheckpointDoneEvent {
     pub paths: Vec<PathBuf>,
     pub ok: bool,
     pub save_seconds: f64,
+    /// Why a save the companion called done does not count (`ok` false):
+    /// a path it named is missing, empty, or a directory with no file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_counted: Option<String>,
 }
 
 /// `fault`: a rank of this node (`remote` false) or of node `node` died or
@@ -372,6 +376,7 @@ mod tests {
                 paths: vec!["/ckpt/step-580.pt".into()],
                 ok: true,
                 save_seconds: 0.25,
+                not_counted: None,
             }),
             "fault" => Event::Fault(FaultEvent {
                 id: Some(4),
