@@ -144,14 +144,21 @@ pub fn remove_if_ours(path: &Path, run: &Identity) {
     }
 }
 
-/// Writes `rec` at `path`, atomically (a temporary file renamed over it).
+/// Writes `rec` at `path`, atomically (a temporary file renamed over it),
+/// and durably: the file, then its directory (the rename), are on disk
+/// before the run ends with "safe to requeue".
 pub fn write(path: &Path, rec: &Record) -> std::io::Result<()> {
     let tmp = path.with_extension("json.tmp");
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(&serde_json::to_vec_pretty(rec).unwrap_or_default())?;
     f.write_all(b"\n")?;
     f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    std::fs::rename(&tmp, path)?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// The variables of a first attempt that resumes from `rec`: what a
