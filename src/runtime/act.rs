@@ -192,7 +192,7 @@ impl Actuator {
             policy_reason: None,
             killed: false,
             kill_at: None,
-            peers: peers::Peers::default(),
+            peers: peers::Peers::begun(),
             joined: None,
             checks: SaveChecks::new(cfg.checkpoint_signal, cfg.quiet),
             companion: Companion::default(),
@@ -504,7 +504,7 @@ impl Actuator {
         self.killed = false;
         self.kill_at = None;
         self.companion.reset();
-        self.peers = peers::Peers::default();
+        self.peers = peers::Peers::begun();
         self.joined = None;
         self.checks.reset();
     }

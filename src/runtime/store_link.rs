@@ -43,6 +43,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const WAIT_RENEW: Duration = Duration::from_secs(30);
 /// A query's answer takes at most this long from a live store.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A store that cannot be reached is tried again after this, then after
+/// twice as long each time, up to [`RETRY_MAX`]: a refused connection, a
+/// name that does not resolve yet, a store that restarts.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+/// Only a store unreachable this long is lost (said once, and the loop
+/// decides: `peers::STORE_LOST_WAIT`).
+const LOST_AFTER: Duration = Duration::from_secs(10);
+/// A fault put before this attempt began (less this much, for the
+/// nodes' clocks) is an earlier attempt's, in a store that outlived it.
+const CLOCK_SLACK_SECONDS: f64 = 2.0;
 
 /// One connection to a `TCPStore`.
 pub struct StoreClient {
@@ -147,6 +158,9 @@ pub enum News {
     Heard(Record),
     /// A fault could not be put in the store: why.
     CannotTell(String),
+    /// The store did not answer, or answered something unusable, and is
+    /// being tried again: said once per outage.
+    Unsteady(String),
 }
 
 /// The link of one attempt: its threads stop (and say nothing more) when it
@@ -169,8 +183,15 @@ impl std::fmt::Debug for StoreLink {
 }
 
 impl StoreLink {
-    /// Starts the link to the store at `addr` for node `node`.
-    pub fn start(addr: String, node: u32) -> io::Result<Self> {
+    /// Starts the link to the store at `addr` for node `node`, for an
+    /// attempt that began at `since` (Unix seconds): faults put before it
+    /// are an earlier attempt's.
+    pub fn start(addr: String, node: u32, since: f64) -> io::Result<Self> {
+        Self::start_with(addr, node, since, LOST_AFTER)
+    }
+
+    /// [`StoreLink::start`], the store lost after `lost_after` unreachable.
+    fn start_with(addr: String, node: u32, since: f64, lost_after: Duration) -> io::Result<Self> {
         let (out, out_rx) = mpsc::channel::<(u64, Fault)>();
         let (news_tx, news) = mpsc::channel();
         let stopped = Arc::new(AtomicBool::new(false));
@@ -185,7 +206,17 @@ impl StoreLink {
             let (addr, stopped, waiting) = (addr.clone(), stopped.clone(), waiting.clone());
             std::thread::Builder::new()
                 .name("oomguard-store-in".into())
-                .spawn(move || listen(&addr, node, &news_tx, &stopped, &waiting))?;
+                .spawn(move || {
+                    let mut l = Listener {
+                        addr: &addr,
+                        node,
+                        since,
+                        lost_after,
+                        news: &news_tx,
+                        stopped: &stopped,
+                    };
+                    l.run(&waiting);
+                })?;
         }
         Ok(StoreLink {
             addr,
@@ -246,7 +277,7 @@ fn tell(
         body["id"] = id.into();
         body["node"] = node.into();
         body["t"] = unix_now().into();
-        let put = StoreClient::connect(addr).and_then(|mut c| {
+        let put = connect_soon(addr, stopped).and_then(|mut c| {
             let n = c.add(COUNT_KEY, 1)?;
             c.set(&format!("oomguard/fault/{n}"), body.to_string().as_bytes())?;
             // The set has no answer: a read of the counter makes sure the
@@ -263,63 +294,171 @@ fn tell(
     }
 }
 
+/// A connection to the store, tried again with backoff for about a second
+/// and a half when it is refused or does not resolve (a fault is urgent:
+/// the other nodes must read it before the store's host tears it down).
+/// Only the connection is tried again: once a fault's number is taken, a
+/// second try would leave that number unset and the listeners waiting on
+/// it.
+fn connect_soon(addr: &str, stopped: &AtomicBool) -> io::Result<StoreClient> {
+    let mut backoff = RETRY_FIRST;
+    for _ in 0..3 {
+        match StoreClient::connect(addr) {
+            Ok(c) => return Ok(c),
+            Err(_) if !stopped.load(Ordering::SeqCst) => std::thread::sleep(backoff),
+            Err(e) => return Err(e),
+        }
+        backoff *= 2;
+    }
+    StoreClient::connect(addr)
+}
+
 /// The listening thread: waits in the store for each next fault, and says
-/// the other nodes' ones; says once that the store is gone, and ends.
-fn listen(
-    addr: &str,
+/// the other nodes' ones. A store that does not answer is tried again with
+/// backoff, said once; one unreachable for [`LOST_AFTER`] is lost, said
+/// once, and the thread ends.
+struct Listener<'a> {
+    addr: &'a str,
     node: u32,
-    news: &mpsc::Sender<News>,
-    stopped: &AtomicBool,
-    waiting: &std::sync::Mutex<Option<TcpStream>>,
-) {
-    let mut next: Option<i64> = None;
-    loop {
-        if stopped.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(mut c) = StoreClient::connect(addr) else {
-            if !stopped.load(Ordering::SeqCst) {
-                let _ = news.send(News::Heard(Record::StoreLost {
-                    addr: Some(addr.to_string()),
-                }));
-            }
-            return;
-        };
-        if let Ok(mut w) = waiting.lock() {
-            *w = c.shutdown_handle();
-        }
+    since: f64,
+    lost_after: Duration,
+    news: &'a mpsc::Sender<News>,
+    stopped: &'a AtomicBool,
+}
+
+/// Why a connection's wait for faults ended.
+enum Ended {
+    /// The link was dropped, or its loop is gone.
+    Stopped,
+    /// The wait ran out (renewed on a new connection at once), after the
+    /// connection served: the store is steady.
+    Renew,
+    /// The connection broke, or the store sent something unusable.
+    Broken(String),
+}
+
+impl Listener<'_> {
+    fn run(&mut self, waiting: &std::sync::Mutex<Option<TcpStream>>) {
+        let mut next: Option<i64> = None;
+        let mut down_since: Option<std::time::Instant> = None;
+        let mut backoff = RETRY_FIRST;
+        let mut said = false;
         loop {
-            let n = match next {
+            if self.stopped.load(Ordering::SeqCst) {
+                return;
+            }
+            let broke = match StoreClient::connect(self.addr) {
+                Ok(mut c) => {
+                    if let Ok(mut w) = waiting.lock() {
+                        *w = c.shutdown_handle();
+                    }
+                    match self.serve(&mut c, &mut next) {
+                        Ended::Stopped => return,
+                        Ended::Renew => {
+                            (down_since, backoff, said) = (None, RETRY_FIRST, false);
+                            continue;
+                        }
+                        Ended::Broken(why) => why,
+                    }
+                }
+                Err(e) => format!("cannot connect: {e}"),
+            };
+            let since = *down_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= self.lost_after {
+                if !self.stopped.load(Ordering::SeqCst) {
+                    let _ = self.news.send(News::Heard(Record::StoreLost {
+                        addr: Some(self.addr.to_string()),
+                    }));
+                }
+                return;
+            }
+            if !said {
+                said = true;
+                let _ = self.news.send(News::Unsteady(format!(
+                    "the job's store at {}: {broke}; trying again for up to {} s",
+                    self.addr,
+                    self.lost_after.as_secs()
+                )));
+            }
+            self.pause(backoff);
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Sleeps `d`, waking early when the link is dropped.
+    fn pause(&self, d: Duration) {
+        let end = std::time::Instant::now() + d;
+        while std::time::Instant::now() < end && !self.stopped.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(50).min(d));
+        }
+    }
+
+    /// Waits on one connection for each next fault, from `next` (on the
+    /// first connection: the first fault of the store, so that one put
+    /// before this node connected is heard).
+    fn serve(&mut self, c: &mut StoreClient, next: &mut Option<i64>) -> Ended {
+        loop {
+            let n = match *next {
                 Some(n) => n,
                 None => match c.add(COUNT_KEY, 0) {
-                    Ok(count) => *next.insert(count + 1),
-                    Err(_) => break,
+                    Ok(_) => *next.insert(1),
+                    Err(e) => return Ended::Broken(e.to_string()),
                 },
             };
             let key = format!("oomguard/fault/{n}");
-            if c.wait(&key, WAIT_RENEW).is_err() {
-                // Renewed on a new connection; a store that is gone
-                // refuses it.
-                break;
+            match c.wait(&key, WAIT_RENEW) {
+                Ok(()) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    return Ended::Renew;
+                }
+                Err(e) => return Ended::Broken(e.to_string()),
             }
-            let Ok(body) = c.get(&key) else { break };
-            next = Some(n + 1);
-            if let Some(r) = remote_fault(&body, node)
-                && !stopped.load(Ordering::SeqCst)
-                && news.send(News::Heard(r)).is_err()
+            let body = match c.get(&key) {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    // Unusable, and the rest of it is still on the wire:
+                    // skipped, on a new connection.
+                    *next = n.checked_add(1);
+                    return Ended::Broken(format!("{e}: skipped"));
+                }
+                Err(e) => return Ended::Broken(e.to_string()),
+            };
+            // The store's count is anyone's to write: one at i64::MAX has
+            // no next fault.
+            let Some(after) = n.checked_add(1) else {
+                return Ended::Stopped;
+            };
+            *next = Some(after);
+            if let Some(r) = remote_fault(&body, self.node, self.since)
+                && !self.stopped.load(Ordering::SeqCst)
+                && self.news.send(News::Heard(r)).is_err()
             {
-                return;
+                return Ended::Stopped;
+            }
+            if self.stopped.load(Ordering::SeqCst) {
+                return Ended::Stopped;
             }
         }
     }
 }
 
-/// Another node's fault as the loop takes it (`None`: this node's own, or
-/// not a fault).
-fn remote_fault(body: &[u8], own: u32) -> Option<Record> {
+/// Another node's fault as the loop takes it (`None`: this node's own, one
+/// put before this attempt began at `since`, or not a fault).
+fn remote_fault(body: &[u8], own: u32, since: f64) -> Option<Record> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let node = u32::try_from(v["node"].as_u64()?).ok()?;
     if node == own {
+        return None;
+    }
+    if v["t"]
+        .as_f64()
+        .is_some_and(|t| t < since - CLOCK_SLACK_SECONDS)
+    {
         return None;
     }
     let text = |k: &str| v[k].as_str().map(str::to_string);
@@ -346,14 +485,8 @@ mod tests {
     fn fake_store() -> (String, Data) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
-        let data: Data = Arc::default();
-        let d = data.clone();
-        std::thread::spawn(move || {
-            for s in l.incoming().flatten() {
-                let d = d.clone();
-                std::thread::spawn(move || serve(s, &d));
-            }
-        });
+        drop(l);
+        let data = fake_store_at(&addr);
         (addr, data)
     }
 
@@ -437,8 +570,8 @@ mod tests {
     fn a_fault_one_node_puts_is_heard_by_the_other_and_not_by_itself() {
         let (addr, data) = fake_store();
         let (a, b) = (
-            StoreLink::start(addr.clone(), 0).unwrap(),
-            StoreLink::start(addr, 1).unwrap(),
+            StoreLink::start(addr.clone(), 0, 0.0).unwrap(),
+            StoreLink::start(addr, 1, 0.0).unwrap(),
         );
         std::thread::sleep(Duration::from_millis(100));
         a.publish(42, &fault("rank-killed"));
@@ -490,7 +623,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let link = StoreLink::start(addr.clone(), 1).unwrap();
+        let link = StoreLink::start_with(addr.clone(), 1, 0.0, Duration::from_secs(1)).unwrap();
         link.publish(7, &fault("rank-crashed"));
         let all = heard(&link, |all| {
             all.iter().any(|n| matches!(n, News::CannotTell(_)))
@@ -514,11 +647,120 @@ mod tests {
 
     #[test]
     fn what_is_not_another_nodes_fault_is_not_news() {
-        assert_eq!(remote_fault(br#"{"node":2,"id":1}"#, 2), None);
-        assert_eq!(remote_fault(b"not json", 2), None);
+        assert_eq!(remote_fault(br#"{"node":2,"id":1}"#, 2, 0.0), None);
+        assert_eq!(remote_fault(b"not json", 2, 0.0), None);
         assert!(matches!(
-            remote_fault(br#"{"node":0,"id":5,"reason":"rank-crashed"}"#, 2),
+            remote_fault(br#"{"node":0,"id":5,"reason":"rank-crashed"}"#, 2, 0.0),
             Some(Record::Fault { node: 0, id: 5, .. })
         ));
+        // Put before this attempt began (beyond the clocks' slack): an
+        // earlier attempt's, in a store that outlived it.
+        let old = br#"{"node":0,"id":5,"t":1000.0}"#;
+        assert_eq!(remote_fault(old, 2, 1003.0), None);
+        assert!(remote_fault(old, 2, 1001.5).is_some());
+    }
+
+    /// A fault put in the store as another node's oomguard puts it.
+    fn put(data: &Data, n: i64, body: &serde_json::Value) {
+        let mut d = data.lock().unwrap();
+        d.insert(COUNT_KEY.into(), n.to_string().into_bytes());
+        d.insert(format!("oomguard/fault/{n}"), body.to_string().into_bytes());
+    }
+
+    fn other_nodes_fault(id: u64) -> serde_json::Value {
+        serde_json::json!({"id": id, "node": 0, "reason": "rank-killed", "t": unix_now()})
+    }
+
+    /// The fake store, on the port of `addr`, once that is free.
+    fn fake_store_at(addr: &str) -> Data {
+        let l = TcpListener::bind(addr).unwrap();
+        let data: Data = Arc::default();
+        let d = data.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let d = d.clone();
+                std::thread::spawn(move || serve(s, &d));
+            }
+        });
+        data
+    }
+
+    #[test]
+    fn a_refused_store_is_tried_again_and_a_fault_put_before_the_connection_is_heard() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        drop(l);
+        let link = StoreLink::start_with(addr.clone(), 1, 0.0, Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        // The store comes up, with another node's fault already in it.
+        let data = fake_store_at(&addr);
+        put(&data, 1, &other_nodes_fault(11));
+        let all = heard(&link, |all| {
+            all.iter()
+                .any(|n| matches!(n, News::Heard(Record::Fault { id: 11, .. })))
+        });
+        let unsteady = all
+            .iter()
+            .filter(|n| matches!(n, News::Unsteady(_)))
+            .count();
+        assert_eq!(unsteady, 1, "said once: {all:?}");
+        assert!(
+            !all.iter()
+                .any(|n| matches!(n, News::Heard(Record::StoreLost { .. }))),
+            "{all:?}"
+        );
+    }
+
+    #[test]
+    fn a_fault_too_large_is_skipped_and_the_next_is_heard_without_spinning() {
+        let (addr, data) = fake_store();
+        data.lock()
+            .unwrap()
+            .insert("oomguard/fault/1".into(), vec![b' '; (1 << 20) + 1]);
+        put(&data, 2, &other_nodes_fault(22));
+        let link = StoreLink::start(addr, 1, 0.0).unwrap();
+        let all = heard(&link, |all| {
+            all.iter()
+                .any(|n| matches!(n, News::Heard(Record::Fault { id: 22, .. })))
+        });
+        assert!(
+            all.iter()
+                .any(|n| matches!(n, News::Unsteady(w) if w.contains("skipped"))),
+            "{all:?}"
+        );
+    }
+
+    #[test]
+    fn a_store_that_drops_every_connection_is_tried_with_backoff_not_in_a_loop() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let a = accepted.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                a.fetch_add(1, Ordering::SeqCst);
+                drop(s);
+            }
+        });
+        let link = StoreLink::start_with(addr, 1, 0.0, Duration::from_secs(60)).unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        let n = accepted.load(Ordering::SeqCst);
+        // 250 ms, then 500, 1000: four or five tries in 2 s.
+        assert!((2..=6).contains(&n), "{n} connections in 2 s");
+        drop(link);
+    }
+
+    #[test]
+    fn a_count_at_the_top_of_i64_is_no_overflow_and_faults_are_read_from_the_first() {
+        let (addr, data) = fake_store();
+        put(&data, 1, &other_nodes_fault(33));
+        data.lock()
+            .unwrap()
+            .insert(COUNT_KEY.into(), i64::MAX.to_string().into_bytes());
+        let link = StoreLink::start(addr, 1, 0.0).unwrap();
+        heard(&link, |all| {
+            all.iter()
+                .any(|n| matches!(n, News::Heard(Record::Fault { id: 33, .. })))
+        });
     }
 }

@@ -42,6 +42,9 @@ pub const STORE_LOST_WAIT: Duration = Duration::from_secs(10);
 /// What the job's other nodes and this node's ranks have said about faults.
 #[derive(Debug, Default)]
 pub struct Peers {
+    /// When this attempt began (Unix seconds; 0 when unknown): a fault in
+    /// the job's store from before it is an earlier attempt's.
+    began: f64,
     /// This node's ranks seen stopped by someone else, since when.
     stopped_since: HashMap<Ident, Instant>,
     /// This node's fault, once raised.
@@ -104,6 +107,16 @@ pub struct RemoteFault {
 }
 
 impl Peers {
+    /// The peers of an attempt that begins now.
+    pub fn begun() -> Self {
+        Peers {
+            began: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            ..Peers::default()
+        }
+    }
+
     /// Takes in one companion record.
     pub fn note(&mut self, r: &Record, now: Instant) {
         match r {
@@ -121,7 +134,7 @@ impl Peers {
                 if let (true, Some(store)) = (spans, store)
                     && self.link.as_ref().is_none_or(|l| l.addr() != store)
                 {
-                    self.link = StoreLink::start(store.clone(), node.unwrap_or(0)).ok();
+                    self.link = StoreLink::start(store.clone(), node.unwrap_or(0), self.began).ok();
                 }
             }
             Record::Crash { pid, error, .. } => {

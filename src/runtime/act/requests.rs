@@ -157,6 +157,7 @@ impl Companion {
                 News::CannotTell(why) => {
                     out.say(format!("cannot tell the other nodes: {why}"));
                 }
+                News::Unsteady(why) => out.say(why),
             }
         }
         for r in records {
