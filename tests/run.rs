@@ -891,6 +891,44 @@ fn a_second_run_to_the_same_log_keeps_the_first() {
     }
 }
 
+/// `--output-log FILE --output-log-max SIZE`: the newest output stays, in
+/// FILE and FILE.1, within SIZE; run_end counts what went. Without
+/// `--output-log` the cap is a usage error.
+#[test]
+fn the_output_log_cap_keeps_the_newest_output_and_counts_the_rest() {
+    let _machine = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let (out, log) = (dir.path().join("job.out"), dir.path().join("run.ndjson"));
+    let st = oomguard()
+        .args(["run", "-q", "--no-tui", "--cgroup", "off", "--output-log"])
+        .arg(&out)
+        .args(["--output-log-max", "1KiB", "--log"])
+        .arg(&log)
+        .args(["--", "sh", "-c", "seq 1 20000; echo the end"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let newer = fs::read_to_string(&out).unwrap();
+    let older = fs::read_to_string(dir.path().join("job.out.1")).unwrap_or_default();
+    let kept = newer.len() + older.len();
+    assert!(kept <= 1024, "{kept} bytes kept");
+    assert!(newer.ends_with("20000\nthe end\n"), "{newer}");
+    let total = (1..=20000)
+        .map(|i: u32| i.to_string().len() + 1)
+        .sum::<usize>()
+        + 8;
+    let lines = read_log(&log);
+    let end = schema::run_end(&lines);
+    assert_eq!(end.output_log_left_out_bytes, Some((total - kept) as u64));
+    let st = oomguard()
+        .args(["run", "--output-log-max", "1KiB", "--", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(2));
+}
+
 /// A budget above the machine's memory runs (a shared `oomguard.toml`
 /// serves smaller nodes too) and says so, naming MemTotal; one below it
 /// says nothing.

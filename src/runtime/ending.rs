@@ -131,6 +131,10 @@ impl Supervisor {
                 reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
                 wakeups: Some(self.wakeups.armed()),
                 not_saved: self.core.act().not_saved().map(str::to_string),
+                output_log_left_out_bytes: self.cfg.run.output_log_max.map(|_| {
+                    relay_stats.as_ref().map_or(0, |st| st.output_log_left_out)
+                        + self.output.pty_log_left_out()
+                }),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

@@ -7,7 +7,6 @@
 //! attempt's output said; the `Supervisor` chapter below hands what they
 //! found to the log, the dashboard, the actuator and the other nodes.
 
-use std::io::Write;
 use std::time::Duration;
 
 use super::Supervisor;
@@ -23,7 +22,7 @@ pub(super) struct JobOutput {
     relay: Option<OutputRelay>,
     pty_scanner: OutputScanner,
     /// `--output-log`: a copy of what the job wrote to the dashboard's pty.
-    pty_log: Option<std::fs::File>,
+    pty_log: Option<crate::job::relay::output_log::OutputLogFile>,
     /// oomguard stopped waiting for a reader to take the job's last
     /// output (see `drain_output`).
     abandoned: bool,
@@ -40,7 +39,10 @@ pub(super) struct JobOutput {
 }
 
 impl JobOutput {
-    pub fn new(relay: Option<OutputRelay>, pty_log: Option<std::fs::File>) -> Self {
+    pub fn new(
+        relay: Option<OutputRelay>,
+        pty_log: Option<crate::job::relay::output_log::OutputLogFile>,
+    ) -> Self {
         Self {
             relay,
             pty_scanner: OutputScanner::new(),
@@ -67,6 +69,11 @@ impl JobOutput {
             let _ = f.write_all(bytes);
         }
         self.pty_scanner.feed(bytes);
+    }
+
+    /// Bytes `--output-log-max` left out of the dashboard's copy.
+    pub fn pty_log_left_out(&self) -> u64 {
+        self.pty_log.as_ref().map_or(0, |f| f.left_out())
     }
 
     /// What the output said since the last call.

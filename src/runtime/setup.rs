@@ -65,7 +65,7 @@ struct Output {
     /// The job's ends of the relay, for the first attempt.
     stdio: Option<JobStdio>,
     /// `--output-log` with the dashboard: the pty's output, copied.
-    pty_log: Option<std::fs::File>,
+    pty_log: Option<crate::job::relay::output_log::OutputLogFile>,
 }
 
 /// The start-up hook's directory, with the allocator reader under
@@ -607,6 +607,7 @@ fn open_output(cfg: &Settings, has_pty: bool) -> Result<Output, OutputSetupError
     if cfg.attach.is_none() && !has_pty {
         let (relay, stdio) = OutputRelay::new(RelayOptions {
             output_log: cfg.run.output_log.clone(),
+            output_log_max: cfg.run.output_log_max,
             drop_when_full: cfg.run.output_drop,
             ..Default::default()
         })
@@ -625,10 +626,7 @@ fn open_output(cfg: &Settings, has_pty: bool) -> Result<Output, OutputSetupError
     let (Some(path), true) = (&cfg.run.output_log, has_pty) else {
         return Ok(Output::default());
     };
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    let file = crate::job::relay::output_log::OutputLogFile::open(path, cfg.run.output_log_max)
         .map_err(|e| {
             let msg = format!("cannot write '{}': {e}", path.display());
             match supervise::out_of_resources(&e) {

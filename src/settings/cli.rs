@@ -388,6 +388,12 @@ pub struct RunOnly {
     #[arg(long, value_name = "FILE", help_heading = heading::OUTPUT)]
     pub output_log: Option<PathBuf>,
 
+    /// With --output-log: keep at most SIZE of it on disk, the newest
+    /// output (FILE and FILE.1, half each); what goes is counted in
+    /// run_end. No cap without it: the job's output is yours.
+    #[arg(long, value_name = "SIZE", value_parser = size, requires = "output_log", help_heading = heading::OUTPUT)]
+    pub output_log_max: Option<u64>,
+
     /// Never slow the job down for its readers: when stdout/stderr do not
     /// keep up, drop the oldest output (counted in run_end) instead of
     /// making the job wait, as a pipe would.

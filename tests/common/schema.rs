@@ -332,6 +332,8 @@ pub struct RunEnd {
     pub reused_pids_refused: Option<u64>,
     #[serde(default)]
     pub not_saved: Option<String>,
+    #[serde(default)]
+    pub output_log_left_out_bytes: Option<u64>,
     /// Which wake-ups were armed and how often each woke the loop.
     #[serde(default)]
     pub wakeups: Option<Wakeups>,

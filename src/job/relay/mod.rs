@@ -43,7 +43,7 @@
 //! a redrawn bar, so it costs little next to the copy.
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -207,6 +207,8 @@ pub enum OutputError {
 pub struct RelayOptions {
     /// `--output-log FILE`: every byte of both streams is appended here, raw.
     pub output_log: Option<PathBuf>,
+    /// `--output-log-max`: the most of it kept on disk (the newest).
+    pub output_log_max: Option<u64>,
     /// Where the job's stdout goes; `None` is oomguard's own stdout. Tests
     /// pass a pipe or a pty here.
     pub stdout: Option<OwnedFd>,
@@ -284,8 +286,11 @@ pub struct RelayStats {
     pub stderr: StreamStats,
     /// Events dropped because nobody took them.
     pub dropped_events: u64,
+    /// Bytes `--output-log-max` left out of the output log.
+    pub output_log_left_out: u64,
 }
 
+pub mod output_log;
 mod pump;
 mod scan;
 mod sink;
@@ -365,7 +370,10 @@ impl Pace {
 #[derive(Debug)]
 struct OutputLog {
     path: PathBuf,
-    file: Option<File>,
+    /// `None` once a write failed (said once; the job's output goes on).
+    file: Option<output_log::OutputLogFile>,
+    /// What the cap left out, kept when the file is given up.
+    left_out: u64,
 }
 
 /// Relays the job's stdout and stderr to oomguard's own while scanning
@@ -416,17 +424,16 @@ impl OutputRelay {
         let max = opts.max_buffered_bytes.unwrap_or(DEFAULT_MAX_BUFFERED);
         let log = match opts.output_log {
             Some(path) => {
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|source| OutputError::OpenLog {
+                let file = output_log::OutputLogFile::open(&path, opts.output_log_max).map_err(
+                    |source| OutputError::OpenLog {
                         path: path.clone(),
                         source,
-                    })?;
+                    },
+                )?;
                 Some(OutputLog {
                     path,
                     file: Some(file),
+                    left_out: 0,
                 })
             }
             None => None,
@@ -636,6 +643,12 @@ impl OutputRelay {
     pub fn stats(&self) -> RelayStats {
         let mut stats = RelayStats {
             dropped_events: self.dropped_events,
+            output_log_left_out: self.log.as_ref().map_or(0, |l| {
+                l.left_out
+                    + l.file
+                        .as_ref()
+                        .map_or(0, output_log::OutputLogFile::left_out)
+            }),
             ..Default::default()
         };
         for sink in &self.sinks {

@@ -4,7 +4,7 @@
 //! pace and the backpressure that keep the job's writes blocking exactly
 //! as a pipe would.
 
-use std::io::{self, Write as _};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -219,6 +219,7 @@ pub(super) fn observe(
     {
         // A full disk must not cost the job its output or oomguard its
         // loop: report once, keep relaying.
+        log.left_out += file.left_out();
         log.file = None;
         errors.push(OutputError::WriteLog {
             path: log.path.clone(),

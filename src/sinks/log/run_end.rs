@@ -84,6 +84,10 @@ pub struct RunEnd {
     /// still ends with the stop code, so the job is requeued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_saved: Option<String>,
+    /// `--output-log-max`: bytes of the output log this run removed from
+    /// disk to keep it (the oldest). Absent without the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_log_left_out_bytes: Option<u64>,
 }
 
 /// `run_end.wakeups`: each source of a wake-up, armed or not, and the
@@ -142,6 +146,7 @@ impl RunEnd {
             reused_pids_refused: None,
             wakeups: None,
             not_saved: None,
+            output_log_left_out_bytes: None,
         }
     }
 }
