@@ -524,14 +524,14 @@ fn run_reports_gpus_and_attributes_the_job() {
         .status()
         .unwrap();
     assert!(out.success());
-    let first: serde_json::Value = serde_json::from_str(
-        std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    // The same log again: this run is added after the first one, and its
+    // run_start is the last.
+    let first: serde_json::Value = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .rfind(|l| l["event"] == "run_start")
+        .unwrap();
     assert_eq!(first["gpu"]["available"], false);
     assert!(
         first["gpu"]["reason"]
