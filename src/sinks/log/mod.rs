@@ -80,18 +80,6 @@ const PROGRESS_EVENTS: &[&str] = &[
     "phase_memory",
 ];
 
-/// Whether the file's last byte is not a newline (an empty file is not).
-fn ends_mid_line(f: &mut File) -> std::io::Result<bool> {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    if f.metadata()?.len() == 0 {
-        return Ok(false);
-    }
-    f.seek(SeekFrom::End(-1))?;
-    let mut last = [0u8; 1];
-    f.read_exact(&mut last)?;
-    Ok(last[0] != b'\n')
-}
-
 /// Writes events; a no-op without `--log`.
 pub struct LogWriter {
     out: Option<BufWriter<File>>,
@@ -119,7 +107,7 @@ impl LogWriter {
             .read(true)
             .open(path)
             .map_err(err)?;
-        if ends_mid_line(&mut f).map_err(err)? {
+        if runs::ends_mid_line(&mut f).map_err(err)? {
             f.write_all(b"\n").map_err(err)?;
         }
         Ok(Self {

@@ -106,6 +106,18 @@ fn is_run_start(head: &[u8]) -> bool {
     head.first() == Some(&b'{') && head.windows(RUN_START.len()).any(|w| w == RUN_START)
 }
 
+/// Whether the log's last byte is not a newline (an empty file is not):
+/// a run killed mid-write, whose cut line the next run must not continue.
+pub(super) fn ends_mid_line(f: &mut std::fs::File) -> io::Result<bool> {
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
+}
+
 /// The run `pick` names among `spans`: its number (from 1) and its span.
 pub fn pick(spans: &[RunSpan], pick: RunPick) -> Result<(usize, RunSpan), NoSuchRun> {
     let of = spans.len();
