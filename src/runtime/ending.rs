@@ -31,6 +31,15 @@ impl Supervisor {
         self.sampler.tree_gone()
     }
 
+    /// `--output-log-max`: what it left out, from the relay's copy and the
+    /// dashboard's; `None` without the cap.
+    fn output_log_left_out(&self, relay: Option<&crate::job::relay::RelayStats>) -> Option<u64> {
+        self.cfg
+            .run
+            .output_log_max
+            .map(|_| relay.map_or(0, |st| st.output_log_left_out) + self.output.pty_log_left_out())
+    }
+
     pub(super) fn finish(mut self) -> i32 {
         // Give the terminal back before anything is printed to it.
         self.leave_dashboard();
@@ -131,10 +140,7 @@ impl Supervisor {
                 reused_pids_refused: Some(supervise::reused_pids_refused()).filter(|&n| n > 0),
                 wakeups: Some(self.wakeups.armed()),
                 not_saved: self.core.act().not_saved().map(str::to_string),
-                output_log_left_out_bytes: self.cfg.run.output_log_max.map(|_| {
-                    relay_stats.as_ref().map_or(0, |st| st.output_log_left_out)
-                        + self.output.pty_log_left_out()
-                }),
+                output_log_left_out_bytes: self.output_log_left_out(relay_stats.as_ref()),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

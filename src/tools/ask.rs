@@ -141,9 +141,9 @@ fn channels(
             label: spec.label.clone(),
         });
     }
-    let slurm_jobs: BTreeSet<Option<String>> = dirs
+    let slurm_jobs: BTreeSet<Option<std::ffi::OsString>> = dirs
         .values()
-        .map(|&pid| environ_var(proc_root, pid, "SLURM_JOB_ID"))
+        .map(|&pid| crate::vocab::companion::environ_var(proc_root, pid, "SLURM_JOB_ID"))
         .collect();
     let one_slurm_job = slurm_jobs.len() == 1 && slurm_jobs.iter().all(Option::is_some);
     if dirs.len() > 1 && !one_slurm_job {
@@ -180,16 +180,6 @@ fn ask(
         Ok(id) => Ok((ch, id)),
         Err((id, left)) => Err(AskError::Busy { dir, id, left }),
     }
-}
-
-/// `NAME`'s value in process `pid`'s environment.
-fn environ_var(proc_root: &Path, pid: u32, name: &str) -> Option<String> {
-    let environ = std::fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
-    let key = format!("{name}=");
-    environ
-        .split(|&b| b == 0)
-        .find_map(|kv| kv.strip_prefix(key.as_bytes()))
-        .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
 fn job_seen(proc_root: &Path, pid: u32) -> JobSeen {

@@ -422,13 +422,9 @@ impl Channel {
     /// The control directory named in a process's environment
     /// (`/proc/PID/environ`), if it has one.
     pub fn of_process(proc_root: &Path, pid: u32) -> Option<PathBuf> {
-        let environ = fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
-        let key = format!("{ENV_CONTROL}=");
-        environ
-            .split(|&b| b == 0)
-            .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+        environ_var(proc_root, pid, ENV_CONTROL)
             .filter(|v| !v.is_empty())
-            .map(|v| PathBuf::from(std::ffi::OsStr::from_bytes(v)))
+            .map(PathBuf::from)
     }
 
     pub fn dir(&self) -> &Path {
@@ -635,6 +631,16 @@ impl Channel {
         }
         out
     }
+}
+
+/// `name`'s value in process `pid`'s environment (`/proc/PID/environ`).
+pub fn environ_var(proc_root: &Path, pid: u32, name: &str) -> Option<std::ffi::OsString> {
+    let environ = fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
+    let key = format!("{name}=");
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(key.as_bytes()))
+        .map(|v| std::ffi::OsStr::from_bytes(v).to_owned())
 }
 
 /// Why a path a companion named as saved cannot be a save: missing, an
