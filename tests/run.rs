@@ -207,6 +207,57 @@ fn usage_errors_exit_2() {
     );
 }
 
+/// Two oomguards given one log (two SLURM tasks of a node given `%N`)
+/// would interleave their lines: the second is refused before its job
+/// starts, and the first's log is untouched; once the first has ended the
+/// file is free again.
+#[test]
+fn a_log_another_live_oomguard_writes_is_refused() {
+    let _machine = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let marker = dir.path().join("second-ran");
+    let mut first = oomguard()
+        .args(["run", "--log"])
+        .arg(&log)
+        .args(["--", "sleep", "30"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = common::wait_for(std::time::Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("run_start"))
+    });
+    let second = oomguard()
+        .args(["run", "--log"])
+        .arg(&log)
+        .args(["--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_child(&first),
+        rustix::process::Signal::TERM,
+    );
+    first.wait().unwrap();
+    assert!(started, "the first oomguard never wrote its log");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("another oomguard is writing it") && err.contains("%r"),
+        "{err}"
+    );
+    assert!(!marker.exists(), "the refused run started its job");
+    assert_eq!(common::read_log_runs(&log).len(), 1);
+    let again = oomguard()
+        .args(["run", "--log"])
+        .arg(&log)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(0));
+}
+
 #[test]
 fn stdout_and_stdin_pass_through_untouched() {
     let _machine = common::machine::beside();

@@ -172,14 +172,45 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def _slurm_task() -> Optional[int]:
+    """SLURM_PROCID when SLURM started this rank as a task of its own: a
+    step of several tasks and no launcher (torchrun sets GROUP_RANK)."""
+    if "GROUP_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+        return None
+    if "SLURM_PROCID" not in os.environ or _env_int("SLURM_NTASKS", 1) < 2:
+        return None
+    return _env_int("SLURM_PROCID", 0)
+
+
+def _slurm_node_tasks(node: int, world: int) -> int:
+    """The number of tasks on node `node`, from SLURM_STEP_TASKS_PER_NODE
+    (or SLURM_TASKS_PER_NODE): ``2(x3),1`` is 2, 2, 2, 1."""
+    spec = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE", "")
+    counts = []  # type: List[int]
+    try:
+        for part in spec.split(","):
+            n, _, times = part.partition("(x")
+            counts.extend([int(n)] * (int(times.rstrip(")")) if times else 1))
+    except ValueError:
+        counts = []
+    if 0 <= node < len(counts):
+        return counts[node]
+    return _env_int("SLURM_NTASKS_PER_NODE", world)
+
+
 class Guard:
     """One process's end of the channel. Use :func:`guard` to share it."""
 
     def __init__(self, control: Optional[str] = None, framework: str = "plain") -> None:
         self.control = control if control is not None else os.environ.get(ENV_CONTROL)  # type: Optional[str]
         self.framework = framework
-        self.rank = _env_int("RANK", 0)
-        self.local_rank = _env_int("LOCAL_RANK", 0)
+        #: This rank's task number when SLURM started it as a task of its
+        #: own (``srun --ntasks-per-node=N python train.py``, Lightning's
+        #: SLURM mode: no launcher, one oomguard per rank); else None.
+        self.task = _slurm_task()
+        slurm = self.task is not None
+        self.rank = _env_int("RANK", self.task if slurm else 0)
+        self.local_rank = _env_int("LOCAL_RANK", _env_int("SLURM_LOCALID", 0) if slurm else 0)
         self._pid = os.getpid()
         self._fd = None  # type: Optional[int]
         self._request_key = None  # type: Optional[Tuple[int, int, int]]
@@ -207,6 +238,14 @@ class Guard:
         self._faults = None  # type: Optional[_Faults]
         # torchrun's node rank (GROUP_RANK), else SLURM's.
         self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
+        # Which oomguard of the job this rank answers to: its node's under a
+        # launcher, its own task's when SLURM started each rank. A vote
+        # carries it, so every other oomguard learns whose request won.
+        self.origin = (self.task if slurm else self.node) & _NODE_MASK
+        # Whether this rank speaks for its oomguard (done, progress, other
+        # nodes' news): local rank 0 under a launcher, every rank when each
+        # has an oomguard of its own.
+        self._speaks = slurm or self.local_rank == 0
 
     @property
     def active(self) -> bool:
@@ -257,7 +296,7 @@ class Guard:
         _durable(absolute)
         _barrier()
         seconds = time.monotonic() - (self._agreed_at or time.monotonic())
-        if self.local_rank == 0:
+        if self._speaks:
             self._emit(
                 {
                     "type": "done",
@@ -305,9 +344,9 @@ class Guard:
             work.wait()
             return self._decide([int(x) for x in tensor.tolist()], req, step)
         req = self._pending()
-        # The node rides in the low bits, so the newest request of any node
-        # wins and names where it came from.
-        local = [(req["id"] << _NODE_BITS) | self.node, _KIND_CODE[req["kind"]]] if req else [0, 0]
+        # The origin rides in the low bits, so the newest request of any
+        # oomguard wins and names where it came from.
+        local = [(req["id"] << _NODE_BITS) | self.origin, _KIND_CODE[req["kind"]]] if req else [0, 0]
         if req:
             # Any rank that holds the request says why (the same value):
             # a rank of this node may have voted before the file came.
@@ -338,7 +377,7 @@ class Guard:
         return dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), t
 
     def _decide(self, agreed: List[int], req: Optional[Dict[str, Any]], step: int) -> bool:
-        vote_id, node = agreed[0] >> _NODE_BITS, agreed[0] & _NODE_MASK
+        vote_id, origin = agreed[0] >> _NODE_BITS, agreed[0] & _NODE_MASK
         if vote_id <= self._served or agreed[1] not in _CODE_KIND:
             return False
         kind = _CODE_KIND[agreed[1]]
@@ -351,11 +390,13 @@ class Guard:
         self._agreed_reason = req.get("reason") if req else None
         if req:
             self._emit({"type": "ack", "id": req["id"], "step": step})
-        elif self.local_rank == 0 and node != self.node:
-            # Another node's request: this node's oomguard learns who asked
-            # and why, and waits for the same save.
-            record = {"type": "remote", "id": vote_id, "kind": kind, "node": node, "step": step}
+        elif self._speaks and origin != self.origin:
+            # Another oomguard's request: this one learns who asked and why,
+            # and waits for the same save.
+            record = {"type": "remote", "id": vote_id, "kind": kind, "node": origin, "step": step}
             record.update(self._published(vote_id))
+            if self.task is not None:
+                record["task"] = origin
             self._agreed_reason = record.get("reason")
             self._emit(record)
         return True
@@ -376,6 +417,7 @@ class Guard:
             "cause_rank": cause if isinstance(cause, int) else self.rank,
             "reason": req.get("reason"),
             "detail": req.get("detail"),
+            "node": self.node,
         }
         if req.get("then"):
             # The asking node restarts the job after the save: the others'
@@ -429,7 +471,7 @@ class Guard:
         self._emit({"type": "relieved", "id": req["id"], "freed": freed})
 
     def _progress(self) -> None:
-        if self.local_rank != 0:
+        if not self._speaks:
             return
         if self._last_step is not None and self._last_step != self._reported:
             self._reported = self._last_step
@@ -450,8 +492,15 @@ class Guard:
         _chain_excepthook(self)
         world = _world_size()
         local_world = _env_int("LOCAL_WORLD_SIZE", world)
+        if self.task is not None:
+            if _dist() is None:
+                world = _env_int("SLURM_NTASKS", world)
+            local_world = _slurm_node_tasks(self.node, world)
         addr, port = os.environ.get("MASTER_ADDR"), _env_int("MASTER_PORT", 0)
-        across = world > local_world and bool(addr) and port > 0
+        # Other oomguards to tell: other nodes', or, with one oomguard per
+        # rank, every other rank's.
+        others = world > (1 if self.task is not None else local_world)
+        across = others and bool(addr) and port > 0
         self._emit(
             {
                 "type": "hello",
@@ -464,6 +513,7 @@ class Guard:
                 "version": _safe_version(),
                 "path": os.path.dirname(os.path.abspath(__file__)),
                 "node": self.node,
+                "task": self.task,
                 "store": "%s:%d" % (addr, port) if across else None,
             }
         )
@@ -520,7 +570,7 @@ class _Faults:
 
     def start(self) -> None:
         threading.Thread(target=self._carry_out, name="oomguard-fault-out", daemon=True).start()
-        if self.owner.local_rank == 0:
+        if self.owner._speaks:
             threading.Thread(target=self._bring_in, name="oomguard-fault-in", daemon=True).start()
 
     def _connect(self, seconds: float = _FAULT_WAIT) -> Any:
@@ -553,6 +603,7 @@ class _Faults:
             try:
                 info = {k: fault.get(k) for k in ("id", "cause_rank", "reason", "detail", "then")}
                 info["node"] = self.owner.node
+                info["origin"] = self.owner.origin
                 n = store.add("oomguard/faults", 1)
                 store.set("oomguard/fault/%d" % n, json.dumps(info))
                 self.owner._emit({"type": "fault_published", "id": fault["id"]})
@@ -605,7 +656,7 @@ class _Faults:
                     self.owner._emit({"type": "store_lost", "addr": "%s:%d" % (self.addr, self.port)})
                     return
                 continue
-            if isinstance(info, dict) and info.get("node") != self.owner.node:
+            if isinstance(info, dict) and info.get("origin", info.get("node")) != self.owner.origin:
                 record = {"type": "fault"}  # type: Dict[str, Any]
                 record.update({k: info.get(k) for k in ("id", "node", "cause_rank", "reason", "detail", "then")})
                 self.owner._emit(record)

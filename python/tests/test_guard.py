@@ -103,6 +103,59 @@ def test_the_node_comes_from_torchrun_then_slurm_and_fits_its_bits(monkeypatch):
     assert Guard(control="x").node == 5
 
 
+def _slurm_task(monkeypatch, procid, localid, node, ntasks=4, per_node="2(x2)"):
+    for k, v in dict(
+        SLURM_PROCID=procid, SLURM_LOCALID=localid, SLURM_NODEID=node, SLURM_NTASKS=ntasks,
+        SLURM_STEP_TASKS_PER_NODE=per_node,
+    ).items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_a_rank_slurm_started_takes_its_ranks_from_slurm(control, monkeypatch):
+    _slurm_task(monkeypatch, procid=3, localid=1, node=1)
+    g = Guard()
+    assert (g.task, g.rank, g.local_rank, g.node, g.origin) == (3, 3, 1, 1, 3)
+    g.step(1)
+    hello = control.events()[0]
+    assert (hello["rank"], hello["local_rank"], hello["node"], hello["task"]) == (3, 1, 1, 3)
+    assert (hello["world"], hello["local_world"]) == (4, 2)
+    # Under torchrun (GROUP_RANK), SLURM's task is the launcher's, not the rank's.
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("RANK", "2")
+    g = Guard()
+    assert (g.task, g.rank, g.origin) == (None, 2, 1)
+    # One task: nothing to tell apart.
+    monkeypatch.delenv("GROUP_RANK")
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    assert Guard().task is None
+
+
+def test_the_node_task_count_reads_slurms_compressed_list(monkeypatch):
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1")
+    assert [oomguard._slurm_node_tasks(n, 7) for n in range(4)] == [2, 2, 2, 1]
+    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "garbage(x")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")
+    assert oomguard._slurm_node_tasks(0, 16) == 8
+
+
+def test_every_slurm_task_speaks_and_hears_the_other_task_of_its_node(control, monkeypatch):
+    # Two tasks on one node: each has its own oomguard, so a request of the
+    # other task is another oomguard's, though the node is the same.
+    _slurm_task(monkeypatch, procid=1, localid=1, node=0)
+    g = Guard()
+    assert g._decide([(77 << 16) | 0, 2], None, step=9) is True
+    [remote] = control.events()
+    assert (remote["type"], remote["task"], remote["rank"]) == ("remote", 0, 1)
+    g.checkpointed(["x"])
+    assert "done" in control.types(), "local rank 1 speaks for its own oomguard"
+    voted = []
+    monkeypatch.setattr(g, "_all_max_async", lambda values: voted.append(list(values)))
+    control.request(100, "checkpoint_and_exit")
+    g.step(10)
+    assert voted[-1][0] & oomguard._NODE_MASK == 1, "the vote names the task"
+
+
 def test_a_larger_vote_wins_with_the_newer_request_and_the_exit(control):
     # What MAX over ranks gives: the newest id (whatever the node) and
     # checkpoint_and_exit over checkpoint.

@@ -35,6 +35,9 @@ impl Supervisor {
                 v,
                 version,
                 path,
+                local_rank,
+                node,
+                task,
                 ..
             } => {
                 self.sinks.emit(&Event::Companion(CompanionEvent {
@@ -45,6 +48,9 @@ impl Supervisor {
                     protocol: v,
                     version,
                     path,
+                    local_rank,
+                    node,
+                    task,
                 }));
             }
             Record::Progress {
@@ -91,6 +97,7 @@ impl Supervisor {
                 reason,
                 detail,
                 then,
+                task,
             } => {
                 self.sinks
                     .emit(&Event::CheckpointRequest(CheckpointRequestEvent {
@@ -103,6 +110,7 @@ impl Supervisor {
                         detail,
                         step,
                         then,
+                        task,
                     }));
             }
             Record::Fault {

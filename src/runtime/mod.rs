@@ -176,9 +176,11 @@ fn attach_to(cfg: &Settings, pid: u32) -> Result<Job, String> {
 /// the working directory cannot be read.
 fn resume_place(cfg: &Settings) -> Option<(PathBuf, resume::Identity)> {
     let cwd = std::env::current_dir().ok()?;
-    let number = |name: &str| std::env::var(name).ok()?.trim().parse::<u32>().ok();
-    let node = number("SLURM_NODEID").filter(|_| number("SLURM_NNODES").is_some_and(|n| n > 1));
-    let path = resume::path(cfg.checkpoint_dir.as_deref(), &cwd, node);
+    let path = resume::path(
+        cfg.checkpoint_dir.as_deref(),
+        &cwd,
+        resume::Owner::from_env(|k| std::env::var(k).ok()),
+    );
     let job = std::env::var("SLURM_JOB_ID").ok();
     Some((path, resume::Identity::of(&cfg.argv, &cwd, job)))
 }

@@ -88,15 +88,45 @@ pub enum Found {
     NotOurs(String),
 }
 
-/// The record's path for a run with `--checkpoint-dir dir` (or none).
-/// `node`: this node's number in a job of several (`SLURM_NODEID` when
-/// `SLURM_NNODES` is above 1): each node's oomguard keeps its own record
-/// (its ranks saved their own files) in the shared directory.
-pub fn path(checkpoint_dir: Option<&Path>, cwd: &Path, node: Option<u32>) -> PathBuf {
+/// Whose record it is, in a job of several oomguards that share the
+/// directory: each keeps its own (its ranks saved their own files), so no
+/// oomguard overwrites or removes a record another's save stands behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The only oomguard of its job.
+    Alone,
+    /// One oomguard per node (`srun` of one task per node over torchrun):
+    /// `SLURM_NODEID`.
+    Node(u32),
+    /// Several oomguards per node (`srun --ntasks-per-node=N`, one per
+    /// rank): `SLURM_PROCID`.
+    Task(u32),
+}
+
+impl Owner {
+    /// From SLURM's step variables, read through `var`: a task's own record
+    /// when the step has more tasks than nodes, a node's when it spans
+    /// nodes with one task each.
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Self {
+        let number = |name: &str| var(name)?.trim().parse::<u32>().ok();
+        let nodes = number("SLURM_NNODES").unwrap_or(1);
+        let tasks = number("SLURM_NTASKS").unwrap_or(1);
+        match (number("SLURM_PROCID"), number("SLURM_NODEID")) {
+            (Some(task), _) if tasks > nodes => Owner::Task(task),
+            (_, Some(node)) if nodes > 1 => Owner::Node(node),
+            _ => Owner::Alone,
+        }
+    }
+}
+
+/// The record's path for a run with `--checkpoint-dir dir` (or none), kept
+/// by `owner`.
+pub fn path(checkpoint_dir: Option<&Path>, cwd: &Path, owner: Owner) -> PathBuf {
     let dir = checkpoint_dir.unwrap_or(cwd);
-    match node {
-        Some(n) => dir.join(format!(".oomguard-resume-node{n}.json")),
-        None => dir.join(FILE),
+    match owner {
+        Owner::Node(n) => dir.join(format!(".oomguard-resume-node{n}.json")),
+        Owner::Task(t) => dir.join(format!(".oomguard-resume-task{t}.json")),
+        Owner::Alone => dir.join(FILE),
     }
 }
 
@@ -147,13 +177,29 @@ pub fn remove_if_ours(path: &Path, run: &Identity) {
 /// Writes `rec` at `path`, atomically (a temporary file renamed over it),
 /// and durably: the file, then its directory (the rename), are on disk
 /// before the run ends with "safe to requeue".
+/// The temporary file is this process's alone (its pid in the name, made
+/// with `O_EXCL`, not followed if a link is in its place): two writers never
+/// share one.
 pub fn write(path: &Path, rec: &Record) -> std::io::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(rec).unwrap_or_default())?;
-    f.write_all(b"\n")?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(&serde_json::to_vec_pretty(rec).unwrap_or_default())?;
+            f.write_all(b"\n")?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -200,11 +246,15 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let ckpt = t.path().join("step-580.ckpt");
         std::fs::write(&ckpt, "x").unwrap();
-        let at = path(Some(t.path()), Path::new("/elsewhere"), None);
+        let at = path(Some(t.path()), Path::new("/elsewhere"), Owner::Alone);
         assert_eq!(at, t.path().join(FILE));
         assert_eq!(
-            path(None, t.path(), Some(1)),
+            path(None, t.path(), Owner::Node(1)),
             t.path().join(".oomguard-resume-node1.json")
+        );
+        assert_eq!(
+            path(None, t.path(), Owner::Task(3)),
+            t.path().join(".oomguard-resume-task3.json")
         );
         let ours = run(&["torchrun", "train.py"], Some("42"));
         assert_eq!(find(&at, &ours), Found::Nothing);
@@ -221,6 +271,56 @@ mod tests {
         assert!(matches!(find(&at, &other_job), Found::NotOurs(w) if w.contains("SLURM job 42")));
         std::fs::remove_file(&ckpt).unwrap();
         assert!(matches!(find(&at, &ours), Found::NotOurs(w) if w.contains("is gone")));
+    }
+
+    #[test]
+    fn each_oomguard_of_a_slurm_step_keeps_its_own_record() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        // Two tasks per node on two nodes: one record per task.
+        let per_rank = env(&[
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NODEID", "1"),
+        ]);
+        assert_eq!(Owner::from_env(per_rank), Owner::Task(3));
+        // Two tasks on one node: still one each, not one shared file.
+        let one_node = env(&[("SLURM_NTASKS", "2"), ("SLURM_PROCID", "1")]);
+        assert_eq!(Owner::from_env(one_node), Owner::Task(1));
+        // One task per node over torchrun: the node's.
+        let per_node = env(&[
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NODEID", "1"),
+        ]);
+        assert_eq!(Owner::from_env(per_node), Owner::Node(1));
+        assert_eq!(Owner::from_env(env(&[])), Owner::Alone);
+    }
+
+    #[test]
+    fn two_writers_of_one_record_never_share_a_temporary_file() {
+        let t = tempfile::tempdir().unwrap();
+        let at = t.path().join(FILE);
+        let rec = record(run(&["python", "x.py"], None), Path::new("/c/x"));
+        // Another writer's temporary file, mid-write: untouched by this one.
+        let theirs = at.with_extension("json.1.tmp");
+        std::fs::write(&theirs, "half").unwrap();
+        write(&at, &rec).unwrap();
+        assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "half");
+        let names: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(find(&at, &rec.run) != Found::Nothing);
     }
 
     #[test]

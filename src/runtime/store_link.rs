@@ -182,16 +182,32 @@ impl std::fmt::Debug for StoreLink {
     }
 }
 
+/// Which oomguard of the job this link speaks for: its node, and its
+/// SLURM task when SLURM started each rank as a task of its own (then
+/// several oomguards share a node, and the task tells them apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub node: u32,
+    pub task: Option<u32>,
+}
+
+impl Place {
+    /// The number that tells this oomguard's faults from the others'.
+    pub fn origin(self) -> u32 {
+        self.task.unwrap_or(self.node)
+    }
+}
+
 impl StoreLink {
-    /// Starts the link to the store at `addr` for node `node`, for an
-    /// attempt that began at `since` (Unix seconds): faults put before it
-    /// are an earlier attempt's.
-    pub fn start(addr: String, node: u32, since: f64) -> io::Result<Self> {
-        Self::start_with(addr, node, since, LOST_AFTER)
+    /// Starts the link to the store at `addr` for the oomguard at `place`,
+    /// for an attempt that began at `since` (Unix seconds): faults put
+    /// before it are an earlier attempt's.
+    pub fn start(addr: String, place: Place, since: f64) -> io::Result<Self> {
+        Self::start_with(addr, place, since, LOST_AFTER)
     }
 
     /// [`StoreLink::start`], the store lost after `lost_after` unreachable.
-    fn start_with(addr: String, node: u32, since: f64, lost_after: Duration) -> io::Result<Self> {
+    fn start_with(addr: String, place: Place, since: f64, lost_after: Duration) -> io::Result<Self> {
         let (out, out_rx) = mpsc::channel::<(u64, Fault)>();
         let (news_tx, news) = mpsc::channel();
         let stopped = Arc::new(AtomicBool::new(false));
@@ -200,7 +216,7 @@ impl StoreLink {
             let (addr, tx, stopped) = (addr.clone(), news_tx.clone(), stopped.clone());
             std::thread::Builder::new()
                 .name("oomguard-store-out".into())
-                .spawn(move || tell(&addr, node, &out_rx, &tx, &stopped))?;
+                .spawn(move || tell(&addr, place, &out_rx, &tx, &stopped))?;
         }
         {
             let (addr, stopped, waiting) = (addr.clone(), stopped.clone(), waiting.clone());
@@ -209,7 +225,7 @@ impl StoreLink {
                 .spawn(move || {
                     let mut l = Listener {
                         addr: &addr,
-                        node,
+                        origin: place.origin(),
                         since,
                         lost_after,
                         news: &news_tx,
@@ -264,7 +280,7 @@ fn unix_now() -> f64 {
 /// made for it (a fault is rare; a connection kept open could be stale).
 fn tell(
     addr: &str,
-    node: u32,
+    place: Place,
     faults: &mpsc::Receiver<(u64, Fault)>,
     news: &mpsc::Sender<News>,
     stopped: &AtomicBool,
@@ -275,7 +291,8 @@ fn tell(
         }
         let mut body = serde_json::to_value(&fault).unwrap_or_default();
         body["id"] = id.into();
-        body["node"] = node.into();
+        body["node"] = place.node.into();
+        body["origin"] = place.origin().into();
         body["t"] = unix_now().into();
         let put = connect_soon(addr, stopped).and_then(|mut c| {
             let n = c.add(COUNT_KEY, 1)?;
@@ -319,7 +336,7 @@ fn connect_soon(addr: &str, stopped: &AtomicBool) -> io::Result<StoreClient> {
 /// once, and the thread ends.
 struct Listener<'a> {
     addr: &'a str,
-    node: u32,
+    origin: u32,
     since: f64,
     lost_after: Duration,
     news: &'a mpsc::Sender<News>,
@@ -434,7 +451,7 @@ impl Listener<'_> {
                 return Ended::Stopped;
             };
             *next = Some(after);
-            if let Some(r) = remote_fault(&body, self.node, self.since)
+            if let Some(r) = remote_fault(&body, self.origin, self.since)
                 && !self.stopped.load(Ordering::SeqCst)
                 && self.news.send(News::Heard(r)).is_err()
             {
@@ -447,12 +464,17 @@ impl Listener<'_> {
     }
 }
 
-/// Another node's fault as the loop takes it (`None`: this node's own, one
-/// put before this attempt began at `since`, or not a fault).
+/// Another oomguard's fault as the loop takes it (`None`: this one's own
+/// (origin `own`), one put before this attempt began at `since`, or not a
+/// fault). An older oomguard's fault names its node alone.
 fn remote_fault(body: &[u8], own: u32, since: f64) -> Option<Record> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let node = u32::try_from(v["node"].as_u64()?).ok()?;
-    if node == own {
+    let origin = v["origin"]
+        .as_u64()
+        .and_then(|o| u32::try_from(o).ok())
+        .unwrap_or(node);
+    if origin == own {
         return None;
     }
     if v["t"]
@@ -570,8 +592,8 @@ mod tests {
     fn a_fault_one_node_puts_is_heard_by_the_other_and_not_by_itself() {
         let (addr, data) = fake_store();
         let (a, b) = (
-            StoreLink::start(addr.clone(), 0, 0.0).unwrap(),
-            StoreLink::start(addr, 1, 0.0).unwrap(),
+            StoreLink::start(addr.clone(), node(0), 0.0).unwrap(),
+            StoreLink::start(addr, node(1), 0.0).unwrap(),
         );
         std::thread::sleep(Duration::from_millis(100));
         a.publish(42, &fault("rank-killed"));
@@ -614,7 +636,7 @@ mod tests {
             .cloned()
             .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&stored).unwrap();
-        assert_eq!(v["node"], 0);
+        assert_eq!((v["node"].as_u64(), v["origin"].as_u64()), (Some(0), Some(0)));
         assert!(v["t"].as_f64().unwrap() > 1.0e9);
     }
 
@@ -623,7 +645,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let link = StoreLink::start_with(addr.clone(), 1, 0.0, Duration::from_secs(1)).unwrap();
+        let link = StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(1)).unwrap();
         link.publish(7, &fault("rank-crashed"));
         let all = heard(&link, |all| {
             all.iter().any(|n| matches!(n, News::CannotTell(_)))
@@ -645,9 +667,28 @@ mod tests {
         );
     }
 
+    fn node(node: u32) -> Place {
+        Place { node, task: None }
+    }
+
     #[test]
     fn what_is_not_another_nodes_fault_is_not_news() {
         assert_eq!(remote_fault(br#"{"node":2,"id":1}"#, 2, 0.0), None);
+        // Two SLURM tasks of one node: the other task's fault is news, this
+        // task's own is not.
+        let task1 = Place {
+            node: 0,
+            task: Some(1),
+        };
+        assert_eq!(task1.origin(), 1);
+        assert!(matches!(
+            remote_fault(br#"{"node":0,"origin":0,"id":3}"#, task1.origin(), 0.0),
+            Some(Record::Fault { node: 0, id: 3, .. })
+        ));
+        assert_eq!(
+            remote_fault(br#"{"node":0,"origin":1,"id":3}"#, task1.origin(), 0.0),
+            None
+        );
         assert_eq!(remote_fault(b"not json", 2, 0.0), None);
         assert!(matches!(
             remote_fault(br#"{"node":0,"id":5,"reason":"rank-crashed"}"#, 2, 0.0),
@@ -690,7 +731,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let link = StoreLink::start_with(addr.clone(), 1, 0.0, Duration::from_secs(5)).unwrap();
+        let link = StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(5)).unwrap();
         std::thread::sleep(Duration::from_millis(700));
         // The store comes up, with another node's fault already in it.
         let data = fake_store_at(&addr);
@@ -718,7 +759,7 @@ mod tests {
             .unwrap()
             .insert("oomguard/fault/1".into(), vec![b' '; (1 << 20) + 1]);
         put(&data, 2, &other_nodes_fault(22));
-        let link = StoreLink::start(addr, 1, 0.0).unwrap();
+        let link = StoreLink::start(addr, node(1), 0.0).unwrap();
         let all = heard(&link, |all| {
             all.iter()
                 .any(|n| matches!(n, News::Heard(Record::Fault { id: 22, .. })))
@@ -742,7 +783,7 @@ mod tests {
                 drop(s);
             }
         });
-        let link = StoreLink::start_with(addr, 1, 0.0, Duration::from_secs(60)).unwrap();
+        let link = StoreLink::start_with(addr, node(1), 0.0, Duration::from_secs(60)).unwrap();
         std::thread::sleep(Duration::from_secs(2));
         let n = accepted.load(Ordering::SeqCst);
         // 250 ms, then 500, 1000: four or five tries in 2 s.
@@ -757,7 +798,7 @@ mod tests {
         data.lock()
             .unwrap()
             .insert(COUNT_KEY.into(), i64::MAX.to_string().into_bytes());
-        let link = StoreLink::start(addr, 1, 0.0).unwrap();
+        let link = StoreLink::start(addr, node(1), 0.0).unwrap();
         heard(&link, |all| {
             all.iter()
                 .any(|n| matches!(n, News::Heard(Record::Fault { id: 33, .. })))

@@ -256,6 +256,8 @@ mod tests {
             version: None,
             path: None,
             node: None,
+            task: None,
+            local_rank: None,
             store: None,
         }
     }

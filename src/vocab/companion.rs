@@ -196,6 +196,9 @@ pub enum Record {
         /// Ranks on this node (`LOCAL_WORLD_SIZE`).
         #[serde(default)]
         local_world: Option<u32>,
+        /// This rank's index on its node (`LOCAL_RANK`, `SLURM_LOCALID`).
+        #[serde(default)]
+        local_rank: Option<u32>,
         /// The protocol version the companion speaks (every record's `v`).
         #[serde(default)]
         v: Option<u32>,
@@ -212,6 +215,11 @@ pub enum Record {
         /// nodes' oomguards through.
         #[serde(default)]
         node: Option<u32>,
+        /// `SLURM_PROCID`, when SLURM started this rank as a task of its
+        /// own (one oomguard per rank, several on a node); absent under a
+        /// launcher.
+        #[serde(default)]
+        task: Option<u32>,
         #[serde(default)]
         store: Option<String>,
     },
@@ -284,6 +292,10 @@ pub enum Record {
         /// `restart` when the node that asked restarts the job after.
         #[serde(default)]
         then: Option<String>,
+        /// The SLURM task that asked, when each rank is a task of its own
+        /// (then `node` is the node it runs on).
+        #[serde(default)]
+        task: Option<u32>,
     },
     /// Another node's fault (a rank there stopped or killed, so the vote
     /// cannot run), brought from the job's rendezvous store by this node's

@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::super::store_link::{News, StoreLink};
+use super::super::store_link::{News, Place, StoreLink};
 use super::journal::Journal;
 use super::{Acted, Ident};
 use crate::engine::policy::Action;
@@ -66,6 +66,9 @@ pub struct Peers {
     held: Option<Held>,
     /// The ranks whose end was handled.
     gone: HashSet<u32>,
+    /// SLURM started each rank as a task of its own (a companion said so):
+    /// no launcher, and rank 0's process serves the job's store.
+    task_layout: bool,
 }
 
 #[derive(Debug, Default)]
@@ -126,15 +129,24 @@ impl Peers {
                 world,
                 local_world,
                 node,
+                task,
                 store,
                 ..
             } => {
                 self.ranks.insert(*pid, *rank);
-                let spans = matches!((world, local_world), (Some(w), Some(l)) if w > l);
+                // Other oomguards to hear from: other nodes' under a
+                // launcher; with one oomguard per rank, every other rank's.
+                let here = if task.is_some() { Some(1) } else { *local_world };
+                let spans = matches!((world, here), (Some(w), Some(l)) if *w > l);
+                self.task_layout |= task.is_some();
+                let place = Place {
+                    node: node.unwrap_or(0),
+                    task: *task,
+                };
                 if let (true, Some(store)) = (spans, store)
                     && self.link.as_ref().is_none_or(|l| l.addr() != store)
                 {
-                    self.link = StoreLink::start(store.clone(), node.unwrap_or(0), self.began).ok();
+                    self.link = StoreLink::start(store.clone(), place, self.began).ok();
                 }
             }
             Record::Crash { pid, error, .. } => {
@@ -178,9 +190,16 @@ impl Peers {
     /// Why the attempt ends when the job's store went away with no fault.
     fn store_lost_why(&self) -> Option<String> {
         self.store_lost.as_ref().map(|(_, addr)| {
-            format!(
-                "store-lost: the job's store at {addr} (hosted by node 0's launcher) went away while this node's ranks still ran: node 0's part of the job ended"
-            )
+            if self.task_layout {
+                // No launcher: rank 0's own process serves the store.
+                format!(
+                    "store-lost: the job's store at {addr} (served by rank 0's process) went away while this task's rank still ran: rank 0 ended"
+                )
+            } else {
+                format!(
+                    "store-lost: the job's store at {addr} (hosted by node 0's launcher) went away while this node's ranks still ran: node 0's part of the job ended"
+                )
+            }
         })
     }
 
@@ -626,6 +645,8 @@ mod tests {
             version: None,
             path: None,
             node: None,
+            task: None,
+            local_rank: None,
             store: None,
         };
         a.peers.note(&hello, Instant::now());

@@ -147,6 +147,14 @@ pub struct CompanionEvent {
     pub version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The rank's place: its local rank, its node, and its SLURM task when
+    /// SLURM started each rank as a task of its own.
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub local_rank: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub node: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub task: Option<u32>,
 }
 
 /// `checkpoint_request`: what oomguard asked the ranks for (`kind`:
@@ -172,6 +180,10 @@ pub struct CheckpointRequestEvent {
     /// `restart` when the asking node restarts the job after.
     #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
     pub then: Option<String>,
+    /// The SLURM task that asked, when SLURM started each rank as a task
+    /// of its own (`node` is then the node it runs on).
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
+    pub task: Option<u32>,
 }
 
 /// `checkpoint_ack`: a rank took request `id` and will save `step`.
@@ -363,6 +375,7 @@ mod tests {
                 detail: Some("3.1 GiB left of 64 GiB".into()),
                 step: Some(580),
                 then: Some("restart".into()),
+                task: None,
             }),
             "checkpoint_ack" => Event::CheckpointAck(CheckpointAckEvent {
                 id: 3,

@@ -107,6 +107,21 @@ impl LogWriter {
             .read(true)
             .open(path)
             .map_err(err)?;
+        // Two oomguards appending to one file interleave their lines (two
+        // SLURM tasks of a node given `%N`): the second is refused. The
+        // lock goes with the last descriptor, so a killed oomguard leaves
+        // none behind.
+        use rustix::fs::{FlockOperation, flock};
+        if let Err(e) = flock(&f, FlockOperation::NonBlockingLockExclusive) {
+            return Err(err(if e == rustix::io::Errno::WOULDBLOCK {
+                std::io::Error::other(
+                    "another oomguard is writing it; give each its own log \
+                     (under srun: --log 'logs/%j/run-%r.ndjson', one per task)",
+                )
+            } else {
+                e.into()
+            }));
+        }
         if runs::ends_mid_line(&mut f).map_err(err)? {
             f.write_all(b"\n").map_err(err)?;
         }
