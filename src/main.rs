@@ -368,6 +368,15 @@ fn checkpoint(args: &oomguard::settings::cli::CheckpointArgs) -> i32 {
     }
 }
 
+fn ended(args: &oomguard::settings::cli::EndedArgs) -> i32 {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let job = std::env::var("SLURM_JOB_ID").ok();
+    let a = oomguard::tools::ended::answer(args, job, &cwd);
+    print(&a.stdout);
+    eprint!("{}", a.stderr);
+    a.code
+}
+
 fn main() {
     let cli = oomguard::settings::parse_cli();
     let code = match cli.command {
@@ -390,6 +399,7 @@ fn main() {
         Command::Report(args) => report(args),
         Command::Doctor(args) => doctor(args),
         Command::Checkpoint(args) => checkpoint(&args),
+        Command::Ended(args) => ended(&args),
         Command::Replay(args) => replay(args),
         Command::DemoJob { role, checkpoints } => match (role.as_str(), checkpoints) {
             ("worker", _) => oomguard::vocab::demo_job::worker(),

@@ -181,6 +181,198 @@ fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() 
     }
 }
 
+/// The recipe of "One task per rank" in docs/multinode.md.
+fn per_rank_recipe() -> String {
+    let doc = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/multinode.md"))
+        .unwrap();
+    let from = doc
+        .find("## One task per rank")
+        .expect("the recipe's heading");
+    let block = &doc[from..];
+    let start = block.find("```bash\n").expect("a bash block") + "```bash\n".len();
+    let end = start + block[start..].find("```").unwrap();
+    block[start..end].to_string()
+}
+
+/// srun's stand-in for `--ntasks-per-node=2`: two tasks per node of
+/// FAKE_SLURM_CGROUPS, each with SLURM's per-task variables, the tasks of a
+/// node in that node's memory cgroup.
+const SRUN_PER_RANK: &str = r#"#!/bin/sh
+nodes=$(echo $FAKE_SLURM_CGROUPS | wc -w)
+node=0
+pids=""
+for cg in $FAKE_SLURM_CGROUPS; do
+  for local in 0 1; do
+    task=$((node * 2 + local))
+    SLURM_NODEID=$node SLURM_PROCID=$task SLURM_LOCALID=$local SLURM_STEP_ID=0 \
+    SLURM_NNODES=$nodes SLURM_NTASKS=$((nodes * 2)) SLURM_STEP_TASKS_PER_NODE="2(x$nodes)" \
+      sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@" > "$FAKE_SLURM_OUT/task-$task.out" 2>&1 &
+    pids="$pids $!"
+  done
+  node=$((node + 1))
+done
+rc=0
+for p in $pids; do
+  wait "$p"
+  c=$?
+  [ "$c" -gt "$rc" ] && rc=$c
+done
+exit $rc
+"#;
+
+/// docs/multinode.md's one-task-per-rank recipe through the stand-in
+/// `srun`: two nodes of two tasks, one oomguard per rank, a plain DDP loop
+/// taking its rank from `SLURM_PROCID`, rank 1 leaking until its node's
+/// cgroup nears its ceiling. Every rank saves the same step; every task's
+/// oomguard ends as a stop (exit 75), the ones that did not ask included,
+/// naming rank 1; each task has its own log and resume record; the script
+/// requeues (oomguard's own stop); the next run resumes every rank from
+/// that step.
+#[test]
+fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resumes() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("per-rank-0", 1400 << 20),
+        MemCgroup::or_skip("per-rank-1", 1400 << 20),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    executable(&bin.join("srun"), SRUN_PER_RANK);
+    executable(&bin.join("scontrol"), SCONTROL);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    let script_path = dir.path().join("train.sbatch");
+    let script = per_rank_recipe()
+        .replace(
+            "python train.py",
+            &format!("python {} 300", plain.display()),
+        )
+        .replace("MASTER_PORT=29500", "MASTER_PORT=29531");
+    executable(&script_path, &script);
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let cgroups = format!("{} {}", cg0.dir.display(), cg1.dir.display());
+    common::deadline::arm();
+    let run = |leak: &str| {
+        std::process::Command::new("bash")
+            .arg(&script_path)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("SLURM_JOB_ID", "4343")
+            .env("SLURM_JOB_NODELIST", "localhost")
+            .env("FAKE_SLURM_CGROUPS", &cgroups)
+            .env("FAKE_SLURM_OUT", dir.path())
+            .env("DIST", "1")
+            .env("LEAK_RANK", "1")
+            .env("LEAK_MB", leak)
+            .env("CKPT_DIR", dir.path())
+            .env_remove("OOMGUARD_CONTROL")
+            .output()
+            .unwrap()
+    };
+    let out = run("8");
+    let task =
+        |n: u32| fs::read_to_string(dir.path().join(format!("task-{n}.out"))).unwrap_or_default();
+    let why = |out: &std::process::Output| {
+        let mut w = format!(
+            "script exit {:?}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for n in 0..4 {
+            w.push_str(&format!("\ntask {n}:\n{}", task(n)));
+        }
+        w
+    };
+    let first = why(&out);
+    assert_eq!(out.status.code(), Some(75), "{first}");
+    assert_eq!(
+        fs::read_to_string(dir.path().join("requeued"))
+            .unwrap_or_default()
+            .trim(),
+        "4343",
+        "the script did not requeue oomguard's own stop\n{first}"
+    );
+    // One log per task (`%r`), each a stop, the same step saved.
+    let logs: Vec<_> = (0..4)
+        .map(|n| common::read_log(&dir.path().join(format!("logs/4343/run-{n}.ndjson"))))
+        .collect();
+    let done = |log: &[common::schema::Line]| {
+        log.iter().rev().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => v["step"].as_u64(),
+            _ => None,
+        })
+    };
+    let step = done(&logs[1]).unwrap_or_else(|| panic!("task 1: no save\n{first}"));
+    for (n, log) in logs.iter().enumerate() {
+        assert_eq!(done(log), Some(step), "task {n}\n{first}");
+        let end = common::schema::run_end(log);
+        assert_eq!(
+            (end.outcome.as_str(), end.exit_code),
+            ("stopped_by_policy", 75),
+            "task {n} did not end as a stop\n{first}"
+        );
+        // Its companion said where it is, from SLURM's variables.
+        let hello = log.iter().find_map(|l| match &l.event {
+            Event::Companion(v) => Some(v.clone()),
+            _ => None,
+        });
+        let hello = hello.unwrap_or_else(|| panic!("task {n}: no companion\n{first}"));
+        assert_eq!(
+            (
+                hello["rank"].as_u64(),
+                hello["local_rank"].as_u64(),
+                hello["task"].as_u64()
+            ),
+            (Some(n as u64), Some(n as u64 % 2), Some(n as u64)),
+            "task {n}: {hello}"
+        );
+        assert!(
+            dir.path().join(format!("ckpt-r{n}-{step}.json")).exists(),
+            "rank {n} did not save step {step}\n{first}"
+        );
+        assert!(
+            dir.path()
+                .join(format!(".oomguard-resume-task{n}.json"))
+                .exists(),
+            "task {n} kept no resume record\n{first}"
+        );
+    }
+    // The other node's tasks, which did not ask, name the node and rank
+    // that grew. (Task 0 shares rank 1's node cgroup and decides on its
+    // own: the tasks of a node do not pool their measurements yet.)
+    for n in [2usize, 3] {
+        let named = logs[n].iter().any(|l| {
+            matches!(&l.event, Event::Action(a) if a.action == "stop" && a.reason.contains("(rank 1)"))
+        });
+        assert!(named, "task {n} does not name rank 1\n{first}");
+    }
+    // The requeued run: every rank resumes from that step and finishes.
+    let out = run("0");
+    let second = why(&out);
+    assert_eq!(out.status.code(), Some(0), "{second}");
+    for n in 0..4 {
+        assert!(
+            task(n).contains(&format!("rank {n} resumed from step {step}")),
+            "rank {n} did not resume from step {step}\n{second}"
+        );
+    }
+    cg0.kill_all();
+    cg1.kill_all();
+}
+
 /// A SLURM cluster of two "nodes" on this machine, in `dir`: the first node
 /// is named after this host (so the recipe's rendezvous endpoint, the first
 /// node's name, resolves), the second `<host>-2`; both `slurmd` bind

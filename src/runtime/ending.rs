@@ -78,7 +78,9 @@ impl Supervisor {
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = self.run_time();
+        let resumed = self.resumed_step();
         self.keep_resume_record(outcome);
+        exit_code = self.keep_end_record(outcome, status, exit_code, resumed);
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).

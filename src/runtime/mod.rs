@@ -42,6 +42,7 @@ mod channel;
 mod cheap;
 mod child;
 mod doctor;
+mod end_record;
 mod ending;
 mod entry;
 mod hooks;

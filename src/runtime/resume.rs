@@ -180,7 +180,7 @@ pub fn remove_if_ours(path: &Path, run: &Identity) {
 /// The temporary file is this process's alone (its pid in the name, made
 /// with `O_EXCL`, not followed if a link is in its place): two writers never
 /// share one.
-pub fn write(path: &Path, rec: &Record) -> std::io::Result<()> {
+pub fn write<T: Serialize>(path: &Path, rec: &T) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);

@@ -207,7 +207,12 @@ impl StoreLink {
     }
 
     /// [`StoreLink::start`], the store lost after `lost_after` unreachable.
-    fn start_with(addr: String, place: Place, since: f64, lost_after: Duration) -> io::Result<Self> {
+    fn start_with(
+        addr: String,
+        place: Place,
+        since: f64,
+        lost_after: Duration,
+    ) -> io::Result<Self> {
         let (out, out_rx) = mpsc::channel::<(u64, Fault)>();
         let (news_tx, news) = mpsc::channel();
         let stopped = Arc::new(AtomicBool::new(false));
@@ -636,7 +641,10 @@ mod tests {
             .cloned()
             .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&stored).unwrap();
-        assert_eq!((v["node"].as_u64(), v["origin"].as_u64()), (Some(0), Some(0)));
+        assert_eq!(
+            (v["node"].as_u64(), v["origin"].as_u64()),
+            (Some(0), Some(0))
+        );
         assert!(v["t"].as_f64().unwrap() > 1.0e9);
     }
 
@@ -645,7 +653,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let link = StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(1)).unwrap();
+        let link =
+            StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(1)).unwrap();
         link.publish(7, &fault("rank-crashed"));
         let all = heard(&link, |all| {
             all.iter().any(|n| matches!(n, News::CannotTell(_)))
@@ -731,7 +740,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
-        let link = StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(5)).unwrap();
+        let link =
+            StoreLink::start_with(addr.clone(), node(1), 0.0, Duration::from_secs(5)).unwrap();
         std::thread::sleep(Duration::from_millis(700));
         // The store comes up, with another node's fault already in it.
         let data = fake_store_at(&addr);

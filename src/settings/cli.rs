@@ -52,6 +52,9 @@ pub enum Command {
     /// Ask a running job (started by `oomguard run`) to save a checkpoint
     /// now; training goes on. Prints the companion's `done` record.
     Checkpoint(CheckpointArgs),
+    /// How the last run of this job ended (one line per oomguard of it),
+    /// and with `--requeue` whether a batch script should requeue it.
+    Ended(EndedArgs),
     /// The demo's job without python3 (started by `oomguard demo`).
     #[command(hide = true)]
     DemoJob {
@@ -176,6 +179,26 @@ pub struct CheckpointArgs {
     /// How long to wait for every rank's save.
     #[arg(long, value_name = "DURATION", value_parser = duration, default_value = "2m")]
     pub timeout: Duration,
+}
+
+/// `oomguard ended`: the end records a job's runs left (`vocab::ended`).
+#[derive(Debug, Args)]
+pub struct EndedArgs {
+    /// Exit 0 if the job should be requeued (oomguard's own stop, the time
+    /// limit's warning), 1 if not (a scancel, no progress, a finished or
+    /// failed job), 2 if no run of it left a record; the reason on stderr.
+    #[arg(long)]
+    pub requeue: bool,
+
+    /// Where the runs kept their records: the `--checkpoint-dir` they were
+    /// given, else the directory they were started in (the default).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+
+    /// The SLURM job whose runs to read (default: $SLURM_JOB_ID; without
+    /// either, every record in the directory).
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
 }
 
 #[derive(Debug, Args)]

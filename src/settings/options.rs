@@ -297,6 +297,11 @@ settings_table! {
         #[arg(value_name = "CODE")]
         stop_code: i32 = values::stop_code, default "75", under STOP;
 
+        /// After N stops in a row that passed no step beyond the one they
+        /// resumed from, exit 78 and advise against a requeue (0: never).
+        #[arg(value_name = "N")]
+        requeue_limit: u32 = values::count, default "3", under STOP;
+
         /// Exit 76 if the job's peak PSS sum exceeded SIZE, even when the
         /// job succeeded: a memory-regression gate for CI (the PSS sum is
         /// repeatable; a cgroup's working set includes page cache).

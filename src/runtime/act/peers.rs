@@ -136,7 +136,11 @@ impl Peers {
                 self.ranks.insert(*pid, *rank);
                 // Other oomguards to hear from: other nodes' under a
                 // launcher; with one oomguard per rank, every other rank's.
-                let here = if task.is_some() { Some(1) } else { *local_world };
+                let here = if task.is_some() {
+                    Some(1)
+                } else {
+                    *local_world
+                };
                 let spans = matches!((world, here), (Some(w), Some(l)) if *w > l);
                 self.task_layout |= task.is_some();
                 let place = Place {
