@@ -11,10 +11,11 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "run",
     "doctor",
     "checkpoint",
+    "ended",
     "demo",
     "forensics",
     "report",

@@ -481,6 +481,80 @@ fn serial_a_usr1_while_the_job_is_still_loading_ends_with_the_stop_code_and_no_s
     }
 }
 
+/// `oomguard ended --requeue` in the run's directory, as the recipe runs
+/// it: its exit code and stderr.
+fn ended_in(dir: &Path) -> (Option<i32>, String) {
+    let out = common::oomguard()
+        .args(["ended", "--requeue"])
+        .current_dir(dir)
+        .env("SLURM_JOB_ID", "77")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The end record decides the recipe's requeue. The time limit's warning
+/// (USR1) is requeued, though the job was still loading and nothing was
+/// saved; the third such stop in a row, none past the step it resumed
+/// from, exits 78 and is not. A SIGTERM after a save (a person's
+/// `scancel`) exits 75 and is not requeued either; the count of stops
+/// without progress, carried by the end record across runs that saved
+/// nothing, starts again after a run that saved.
+#[test]
+fn serial_oomguard_ended_requeues_a_warning_but_not_a_cancel_nor_a_third_stop_without_progress() {
+    let _serial = common::machine::beside();
+    let mut dir = tempfile::tempdir().unwrap();
+    let slow = common::script(
+        dir.path(),
+        "slow.py",
+        "import time\nprint('loading', flush=True)\ntime.sleep(20)\n",
+    );
+    let slurm = [("SLURM_JOB_ID", "77")];
+    for (run, want) in [(1, 75), (2, 75), (3, 78)] {
+        let mut live = Live::start_in(dir, &[], &["python3", slow.to_str().unwrap()], &slurm);
+        live.wait_for("loading\n");
+        let at = live.signal("USR1");
+        let r = live.end(at);
+        assert_eq!(r.code, want, "run {run}: {}", r.why());
+        let (code, why) = ended_in(r.dir.path());
+        if want == 75 {
+            assert_eq!(code, Some(0), "run {run}: {why}");
+            assert!(why.contains("SIGUSR1"), "{why}");
+        } else {
+            assert_eq!(code, Some(1), "run {run}: {why}");
+            assert!(
+                why.contains("stopped 3 times before its first save without progress"),
+                "{why}"
+            );
+            assert!(
+                r.stderr.contains("not to be requeued (exit 78)"),
+                "{}",
+                r.why()
+            );
+        }
+        dir = r.dir;
+    }
+    let job = plain();
+    let mut live = Live::start_in(dir, &[], &["python3", job.to_str().unwrap(), "400"], &slurm);
+    live.wait_for("rank 0 completed step 5\n");
+    let at = live.signal("TERM");
+    let r = live.end(at);
+    assert_eq!(r.code, 75, "{}", r.why());
+    let (code, why) = ended_in(r.dir.path());
+    assert_eq!(code, Some(1), "{why}");
+    assert!(why.contains("SIGTERM") && why.contains("scancel"), "{why}");
+    let rec: serde_json::Value =
+        serde_json::from_slice(&fs::read(r.dir.path().join(".oomguard-end.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        rec["stops_without_progress"], 0,
+        "a save is progress: {rec}"
+    );
+}
+
 /// `oomguard checkpoint PID`: every rank saves one step, the `done`
 /// record is printed, and training goes on.
 #[test]

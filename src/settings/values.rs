@@ -146,6 +146,7 @@ pub fn stop_code(text: &str) -> Result<i32, String> {
         70 => Some("oomguard's own failure"),
         74 => Some("output that could not be written"),
         76 => Some("the --fail-above gate"),
+        78 => Some("a stop without progress, not to be requeued (--requeue-limit)"),
         126 | 127 => Some("a command that could not be run"),
         _ => None,
     };

@@ -39,6 +39,11 @@ pub fn exit_codes() -> Vec<ExitCode> {
              or after the save a TERM, USR1 or USR2 it received asked for): the stop code, \
              75 unless --stop-code says otherwise (EX_TEMPFAIL: safe to requeue)",
         ),
+        own(
+            crate::vocab::ended::NO_PROGRESS_EXIT,
+            "oomguard stopped the job again without progress (--requeue-limit stops in a \
+             row that passed no step beyond the one resumed from): do not requeue",
+        ),
         ExitCode {
             code: "130".into(),
             meaning: "the job was saved and stopped on Ctrl-C or a SIGINT sent to oomguard",
