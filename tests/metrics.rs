@@ -108,6 +108,7 @@ fn full_sample() -> Sample {
             ..Default::default()
         }],
         budget_bytes: Some(2 * GIB),
+        others_bytes: 0,
     }
 }
 
@@ -312,6 +313,7 @@ impl Feeder {
                     psi: system.psi(),
                     gpus,
                     budget_bytes: Some(512 * MIB),
+                    others_bytes: 0,
                 };
                 let view = history.push(&sample);
                 metrics.update(&sample, &view);

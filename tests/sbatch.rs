@@ -373,6 +373,116 @@ fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resum
     cg1.kill_all();
 }
 
+/// Two tasks of one node under `--budget`, no SLURM memory confinement
+/// (`--cgroup off`, as a user who is not root runs it): rank 1 leaks up to
+/// 600 MiB, so its tree alone never nears the budget, but the node's two
+/// together pass it. The tasks pool their footprints: one oomguard decides
+/// for the node, its stop names rank 1, both ranks save the same step,
+/// and both oomguards exit 75 (the memory cgroup around them, well above
+/// the budget, only guards the machine).
+#[test]
+fn serial_one_task_per_rank_a_node_budget_is_the_tasks_together() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let Some(cg) = MemCgroup::or_skip("node-budget", 2600 << 20) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    executable(&bin.join("srun"), SRUN_PER_RANK);
+    executable(&bin.join("scontrol"), SCONTROL);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    let script_path = dir.path().join("train.sbatch");
+    let script = per_rank_recipe()
+        .replace(
+            "srun oomguard run",
+            "srun oomguard run --cgroup off --budget 1600M",
+        )
+        .replace(
+            "python train.py",
+            &format!("python {} 2000", plain.display()),
+        )
+        .replace("MASTER_PORT=29500", "MASTER_PORT=29532");
+    executable(&script_path, &script);
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    common::deadline::arm();
+    let out = std::process::Command::new("bash")
+        .arg(&script_path)
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env("SLURM_JOB_ID", "4444")
+        .env("SLURM_JOB_NODELIST", "localhost")
+        .env("FAKE_SLURM_CGROUPS", cg.dir.display().to_string())
+        .env("FAKE_SLURM_OUT", dir.path())
+        .env("DIST", "1")
+        .env("LEAK_RANK", "1")
+        .env("LEAK_MB", "4")
+        .env("MAX_MB", "600")
+        .env("CKPT_DIR", dir.path())
+        .env_remove("OOMGUARD_CONTROL")
+        .output()
+        .unwrap();
+    cg.kill_all();
+    let task =
+        |n: u32| fs::read_to_string(dir.path().join(format!("task-{n}.out"))).unwrap_or_default();
+    let why = format!(
+        "script exit {:?}\nstderr:\n{}\ntask 0:\n{}\ntask 1:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr),
+        task(0),
+        task(1)
+    );
+    assert_eq!(out.status.code(), Some(75), "{why}");
+    let logs: Vec<_> = (0..2)
+        .map(|n| common::read_log(&dir.path().join(format!("logs/4444/run-{n}.ndjson"))))
+        .collect();
+    let stops: Vec<String> = logs
+        .iter()
+        .flatten()
+        .filter_map(|l| match &l.event {
+            Event::Action(a) if a.action == "stop" => Some(a.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    // One decision: the leader's, naming rank 1; the other task joins it
+    // as another's request ("node 0 (rank 1): …").
+    let (joined, decided): (Vec<&String>, Vec<&String>) = stops
+        .iter()
+        .partition(|r| r.starts_with("node 0 (rank 1): "));
+    assert_eq!((decided.len(), joined.len()), (1, 1), "{stops:?}\n{why}");
+    assert!(
+        decided[0].contains("rank 1 (task 1) grew the most on this node"),
+        "{stops:?}"
+    );
+    let done = |log: &[common::schema::Line]| {
+        log.iter().rev().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => v["step"].as_u64(),
+            _ => None,
+        })
+    };
+    let step = done(&logs[0]).unwrap_or_else(|| panic!("task 0: no save\n{why}"));
+    assert_eq!(done(&logs[1]), Some(step), "{why}");
+    for (n, log) in logs.iter().enumerate() {
+        let end = common::schema::run_end(log);
+        assert_eq!(
+            (end.outcome.as_str(), end.exit_code),
+            ("stopped_by_policy", 75),
+            "task {n}\n{why}"
+        );
+    }
+}
+
 /// A SLURM cluster of two "nodes" on this machine, in `dir`: the first node
 /// is named after this host (so the recipe's rendezvous endpoint, the first
 /// node's name, resolves), the second `<host>-2`; both `slurmd` bind

@@ -276,6 +276,12 @@ impl Actuator {
         self.companion.note_cause(detail, cause_rank);
     }
 
+    /// The node's leader names the rank that grew the most on the node,
+    /// whichever oomguard's it is (`node_group`).
+    pub fn note_node_cause(&mut self, detail: Option<String>, rank: u32) {
+        self.companion.note_cause(detail, Some(rank));
+    }
+
     /// The `checkpoint` and `relieve` actions: requests that training goes
     /// on after. Without a companion they are logged as decided, result
     /// `no companion`.
@@ -345,7 +351,12 @@ impl Actuator {
 
     /// Reads what the companion appended since the last tick.
     pub fn poll_channel(&mut self, now: Instant) {
-        self.companion.poll(now, &mut self.peers, &mut self.out);
+        // Once a stop is under way the store's host may end before this
+        // node does (rank 0's process, in a job of one task per rank): a
+        // store that stops answering then is no news.
+        let stopping = self.stop.is_some() || self.signal_end.is_some();
+        self.companion
+            .poll(now, &mut self.peers, &mut self.out, stopping);
     }
 
     /// Once per tick, for a job across nodes: acts on another node's

@@ -50,6 +50,7 @@ mod host;
 mod job_output;
 #[cfg(test)]
 mod loop_tests;
+mod node_group;
 mod oom;
 mod outside;
 mod rank_exits;
@@ -116,6 +117,9 @@ struct Supervisor {
     /// The job's output (relayed, or the dashboard pty's) and what it
     /// said this attempt.
     output: job_output::JobOutput,
+    /// The other oomguards of this node, when SLURM started each rank as
+    /// a task of its own: one view of the node's memory, one decision.
+    node: Option<node_group::NodeGroup>,
 }
 
 /// How long a reader may take nothing before oomguard, told to stop,
@@ -457,10 +461,12 @@ impl Supervisor {
         if !quick {
             self.wakeups.full_scan_ran(now, self.cfg.interval);
         }
-        let sample = self.sample(quick);
+        let mut sample = self.sample(quick);
         self.core
             .act_mut()
             .prune(self.sampler.tree(), self.child.sig());
+        let node = self.node_exchange(&mut sample, now);
+        let stopping = self.core.act().stop().is_some();
         if !quick {
             self.oom.remember(&sample);
         }
@@ -472,6 +478,7 @@ impl Supervisor {
             gpu_eta: self.fresh_gpu_eta(&sample),
             torch_fragmentation: self.torch_fragmentation(&sample),
             last_attempt: self.attempts.is_last(now),
+            node,
         };
         let out = self.core.tick(
             sample,
@@ -479,6 +486,7 @@ impl Supervisor {
             self.child.sig_mut(),
             self.sinks.notifier_mut(),
         );
+        self.node_decided(stopping, node);
         // A step of a stop in progress (a throttle, the last-resort freeze,
         // a kill) is an action too, though no rule decided it this tick.
         let acting = self.core.act().acting();

@@ -217,6 +217,7 @@ impl Sampler {
             psi,
             gpus,
             budget_bytes: self.budget_bytes,
+            others_bytes: 0,
         }
     }
 

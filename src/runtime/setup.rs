@@ -890,6 +890,10 @@ impl Supervisor {
                 ),
                 now,
             ),
+            node: (readers.attached.is_none() && doctor.is_none())
+                .then(|| super::node_group::Place::from_env(|k| std::env::var(k).ok()))
+                .flatten()
+                .map(super::node_group::NodeGroup::new),
             target: super::target::Target::new(readers.attached, doctor),
             screen: super::screen::Screen::new(screen.tui, screen.pty),
             internal_error: None,

@@ -36,6 +36,23 @@ pub struct TickInputs {
     /// No attempt can follow this one (`--max-restarts` reached): a
     /// `restart` only stops the job, and says so.
     pub last_attempt: bool,
+    /// The node's tasks pool their measurements (`node_group`): `defer`
+    /// when another task's oomguard decides for the node (this one only
+    /// warns and relieves), and, for the one that decides, the task whose
+    /// memory grew the most, which its stop names.
+    pub node: NodeRole,
+}
+
+/// This oomguard's part in its node's decisions.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum NodeRole {
+    /// The only oomguard of its node, or one that decides for itself.
+    #[default]
+    Alone,
+    /// Another task's oomguard decides for the node.
+    Defer,
+    /// Decides for the node; the task that grew the most, if any did.
+    Lead(Option<crate::runtime::node_group::Grower>),
 }
 
 /// What the tick decided, for the sinks.
@@ -306,6 +323,24 @@ impl Core {
                 hook,
             } => (action, reason, hook),
         };
+        // The node's leader takes what changes the job; its stop reaches
+        // this oomguard's rank through the vote.
+        if inp.node == NodeRole::Defer && !matches!(action, Action::Warn | Action::Relieve) {
+            return;
+        }
+        let (reason, grower) = match inp.node {
+            NodeRole::Lead(Some(g)) if action.is_critical() || action == Action::Checkpoint => (
+                format!(
+                    "{reason}; rank {} (task {}) grew the most on this node ({} in the last {} s)",
+                    g.rank,
+                    g.task,
+                    HumanBytes(g.grew_bytes),
+                    crate::runtime::node_group::GROWTH_WINDOW.as_secs()
+                ),
+                Some(g),
+            ),
+            _ => (reason, None),
+        };
         if action.is_request() && !self.act.companion().connected {
             // Nothing to ask: logged as decided, without a word to the user.
             self.act.request(action, &reason, inp.now);
@@ -347,6 +382,9 @@ impl Core {
             Action::Stop | Action::Restart => {
                 self.act
                     .note_cause(headroom_text(view), view.fastest.map(|f| f.0), tree);
+                if let Some(g) = grower {
+                    self.act.note_node_cause(headroom_text(view), g.rank);
+                }
                 let at = Scene {
                     tree,
                     prev: self.last_sample.as_ref(),
@@ -690,6 +728,8 @@ mod tests {
         t0: Instant,
         /// `TickInputs::last_attempt`.
         last_attempt: bool,
+        /// `TickInputs::node`.
+        node: NodeRole,
     }
 
     impl Run {
@@ -701,6 +741,7 @@ mod tests {
                 said: Vec::new(),
                 t0: Instant::now(),
                 last_attempt: false,
+                node: NodeRole::Alone,
             }
         }
 
@@ -715,6 +756,7 @@ mod tests {
                 gpu_eta: None,
                 torch_fragmentation: None,
                 last_attempt: self.last_attempt,
+                node: self.node,
             };
             self.core
                 .tick(sample, inputs, &mut self.sig, &mut self.notes);
@@ -924,6 +966,33 @@ mod tests {
             let said = run.said.join("\n");
             assert!(said.ends_with(says), "{said}");
         }
+    }
+
+    #[test]
+    fn on_a_node_of_several_tasks_only_the_leader_stops_and_it_names_the_grower() {
+        // A member: the stop is the leader's to take.
+        let mut run = Run::new(core(Action::Stop, true));
+        run.node = NodeRole::Defer;
+        let script = Script::new();
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        assert!(acts.iter().all(|(a, _)| *a != "stop"), "{acts:?}");
+        assert!(run.core.act().stop().is_none());
+        // The leader: its stop names the task that grew the most.
+        let mut run = Run::new(core(Action::Stop, true));
+        run.node = NodeRole::Lead(Some(crate::runtime::node_group::Grower {
+            task: 3,
+            rank: 3,
+            grew_bytes: 64 << 20,
+        }));
+        run.tick(&script, 0.0, 50.0);
+        let acts = run.tick(&script, 1.0, 5.0);
+        let stop = acts.iter().find(|(a, _)| *a == "stop").expect("a stop");
+        assert!(
+            stop.1
+                .contains("rank 3 (task 3) grew the most on this node (64.0 MiB"),
+            "{stop:?}"
+        );
     }
 
     #[test]

@@ -234,6 +234,10 @@ pub struct Sample {
     pub gpus: Vec<GpuSample>,
     /// The user's `--budget`, resolved to bytes.
     pub budget_bytes: Option<u64>,
+    /// The footprint of the node's other tasks, when this oomguard decides
+    /// for the node's tasks (one oomguard per rank): `--budget` is then the
+    /// node's, and they count against it.
+    pub others_bytes: u64,
 }
 
 /// What kind of limit a ceiling is.
@@ -307,8 +311,9 @@ impl Sample {
                     source: CeilingSource::Budget,
                     bytes: budget,
                 },
-                used_bytes: self.tree.footprint_bytes,
-                headroom_bytes: budget.saturating_sub(self.tree.footprint_bytes),
+                used_bytes: self.tree.footprint_bytes + self.others_bytes,
+                headroom_bytes: budget
+                    .saturating_sub(self.tree.footprint_bytes + self.others_bytes),
             });
         }
         if self.system.mem_total_bytes > 0 {
@@ -642,6 +647,7 @@ pub mod testing {
                 ..Default::default()
             },
             budget_bytes: Some(1000),
+            others_bytes: 0,
             ..Default::default()
         }
     }

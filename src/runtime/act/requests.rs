@@ -144,7 +144,7 @@ impl Companion {
     /// Reads what the companion appended since the last tick, and the
     /// store's news that `peers` heard; the other nodes' faults go to
     /// `peers`.
-    pub fn poll(&mut self, now: Instant, peers: &mut Peers, out: &mut Journal) {
+    pub fn poll(&mut self, now: Instant, peers: &mut Peers, out: &mut Journal, stopping: bool) {
         let Some(ch) = self.channel.as_mut() else {
             return;
         };
@@ -157,6 +157,7 @@ impl Companion {
                 News::CannotTell(why) => {
                     out.say(format!("cannot tell the other nodes: {why}"));
                 }
+                News::Unsteady(_) if stopping => {}
                 News::Unsteady(why) => out.say(why),
             }
         }
@@ -182,11 +183,21 @@ impl Companion {
         let c = &mut self.state;
         match r {
             Record::Hello {
-                world, local_world, ..
+                world,
+                local_world,
+                task,
+                ..
             } => {
                 c.connected = true;
+                // With one oomguard per rank (a SLURM task each), every
+                // other rank is another oomguard's, on this node or not.
+                let here = if task.is_some() {
+                    Some(1)
+                } else {
+                    *local_world
+                };
                 if let Some(w) = *world {
-                    c.world = Some((w, local_world.unwrap_or(w)));
+                    c.world = Some((w, here.unwrap_or(w)));
                 }
             }
             Record::Progress { step, .. } => {

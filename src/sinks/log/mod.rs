@@ -1295,6 +1295,7 @@ mod size_tests {
             }),
             gpus: Vec::new(),
             budget_bytes: None,
+            others_bytes: 0,
         }
     }
 

@@ -777,6 +777,7 @@ mod tests {
                 ..Default::default()
             }],
             budget_bytes: Some(1_000_000),
+            others_bytes: 0,
         }
     }
 

@@ -254,6 +254,7 @@ pub fn sample(run: &Run, t: u32) -> Sample {
         }),
         gpus,
         budget_bytes: None,
+        others_bytes: 0,
     }
 }
 
