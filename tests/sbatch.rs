@@ -483,6 +483,138 @@ fn serial_one_task_per_rank_a_node_budget_is_the_tasks_together() {
     }
 }
 
+/// The pid of the rank SLURM started as task `task` (its python, not its
+/// oomguard: both have the task's variables).
+fn task_rank_pid(task: u32, marker: &str) -> Option<u32> {
+    for e in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let (Ok(env), Ok(cmd)) = (
+            fs::read(format!("/proc/{pid}/environ")),
+            fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
+        let is_task = vars.contains(&format!("SLURM_PROCID={task}").as_bytes());
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if is_task && cmd.starts_with("python") && cmd.contains(marker) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// One task per rank, two nodes of two: a rank SIGKILLed (rank 3 on node
+/// 1, then rank 0 on node 0, whose process serves the job's store) is
+/// named by every other task's oomguard, each of which ends within 10 s of
+/// the kill.
+#[test]
+fn serial_one_task_per_rank_a_killed_rank_is_named_on_every_node_within_10_s() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("rank-kill-0", 1600 << 20),
+        MemCgroup::or_skip("rank-kill-1", 1600 << 20),
+    ) else {
+        return;
+    };
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    for (victim, port) in [(3u32, "29533"), (0, "29534")] {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        fs::create_dir(&bin).unwrap();
+        executable(&bin.join("srun"), SRUN_PER_RANK);
+        executable(&bin.join("scontrol"), SCONTROL);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+        let script_path = dir.path().join("train.sbatch");
+        let marker = format!("{} 100000 {port}", plain.display());
+        let script = per_rank_recipe()
+            .replace("python train.py", &format!("python {marker}"))
+            .replace("MASTER_PORT=29500", &format!("MASTER_PORT={port}"));
+        executable(&script_path, &script);
+        let path = format!(
+            "{}:{}:{}",
+            bin.display(),
+            venv.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        common::deadline::arm();
+        let mut job = std::process::Command::new("bash")
+            .arg(&script_path)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("SLURM_JOB_ID", format!("45{victim}"))
+            .env("SLURM_JOB_NODELIST", "localhost")
+            .env(
+                "FAKE_SLURM_CGROUPS",
+                format!("{} {}", cg0.dir.display(), cg1.dir.display()),
+            )
+            .env("FAKE_SLURM_OUT", dir.path())
+            .env("DIST", "1")
+            .env("LEAK_MB", "0")
+            .env("CKPT_DIR", dir.path())
+            .env_remove("OOMGUARD_CONTROL")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let task = |n: u32| {
+            fs::read_to_string(dir.path().join(format!("task-{n}.out"))).unwrap_or_default()
+        };
+        let log = |n: u32| dir.path().join(format!("logs/45{victim}/run-{n}.ndjson"));
+        let training = common::wait_for(Duration::from_secs(120), || {
+            (0..4).all(|n| task(n).contains(&format!("rank {n} completed step 20\n")))
+        });
+        let pid = task_rank_pid(victim, &marker);
+        if let (true, Some(pid)) = (training, pid) {
+            common::send(pid, "KILL");
+        }
+        let killed = std::time::Instant::now();
+        let mut ended: [Option<Duration>; 4] = [None; 4];
+        common::wait_for(Duration::from_secs(60), || {
+            for (n, e) in ended.iter_mut().enumerate() {
+                if e.is_none()
+                    && fs::read_to_string(log(n as u32)).is_ok_and(|t| t.contains("\"run_end\""))
+                {
+                    *e = Some(killed.elapsed());
+                }
+            }
+            ended.iter().all(Option::is_some)
+        });
+        let _ = job.kill();
+        let _ = job.wait();
+        cg0.kill_all();
+        cg1.kill_all();
+        let why = (0..4)
+            .map(|n| format!("task {n}:\n{}\n", task(n)))
+            .collect::<String>();
+        assert!(training && pid.is_some(), "never trained\n{why}");
+        for n in (0..4u32).filter(|n| *n != victim) {
+            let took = ended[n as usize].unwrap_or_else(|| panic!("task {n} never ended\n{why}"));
+            eprintln!("rank {victim} killed: task {n} ended after {took:?}");
+            assert!(took <= Duration::from_secs(10), "task {n}: {took:?}\n{why}");
+            let out = task(n);
+            let said: Vec<&str> = out.lines().filter(|l| l.starts_with("oomguard:")).collect();
+            // `node 1 (rank 3): rank-killed: …`; for rank 0, whose
+            // process served the store: `rank 0: store-lost: …`.
+            let named = said.iter().any(|l| {
+                l.contains(&format!("(rank {victim}): rank-killed"))
+                    || l.contains(&format!("rank {victim}: store-lost"))
+            });
+            assert!(
+                named,
+                "task {n} does not name rank {victim}: {said:?}\n{why}"
+            );
+        }
+    }
+}
+
 /// A SLURM cluster of two "nodes" on this machine, in `dir`: the first node
 /// is named after this host (so the recipe's rendezvous endpoint, the first
 /// node's name, resolves), the second `<host>-2`; both `slurmd` bind

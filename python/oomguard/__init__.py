@@ -236,6 +236,7 @@ class Guard:
         self._group = None  # type: Optional[Tuple[Any, Any]]
         self._published_id = None  # type: Optional[int]
         self._faults = None  # type: Optional[_Faults]
+        self._crashed = False
         # torchrun's node rank (GROUP_RANK), else SLURM's.
         self.node = _env_int("GROUP_RANK", _env_int("SLURM_NODEID", 0)) & _NODE_MASK
         # Which oomguard of the job this rank answers to: its node's under a
@@ -517,12 +518,29 @@ class Guard:
                 "store": "%s:%d" % (addr, port) if across else None,
             }
         )
+        if self.task is not None and self.rank == 0 and across:
+            # Rank 0's process serves the job's store (no launcher): the
+            # other oomguards must not take its normal end for a death.
+            atexit.register(self._store_closing)
         # oomguard carries the faults itself when it says so (it needs no
         # rank of the node alive for it); an older one leaves it to us.
         carried = os.environ.get(ENV_FAULTS) == "oomguard"
         if across and not carried and _dist() is not None:
             self._faults = _Faults(self, addr, port)
             self._faults.start()
+
+    def _store_closing(self) -> None:
+        if self._crashed:
+            return
+        store = _store()
+        if store is None:
+            return
+        note = {"id": 0, "node": self.node, "origin": self.origin, "reason": "store-closing", "t": time.time()}
+        try:
+            n = store.add("oomguard/faults", 1)
+            store.set("oomguard/fault/%d" % n, json.dumps(note))
+        except Exception:
+            pass
 
     def _emit(self, record: Dict[str, Any]) -> None:
         record = dict(record, v=PROTOCOL, pid=os.getpid(), rank=self.rank, t=round(time.time(), 3))
@@ -542,6 +560,7 @@ def _chain_excepthook(owner: Guard) -> None:
     before = sys.excepthook
 
     def hook(kind: Any, value: Any, tb: Any) -> None:
+        owner._crashed = True
         try:
             owner._emit({"type": "crash", "error": ("%s: %s" % (kind.__name__, value))[:500]})
         except Exception:

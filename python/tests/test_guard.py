@@ -444,3 +444,28 @@ def test_a_rank_of_a_job_across_nodes_names_its_node_and_store_and_leaves_the_fa
     open(os.path.join(str(control.path), "events"), "w").close()
     r = _run_rank(control, "pass", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="h", MASTER_PORT="1")
     assert control.events()[0]["store"] is None, "one node: no store to tell"
+
+
+def test_rank_0_of_one_task_per_rank_says_its_normal_end_in_the_store(control, monkeypatch):
+    # Its process serves the job's store: a normal end must not read as a death.
+    _slurm_task(monkeypatch, procid=0, localid=0, node=0)
+    g = Guard()
+    put = {}
+
+    class Store:
+        def add(self, key, n):
+            put[key] = put.get(key, 0) + n
+            return put[key]
+
+        def set(self, key, value):
+            put[key] = json.loads(value)
+
+    monkeypatch.setattr(oomguard, "_store", lambda: Store())
+    g._store_closing()
+    assert put["oomguard/fault/1"]["reason"] == "store-closing"
+    assert put["oomguard/fault/1"]["origin"] == 0
+    # After an exception nothing caught, the end is no normal one.
+    put.clear()
+    g._crashed = True
+    g._store_closing()
+    assert put == {}

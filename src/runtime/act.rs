@@ -395,6 +395,11 @@ impl Actuator {
         peers.rank_ended((pid, status), ending, now, &mut voice);
     }
 
+    /// This node's fault is not yet in the job's store.
+    pub fn fault_untold(&self) -> bool {
+        self.peers.fault_untold()
+    }
+
     /// The kernel OOM killer took a process of this node's part of a job
     /// across nodes: the other nodes are told ([`peers::Peers::raise_kill`]).
     pub fn raise_kill(&mut self, pid: u32, what: &str, restart: bool, now: Instant) {

@@ -44,6 +44,7 @@ impl Supervisor {
         // Give the terminal back before anything is printed to it.
         self.leave_dashboard();
         self.screen.drop_keeper();
+        self.tell_the_jobs_end();
         let relay_stats = self.drain_output();
         let status = self.child.status().unwrap_or(Status::Exited(0));
         let sample = self.sample(false);

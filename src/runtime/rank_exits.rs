@@ -81,7 +81,10 @@ impl super::Supervisor {
             .ok()
             .and_then(|t| crate::engine::probe::proc::zombie_status(&t));
         self.tick(false);
-        if self.child.status().is_some() || self.child.shutdown_signal().is_some() {
+        // With one oomguard per rank the rank is the job itself: its end is
+        // the run's, and still news for the others.
+        let the_job = pid == self.child.pid();
+        if self.child.shutdown_signal().is_some() || (!the_job && self.child.status().is_some()) {
             return; // the job is ending anyway
         }
         self.core
@@ -90,6 +93,40 @@ impl super::Supervisor {
         self.acted(None);
     }
 }
+
+impl super::Supervisor {
+    /// The job ended, and it is a rank of a job across oomguards (one
+    /// oomguard per rank): its end is news for the others, told (if it is
+    /// one) before this oomguard exits, waiting up to [`TELL_WAIT`] for the
+    /// store to take it.
+    pub(super) fn tell_the_jobs_end(&mut self) {
+        use crate::job::supervise::Status;
+        let Some(status) = self.child.status() else {
+            return;
+        };
+        if self.child.shutdown_signal().is_some() {
+            return;
+        }
+        let raw = match status {
+            Status::Exited(code) => code << 8,
+            Status::Signaled(sig) => sig,
+        };
+        let now = crate::vocab::clock::now();
+        self.core
+            .act_mut()
+            .rank_ended(self.child.pid(), Some(raw), now);
+        self.acted(None);
+        while self.core.act().fault_untold() && crate::vocab::clock::since(now) < TELL_WAIT {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.core.act_mut().poll_channel(crate::vocab::clock::now());
+        }
+        self.acted(None);
+    }
+}
+
+/// How long an oomguard whose rank died waits for the job's store to take
+/// the news before it exits.
+const TELL_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 #[allow(unsafe_code)]
 fn watch_pidfd(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {

@@ -207,7 +207,7 @@ impl StoreLink {
     }
 
     /// [`StoreLink::start`], the store lost after `lost_after` unreachable.
-    fn start_with(
+    pub fn start_with(
         addr: String,
         place: Place,
         since: f64,

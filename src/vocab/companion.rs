@@ -172,6 +172,10 @@ pub struct Fault {
     pub then: Option<String>,
 }
 
+/// A fault's reason that is no fault: rank 0, whose process serves the
+/// job's store when each rank is a task of its own, ends normally.
+pub const STORE_CLOSING: &str = "store-closing";
+
 /// Another node's cause as this node's log and messages say it:
 /// `node 1 (rank 3): REASON: DETAIL`.
 pub fn remote_cause(node: u32, rank: Option<u32>, reason: &str, detail: Option<&str>) -> String {

@@ -19,7 +19,7 @@ use super::super::store_link::{News, Place, StoreLink};
 use super::journal::Journal;
 use super::{Acted, Ident};
 use crate::engine::policy::Action;
-use crate::vocab::companion::{Channel, Fault, Record};
+use crate::vocab::companion::{Channel, Fault, Record, STORE_CLOSING};
 use crate::vocab::model::{ProcSample, Role};
 use crate::vocab::units::human_duration;
 
@@ -38,6 +38,13 @@ const AFTER_TOLD: Duration = Duration::from_millis(1500);
 /// waiting for a node that is gone (a job whose store lives in rank 0's
 /// process, outside torchrun, can lose it at a normal end).
 pub const STORE_LOST_WAIT: Duration = Duration::from_secs(10);
+/// The same wait with one oomguard per rank: rank 0's own process serves
+/// the store, and says so before a normal end (`store-closing`), so a store
+/// gone without that word is rank 0's death, told within 10 s.
+const STORE_LOST_WAIT_TASKS: Duration = Duration::from_secs(2);
+/// How long the store may not answer, with one oomguard per rank, before
+/// it is lost (no launcher keeps it: a refused connection is final).
+const LOST_AFTER_TASKS: Duration = Duration::from_secs(2);
 
 /// What the job's other nodes and this node's ranks have said about faults.
 #[derive(Debug, Default)]
@@ -69,6 +76,9 @@ pub struct Peers {
     /// SLURM started each rank as a task of its own (a companion said so):
     /// no launcher, and rank 0's process serves the job's store.
     task_layout: bool,
+    /// Rank 0 said it ends normally (`store-closing`): the store going
+    /// away after is no news.
+    store_closing: bool,
 }
 
 #[derive(Debug, Default)]
@@ -150,7 +160,12 @@ impl Peers {
                 if let (true, Some(store)) = (spans, store)
                     && self.link.as_ref().is_none_or(|l| l.addr() != store)
                 {
-                    self.link = StoreLink::start(store.clone(), place, self.began).ok();
+                    self.link = if self.task_layout {
+                        StoreLink::start_with(store.clone(), place, self.began, LOST_AFTER_TASKS)
+                    } else {
+                        StoreLink::start(store.clone(), place, self.began)
+                    }
+                    .ok();
                 }
             }
             Record::Crash { pid, error, .. } => {
@@ -168,6 +183,9 @@ impl Peers {
                 if let Some(raised) = self.raised.as_mut().filter(|x| x.id == Some(*id)) {
                     raised.told.get_or_insert(now);
                 }
+            }
+            Record::Fault { reason, .. } if reason.as_deref() == Some(STORE_CLOSING) => {
+                self.store_closing = true;
             }
             Record::Fault {
                 node,
@@ -193,11 +211,14 @@ impl Peers {
 
     /// Why the attempt ends when the job's store went away with no fault.
     fn store_lost_why(&self) -> Option<String> {
+        if self.store_closing {
+            return None;
+        }
         self.store_lost.as_ref().map(|(_, addr)| {
             if self.task_layout {
                 // No launcher: rank 0's own process serves the store.
                 format!(
-                    "store-lost: the job's store at {addr} (served by rank 0's process) went away while this task's rank still ran: rank 0 ended"
+                    "rank 0: store-lost: the job's store at {addr}, served by rank 0's process, went away while this task's rank still ran, with no word of a normal end: rank 0 ended"
                 )
             } else {
                 format!(
@@ -205,6 +226,24 @@ impl Peers {
                 )
             }
         })
+    }
+
+    fn store_lost_wait(&self) -> Duration {
+        if self.task_layout {
+            STORE_LOST_WAIT_TASKS
+        } else {
+            STORE_LOST_WAIT
+        }
+    }
+
+    /// A fault of this node's is not yet in the store (its link is still
+    /// putting it there).
+    pub fn fault_untold(&self) -> bool {
+        self.link.is_some()
+            && self
+                .raised
+                .as_ref()
+                .is_some_and(|r| r.id.is_some() && r.told.is_none())
     }
 
     /// What the link to the job's store heard since the last call.
@@ -320,7 +359,7 @@ impl Peers {
             && self
                 .store_lost
                 .as_ref()
-                .is_some_and(|(at, _)| now >= *at + STORE_LOST_WAIT)
+                .is_some_and(|(at, _)| now >= *at + self.store_lost_wait())
         {
             v.out.say(format!(
                 "{why}; this node's ranks would wait for it in their next collective: stopping"
@@ -747,6 +786,33 @@ mod tests {
                 .unwrap()
                 .starts_with("store-lost: the job's store at n0:29500")
         );
+        // One oomguard per rank: rank 0's process served the store. Gone
+        // without a word, it is rank 0's death, told sooner; after rank 0
+        // said it ends normally, its going is no news at all.
+        let mut t = across_nodes();
+        t.peers.task_layout = true;
+        t.peers.note(&lost, t0);
+        t.watch_peers(
+            &[rank(10, false)],
+            false,
+            t0 + STORE_LOST_WAIT_TASKS,
+            &mut sig,
+        );
+        assert!(
+            t.policy_reason
+                .clone()
+                .unwrap()
+                .starts_with("rank 0: store-lost: the job's store at n0:29500"),
+            "{:?}",
+            t.policy_reason
+        );
+        let mut n = across_nodes();
+        n.peers.task_layout = true;
+        n.peers
+            .note(&fault(0, 0, 0, STORE_CLOSING, None, false), t0);
+        n.peers.note(&lost, t0);
+        n.watch_peers(&[rank(10, false)], false, t0 + STORE_LOST_WAIT, &mut sig);
+        assert!(n.stop.is_none() && n.policy_reason.is_none());
         // A fault that names the cause wins over a lost store.
         let mut b = across_nodes();
         b.peers.note(&lost, t0);
