@@ -359,6 +359,23 @@ fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resum
         });
         assert!(named, "task {n} does not name rank 1\n{first}");
     }
+    // One report for the job's logs names the node and task of each
+    // finding.
+    let report = common::oomguard()
+        .args(["report", "--format", "text"])
+        .arg(dir.path().join("logs/4343"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.contains("node 0 task ") && text.contains("ran short first"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    assert!(
+        text.contains("saved on 4 of 4 nodes (0 task 0 at"),
+        "{text}"
+    );
     // The requeued run: every rank resumes from that step and finishes.
     let out = run("0");
     let second = why(&out);

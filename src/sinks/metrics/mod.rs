@@ -96,11 +96,22 @@ where
 /// step (`SLURM_STEP_ID`) when there is one.
 pub fn run_ids() -> BTreeMap<String, String> {
     let mut ids = constant_labels();
-    if let Some(step) = std::env::var("SLURM_STEP_ID")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        ids.insert("slurm_step".into(), step.trim().to_string());
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    if let Some(step) = var("SLURM_STEP_ID") {
+        ids.insert("slurm_step".into(), step);
+    }
+    // Which SLURM node and task this oomguard is (`oomguard report` names a
+    // job's logs by them when several tasks share a node).
+    if let Some(node) = var("SLURM_NODEID") {
+        ids.insert("slurm_node".into(), node);
+    }
+    if let Some(task) = var("SLURM_PROCID") {
+        ids.insert("slurm_task".into(), task);
     }
     ids
 }

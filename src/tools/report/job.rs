@@ -126,6 +126,34 @@ fn ranks_text(ranks: &[u32]) -> String {
     }
 }
 
+/// When several logs come from one SLURM node (one oomguard per rank), each
+/// is named by its place, `<node> task <task>` (`1 task 3`), so every
+/// finding says which task of which node it is about; otherwise by its
+/// file's name.
+pub fn name_tasks(logs: &mut [(String, RunLog)]) {
+    let place = |log: &RunLog| {
+        let ids = &log.start.as_ref()?.ids;
+        Some((
+            ids.get("slurm_node")?.clone(),
+            ids.get("slurm_task")?.clone(),
+        ))
+    };
+    let places: Vec<Option<(String, String)>> = logs.iter().map(|(_, l)| place(l)).collect();
+    let shared = places
+        .iter()
+        .flatten()
+        .enumerate()
+        .any(|(i, (n, _))| places.iter().flatten().skip(i + 1).any(|(m, _)| m == n));
+    if !shared {
+        return;
+    }
+    for ((name, _), p) in logs.iter_mut().zip(places) {
+        if let Some((node, task)) = p {
+            *name = format!("{node} task {task}");
+        }
+    }
+}
+
 /// Builds the job's view from its nodes' logs (name, log).
 pub fn job_report(logs: &[(String, RunLog)]) -> JobReport {
     let mut warnings = Vec::new();

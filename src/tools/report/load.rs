@@ -361,6 +361,7 @@ fn start_info(s: RunStart, ts: Option<String>) -> StartInfo {
         gpu_reason: s.gpu.reason,
         version: nonempty(s.version),
         interval_seconds: Some(s.interval_seconds).filter(|&i| i > 0.0),
+        ids: s.ids.unwrap_or_default(),
     }
 }
 

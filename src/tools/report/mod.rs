@@ -142,6 +142,7 @@ pub fn run_reports(
                 warnings.extend(log.warnings.iter().map(|w| format!("{name}: {w}")));
                 logs.push((name, log));
             }
+            job::name_tasks(&mut logs);
             let report = job_report(&logs);
             let body = match format {
                 Format::Html => render_job_html(&report),

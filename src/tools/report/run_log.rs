@@ -114,6 +114,8 @@ pub struct StartInfo {
     pub gpu_reason: Option<String>,
     pub version: Option<String>,
     pub interval_seconds: Option<f64>,
+    /// `run_start.ids`: the job, rank, host and SLURM place of the run.
+    pub ids: std::collections::BTreeMap<String, String>,
 }
 
 /// A ceiling: `{source, bytes}`.
