@@ -206,6 +206,7 @@ for cg in $FAKE_SLURM_CGROUPS; do
     task=$((node * 2 + local))
     SLURM_NODEID=$node SLURM_PROCID=$task SLURM_LOCALID=$local SLURM_STEP_ID=0 \
     SLURM_NNODES=$nodes SLURM_NTASKS=$((nodes * 2)) SLURM_STEP_TASKS_PER_NODE="2(x$nodes)" \
+    SLURM_NTASKS_PER_NODE=2 SLURM_NODELIST=localhost \
       sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg" "$@" > "$FAKE_SLURM_OUT/task-$task.out" 2>&1 &
     pids="$pids $!"
   done
@@ -388,6 +389,114 @@ fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resum
     }
     cg0.kill_all();
     cg1.kill_all();
+}
+
+/// The per-rank recipe with an unmodified Lightning DDP script (Lightning's
+/// own SLURM mode: `Trainer(devices=2, num_nodes=2)`, ranks from SLURM's
+/// variables), rank 1 leaking: every rank saves the same step, every task's
+/// oomguard exits 75, the script requeues, and the next run resumes every
+/// rank from that step (Lightning's `fit(ckpt_path=…)`, filled in).
+#[test]
+fn serial_one_task_per_rank_unmodified_lightning_saves_one_step_and_resumes_it() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("per-rank-lit-0", 1600 << 20),
+        MemCgroup::or_skip("per-rank-lit-1", 1600 << 20),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    executable(&bin.join("srun"), SRUN_PER_RANK);
+    executable(&bin.join("scontrol"), SCONTROL);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let lit = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/companion/lightning_ddp.py");
+    let script_path = dir.path().join("train.sbatch");
+    let script = per_rank_recipe()
+        .replace("python train.py", &format!("python {} 400", lit.display()))
+        .replace("MASTER_PORT=29500", "MASTER_PORT=29535");
+    executable(&script_path, &script);
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let cgroups = format!("{} {}", cg0.dir.display(), cg1.dir.display());
+    common::deadline::arm();
+    let run = || {
+        std::process::Command::new("bash")
+            .arg(&script_path)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("SLURM_JOB_ID", "4646")
+            .env("SLURM_JOB_NODELIST", "localhost")
+            .env("FAKE_SLURM_CGROUPS", &cgroups)
+            .env("FAKE_SLURM_OUT", dir.path())
+            .env("NODES", "2")
+            .env("DEVICES", "2")
+            .env("LEAK_RANK", "1")
+            .env("CKPT_DIR", dir.path())
+            .env_remove("OOMGUARD_CONTROL")
+            .output()
+            .unwrap()
+    };
+    let task =
+        |n: u32| fs::read_to_string(dir.path().join(format!("task-{n}.out"))).unwrap_or_default();
+    let why = |out: &std::process::Output| {
+        let mut w = format!(
+            "script exit {:?}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for n in 0..4 {
+            w.push_str(&format!("\ntask {n}:\n{}", task(n)));
+        }
+        w
+    };
+    let out = run();
+    let first = why(&out);
+    assert_eq!(out.status.code(), Some(75), "{first}");
+    assert!(
+        dir.path().join("requeued").exists(),
+        "not requeued\n{first}"
+    );
+    let logs: Vec<_> = (0..4)
+        .map(|n| common::read_log(&dir.path().join(format!("logs/4646/run-{n}.ndjson"))))
+        .collect();
+    let done = |log: &[common::schema::Line]| {
+        log.iter().rev().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) if v["ok"] == true => v["step"].as_u64(),
+            _ => None,
+        })
+    };
+    let step = done(&logs[0]).unwrap_or_else(|| panic!("task 0: no save\n{first}"));
+    for (n, log) in logs.iter().enumerate() {
+        assert_eq!(done(log), Some(step), "task {n}\n{first}");
+        let end = common::schema::run_end(log);
+        assert_eq!(
+            (end.outcome.as_str(), end.exit_code),
+            ("stopped_by_policy", 75),
+            "task {n}\n{first}"
+        );
+    }
+    let out = run();
+    let second = why(&out);
+    cg0.kill_all();
+    cg1.kill_all();
+    assert_eq!(out.status.code(), Some(0), "{second}");
+    for n in 0..4 {
+        assert!(
+            task(n).contains(&format!("rank {n} resumed from step {step}")),
+            "rank {n} did not resume from step {step}\n{second}"
+        );
+    }
 }
 
 /// Two tasks of one node under `--budget`, no SLURM memory confinement
