@@ -45,8 +45,15 @@ def _patch(name, module):
         base = __import__(callbacks_module, fromlist=["Callback"]).Callback
         from .lightning import callback_class
 
+        from .lightning import no_second_requeue
+
         cls = callback_class(base)
-        _wrap_init(trainer, lambda self: self.callbacks.append(cls()))
+
+        def add(self):
+            self.callbacks.append(cls())
+            no_second_requeue(self)
+
+        _wrap_init(trainer, add)
         # fit(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         _wrap_resume(trainer, "fit", "ckpt_path", 4)
     else:

@@ -60,6 +60,23 @@ def callback_class(base):
     return OomguardCallback
 
 
+def no_second_requeue(trainer):
+    """Turns off Lightning's own SLURM auto-requeue under oomguard.
+
+    With it on, every rank's SIGUSR1 handler saves inside the handler and
+    rank 0 runs ``scontrol requeue``, and its SIGTERM handler ignores the
+    SIGTERM. Under oomguard the time limit's warning is oomguard's to serve
+    (every rank saves the step the vote agrees on; the batch script
+    requeues), so where the ranks get the signal too (``proctrack/linuxproc``,
+    ``scancel --full``) Lightning would save and requeue a second time, and
+    oomguard's own SIGTERM, its last word before SIGKILL, would be ignored.
+    """
+    connector = getattr(trainer, "_accelerator_connector", None)
+    env = getattr(connector, "cluster_environment", None)
+    if type(env).__name__ == "SLURMEnvironment" and getattr(env, "auto_requeue", False):
+        env.auto_requeue = False
+
+
 def _save(trainer, path):
     """A full checkpoint (the optimizer's state too: a resume needs it),
     asked for by name so Lightning does not log that it chose; a Lightning

@@ -147,3 +147,18 @@ def test_a_last_ckpt_the_user_asked_for_is_still_made_of_the_companions_save(lig
     assert len(t.saved) == 1 and not t.should_stop
     assert made == [{"step": 4}], "save_last still honoured"
     assert mc._last_global_step_saved == 4
+
+
+def test_lightnings_own_slurm_requeue_is_off_under_oomguard(lightning_module):
+    class SLURMEnvironment:
+        auto_requeue = True
+
+    env = SLURMEnvironment()
+    t = types.SimpleNamespace(_accelerator_connector=types.SimpleNamespace(cluster_environment=env))
+    lightning_module.no_second_requeue(t)
+    assert env.auto_requeue is False
+    # Any other cluster, or a Trainer without one, is left alone.
+    other = types.SimpleNamespace(auto_requeue=True)
+    lightning_module.no_second_requeue(types.SimpleNamespace(_accelerator_connector=types.SimpleNamespace(cluster_environment=other)))
+    assert other.auto_requeue is True
+    lightning_module.no_second_requeue(types.SimpleNamespace())
