@@ -756,6 +756,12 @@ impl Slurm {
     /// setting, only the step's top task, so a cgroup.conf for cgroup v1
     /// comes with it).
     fn start(dir: &Path, cgroups: &[&MemCgroup], proctrack: &str) -> Slurm {
+        Slurm::start_with(dir, cgroups, proctrack, false)
+    }
+
+    /// [`Slurm::start`]; `confine`: `task/cgroup` with `ConstrainRAMSpace`,
+    /// so a job's `--mem` is its memory cgroup's limit on each node.
+    fn start_with(dir: &Path, cgroups: &[&MemCgroup], proctrack: &str, confine: bool) -> Slurm {
         let host = fs::read_to_string("/proc/sys/kernel/hostname")
             .unwrap()
             .trim()
@@ -784,8 +790,11 @@ impl Slurm {
         if proctrack == "cgroup" {
             fs::write(
                 dir.join("cgroup.conf"),
-                "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n\
-                 ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n",
+                format!(
+                    "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n\
+                     ConstrainCores=no\nConstrainRAMSpace={}\nConstrainDevices=no\n",
+                    if confine { "yes" } else { "no" }
+                ),
             )
             .unwrap();
         }
@@ -793,15 +802,18 @@ impl Slurm {
             &conf,
             format!(
                 "ClusterName=oomguardtest\nSlurmctldHost=localhost\nSlurmctldPort=17817\n\
-                 AuthType=auth/munge\nProctrackType=proctrack/{proctrack}\nTaskPlugin=task/none\n\
+                 AuthType=auth/munge\nProctrackType=proctrack/{proctrack}\nTaskPlugin=task/{task}\n\
                  JobAcctGatherType=jobacct_gather/none\nSelectType=select/cons_tres\n\
-                 SelectTypeParameters=CR_Core\nSlurmUser=root\nSlurmdUser=root\nMpiDefault=none\n\
+                 SelectTypeParameters={select}\nSlurmUser=root\nSlurmdUser=root\nMpiDefault=none\n\
                  StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n\
                  SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n\
                  SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n\
                  ReturnToService=2\n{nodes}\
                  PartitionName=debug Nodes={} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n",
-                names.join(",")
+                names.join(","),
+                task = if confine { "cgroup" } else { "none" },
+                // `--mem` becomes a limit only where memory is allocated.
+                select = if confine { "CR_Core_Memory" } else { "CR_Core" },
             ),
         )
         .unwrap();
@@ -1185,4 +1197,138 @@ fn preemption_recipe() -> String {
     let start = block.find("```bash\n").expect("a bash block") + "```bash\n".len();
     let end = start + block[start..].find("```").unwrap();
     block[start..end].to_string()
+}
+
+/// docs/multinode.md's one-task-per-rank recipe under a real SLURM (two
+/// `slurmd -N` nodes, `proctrack/cgroup`, `task/cgroup` with
+/// `ConstrainRAMSpace`, `sbatch --nodes 2 --ntasks-per-node 2 --mem`),
+/// running an unmodified Lightning DDP script whose rank 1 leaks: its
+/// node's two tasks together near `--mem`, one oomguard decides for the
+/// node, all four ranks save the same step, every task's oomguard exits 75
+/// (no kernel OOM kill), the script requeues (`oomguard ended`), and the
+/// requeued job resumes every rank from that step and completes.
+#[test]
+fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resumes_it() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
+        .iter()
+        .all(|t| which(t).is_file());
+    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
+        return;
+    }
+    if !common::require(is_root(), "a SLURM of its own needs root") {
+        return;
+    }
+    let freezer = Path::new("/sys/fs/cgroup/freezer").is_dir();
+    if !common::require(
+        freezer,
+        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
+    ) {
+        return;
+    }
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    // The daemons' own cgroups; the job's memory is SLURM's (`--mem`).
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("slurm-rank-0", 2600 << 20),
+        MemCgroup::or_skip("slurm-rank-1", 2600 << 20),
+    ) else {
+        return;
+    };
+    common::deadline::arm();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = Slurm::start_with(dir.path(), &[&cg0, &cg1], "cgroup", true);
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let lit = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/companion/lightning_ddp.py");
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let script = work.join("train.sbatch");
+    executable(
+        &script,
+        &per_rank_recipe()
+            .replace("python train.py", &format!("python {} 600", lit.display()))
+            .replace("MASTER_PORT=29500", "MASTER_PORT=29536"),
+    );
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = slurm
+        .cmd("sbatch")
+        .args(["--parsable", "--mem=1700M", "-o"])
+        .arg(work.join("slurm-%j.out"))
+        .arg(&script)
+        .current_dir(&work)
+        .env("PATH", path)
+        .env("NODES", "2")
+        .env("DEVICES", "2")
+        .env("LEAK_RANK", "1")
+        .env("CKPT_DIR", &work)
+        .env_remove("OOMGUARD_CONTROL")
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let finished = common::wait_for(Duration::from_secs(400), || {
+        slurm.job_field(&id, "JobState").as_deref() == Some("COMPLETED")
+    });
+    let restarts = slurm.job_field(&id, "Restarts");
+    let _ = slurm.cmd("scancel").arg(&id).status();
+    let text = fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    let why = format!(
+        "job {id}\n{text}\nslurmctld log:\n{}",
+        fs::read_to_string(dir.path().join("log/slurmctld.log")).unwrap_or_default()
+    );
+    assert!(
+        finished,
+        "the job did not complete after its requeue\n{why}"
+    );
+    assert_eq!(restarts.as_deref(), Some("1"), "{why}");
+    let logs: Vec<Vec<Vec<common::schema::Line>>> = (0..4)
+        .map(|n| common::read_log_runs(&work.join(format!("logs/{id}/run-{n}.ndjson"))))
+        .collect();
+    let saved = |log: &[common::schema::Line]| {
+        log.iter().rev().find_map(|l| match &l.event {
+            Event::CheckpointDone(v) if v["ok"] == true => v["step"].as_u64(),
+            _ => None,
+        })
+    };
+    let step = saved(&logs[0][0]).unwrap_or_else(|| panic!("task 0: no save\n{why}"));
+    for (n, runs) in logs.iter().enumerate() {
+        assert_eq!(runs.len(), 2, "task {n}: its log holds both runs\n{why}");
+        assert_eq!(saved(&runs[0]), Some(step), "task {n}\n{why}");
+        let ends: Vec<(String, i32)> = runs
+            .iter()
+            .map(|r| {
+                let e = common::schema::run_end(r);
+                (e.outcome.clone(), e.exit_code)
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                ("stopped_by_policy".to_string(), 75),
+                ("exited".to_string(), 0)
+            ],
+            "task {n}\n{why}"
+        );
+        assert!(
+            text.contains(&format!("rank {n} resumed from step {step}")),
+            "rank {n} did not resume from step {step}\n{why}"
+        );
+    }
+    assert!(
+        text.contains("oomguard: requeue") && !text.contains("do not requeue"),
+        "{why}"
+    );
+    drop(slurm);
+    cg0.kill_all();
+    cg1.kill_all();
 }
