@@ -1332,3 +1332,174 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
     cg0.kill_all();
     cg1.kill_all();
 }
+
+/// The same recipe under a real SLURM with the plain-loop companion API
+/// (ranks from `SLURM_PROCID`, no torchrun): the time limit's warning
+/// (`scancel --signal=USR1`, as `--signal=USR1@N` sends it) makes every rank
+/// save the same step, every task exit 75 and the script requeue; the
+/// requeued run resumes every rank from that step, and a plain `scancel`
+/// of it saves again (exit 75) but is **not** requeued.
+#[test]
+fn serial_under_a_real_slurm_one_task_per_rank_a_warning_is_requeued_and_a_scancel_is_not() {
+    let _serial =
+        common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
+    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
+        .iter()
+        .all(|t| which(t).is_file());
+    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
+        return;
+    }
+    if !common::require(is_root(), "a SLURM of its own needs root") {
+        return;
+    }
+    if !common::require(
+        Path::new("/sys/fs/cgroup/freezer").is_dir(),
+        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
+    ) {
+        return;
+    }
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let (Some(cg0), Some(cg1)) = (
+        MemCgroup::or_skip("slurm-warn-0", 2000 << 20),
+        MemCgroup::or_skip("slurm-warn-1", 2000 << 20),
+    ) else {
+        return;
+    };
+    common::deadline::arm();
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = Slurm::start(dir.path(), &[&cg0, &cg1], "cgroup");
+    let bin = dir.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let plain =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let script = work.join("train.sbatch");
+    executable(
+        &script,
+        &per_rank_recipe()
+            .replace(
+                "python train.py",
+                &format!("python {} 100000", plain.display()),
+            )
+            .replace("MASTER_PORT=29500", "MASTER_PORT=29537"),
+    );
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = slurm
+        .cmd("sbatch")
+        .args(["--parsable", "-o"])
+        .arg(work.join("slurm-%j.out"))
+        .arg(&script)
+        .current_dir(&work)
+        .env("PATH", path)
+        .env("DIST", "1")
+        .env("LEAK_MB", "0")
+        .env("CKPT_DIR", &work)
+        .env_remove("OOMGUARD_CONTROL")
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let output = || fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
+    let all_at =
+        |step: u64| (0..4).all(|n| output().contains(&format!("rank {n} completed step {step}\n")));
+    let training = common::wait_for(Duration::from_secs(120), || all_at(30));
+    let warned = training
+        && slurm
+            .cmd("scancel")
+            .args(["--signal=USR1", &id])
+            .status()
+            .is_ok_and(|s| s.success());
+    // Requeued, and the next run resumed every rank.
+    let resumed = warned
+        && common::wait_for(Duration::from_secs(300), || {
+            (0..4).all(|n| output().contains(&format!("rank {n} resumed from step ")))
+        });
+    let first_step = |text: &str| -> Option<u64> {
+        text.split("rank 0 resumed from step ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    let step = first_step(&output());
+    let trained_again =
+        resumed && common::wait_for(Duration::from_secs(60), || all_at(step.unwrap_or(0) + 20));
+    let cancelled = trained_again
+        && slurm
+            .cmd("scancel")
+            .arg(&id)
+            .status()
+            .is_ok_and(|s| s.success());
+    let ended = cancelled
+        && common::wait_for(Duration::from_secs(90), || {
+            output().contains("oomguard: do not requeue")
+        });
+    // Time for a requeue that must not come.
+    std::thread::sleep(Duration::from_secs(3));
+    let restarts = slurm.job_field(&id, "Restarts");
+    let state = slurm.job_field(&id, "JobState");
+    let _ = slurm.cmd("scancel").arg(&id).status();
+    let text = output();
+    let why = format!(
+        "job {id}\n{text}\nslurmctld log:\n{}",
+        fs::read_to_string(dir.path().join("log/slurmctld.log")).unwrap_or_default()
+    );
+    assert!(training, "the job never trained\n{why}");
+    assert!(
+        resumed,
+        "the warning's requeue did not resume every rank\n{why}"
+    );
+    let step = step.unwrap_or_else(|| panic!("no resume step\n{why}"));
+    for n in 0..4 {
+        assert!(
+            work.join(format!("ckpt-r{n}-{step}.json")).exists(),
+            "rank {n} did not save step {step}\n{why}"
+        );
+        assert!(
+            text.contains(&format!("rank {n} resumed from step {step}\n")),
+            "rank {n}\n{why}"
+        );
+    }
+    assert!(
+        ended,
+        "the scancel's end did not say 'do not requeue'\n{why}"
+    );
+    assert_eq!(restarts.as_deref(), Some("1"), "{why}");
+    assert_ne!(
+        state.as_deref(),
+        Some("PENDING"),
+        "requeued after a scancel\n{why}"
+    );
+    assert!(text.contains("SIGTERM"), "{why}");
+    for n in 0..4 {
+        let runs = common::read_log_runs(&work.join(format!("logs/{id}/run-{n}.ndjson")));
+        let ends: Vec<(String, i32)> = runs
+            .iter()
+            .map(|r| {
+                let e = common::schema::run_end(r);
+                (e.outcome.clone(), e.exit_code)
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                ("stopped_by_signal".to_string(), 75),
+                ("stopped_by_signal".to_string(), 75)
+            ],
+            "task {n}\n{why}"
+        );
+    }
+    drop(slurm);
+    cg0.kill_all();
+    cg1.kill_all();
+}
