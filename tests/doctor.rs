@@ -445,8 +445,32 @@ while True:
     assert_gone(pid);
 }
 
+/// Every file under `dir` (but the job's `pid`), with its length and a
+/// checksum of its bytes (FNV-1a).
+fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (usize, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.file_name().is_some_and(|n| n != "pid") {
+                let bytes = std::fs::read(&p).unwrap_or_default();
+                let sum = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+                out.insert(p.clone(), (bytes.len(), sum));
+            }
+        }
+    }
+    out
+}
+
 /// The companion (a plain loop with `oomguard.guard()`, in the torch
-/// environment's Python) answers: a stop asks it for a checkpoint.
+/// environment's Python, saving when asked) answers: a stop asks it for a
+/// checkpoint. The check itself saves nothing: no file under the job's
+/// directory is added, removed or changed, and no resume record is left.
 #[test]
 fn a_trainer_with_the_companion_would_save() {
     let _machine = common::machine::beside();
@@ -460,8 +484,14 @@ fn a_trainer_with_the_companion_would_save() {
         "import os, sys, time\nimport oomguard\n\
          open('pid', 'w').write(str(os.getpid()))\n\
          g = oomguard.guard()\n\
-         for step in range(1, 100000):\n    time.sleep(0.05)\n    print(f'step {step}/100000', flush=True)\n    g.step(step)\n",
+         for step in range(1, 100000):\n    time.sleep(0.05)\n    print(f'step {step}/100000', flush=True)\n\
+         \x20   if g.step(step):\n        p = os.path.abspath(f'ckpt/step-{step}.pt')\n\
+         \x20       open(p, 'w').write('saved')\n        g.checkpointed([p])\n\
+         \x20       if g.should_exit():\n            sys.exit(0)\n",
     );
+    std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+    std::fs::write(dir.path().join("ckpt/step-5.pt"), "the job's own").unwrap();
+    let before = files(dir.path());
     let py = venv.join("bin/python");
     let (d, pid) = probe(
         dir.path(),
@@ -472,6 +502,58 @@ fn a_trainer_with_the_companion_would_save() {
     assert_eq!(c["state"], "ok", "{c}");
     assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");
     assert_gone(pid);
+    assert_eq!(
+        files(dir.path()),
+        before,
+        "the check changed the job's directory"
+    );
+}
+
+/// An unmodified Lightning job with `ModelCheckpoint(save_last=True)`: the
+/// companion joins its Trainer (a stop would save), and the check leaves
+/// its checkpoints as they were (no `last.ckpt` replaced, no step saved).
+#[test]
+fn a_lightning_job_is_judged_without_a_save() {
+    let _machine = common::machine::beside_with(&[common::machine::Need::Torch]);
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = common::script(
+        dir.path(),
+        "lit.py",
+        "import os, time, torch\nimport lightning as L\n\
+         from lightning.pytorch.callbacks import ModelCheckpoint\n\
+         from torch.utils.data import DataLoader, TensorDataset\n\
+         open('pid', 'w').write(str(os.getpid()))\n\
+         class M(L.LightningModule):\n\
+         \x20   def __init__(self):\n        super().__init__()\n        self.l = torch.nn.Linear(4, 1)\n\
+         \x20   def training_step(self, b, i):\n        time.sleep(0.05)\n        print(f'step {self.global_step + 1}/100000', flush=True)\n\
+         \x20       return self.l(b[0]).sum()\n\
+         \x20   def configure_optimizers(self):\n        return torch.optim.SGD(self.parameters(), lr=0.01)\n\
+         d = TensorDataset(torch.randn(100000, 4))\n\
+         t = L.Trainer(max_steps=100000, default_root_dir='.', logger=False, enable_progress_bar=False,\n\
+         \x20   accelerator='cpu', callbacks=[ModelCheckpoint(dirpath='ckpt', save_last=True)])\n\
+         t.fit(M(), DataLoader(d, batch_size=1))\n",
+    );
+    std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+    std::fs::write(dir.path().join("ckpt/last.ckpt"), "the job's own").unwrap();
+    let before = files(dir.path());
+    let py = venv.join("bin/python");
+    let (d, pid) = probe(
+        dir.path(),
+        &[py.to_str().unwrap(), job.to_str().unwrap()],
+        &[],
+    );
+    let c = d.check("stop_saves");
+    assert_eq!(c["state"], "ok", "{c}");
+    assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");
+    assert_gone(pid);
+    assert_eq!(
+        files(dir.path()),
+        before,
+        "the check changed the job's directory"
+    );
 }
 
 /// `doctor -- <venv>/bin/python x.py` asks the command's own Python, not

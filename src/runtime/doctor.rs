@@ -1,9 +1,12 @@
 //! `oomguard doctor -- CMD`: the run ends itself once the job shows
 //! progress (or after the doctor's wait), after the checks the stop path's
 //! warnings make ([`stop_saves::stop_verdict`], and the framework check):
-//! would a stop lose the work? The job is then ended as a SIGTERM to
-//! oomguard would end it (SIGTERM to its process group, SIGKILL after
-//! `--kill-after`), so nothing is left running.
+//! would a stop lose the work? The job is then ended with a SIGTERM to its
+//! process group (SIGKILL after `--kill-after`), so nothing is left
+//! running, and without the save a SIGTERM to oomguard would ask for: a
+//! check must not change what it checks (a save would land beside the
+//! job's own checkpoints, and a script that resumes from its newest file,
+//! or Lightning's `last.ckpt`, would then resume from the doctor's step).
 
 use super::Supervisor;
 use super::act::{self, stop_saves};
@@ -46,6 +49,10 @@ impl Supervisor {
             step,
             waited_seconds: (waited.as_secs_f64() * 10.0).round() / 10.0,
         });
-        self.on_signal(libc::SIGTERM);
+        let (pids, result) = self.forward(libc::SIGTERM);
+        self.begin_shutdown("doctor: the check is done", pids, libc::SIGTERM, result);
+        self.core
+            .act_mut()
+            .rearm_kill_after(crate::vocab::clock::now());
     }
 }
