@@ -112,15 +112,14 @@ impl LogWriter {
         // lock goes with the last descriptor, so a killed oomguard leaves
         // none behind.
         use rustix::fs::{FlockOperation, flock};
-        if let Err(e) = flock(&f, FlockOperation::NonBlockingLockExclusive) {
-            return Err(err(if e == rustix::io::Errno::WOULDBLOCK {
-                std::io::Error::other(
-                    "another oomguard is writing it; give each its own log \
-                     (under srun: --log 'logs/%j/run-%r.ndjson', one per task)",
-                )
-            } else {
-                e.into()
-            }));
+        // A file system without locks (some network mounts) is no reason
+        // to refuse the log: only a lock another holds is.
+        if flock(&f, FlockOperation::NonBlockingLockExclusive) == Err(rustix::io::Errno::WOULDBLOCK)
+        {
+            return Err(err(std::io::Error::other(
+                "another oomguard is writing it; give each its own log \
+                 (under srun: --log 'logs/%j/run-%r.ndjson', one per task)",
+            )));
         }
         if runs::ends_mid_line(&mut f).map_err(err)? {
             f.write_all(b"\n").map_err(err)?;
