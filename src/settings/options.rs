@@ -404,7 +404,8 @@ mod tests {
             crate::engine::probe::pss::SweepConfig::DEFAULT_BUDGET,
             "the sweeper's own default and the setting's disagree"
         );
-        assert_eq!(DEFAULTS.len(), 22);
+        assert_eq!(DEFAULTS.len(), 23);
+        assert_eq!(v.requeue_limit, 3);
         assert_eq!(v.without, crate::settings::values::Without::default());
     }
 
@@ -416,7 +417,7 @@ mod tests {
         let e = l.set("cgroup", "sometimes").unwrap().unwrap_err();
         assert_eq!(e, "cgroup: unknown value 'sometimes' (expected auto, off)");
         assert_eq!(l.set("kil_after", "3s"), None);
-        assert_eq!(Layer::KEYS.len(), 26);
+        assert_eq!(Layer::KEYS.len(), 27);
     }
 
     #[test]

@@ -150,6 +150,13 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             from_file: "99",
         },
         Case {
+            flag: &["--requeue-limit", "5"],
+            file: "requeue_limit = 0",
+            get: |s| s.requeue_limit.to_string(),
+            from_flag: "5",
+            from_file: "0",
+        },
+        Case {
             flag: &["--budget", "2GiB"],
             file: "budget = \"3GiB\"",
             get: |s| format!("{:?}", s.budget),

@@ -236,6 +236,11 @@ impl Peers {
         }
     }
 
+    /// Rank 0 said it ends normally (one oomguard per rank).
+    pub fn store_closing(&self) -> bool {
+        self.store_closing
+    }
+
     /// A fault of this node's is not yet in the store (its link is still
     /// putting it there).
     pub fn fault_untold(&self) -> bool {

@@ -149,15 +149,23 @@ impl Companion {
             return;
         };
         let mut records = ch.poll();
+        let news = peers.link_news();
+        // Rank 0 said it ends normally (its process serves the store): the
+        // store's going that follows is no news either.
+        let closing = peers.store_closing()
+            || news.iter().any(|n| {
+                matches!(n, News::Heard(Record::Fault { reason: Some(r), .. })
+                    if r == crate::vocab::companion::STORE_CLOSING)
+            });
         // The other nodes' faults, and the store's news, as the companion
         // said them before oomguard carried faults itself.
-        for news in peers.link_news() {
+        for news in news {
             match news {
                 News::Heard(r) => records.push(r),
                 News::CannotTell(why) => {
                     out.say(format!("cannot tell the other nodes: {why}"));
                 }
-                News::Unsteady(_) if stopping => {}
+                News::Unsteady(_) if stopping || closing => {}
                 News::Unsteady(why) => out.say(why),
             }
         }
