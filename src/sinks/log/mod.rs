@@ -107,20 +107,7 @@ impl LogWriter {
             .read(true)
             .open(path)
             .map_err(err)?;
-        // Two oomguards appending to one file interleave their lines (two
-        // SLURM tasks of a node given `%N`): the second is refused. The
-        // lock goes with the last descriptor, so a killed oomguard leaves
-        // none behind.
-        use rustix::fs::{FlockOperation, flock};
-        // A file system without locks (some network mounts) is no reason
-        // to refuse the log: only a lock another holds is.
-        if flock(&f, FlockOperation::NonBlockingLockExclusive) == Err(rustix::io::Errno::WOULDBLOCK)
-        {
-            return Err(err(std::io::Error::other(
-                "another oomguard is writing it; give each its own log \
-                 (under srun: --log 'logs/%j/run-%r.ndjson', one per task)",
-            )));
-        }
+        runs::claim(&f).map_err(err)?;
         if runs::ends_mid_line(&mut f).map_err(err)? {
             f.write_all(b"\n").map_err(err)?;
         }

@@ -195,6 +195,22 @@ pub fn count(path: &Path) -> io::Result<usize> {
     Ok(spans(io::BufReader::with_capacity(1 << 16, file))?.len())
 }
 
+/// Claims the log for this oomguard: two appending to one file interleave
+/// their lines (two SLURM tasks of a node given `%N`), so the second is
+/// refused. The lock goes with the last descriptor, so a killed oomguard
+/// leaves none behind; a file system without locks (some network mounts)
+/// is no reason to refuse the log, only a lock another holds is.
+pub fn claim(f: &std::fs::File) -> io::Result<()> {
+    use rustix::fs::{FlockOperation, flock};
+    if flock(f, FlockOperation::NonBlockingLockExclusive) == Err(rustix::io::Errno::WOULDBLOCK) {
+        return Err(io::Error::other(
+            "another oomguard is writing it; give each its own log \
+             (under srun: --log 'logs/%j/run-%r.ndjson', one per task)",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
