@@ -67,6 +67,48 @@ fn executable(path: &Path, text: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
+/// `dir/bin` holding `oomguard` (and, with `srun`, the stand-ins for
+/// `srun` and `scontrol`): the `PATH` a job script runs with, before the
+/// torch environment's `bin` and the test's own.
+fn search_path(dir: &Path, venv: &Path, srun: Option<&str>) -> String {
+    let bin = dir.join("bin");
+    fs::create_dir(&bin).unwrap();
+    if let Some(srun) = srun {
+        executable(&bin.join("srun"), srun);
+        executable(&bin.join("scontrol"), SCONTROL);
+    }
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    format!(
+        "{}:{}:{}",
+        bin.display(),
+        venv.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// The torch environment, when a SLURM of the test's own can run here
+/// (`slurm-wlm`, root; `freezer`: the hierarchy `proctrack/cgroup` needs on
+/// cgroup v1); `None` (said) otherwise.
+fn real_slurm(freezer: bool) -> Option<std::path::PathBuf> {
+    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
+        .iter()
+        .all(|t| which(t).is_file());
+    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)")
+        || !common::require(is_root(), "a SLURM of its own needs root")
+    {
+        return None;
+    }
+    if freezer
+        && !common::require(
+            Path::new("/sys/fs/cgroup/freezer").is_dir(),
+            "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
+        )
+    {
+        return None;
+    }
+    common::torch_venv()
+}
+
 #[test]
 fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() {
     let _serial =
@@ -81,22 +123,12 @@ fn serial_the_sbatch_recipe_stops_every_node_with_one_checkpoint_and_requeues() 
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    executable(&bin.join("srun"), SRUN);
-    executable(&bin.join("scontrol"), SCONTROL);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, Some(SRUN));
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let script = recipe().replace("train.py", &format!("{} 4000", plain.display()));
     let script_path = dir.path().join("train.sbatch");
     executable(&script_path, &script);
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let cgroups = format!("{} {}", cg0.dir.display(), cg1.dir.display());
     common::deadline::arm();
     let out = std::process::Command::new("bash")
@@ -243,11 +275,7 @@ fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resum
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    executable(&bin.join("srun"), SRUN_PER_RANK);
-    executable(&bin.join("scontrol"), SCONTROL);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, Some(SRUN_PER_RANK));
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let script_path = dir.path().join("train.sbatch");
@@ -258,12 +286,6 @@ fn serial_one_task_per_rank_every_task_stops_with_one_save_and_the_requeue_resum
         )
         .replace("MASTER_PORT=29500", "MASTER_PORT=29531");
     executable(&script_path, &script);
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let cgroups = format!("{} {}", cg0.dir.display(), cg1.dir.display());
     common::deadline::arm();
     let run = |leak: &str| {
@@ -410,11 +432,7 @@ fn serial_one_task_per_rank_unmodified_lightning_saves_one_step_and_resumes_it()
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    executable(&bin.join("srun"), SRUN_PER_RANK);
-    executable(&bin.join("scontrol"), SCONTROL);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, Some(SRUN_PER_RANK));
     let lit = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/jobs/companion/lightning_ddp.py");
     let script_path = dir.path().join("train.sbatch");
@@ -422,12 +440,6 @@ fn serial_one_task_per_rank_unmodified_lightning_saves_one_step_and_resumes_it()
         .replace("python train.py", &format!("python {} 400", lit.display()))
         .replace("MASTER_PORT=29500", "MASTER_PORT=29535");
     executable(&script_path, &script);
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let cgroups = format!("{} {}", cg0.dir.display(), cg1.dir.display());
     common::deadline::arm();
     let run = || {
@@ -517,11 +529,7 @@ fn serial_one_task_per_rank_a_node_budget_is_the_tasks_together() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    executable(&bin.join("srun"), SRUN_PER_RANK);
-    executable(&bin.join("scontrol"), SCONTROL);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, Some(SRUN_PER_RANK));
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let script_path = dir.path().join("train.sbatch");
@@ -536,12 +544,6 @@ fn serial_one_task_per_rank_a_node_budget_is_the_tasks_together() {
         )
         .replace("MASTER_PORT=29500", "MASTER_PORT=29532");
     executable(&script_path, &script);
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     common::deadline::arm();
     let out = std::process::Command::new("bash")
         .arg(&script_path)
@@ -653,23 +655,13 @@ fn serial_one_task_per_rank_a_killed_rank_is_named_on_every_node_within_10_s() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     for (victim, port) in [(3u32, "29533"), (0, "29534")] {
         let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("bin");
-        fs::create_dir(&bin).unwrap();
-        executable(&bin.join("srun"), SRUN_PER_RANK);
-        executable(&bin.join("scontrol"), SCONTROL);
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+        let path = search_path(dir.path(), &venv, Some(SRUN_PER_RANK));
         let script_path = dir.path().join("train.sbatch");
         let marker = format!("{} 100000 {port}", plain.display());
         let script = per_rank_recipe()
             .replace("python train.py", &format!("python {marker}"))
             .replace("MASTER_PORT=29500", &format!("MASTER_PORT={port}"));
         executable(&script_path, &script);
-        let path = format!(
-            "{}:{}:{}",
-            bin.display(),
-            venv.join("bin").display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
         common::deadline::arm();
         let mut job = std::process::Command::new("bash")
             .arg(&script_path)
@@ -922,16 +914,7 @@ fn start_munge() {
 fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
     let _serial =
         common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
-    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
-        .iter()
-        .all(|t| which(t).is_file());
-    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
-        return;
-    }
-    if !common::require(is_root(), "a SLURM of its own needs root") {
-        return;
-    }
-    let Some(venv) = common::torch_venv() else {
+    let Some(venv) = real_slurm(false) else {
         return;
     };
     let (Some(cg0), Some(cg1)) = (
@@ -943,9 +926,7 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
     let slurm = Slurm::start(dir.path(), &[&cg0, &cg1], "linuxproc");
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, None);
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let work = dir.path().join("work");
@@ -954,12 +935,6 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
     executable(
         &script,
         &recipe().replace("train.py", &format!("{} 600", plain.display())),
-    );
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
     );
     let out = slurm
         .cmd("sbatch")
@@ -1037,23 +1012,7 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
 fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_requeue_resumes() {
     let _serial =
         common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
-    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
-        .iter()
-        .all(|t| which(t).is_file());
-    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
-        return;
-    }
-    if !common::require(is_root(), "a SLURM of its own needs root") {
-        return;
-    }
-    let freezer = Path::new("/sys/fs/cgroup/freezer").is_dir();
-    if !common::require(
-        freezer,
-        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
-    ) {
-        return;
-    }
-    let Some(venv) = common::torch_venv() else {
+    let Some(venv) = real_slurm(true) else {
         return;
     };
     let Some(cg) = MemCgroup::or_skip("slurm-pc", 3000 << 20) else {
@@ -1062,9 +1021,7 @@ fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_req
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
     let slurm = Slurm::start(dir.path(), &[&cg], "cgroup");
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, None);
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let work = dir.path().join("work");
@@ -1075,12 +1032,6 @@ fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_req
         .replace("--nproc-per-node 8", "--nproc-per-node 2")
         .replace("train.py", &format!("{} 500", plain.display()));
     executable(&script, &recipe);
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let out = slurm
         .cmd("sbatch")
         .arg("--parsable")
@@ -1211,23 +1162,7 @@ fn preemption_recipe() -> String {
 fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resumes_it() {
     let _serial =
         common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
-    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
-        .iter()
-        .all(|t| which(t).is_file());
-    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
-        return;
-    }
-    if !common::require(is_root(), "a SLURM of its own needs root") {
-        return;
-    }
-    let freezer = Path::new("/sys/fs/cgroup/freezer").is_dir();
-    if !common::require(
-        freezer,
-        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
-    ) {
-        return;
-    }
-    let Some(venv) = common::torch_venv() else {
+    let Some(venv) = real_slurm(true) else {
         return;
     };
     // The daemons' own cgroups; the job's memory is SLURM's (`--mem`).
@@ -1240,9 +1175,7 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
     let slurm = Slurm::start_with(dir.path(), &[&cg0, &cg1], "cgroup", true);
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, None);
     let lit = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/jobs/companion/lightning_ddp.py");
     let work = dir.path().join("work");
@@ -1253,12 +1186,6 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
         &per_rank_recipe()
             .replace("python train.py", &format!("python {} 600", lit.display()))
             .replace("MASTER_PORT=29500", "MASTER_PORT=29536"),
-    );
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
     );
     let out = slurm
         .cmd("sbatch")
@@ -1343,22 +1270,7 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
 fn serial_under_a_real_slurm_one_task_per_rank_a_warning_is_requeued_and_a_scancel_is_not() {
     let _serial =
         common::machine::beside_with(&[common::machine::Need::Slurm, common::machine::Need::Torch]);
-    let tools = ["slurmctld", "slurmd", "sbatch", "munge"]
-        .iter()
-        .all(|t| which(t).is_file());
-    if !common::require(tools, "slurm-wlm not installed (apt-get install slurm-wlm)") {
-        return;
-    }
-    if !common::require(is_root(), "a SLURM of its own needs root") {
-        return;
-    }
-    if !common::require(
-        Path::new("/sys/fs/cgroup/freezer").is_dir(),
-        "proctrack/cgroup on cgroup v1 needs the freezer hierarchy",
-    ) {
-        return;
-    }
-    let Some(venv) = common::torch_venv() else {
+    let Some(venv) = real_slurm(true) else {
         return;
     };
     let (Some(cg0), Some(cg1)) = (
@@ -1370,9 +1282,7 @@ fn serial_under_a_real_slurm_one_task_per_rank_a_warning_is_requeued_and_a_scanc
     common::deadline::arm();
     let dir = tempfile::tempdir().unwrap();
     let slurm = Slurm::start(dir.path(), &[&cg0, &cg1], "cgroup");
-    let bin = dir.path().join("bin");
-    fs::create_dir(&bin).unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_oomguard"), bin.join("oomguard")).unwrap();
+    let path = search_path(dir.path(), &venv, None);
     let plain =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/companion/plain.py");
     let work = dir.path().join("work");
@@ -1386,12 +1296,6 @@ fn serial_under_a_real_slurm_one_task_per_rank_a_warning_is_requeued_and_a_scanc
                 &format!("python {} 100000", plain.display()),
             )
             .replace("MASTER_PORT=29500", "MASTER_PORT=29537"),
-    );
-    let path = format!(
-        "{}:{}:{}",
-        bin.display(),
-        venv.join("bin").display(),
-        std::env::var("PATH").unwrap_or_default()
     );
     let out = slurm
         .cmd("sbatch")
