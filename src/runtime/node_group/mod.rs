@@ -35,6 +35,9 @@ use wire::{Conn, Message};
 pub const GROWTH_WINDOW: Duration = Duration::from_secs(10);
 /// A member not heard from for this long no longer counts.
 const STALE: Duration = Duration::from_secs(5);
+/// A leader no other task joined in this long says so (the tasks may not
+/// share a network namespace, where the abstract socket lives).
+const LONELY: Duration = Duration::from_secs(30);
 
 /// Where this oomguard sits in its job step, from SLURM's variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +156,8 @@ enum Role {
         members: Vec<(Conn, Option<u32>)>,
         /// Each member's last report: (when, rank, footprint).
         last: HashMap<u32, (Instant, u32, u64)>,
+        /// When it began to lead, until a member joins.
+        alone_since: Option<Instant>,
     },
     Member {
         conn: Conn,
@@ -197,6 +202,7 @@ impl NodeGroup {
                 listener,
                 members,
                 last,
+                alone_since,
             } => {
                 admit(
                     listener,
@@ -205,6 +211,18 @@ impl NodeGroup {
                     &mut heard,
                     &mut self.warned,
                 );
+                let since = *alone_since.get_or_insert(now);
+                if !members.is_empty() {
+                    *alone_since = None;
+                } else if now.duration_since(since) >= LONELY && !self.warned {
+                    self.warned = true;
+                    heard.said.push(format!(
+                        "no other task of node {} joined task {task}'s oomguard in {} s (tasks in \
+                         other network namespaces cannot meet): each decides for itself",
+                        self.place.node,
+                        LONELY.as_secs()
+                    ));
+                }
                 let mut reports = Vec::new();
                 members.retain_mut(|(conn, from)| {
                     let (messages, open) = conn.receive();
@@ -321,6 +339,7 @@ impl NodeGroup {
                     listener,
                     members: Vec::new(),
                     last: HashMap::new(),
+                    alone_since: None,
                 };
             }
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {

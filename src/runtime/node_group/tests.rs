@@ -118,3 +118,23 @@ fn a_member_whose_leader_is_gone_says_so_and_leads_next() {
     let _ = member.exchange(report(1, 1), t0);
     assert!(member.leads());
 }
+
+#[test]
+fn a_leader_no_task_joins_says_so_once() {
+    let j = job("alone");
+    let t0 = Instant::now();
+    let mut leader = NodeGroup::new(place(0, &j));
+    let _ = leader.exchange(report(0, 1), t0);
+    let h = leader.exchange(report(0, 1), t0 + Duration::from_secs(10));
+    assert!(h.said.is_empty(), "{:?}", h.said);
+    let h = leader.exchange(report(0, 1), t0 + LONELY);
+    assert!(
+        h.said
+            .iter()
+            .any(|s| s.contains("no other task of node 0 joined")),
+        "{:?}",
+        h.said
+    );
+    let h = leader.exchange(report(0, 1), t0 + LONELY * 2);
+    assert!(h.said.is_empty(), "said once: {:?}", h.said);
+}
