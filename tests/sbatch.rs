@@ -1255,6 +1255,25 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
         text.contains("oomguard: requeue") && !text.contains("do not requeue"),
         "{why}"
     );
+    // One decision for the node that ran short (its two tasks share the
+    // job's cgroup, and one oomguard decides for both), naming rank 1; the
+    // other three join it as another's request.
+    let stops: Vec<String> = logs
+        .iter()
+        .flat_map(|runs| runs[0].iter())
+        .filter_map(|l| match &l.event {
+            Event::Action(a) if a.action == "stop" => Some(a.reason.clone()),
+            _ => None,
+        })
+        .collect();
+    let (joined, decided): (Vec<&String>, Vec<&String>) = stops
+        .iter()
+        .partition(|r| r.starts_with("node 0 (rank 1): "));
+    assert_eq!((decided.len(), joined.len()), (1, 3), "{stops:?}\n{why}");
+    assert!(
+        decided[0].contains("rank 1 (task 1) grew the most"),
+        "{stops:?}"
+    );
     drop(slurm);
     cg0.kill_all();
     cg1.kill_all();
