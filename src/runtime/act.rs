@@ -395,6 +395,11 @@ impl Actuator {
         peers.rank_ended((pid, status), ending, now, &mut voice);
     }
 
+    /// Each rank has an oomguard of its own (a SLURM task each).
+    pub fn one_rank_each(&self) -> bool {
+        self.peers.one_rank_each()
+    }
+
     /// This node's fault is not yet in the job's store.
     pub fn fault_untold(&self) -> bool {
         self.peers.fault_untold()

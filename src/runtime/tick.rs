@@ -256,13 +256,14 @@ impl Core {
             && let Some(remote) = self.act.take_remote_stop()
         {
             if !self.voice.quiet {
-                let then = if remote.restart {
-                    "restart the job with it"
-                } else {
-                    "stop with it"
+                let (ours, then) = match (self.act.one_rank_each(), remote.restart) {
+                    (true, true) => ("this task's rank saves", "restarts the job with it"),
+                    (true, false) => ("this task's rank saves", "stops with it"),
+                    (false, true) => ("this node's ranks save", "restart the job with it"),
+                    (false, false) => ("this node's ranks save", "stop with it"),
                 };
                 self.act.push(Acted::Say(format!(
-                    "{}; this node's ranks save the same step and {then}",
+                    "{}; {ours} the same step and {then}",
                     remote.why
                 )));
             }

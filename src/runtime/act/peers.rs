@@ -236,6 +236,12 @@ impl Peers {
         }
     }
 
+    /// SLURM started each rank as a task of its own: this oomguard's part
+    /// of the job is one rank.
+    pub fn one_rank_each(&self) -> bool {
+        self.task_layout
+    }
+
     /// Rank 0 said it ends normally (one oomguard per rank).
     pub fn store_closing(&self) -> bool {
         self.store_closing
@@ -366,8 +372,13 @@ impl Peers {
                 .as_ref()
                 .is_some_and(|(at, _)| now >= *at + self.store_lost_wait())
         {
+            let ours = if self.task_layout {
+                "this task's rank"
+            } else {
+                "this node's ranks"
+            };
             v.out.say(format!(
-                "{why}; this node's ranks would wait for it in their next collective: stopping"
+                "{why}; {ours} would wait for it in their next collective: stopping"
             ));
             self.store_lost = None;
             return Some((Action::Stop, why));
