@@ -258,6 +258,45 @@ fn a_log_another_live_oomguard_writes_is_refused() {
     assert_eq!(again.status.code(), Some(0));
 }
 
+/// A run that finishes leaves nothing in its directory: not even its own
+/// end record of an earlier stop (nothing to requeue, no count to carry);
+/// another run's record stays.
+#[test]
+fn a_finished_run_leaves_no_end_record() {
+    let _machine = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().canonicalize().unwrap();
+    let record = |argv: &[&str]| {
+        serde_json::json!({
+            "v": 1, "argv": argv, "cwd": cwd, "slurm_job_id": null, "owner": "",
+            "cause": {"kind": "policy", "reason": "critical-headroom"}, "exit_code": 75,
+            "stops_without_progress": 2, "requeue": true, "why": "", "ended_at": 1.0
+        })
+        .to_string()
+    };
+    let ours = dir.path().join(".oomguard-end.json");
+    std::fs::write(&ours, record(&["true"])).unwrap();
+    let out = oomguard()
+        .args(["run", "--", "true"])
+        .current_dir(dir.path())
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!ours.exists(), "the finished run's record is still there");
+    std::fs::write(&ours, record(&["python", "other.py"])).unwrap();
+    let out = oomguard()
+        .args(["run", "--", "true"])
+        .current_dir(dir.path())
+        .env_remove("SLURM_JOB_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(ours.exists(), "another run's record was removed");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
+
 #[test]
 fn stdout_and_stdin_pass_through_untouched() {
     let _machine = common::machine::beside();

@@ -1,7 +1,8 @@
-//! The record of how this run ended (`vocab::ended`), written at every end
-//! of a run oomguard launched: the cause as a requeue sees it, the step
-//! resumed from and the step saved, and the count of stops in a row that
-//! made no progress, carried over from the previous run's record.
+//! The record of how this run ended (`vocab::ended`), written when a run
+//! oomguard launched ends in a stop (its own, a signal's): the cause as a
+//! requeue sees it, the step resumed from and the step saved, and the count
+//! of stops in a row that made no progress, carried over from the previous
+//! run's record. A run that ends otherwise removes its own record.
 
 use super::{Supervisor, resume, resume_place};
 use crate::job::supervise::Status;
@@ -41,6 +42,17 @@ impl Supervisor {
         };
         let path = ended::path_beside(&resume_path);
         let cause = self.end_cause(outcome, status, exit_code);
+        let ours = |r: &EndRecord| {
+            r.argv == run.argv && r.cwd == run.cwd && r.slurm_job_id == run.slurm_job_id
+        };
+        if matches!(cause, Cause::Finished | Cause::Failed { .. }) {
+            // Not a stop: nothing to requeue, and no count of stops to
+            // carry. A finished run leaves nothing behind in its directory.
+            if ended::read(&path).is_some_and(|r| ours(&r)) {
+                let _ = std::fs::remove_file(&path);
+            }
+            return exit_code;
+        }
         let saved = self
             .core
             .act()
@@ -50,9 +62,7 @@ impl Supervisor {
             .filter(|d| d.ok)
             .and_then(|d| d.step);
         let before = ended::read(&path)
-            .filter(|r| {
-                r.argv == run.argv && r.cwd == run.cwd && r.slurm_job_id == run.slurm_job_id
-            })
+            .filter(|r| ours(r))
             .map_or(0, |r| r.stops_without_progress);
         let limit = self.cfg.requeue_limit;
         let (requeue, why, stalls) = ended::advise(&cause, saved, resumed, before, limit);

@@ -308,6 +308,9 @@ impl Fake {
         std::fs::create_dir(&root).unwrap();
         meminfo(&root, 100 * MIB);
         cfg.proc_root = root;
+        // The run's records go where the test can see them, not in the
+        // directory the tests run in.
+        cfg.run_dir = Some(dir.path().to_path_buf());
         cfg.values.cgroup = crate::settings::cli::CgroupMode::Off;
         let world: Shared = Rc::default();
         {

@@ -180,7 +180,7 @@ fn attach_to(cfg: &Settings, pid: u32) -> Result<Job, String> {
 /// Where this run's resume record lives, and which run it is; `None` when
 /// the working directory cannot be read.
 fn resume_place(cfg: &Settings) -> Option<(PathBuf, resume::Identity)> {
-    let cwd = std::env::current_dir().ok()?;
+    let cwd = cfg.run_dir.clone()?;
     let path = resume::path(
         cfg.checkpoint_dir.as_deref(),
         &cwd,

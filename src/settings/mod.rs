@@ -58,6 +58,10 @@ pub struct Settings {
     pub in_ci: bool,
     pub policy: PolicySettings,
     pub proc_root: PathBuf,
+    /// The directory oomguard was started in, read once: a run's resume and
+    /// end records live there (without `--checkpoint-dir`); `None` when it
+    /// cannot be read.
+    pub run_dir: Option<PathBuf>,
     pub tui: TuiArgs,
     pub restart: RestartSettings,
     /// What only `run`'s command line says (`--metrics-addr`,
@@ -325,6 +329,7 @@ impl Settings {
                 file: file.map(|f| f.path.clone()),
             },
             proc_root: PathBuf::from("/proc"),
+            run_dir: std::env::current_dir().ok(),
             tui: cmd.tui,
             restart: RestartSettings {
                 resume_cmd: cmd.resume_cmd,

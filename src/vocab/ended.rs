@@ -15,7 +15,9 @@
 //!   count too.
 //!
 //! One record per oomguard, beside its resume record (`.oomguard-end.json`,
-//! `-node<N>`, `-task<P>`), written at every end of a run, saved or not.
+//! `-node<N>`, `-task<P>`), written at every stop, saved or not; a run that
+//! finishes or fails on its own removes its own (nothing to requeue, no
+//! count to carry), so a finished job leaves nothing behind.
 
 use std::path::{Path, PathBuf};
 
