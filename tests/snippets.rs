@@ -65,10 +65,10 @@ impl Ran {
             .unwrap()
             .flatten()
             .map(|e| e.path())
-            // The snippet's files, not oomguard's resume record.
+            // The snippet's files, not oomguard's resume and end records.
             .filter(|p| {
                 let name = p.file_name().unwrap_or_default().to_string_lossy();
-                name.ends_with(".json") && !name.starts_with(".oomguard-resume")
+                name.ends_with(".json") && !name.starts_with(".oomguard-")
             })
             .collect();
         found.sort();

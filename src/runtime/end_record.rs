@@ -61,10 +61,15 @@ impl Supervisor {
             .as_ref()
             .filter(|d| d.ok)
             .and_then(|d| d.step);
+        // Stops in a row are a loop only where something runs the job
+        // again on its own: a SLURM job (a requeue keeps its id), or a run
+        // that resumed an earlier one's save. The same command typed again
+        // by a person is not counted.
+        let again = resumed.is_some() || run.slurm_job_id.is_some();
         let before = ended::read(&path)
-            .filter(|r| ours(r))
+            .filter(|r| again && ours(r))
             .map_or(0, |r| r.stops_without_progress);
-        let limit = self.cfg.requeue_limit;
+        let limit = if again { self.cfg.requeue_limit } else { 0 };
         let (requeue, why, stalls) = ended::advise(&cause, saved, resumed, before, limit);
         let code = if limit > 0 && stalls >= limit && exit_code == self.cfg.stop_code {
             ended::NO_PROGRESS_EXIT
@@ -91,7 +96,9 @@ impl Supervisor {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
         };
-        if let Err(e) = resume::write(&path, &rec) {
+        if let Err(e) = resume::write(&path, &rec)
+            && !self.cfg.quiet
+        {
             self.say(format!(
                 "cannot write {} (a requeue cannot tell how this run ended): {e}",
                 path.display()

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::act::{Acted, Actuator, Levels, Notifier, Scene, Signaller};
 use crate::engine::policy::{Action, Decision, Engine, Readings};
 use crate::job::supervise;
+use crate::runtime::node_group::NodeRole;
 use crate::vocab::model::{History, ProcSample, Sample, View};
 use crate::vocab::units::{HumanBytes, human_duration};
 
@@ -41,18 +42,6 @@ pub struct TickInputs {
     /// warns and relieves), and, for the one that decides, the task whose
     /// memory grew the most, which its stop names.
     pub node: NodeRole,
-}
-
-/// This oomguard's part in its node's decisions.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub enum NodeRole {
-    /// The only oomguard of its node, or one that decides for itself.
-    #[default]
-    Alone,
-    /// Another task's oomguard decides for the node.
-    Defer,
-    /// Decides for the node; the task that grew the most, if any did.
-    Lead(Option<crate::runtime::node_group::Grower>),
 }
 
 /// What the tick decided, for the sinks.

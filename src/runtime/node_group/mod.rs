@@ -129,6 +129,18 @@ pub struct Heard {
     pub said: Vec<String>,
 }
 
+/// This oomguard's part in its node's decisions.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum NodeRole {
+    /// The only oomguard of its node, or one that decides for itself.
+    #[default]
+    Alone,
+    /// Another task's oomguard decides for the node.
+    Defer,
+    /// Decides for the node; the task that grew the most, if any did.
+    Lead(Option<Grower>),
+}
+
 /// The node's task whose memory grew the most lately.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grower {

@@ -3,10 +3,9 @@
 
 use std::time::Instant;
 
-use super::{NodeStop, Report};
+use super::{NodeRole, NodeStop, Report};
 use crate::engine::policy::Action;
 use crate::runtime::Supervisor;
-use crate::runtime::tick::NodeRole;
 use crate::vocab::model::Sample;
 
 impl Supervisor {
