@@ -467,6 +467,20 @@ fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (usize, u
     out
 }
 
+/// `doctor -- <venv python> job` in `dir`: a stop would save (the companion
+/// answered), the job is gone, and not a file under `dir` was added,
+/// removed or changed by the check.
+fn judged_with_a_companion_and_nothing_saved(dir: &Path, venv: &Path, job: &Path) {
+    let before = files(dir);
+    let py = venv.join("bin/python");
+    let (d, pid) = probe(dir, &[py.to_str().unwrap(), job.to_str().unwrap()], &[]);
+    let c = d.check("stop_saves");
+    assert_eq!(c["state"], "ok", "{c}");
+    assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");
+    assert_gone(pid);
+    assert_eq!(files(dir), before, "the check changed the job's directory");
+}
+
 /// The companion (a plain loop with `oomguard.guard()`, in the torch
 /// environment's Python, saving when asked) answers: a stop asks it for a
 /// checkpoint. The check itself saves nothing: no file under the job's
@@ -491,22 +505,7 @@ fn a_trainer_with_the_companion_would_save() {
     );
     std::fs::create_dir(dir.path().join("ckpt")).unwrap();
     std::fs::write(dir.path().join("ckpt/step-5.pt"), "the job's own").unwrap();
-    let before = files(dir.path());
-    let py = venv.join("bin/python");
-    let (d, pid) = probe(
-        dir.path(),
-        &[py.to_str().unwrap(), job.to_str().unwrap()],
-        &[],
-    );
-    let c = d.check("stop_saves");
-    assert_eq!(c["state"], "ok", "{c}");
-    assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");
-    assert_gone(pid);
-    assert_eq!(
-        files(dir.path()),
-        before,
-        "the check changed the job's directory"
-    );
+    judged_with_a_companion_and_nothing_saved(dir.path(), &venv, &job);
 }
 
 /// An unmodified Lightning job with `ModelCheckpoint(save_last=True)`: the
@@ -538,22 +537,7 @@ fn a_lightning_job_is_judged_without_a_save() {
     );
     std::fs::create_dir(dir.path().join("ckpt")).unwrap();
     std::fs::write(dir.path().join("ckpt/last.ckpt"), "the job's own").unwrap();
-    let before = files(dir.path());
-    let py = venv.join("bin/python");
-    let (d, pid) = probe(
-        dir.path(),
-        &[py.to_str().unwrap(), job.to_str().unwrap()],
-        &[],
-    );
-    let c = d.check("stop_saves");
-    assert_eq!(c["state"], "ok", "{c}");
-    assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");
-    assert_gone(pid);
-    assert_eq!(
-        files(dir.path()),
-        before,
-        "the check changed the job's directory"
-    );
+    judged_with_a_companion_and_nothing_saved(dir.path(), &venv, &job);
 }
 
 /// `doctor -- <venv>/bin/python x.py` asks the command's own Python, not

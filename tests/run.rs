@@ -275,23 +275,20 @@ fn a_finished_run_leaves_no_end_record() {
         .to_string()
     };
     let ours = dir.path().join(".oomguard-end.json");
+    let run_true = || {
+        let out = oomguard()
+            .args(["run", "--", "true"])
+            .current_dir(dir.path())
+            .env_remove("SLURM_JOB_ID")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    };
     std::fs::write(&ours, record(&["true"])).unwrap();
-    let out = oomguard()
-        .args(["run", "--", "true"])
-        .current_dir(dir.path())
-        .env_remove("SLURM_JOB_ID")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    run_true();
     assert!(!ours.exists(), "the finished run's record is still there");
     std::fs::write(&ours, record(&["python", "other.py"])).unwrap();
-    let out = oomguard()
-        .args(["run", "--", "true"])
-        .current_dir(dir.path())
-        .env_remove("SLURM_JOB_ID")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    run_true();
     assert!(ours.exists(), "another run's record was removed");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert_eq!(left.len(), 1, "{left:?}");

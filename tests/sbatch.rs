@@ -842,6 +842,36 @@ impl Slurm {
         c
     }
 
+    /// `sbatch` of `script` in `work` (its output in `slurm-<id>.out`
+    /// there, `CKPT_DIR` pointing there), with `args`, the `PATH` `path`
+    /// and `env`: the job's id.
+    fn submit(
+        &self,
+        work: &Path,
+        script: &Path,
+        args: &[&str],
+        path: &str,
+        env: &[(&str, &str)],
+    ) -> String {
+        let mut c = self.cmd("sbatch");
+        c.arg("--parsable")
+            .args(args)
+            .arg("-o")
+            .arg(work.join("slurm-%j.out"))
+            .arg(script)
+            .current_dir(work)
+            .env("PATH", path)
+            .env("CKPT_DIR", work)
+            .env_remove("OOMGUARD_CONTROL");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+        id
+    }
+
     /// `scontrol show job ID`'s `KEY=value`.
     fn job_field(&self, id: &str, key: &str) -> Option<String> {
         let out = self
@@ -936,22 +966,13 @@ fn serial_the_sbatch_recipe_under_a_real_slurm_stops_every_node_and_requeues() {
         &script,
         &recipe().replace("train.py", &format!("{} 600", plain.display())),
     );
-    let out = slurm
-        .cmd("sbatch")
-        .arg("--parsable")
-        .arg("-o")
-        .arg(work.join("slurm-%j.out"))
-        .arg(&script)
-        .current_dir(&work)
-        .env("PATH", path)
-        .env("DIST", "1")
-        .env("LEAK_RANK", "1")
-        .env("CKPT_DIR", &work)
-        .env_remove("OOMGUARD_CONTROL")
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let id = slurm.submit(
+        &work,
+        &script,
+        &[],
+        &path,
+        &[("DIST", "1"), ("LEAK_RANK", "1")],
+    );
     // The script requeues the job after the stop: SLURM counts a restart.
     let requeued = common::wait_for(Duration::from_secs(240), || {
         slurm.job_field(&id, "Restarts").as_deref() == Some("1")
@@ -1032,22 +1053,13 @@ fn serial_under_proctrack_cgroup_a_usr1_to_the_step_saves_every_rank_and_the_req
         .replace("--nproc-per-node 8", "--nproc-per-node 2")
         .replace("train.py", &format!("{} 500", plain.display()));
     executable(&script, &recipe);
-    let out = slurm
-        .cmd("sbatch")
-        .arg("--parsable")
-        .arg("-o")
-        .arg(work.join("slurm-%j.out"))
-        .arg(&script)
-        .current_dir(&work)
-        .env("PATH", path)
-        .env("DIST", "1")
-        .env("LEAK_MB", "0")
-        .env("CKPT_DIR", &work)
-        .env_remove("OOMGUARD_CONTROL")
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let id = slurm.submit(
+        &work,
+        &script,
+        &[],
+        &path,
+        &[("DIST", "1"), ("LEAK_MB", "0")],
+    );
     let output = || fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
     let training = common::wait_for(Duration::from_secs(120), || {
         output().contains("rank 1 completed step 30")
@@ -1187,22 +1199,13 @@ fn serial_under_a_real_slurm_one_task_per_rank_lightning_saves_one_step_and_resu
             .replace("python train.py", &format!("python {} 600", lit.display()))
             .replace("MASTER_PORT=29500", "MASTER_PORT=29536"),
     );
-    let out = slurm
-        .cmd("sbatch")
-        .args(["--parsable", "--mem=1700M", "-o"])
-        .arg(work.join("slurm-%j.out"))
-        .arg(&script)
-        .current_dir(&work)
-        .env("PATH", path)
-        .env("NODES", "2")
-        .env("DEVICES", "2")
-        .env("LEAK_RANK", "1")
-        .env("CKPT_DIR", &work)
-        .env_remove("OOMGUARD_CONTROL")
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let id = slurm.submit(
+        &work,
+        &script,
+        &["--mem=1700M"],
+        &path,
+        &[("NODES", "2"), ("DEVICES", "2"), ("LEAK_RANK", "1")],
+    );
     let finished = common::wait_for(Duration::from_secs(400), || {
         slurm.job_field(&id, "JobState").as_deref() == Some("COMPLETED")
     });
@@ -1316,21 +1319,13 @@ fn serial_under_a_real_slurm_one_task_per_rank_a_warning_is_requeued_and_a_scanc
             )
             .replace("MASTER_PORT=29500", "MASTER_PORT=29537"),
     );
-    let out = slurm
-        .cmd("sbatch")
-        .args(["--parsable", "-o"])
-        .arg(work.join("slurm-%j.out"))
-        .arg(&script)
-        .current_dir(&work)
-        .env("PATH", path)
-        .env("DIST", "1")
-        .env("LEAK_MB", "0")
-        .env("CKPT_DIR", &work)
-        .env_remove("OOMGUARD_CONTROL")
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success() && !id.is_empty(), "sbatch: {out:?}");
+    let id = slurm.submit(
+        &work,
+        &script,
+        &[],
+        &path,
+        &[("DIST", "1"), ("LEAK_MB", "0")],
+    );
     let output = || fs::read_to_string(work.join(format!("slurm-{id}.out"))).unwrap_or_default();
     let all_at =
         |step: u64| (0..4).all(|n| output().contains(&format!("rank {n} completed step {step}\n")));

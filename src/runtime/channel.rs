@@ -27,31 +27,10 @@ impl Supervisor {
     /// One record of the companion.
     pub(super) fn companion_said(&mut self, r: Record) {
         match r {
-            Record::Hello {
-                pid,
-                rank,
-                framework,
-                world,
-                v,
-                version,
-                path,
-                local_rank,
-                node,
-                task,
-                ..
-            } => {
-                self.sinks.emit(&Event::Companion(CompanionEvent {
-                    pid,
-                    rank,
-                    framework,
-                    world,
-                    protocol: v,
-                    version,
-                    path,
-                    local_rank,
-                    node,
-                    task,
-                }));
+            hello @ Record::Hello { .. } => {
+                if let Some(e) = hello_event(hello) {
+                    self.sinks.emit(&Event::Companion(e));
+                }
             }
             Record::Progress {
                 step, epoch, phase, ..
@@ -321,6 +300,37 @@ fn paths_said(paths: &[std::path::PathBuf]) -> String {
         String::new()
     };
     format!(": {}{rest}", named.join(", "))
+}
+
+/// The log's `companion` event of a companion's hello.
+fn hello_event(r: Record) -> Option<CompanionEvent> {
+    match r {
+        Record::Hello {
+            pid,
+            rank,
+            framework,
+            world,
+            v,
+            version,
+            path,
+            local_rank,
+            node,
+            task,
+            ..
+        } => Some(CompanionEvent {
+            pid,
+            rank,
+            framework,
+            world,
+            protocol: v,
+            version,
+            path,
+            local_rank,
+            node,
+            task,
+        }),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

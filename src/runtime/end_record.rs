@@ -13,7 +13,7 @@ use crate::vocab::model::signal_name;
 impl Supervisor {
     /// The step this run resumed from: the resume record it started with,
     /// read before this run's end replaces it.
-    pub(super) fn resumed_step(&self) -> Option<u64> {
+    fn resumed_step(&self) -> Option<u64> {
         if self.cfg.run.fresh || !self.target.is_parent() || self.cfg.doctor.is_some() {
             return None;
         }
@@ -24,10 +24,18 @@ impl Supervisor {
         }
     }
 
+    /// The run's resume record and end record, written (or removed) as
+    /// its end says; returns the exit code (see [`Self::keep_end_record`]).
+    pub(super) fn keep_records(&mut self, outcome: Outcome, status: Status, exit_code: i32) -> i32 {
+        let resumed = self.resumed_step();
+        self.keep_resume_record(outcome);
+        self.keep_end_record(outcome, status, exit_code, resumed)
+    }
+
     /// Writes this run's end record and returns the exit code: a stop that
     /// is the `--requeue-limit`-th in a row without progress exits
     /// [`ended::NO_PROGRESS_EXIT`] instead of the stop code.
-    pub(super) fn keep_end_record(
+    fn keep_end_record(
         &mut self,
         outcome: Outcome,
         status: Status,

@@ -79,9 +79,7 @@ impl Supervisor {
             Status::Signaled(s) => (Outcome::Signaled, 128 + s),
         };
         let duration = self.run_time();
-        let resumed = self.resumed_step();
-        self.keep_resume_record(outcome);
-        exit_code = self.keep_end_record(outcome, status, exit_code, resumed);
+        exit_code = self.keep_records(outcome, status, exit_code);
         if self.target.is_parent() {
             // Every process of the job is reaped by now (a non-parent's
             // high-water mark is not the kernel's to give).
@@ -165,7 +163,7 @@ impl Supervisor {
     /// What the next run of this job resumes from (`resume.rs`): the save
     /// every rank agreed on before a stop, kept; nothing after a normal
     /// end. Any other end leaves an earlier record as it was.
-    fn keep_resume_record(&mut self, outcome: Outcome) {
+    pub(super) fn keep_resume_record(&mut self, outcome: Outcome) {
         if !self.target.is_parent() || self.cfg.doctor.is_some() {
             return;
         }

@@ -313,23 +313,8 @@ impl Core {
                 hook,
             } => (action, reason, hook),
         };
-        // The node's leader takes what changes the job; its stop reaches
-        // this oomguard's rank through the vote.
-        if inp.node == NodeRole::Defer && !matches!(action, Action::Warn | Action::Relieve) {
+        let Some((reason, grower)) = inp.node.take(action, reason) else {
             return;
-        }
-        let (reason, grower) = match inp.node {
-            NodeRole::Lead(Some(g)) if action.is_critical() || action == Action::Checkpoint => (
-                format!(
-                    "{reason}; rank {} (task {}) grew the most on this node ({} in the last {} s)",
-                    g.rank,
-                    g.task,
-                    HumanBytes(g.grew_bytes),
-                    crate::runtime::node_group::GROWTH_WINDOW.as_secs()
-                ),
-                Some(g),
-            ),
-            _ => (reason, None),
         };
         if action.is_request() && !self.act.companion().connected {
             // Nothing to ask: logged as decided, without a word to the user.

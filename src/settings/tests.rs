@@ -150,13 +150,6 @@ fn sampling_and_limit_cases() -> Vec<Case> {
             from_file: "99",
         },
         Case {
-            flag: &["--requeue-limit", "5"],
-            file: "requeue_limit = 0",
-            get: |s| s.requeue_limit.to_string(),
-            from_flag: "5",
-            from_file: "0",
-        },
-        Case {
             flag: &["--budget", "2GiB"],
             file: "budget = \"3GiB\"",
             get: |s| format!("{:?}", s.budget),
@@ -197,6 +190,13 @@ fn sampling_and_limit_cases() -> Vec<Case> {
 /// Actions, the stop, notifications and restarts.
 fn action_and_restart_cases() -> Vec<Case> {
     vec![
+        Case {
+            flag: &["--requeue-limit", "5"],
+            file: "requeue_limit = 0",
+            get: |s| s.requeue_limit.to_string(),
+            from_flag: "5",
+            from_file: "0",
+        },
         Case {
             flag: &["--on-critical", "kill"],
             file: "on_critical = \"pause\"",

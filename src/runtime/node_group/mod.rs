@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 use wire::{Conn, Message};
 
+use crate::engine::policy::Action;
+use crate::vocab::units::HumanBytes;
+
 /// How far back a task's growth is measured when the leader names the
 /// task behind a stop.
 pub const GROWTH_WINDOW: Duration = Duration::from_secs(10);
@@ -139,6 +142,32 @@ pub enum NodeRole {
     Defer,
     /// Decides for the node; the task that grew the most, if any did.
     Lead(Option<Grower>),
+}
+
+impl NodeRole {
+    /// What this oomguard does with a decided `action` and its `reason`:
+    /// `None` when it is the node leader's to take (all but `warn` and
+    /// `relieve`, for a member: the leader's stop reaches this rank through
+    /// the vote); else the reason, which names the task that grew the most
+    /// when this oomguard decides for the node, and that task.
+    pub fn take(self, action: Action, reason: String) -> Option<(String, Option<Grower>)> {
+        match self {
+            NodeRole::Defer if !matches!(action, Action::Warn | Action::Relieve) => None,
+            NodeRole::Lead(Some(g)) if action.is_critical() || action == Action::Checkpoint => {
+                Some((
+                    format!(
+                        "{reason}; rank {} (task {}) grew the most on this node ({} in the last {} s)",
+                        g.rank,
+                        g.task,
+                        HumanBytes(g.grew_bytes),
+                        GROWTH_WINDOW.as_secs()
+                    ),
+                    Some(g),
+                ))
+            }
+            _ => Some((reason, None)),
+        }
+    }
 }
 
 /// The node's task whose memory grew the most lately.
