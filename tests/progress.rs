@@ -25,10 +25,12 @@ TOTAL = 400
 for epoch in range(1, 50):
     state["epoch"] = epoch
     for step in range(1, TOTAL + 1):
-        hog.append(b"t" * (1 << 20))
+        # The bar names a step before the step's memory is taken: the
+        # step the job is at when memory crosses is one it printed.
         state.update(step=step, phase="train")
         sys.stderr.write(f"\rEpoch {epoch}: {100 * step // TOTAL:3d}%|###       | {step}/{TOTAL} [00:01<00:02, 50.00it/s, loss=0.1]")
         sys.stderr.flush()
+        hog.append(b"t" * (1 << 20))
         if step % 10 == 0:
             print(f"INFO step done, loss=0.{step}", flush=True)
         time.sleep(0.01)
@@ -36,10 +38,10 @@ for epoch in range(1, 50):
             sys.stderr.write("\n")
             # Validation keeps its predictions: 4 MiB a batch.
             for v in range(1, 41):
-                hog.append(b"v" * (4 << 20))
                 state.update(step=v, phase="validation")
                 sys.stderr.write(f"\rValidation DataLoader 0: {100 * v // 40:3d}%|##        | {v}/40 [00:00<00:01, 40.00it/s]")
                 sys.stderr.flush()
+                hog.append(b"v" * (4 << 20))
                 time.sleep(0.02)
             sys.stderr.write("\n")
 "#;
@@ -70,6 +72,8 @@ fn serial_the_stop_names_the_step_epoch_and_phase_the_job_was_at() {
                 state.to_str().unwrap(),
             ],
         )
+        // The stop's end record goes beside the job, not into the checkout.
+        .current_dir(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()

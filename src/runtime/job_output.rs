@@ -101,6 +101,11 @@ impl JobOutput {
         }
     }
 
+    /// What the relay can read without waiting (see [`OutputRelay::pump_now`]).
+    pub fn pump_now(&mut self) -> Option<Pumped> {
+        self.relay.as_mut().and_then(OutputRelay::pump_now)
+    }
+
     pub fn relay_mut(&mut self) -> Option<&mut OutputRelay> {
         self.relay.as_mut()
     }
@@ -188,6 +193,14 @@ impl Supervisor {
     }
 
     /// The job wrote to stdout/stderr (relayed), or the terminal resized.
+    /// Output already written, read before a tick decides anything.
+    pub(super) fn take_ready_output(&mut self) {
+        match self.output.pump_now() {
+            Some(pumped) => self.on_relay(pumped),
+            None => self.log_output_events(),
+        }
+    }
+
     pub(super) fn on_relay(&mut self, pumped: Pumped) {
         if pumped == Pumped::Resized && !self.attempts.between() && self.child.status().is_none() {
             // The job's pty took the terminal's new size; a pty that is

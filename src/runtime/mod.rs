@@ -452,8 +452,9 @@ impl Supervisor {
     /// One tick: sample, derive, decide, act, record.
     fn tick(&mut self, quick: bool) {
         // Progress read since the last tick (the relay hands over only
-        // what cannot wait), so the sample and any stop name the newest.
-        self.log_output_events();
+        // what cannot wait) and what is in the pipes now, so the sample
+        // and any stop name the newest.
+        self.take_ready_output();
         self.reap();
         self.check_attached_target();
         let now = crate::vocab::clock::now();

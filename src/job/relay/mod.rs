@@ -525,6 +525,17 @@ impl OutputRelay {
         }
     }
 
+    /// Relays what is readable now without waiting: one pass of [`Self::pump`]
+    /// for a caller about to act on memory, so that output the job wrote
+    /// before it crossed a level (the step it started) is read before the
+    /// decision, whichever of the two the loop happened to see first.
+    pub fn pump_now(&mut self) -> Option<Pumped> {
+        match self.poll_pump(&mut Context::from_waker(std::task::Waker::noop())) {
+            Poll::Ready(p) => p,
+            Poll::Pending => None,
+        }
+    }
+
     /// Events recognised since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<TorchEvent> {
         std::mem::take(&mut self.events)
@@ -1313,5 +1324,45 @@ mod tests {
         let mut buf = [0u8; 16];
         let n = rustix::io::read(&master, &mut buf).unwrap();
         assert_eq!(&buf[..n], b"a\nb\r\n");
+    }
+
+    /// Output that arrived with a memory wake-up is read by a tick that
+    /// asks, though the loop has not polled the pump since.
+    #[test]
+    fn pump_now_reads_what_is_already_in_the_pipe() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let devnull = || Some(OwnedFd::from(std::fs::File::create("/dev/null").unwrap()));
+            let (mut relay, stdio) = OutputRelay::new(RelayOptions {
+                stdout: devnull(),
+                stderr: devnull(),
+                ..RelayOptions::default()
+            })
+            .unwrap();
+            let mut child = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    r"printf '\rEpoch 1:  30%%|###   | 12/40 [00:01<00:02, 9.00it/s]\r' >&2; exec sleep 5",
+                ])
+                .stdout(stdio.stdout)
+                .stderr(stdio.stderr)
+                .spawn()
+                .unwrap();
+            relay.after_spawn();
+            // The driver sees the bytes; nothing polls the pump.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(relay.take_events().is_empty());
+            assert_eq!(relay.pump_now(), Some(Pumped::Events));
+            let events = relay.take_events();
+            assert!(
+                matches!(&events[..], [TorchEvent::Progress(u)] if u.step == Some(12)),
+                "{events:?}"
+            );
+            child.kill().unwrap();
+            child.wait().unwrap();
+        });
     }
 }
