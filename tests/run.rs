@@ -56,8 +56,8 @@ fn missing_and_non_executable_commands() {
         .args(["run", "--", "/no/such/cmd-xyz"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(127));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{err}");
     assert!(
         err.contains("'/no/such/cmd-xyz'") && err.contains("not found"),
         "{err}"
@@ -68,8 +68,8 @@ fn missing_and_non_executable_commands() {
     let f = dir.path().join("not-exec.sh");
     fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
     let out = oomguard().args(["run", "--"]).arg(&f).output().unwrap();
-    assert_eq!(out.status.code(), Some(126));
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "{err}");
     assert!(err.contains(&f.display().to_string()), "{err}");
 }
 
@@ -986,28 +986,35 @@ fn the_output_log_cap_keeps_the_newest_output_and_counts_the_rest() {
     let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
     let (out, log) = (dir.path().join("job.out"), dir.path().join("run.ndjson"));
-    let st = oomguard()
+    let run = oomguard()
         .args(["run", "-q", "--no-tui", "--cgroup", "off", "--output-log"])
         .arg(&out)
         .args(["--output-log-max", "1KiB", "--log"])
         .arg(&log)
         .args(["--", "sh", "-c", "seq 1 20000; echo the end"])
         .stdout(Stdio::null())
-        .status()
+        .output()
         .unwrap();
-    assert_eq!(st.code(), Some(0));
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{said}");
     let newer = fs::read_to_string(&out).unwrap();
     let older = fs::read_to_string(dir.path().join("job.out.1")).unwrap_or_default();
     let kept = newer.len() + older.len();
-    assert!(kept <= 1024, "{kept} bytes kept");
-    assert!(newer.ends_with("20000\nthe end\n"), "{newer}");
+    assert!(kept <= 1024, "{kept} bytes kept; {said}");
+    assert!(newer.ends_with("20000\nthe end\n"), "{newer}; {said}");
     let total = (1..=20000)
         .map(|i: u32| i.to_string().len() + 1)
         .sum::<usize>()
         + 8;
     let lines = read_log(&log);
     let end = schema::run_end(&lines);
-    assert_eq!(end.output_log_left_out_bytes, Some((total - kept) as u64));
+    assert_eq!(
+        end.output_log_left_out_bytes,
+        Some((total - kept) as u64),
+        "older {} bytes, newer {} bytes; {said}",
+        older.len(),
+        newer.len()
+    );
     let st = oomguard()
         .args(["run", "--output-log-max", "1KiB", "--", "true"])
         .stderr(Stdio::null())
