@@ -107,6 +107,8 @@ fn a_live_run_is_reproduced_by_its_own_replay() {
         .arg(&log)
         .args(["--", "python3"])
         .arg(&job)
+        // The stop's end record goes beside the job, not into the checkout.
+        .current_dir(dir.path())
         .output()
         .unwrap();
     assert_eq!(
@@ -123,4 +125,73 @@ fn a_live_run_is_reproduced_by_its_own_replay() {
     assert_eq!((replayed, same), (recorded, recorded), "{acts:?}");
     let (_, _, _, never) = replay(&log, &["--policy", "none"]);
     assert!(never.is_empty(), "policy none acted: {never:?}");
+}
+
+/// A run that holds still past its first 600 intervals writes one line in
+/// ten of that stretch (`sinks::log::quiet`), then every line once memory
+/// moves toward the budget; its replay still makes the live decisions.
+#[test]
+fn a_steady_stretch_is_thinned_and_the_run_still_replays() {
+    let _machine = common::machine::beside();
+    let dir = tempfile::tempdir().unwrap();
+    let job = script(
+        dir.path(),
+        "hold_then_grow.py",
+        "import time\nchunks = [bytearray(60 << 20)]\ntime.sleep(20)\nfor _ in range(30):\n    chunks.append(bytearray(10 << 20))\n    time.sleep(0.2)\ntime.sleep(30)\n",
+    );
+    let log = dir.path().join("run.ndjson");
+    // At 20 ms a tick, 600 intervals are 12 s; every cadence scaled alike.
+    let out = oomguard()
+        .args([
+            "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
+        ])
+        .args([
+            "--interval",
+            "20ms",
+            "--procs-interval",
+            "1200ms",
+            "--pss-interval",
+            "100ms",
+            "--grace",
+            "2s",
+            "--log",
+        ])
+        .arg(&log)
+        .args(["--", "python3"])
+        .arg(&job)
+        // The stop's end record goes beside the job, not into the checkout.
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = read_log(&log);
+    let sample_times: Vec<f64> = lines
+        .iter()
+        .filter(|l| matches!(l.event, schema::Event::Sample(_)))
+        .map(|l| l.t)
+        .collect();
+    let within = |a: f64, b: f64| sample_times.iter().filter(|&&t| a <= t && t < b).count();
+    // The first 12 s: a line per tick; 14-19 s: a tenth (250 ticks).
+    assert!(
+        within(2.0, 10.0) >= 350,
+        "{} lines in 2-10 s",
+        within(2.0, 10.0)
+    );
+    let steady = within(14.0, 19.0);
+    assert!((20..=40).contains(&steady), "{steady} lines in 14-19 s");
+    assert!(
+        sample_times.windows(2).all(|w| w[1] - w[0] < 0.25),
+        "a gap of more than ten intervals"
+    );
+    let (recorded, replayed, same, acts) = replay(&log, &[]);
+    assert!(
+        recorded >= 2,
+        "expected a warning and a stop, got {recorded}"
+    );
+    assert_eq!((replayed, same), (recorded, recorded), "{acts:?}");
 }

@@ -564,6 +564,11 @@ impl Engine {
             .any(|(r, s)| r.action.is_advisory() && matches!(s.state, State::Firing))
     }
 
+    /// Some rule is waiting out its `for` or firing.
+    pub fn watching(&self) -> bool {
+        self.states.iter().any(|s| !matches!(s.state, State::Idle))
+    }
+
     pub fn pending_changes(&self) -> u64 {
         self.pending_changes
     }

@@ -594,6 +594,7 @@ impl Supervisor {
         }
         let inputs = readings.map(|r| (self.core.policy(), r));
         let paused = !self.core.act().paused().is_empty();
+        self.sinks.set_watching(self.core.watching());
         self.sinks
             .sample(sample, view, force || waits_changed, force, inputs, paused);
     }

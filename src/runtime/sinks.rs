@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::act::Notifier;
 use crate::engine::policy::{Policy, Readings};
 use crate::job::supervise;
+use crate::sinks::log::quiet::{LineMark, QUIET_AFTER, QUIET_EVERY};
 use crate::sinks::log::{
     ActionEvent, ActionKind, Event, LogWriter, Outcome, Peak, RuleState, RunEnd, SampleEvent,
 };
@@ -70,6 +71,14 @@ pub struct Sinks {
     /// are seconds apart, and memory gathered and freed between two of
     /// them would otherwise leave no trace of its peak.
     rss_max: HashMap<u32, u64>,
+    /// What the last sample line said, and the lines left out since: a
+    /// steady run writes one line in `QUIET_EVERY` (`sinks::log::quiet`).
+    last_line: Option<LineMark>,
+    quiet_lines: u32,
+    /// Due lines this attempt (every one is written for `QUIET_AFTER`).
+    attempt_lines: u32,
+    /// A rule is waiting or firing: every line counts (see [`Self::set_watching`]).
+    watching: bool,
     /// Stops the metrics endpoint when dropped (the runtime ending does too).
     _metrics_stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -223,6 +232,10 @@ impl Sinks {
             early_procs_list: Some(EARLY_PROCS_LIST),
             logged_uss: HashMap::new(),
             rss_max: HashMap::new(),
+            last_line: None,
+            quiet_lines: 0,
+            attempt_lines: 0,
+            watching: false,
             attempt_t: 0.0,
             confirm_at: None,
             procs_lists: 0,
@@ -332,6 +345,7 @@ impl Sinks {
     /// early process list.
     pub fn start_attempt(&mut self, t: f64) {
         self.last_logged = None;
+        self.attempt_lines = 0;
         self.early_procs_list = Some(t + EARLY_PROCS_LIST);
         self.attempt_t = t;
     }
@@ -352,6 +366,37 @@ impl Sinks {
             let d = p.uss_bytes.abs_diff(was);
             d >= MOVED_MIN_BYTES && d as f64 >= MOVED_SHARE * was as f64
         })
+    }
+
+    /// Whether a rule is waiting (`for`) or firing: the log then keeps
+    /// every line, so a replay sees every reading behind a decision.
+    pub fn set_watching(&mut self, watching: bool) {
+        self.watching = watching;
+    }
+
+    /// A due line that says nothing new: a steady run writes one in
+    /// [`QUIET_EVERY`] once past its first [`QUIET_AFTER`]. Lines a reader needs (a rule or action, a process
+    /// list, moved progress, a rule waiting, `--log-every-tick`) always go.
+    fn quiet(&mut self, sample: &Sample, view: &View, needed: bool) -> bool {
+        let mark = LineMark::of(sample, view);
+        self.attempt_lines = self.attempt_lines.saturating_add(1);
+        let news = needed
+            || self.attempt_lines <= QUIET_AFTER
+            || self.every_tick
+            || self.watching
+            || self.log.progress_pending()
+            || self
+                .last_line
+                .as_ref()
+                .is_none_or(|last| mark.moved_from(last))
+            || self.quiet_lines + 1 >= QUIET_EVERY;
+        if news {
+            self.last_line = Some(mark);
+            self.quiet_lines = 0;
+        } else {
+            self.quiet_lines += 1;
+        }
+        !news
     }
 
     /// One tick's sample to every sink: metrics and the dashboard always,
@@ -407,6 +452,9 @@ impl Sinks {
             || self
                 .last_procs_log
                 .is_none_or(|last| sample.t - last >= self.procs_interval.as_secs_f64());
+        if self.quiet(sample, view, logged || with_procs) {
+            return;
+        }
         if with_procs {
             self.last_procs_log = Some(sample.t);
             self.confirm_at = moved.then(|| sample.t + 1.5 * self.moved_spacing(sample.t));
@@ -864,6 +912,10 @@ mod tests {
     }
 
     fn sinks(log: &std::path::Path, every_tick: bool) -> Sinks {
+        sinks_listing(log, every_tick, Duration::from_secs(5))
+    }
+
+    fn sinks_listing(log: &std::path::Path, every_tick: bool, procs: Duration) -> Sinks {
         let started = Instant::now();
         let out = Outlets {
             log: LogWriter::create(log, started).unwrap(),
@@ -873,8 +925,7 @@ mod tests {
             app: None,
             notifier: Box::new(Quiet),
         };
-        let interval = (Duration::from_secs(1), Duration::from_secs(5));
-        let mut s = Sinks::new(started, out, interval.0, interval.1, every_tick);
+        let mut s = Sinks::new(started, out, Duration::from_secs(1), procs, every_tick);
         // Not a GitHub Actions step, wherever the tests run.
         s.annotator = None;
         s
@@ -897,6 +948,14 @@ mod tests {
             .collect()
     }
 
+    /// Near a ceiling (an ETA of a minute): no line is a quiet one.
+    fn near(t: f64) -> View {
+        View {
+            eta_seconds: Some(60.0),
+            ..view(t)
+        }
+    }
+
     /// Fast ticks (every 100 ms, as near a ceiling) are logged once per
     /// `--interval`, each tick where something happened is logged, and
     /// the process list comes at the first line, every
@@ -911,7 +970,7 @@ mod tests {
         let mib = 1u64 << 20;
         for i in 0..=120 {
             let t = f64::from(i) / 10.0;
-            s.sample(&sample(t, 500 * mib), &view(t), false, false, None, false);
+            s.sample(&sample(t, 500 * mib), &near(t), false, false, None, false);
         }
         let got = lines(&path);
         let times: Vec<f64> = got.iter().map(|l| l.0).collect();
@@ -925,7 +984,7 @@ mod tests {
         // A rule fired: logged though not due; forced: with the list.
         s.sample(
             &sample(12.05, 500 * mib),
-            &view(12.05),
+            &near(12.05),
             true,
             false,
             None,
@@ -933,7 +992,7 @@ mod tests {
         );
         s.sample(
             &sample(12.1, 500 * mib),
-            &view(12.1),
+            &near(12.1),
             true,
             true,
             None,
@@ -943,7 +1002,7 @@ mod tests {
         // two seconds passed since the last list.
         s.sample(
             &sample(13.2, 600 * mib),
-            &view(13.2),
+            &near(13.2),
             false,
             false,
             None,
@@ -951,7 +1010,7 @@ mod tests {
         );
         s.sample(
             &sample(14.2, 600 * mib),
-            &view(14.2),
+            &near(14.2),
             false,
             false,
             None,
@@ -959,7 +1018,7 @@ mod tests {
         );
         s.sample(
             &sample(15.2, 700 * mib),
-            &view(15.2),
+            &near(15.2),
             false,
             false,
             None,
@@ -984,5 +1043,98 @@ mod tests {
             s.sample(&sample(t, 500 * mib), &view(t), false, false, None, false);
         }
         assert_eq!(lines(&every).len(), 20, "--log-every-tick logs every tick");
+    }
+
+    /// A steady node (a parent and 40 workers of 20 MiB, nothing moving)
+    /// for a day at defaults: after ten minutes one line in ten, the process list every
+    /// minute, at most 25 MB (#49). Memory that moves is written every
+    /// interval again, and a rule waiting keeps every line.
+    #[test]
+    fn a_day_of_a_steady_41_process_node_fits_in_25_mb() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("day.ndjson");
+        let mut s = sinks_listing(&path, false, Duration::from_secs(60));
+        s.start_attempt(0.0);
+        let mib = 1u64 << 20;
+        let steady = |t: f64, extra: u64| {
+            let mut x = budget_sample(t, 0);
+            x.budget_bytes = Some(16 << 30);
+            x.procs = (0..41u32)
+                .map(|i| {
+                    let role = if i == 0 { Role::Trainer } else { Role::Worker };
+                    let mut p = proc_sample(1_000_000 + i, role, 20 * mib + extra);
+                    p.comm = "pt_data_worker".into();
+                    p.ppid = if i == 0 { 999_999 } else { 1_000_000 };
+                    p.pss_bytes = 12 * mib + 345_678 + extra;
+                    p
+                })
+                .collect();
+            x.tree.procs = 41;
+            x.tree.footprint_bytes = x.procs.iter().map(|p| p.pss_bytes).sum();
+            x.tree.pss_bytes = x.tree.footprint_bytes;
+            x.tree.rss_bytes = x.procs.iter().map(|p| p.rss_bytes).sum();
+            x.psi = Some(crate::vocab::model::Psi {
+                some_avg10: 0.0,
+                full_avg10: 0.0,
+            });
+            x
+        };
+        let day = 86_400;
+        for i in 0..day {
+            let t = f64::from(i);
+            // A few pages of jitter, as a real tree shows.
+            s.sample(
+                &steady(t, u64::from(i % 7) * 4096),
+                &view(t),
+                false,
+                false,
+                None,
+                false,
+            );
+        }
+        let got = lines(&path);
+        let bytes = std::fs::metadata(&path).unwrap().len();
+        let lists = got.iter().filter(|l| l.1).count();
+        eprintln!(
+            "a steady day: {} lines, {lists} with the process list, {:.1} MB",
+            got.len(),
+            bytes as f64 / 1e6
+        );
+        assert!(bytes <= 25_000_000, "{bytes} bytes");
+        assert!(
+            got.len() <= day as usize / 10 + lists,
+            "{} lines",
+            got.len()
+        );
+        assert!((1440..1450).contains(&lists), "{lists} lists");
+        // No gap longer than ten intervals.
+        assert!(got.windows(2).all(|w| w[1].0 - w[0].0 <= 10.0));
+
+        // Moving memory: a line every interval again.
+        let before = lines(&path).len();
+        for i in 0..20u32 {
+            let t = f64::from(day + i);
+            s.sample(
+                &steady(t, u64::from(i) * 8 * mib),
+                &view(t),
+                false,
+                false,
+                None,
+                false,
+            );
+        }
+        assert_eq!(lines(&path).len() - before, 20, "every moving line");
+        // A rule waiting: every line though nothing moves.
+        s.set_watching(true);
+        let before = lines(&path).len();
+        for i in 20..30u32 {
+            let t = f64::from(day + i);
+            s.sample(&steady(t, 152 * mib), &view(t), false, false, None, false);
+        }
+        assert_eq!(
+            lines(&path).len() - before,
+            10,
+            "every line while a rule waits"
+        );
     }
 }

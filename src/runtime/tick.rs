@@ -111,6 +111,12 @@ impl Core {
         self.engine.warning()
     }
 
+    /// Some rule is waiting out its `for` or firing (the log keeps every
+    /// line then).
+    pub fn watching(&self) -> bool {
+        self.engine.watching()
+    }
+
     /// The user paused the job from the dashboard at `t`: its rules' waits
     /// do not run on while it is held.
     pub fn paused_externally(&mut self, t: f64) {

@@ -25,6 +25,7 @@ use crate::vocab::model::{
 
 mod event;
 mod lenient;
+pub mod quiet;
 pub mod read;
 mod run_end;
 pub mod runs;
@@ -154,6 +155,12 @@ impl LogWriter {
     ) {
         self.progress = progress.and_then(|p| serde_json::to_value(p).ok());
         self.progress_changed |= changed;
+    }
+
+    /// The next sample line carries progress that moved: it is not one a
+    /// steady run may leave out.
+    pub fn progress_pending(&self) -> bool {
+        self.progress_changed
     }
 
     /// Seconds since the run started, as every line and sample uses.
