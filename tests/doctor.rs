@@ -348,7 +348,19 @@ fn trainer(dir: &Path, on_term: Option<&str>) -> std::path::PathBuf {
 
 /// `doctor -- CMD` on `argv`: the report, and the pid the job wrote.
 fn probe(dir: &Path, argv: &[&str], env: &[(&str, &str)]) -> (Doctor, Option<u32>) {
-    let mut c = doctor_json(&["--wait", "20s", "--"]);
+    probe_waiting(dir, argv, env, "20s")
+}
+
+/// [`probe`] with `--wait`: a job that imports torch and Lightning on a
+/// busy machine takes longer than 20 s to print its first step; the wait
+/// ends at that step, so a longer one costs a fast job nothing.
+fn probe_waiting(
+    dir: &Path,
+    argv: &[&str],
+    env: &[(&str, &str)],
+    wait: &str,
+) -> (Doctor, Option<u32>) {
+    let mut c = doctor_json(&["--wait", wait, "--"]);
     c.args(argv).current_dir(dir);
     for (k, v) in env {
         c.env(k, v);
@@ -473,7 +485,12 @@ fn files(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (usize, u
 fn judged_with_a_companion_and_nothing_saved(dir: &Path, venv: &Path, job: &Path) {
     let before = files(dir);
     let py = venv.join("bin/python");
-    let (d, pid) = probe(dir, &[py.to_str().unwrap(), job.to_str().unwrap()], &[]);
+    let (d, pid) = probe_waiting(
+        dir,
+        &[py.to_str().unwrap(), job.to_str().unwrap()],
+        &[],
+        "90s",
+    );
     let c = d.check("stop_saves");
     assert_eq!(c["state"], "ok", "{c}");
     assert_eq!(c["details"]["finding"]["verdict"]["companion"], true, "{c}");

@@ -30,8 +30,11 @@ fn snippet(file: &str) -> String {
     blocks[0].to_string()
 }
 
-/// A rule that stops the job once it has run 1 s (any Python is above
-/// 1 MiB), with the default rules left out.
+/// A rule that stops the job once it has run 3 s (any Python is above
+/// 1 MiB), with the default rules left out: on a busy machine Python may
+/// take 2 s to reach the snippet's first step (a stop before the companion
+/// has spoken saves nothing, rightly), and the snippet's 100 steps take at
+/// least 5 s, so the stop comes mid-run.
 const STOP_RULE: &str = r#"
 include_defaults = false
 
@@ -39,7 +42,7 @@ include_defaults = false
 name = "snippet-stop"
 metric = "tree_pss"
 above = "1MiB"
-for = "1s"
+for = "3s"
 action = "stop"
 "#;
 
@@ -84,7 +87,7 @@ include_defaults = false
 name = "snippet-restart"
 metric = "tree_pss"
 above = "1MiB"
-for = "1s"
+for = "3s"
 action = "restart"
 "#;
 
