@@ -513,7 +513,7 @@ fn serial_one_task_per_rank_unmodified_lightning_saves_one_step_and_resumes_it()
 
 /// Two tasks of one node under `--budget`, no SLURM memory confinement
 /// (`--cgroup off`, as a user who is not root runs it): rank 1 leaks up to
-/// 600 MiB, so its tree alone never nears the budget, but the node's two
+/// 1000 MiB, so its tree alone never reaches the critical level, but the node's two
 /// together pass it. The tasks pool their footprints: one oomguard decides
 /// for the node, its stop names rank 1, both ranks save the same step,
 /// and both oomguards exit 75 (the memory cgroup around them, well above
@@ -555,8 +555,13 @@ fn serial_one_task_per_rank_a_node_budget_is_the_tasks_together() {
         .env("FAKE_SLURM_OUT", dir.path())
         .env("DIST", "1")
         .env("LEAK_RANK", "1")
-        .env("LEAK_MB", "4")
-        .env("MAX_MB", "600")
+        // 1 MiB a step (~14 MiB/s): slow enough that no ETA stops rank 1
+        // before the critical level, and up to 1000 MiB, well past what
+        // the two ranks (340-450 MiB each) need to reach it together; alone
+        // rank 1 stays above 8 % headroom. 600 MiB at 4 a step was too
+        // close: one run peaked at 16 % headroom and finished.
+        .env("LEAK_MB", "1")
+        .env("MAX_MB", "1000")
         .env("CKPT_DIR", dir.path())
         .env_remove("OOMGUARD_CONTROL")
         .output()
