@@ -48,6 +48,29 @@ fn replay(log: &Path, flags: &[&str]) -> (usize, usize, usize, Vec<(f64, String,
     (count("recorded"), count("replayed"), same, replayed)
 }
 
+/// `python3 job` under `oomguard run --budget 256MiB --grace 2s` and
+/// `flags`, in `dir` (the stop's end record goes beside the job, not into
+/// the checkout), which the policy must stop (exit 75); returns its log.
+fn stopped_under_256_mib(dir: &Path, job: &Path, flags: &[&str]) -> std::path::PathBuf {
+    let log = dir.join("run.ndjson");
+    let out = oomguard()
+        .args([
+            "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
+        ])
+        .args(["--grace", "2s"])
+        .args(flags)
+        .arg("--log")
+        .arg(&log)
+        .args(["--", "python3"])
+        .arg(job)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    log
+}
+
 #[test]
 fn the_recorded_policy_reproduces_every_recorded_run() {
     let _machine = common::machine::beside();
@@ -98,25 +121,7 @@ fn a_live_run_is_reproduced_by_its_own_replay() {
         "grow.py",
         "import time\nchunks = []\nfor _ in range(30):\n    chunks.append(bytearray(10 << 20))\n    time.sleep(0.2)\ntime.sleep(30)\n",
     );
-    let log = dir.path().join("run.ndjson");
-    let out = oomguard()
-        .args([
-            "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
-        ])
-        .args(["--interval", "500ms", "--grace", "2s", "--log"])
-        .arg(&log)
-        .args(["--", "python3"])
-        .arg(&job)
-        // The stop's end record goes beside the job, not into the checkout.
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let log = stopped_under_256_mib(dir.path(), &job, &["--interval", "500ms"]);
     let (recorded, replayed, same, acts) = replay(&log, &[]);
     assert!(
         recorded >= 2,
@@ -144,35 +149,18 @@ fn a_steady_stretch_is_thinned_and_the_run_still_replays() {
             "import time\nchunks = [bytearray(60 << 20)]\ntime.sleep({hold})\nfor _ in range(30):\n    chunks.append(bytearray(10 << 20))\n    time.sleep(0.2)\ntime.sleep(30)\n"
         ),
     );
-    let log = dir.path().join("run.ndjson");
     // At 20 ms a tick, 600 intervals are 12 s; every cadence scaled alike.
-    let out = oomguard()
-        .args([
-            "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
-        ])
-        .args([
+    let log = stopped_under_256_mib(
+        dir.path(),
+        &job,
+        &[
             "--interval",
             "20ms",
             "--procs-interval",
             "1200ms",
             "--pss-interval",
             "100ms",
-            "--grace",
-            "2s",
-            "--log",
-        ])
-        .arg(&log)
-        .args(["--", "python3"])
-        .arg(&job)
-        // The stop's end record goes beside the job, not into the checkout.
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let lines = read_log(&log);
     let times: Vec<f64> = lines

@@ -327,18 +327,7 @@ impl Core {
             self.act.request(action, &reason, inp.now);
             return;
         }
-        // A job with ranks on other nodes is never paused: a held rank
-        // stalls every node in its next collective until the collective's
-        // timeout. It is stopped with a checkpoint instead (every node's).
-        let action = if action == Action::Pause && self.act.companion().spans_nodes() {
-            self.act.push(Acted::Say(format!(
-                "{reason}: the job has ranks on other nodes, and pausing this node's would stall \
-                 them all; stopping it with a checkpoint instead"
-            )));
-            Action::Stop
-        } else {
-            action
-        };
+        let action = self.no_pause_across_nodes(action, &reason);
         if action == Action::Warn {
             self.warn(&reason, sample, view, notifier);
         } else if !self.voice.quiet {
@@ -403,6 +392,20 @@ impl Core {
                 reason,
             });
         }
+    }
+
+    /// A job with ranks on other nodes is never paused: a held rank stalls
+    /// every node in its next collective until the collective's timeout.
+    /// It is stopped with a checkpoint instead (every node's).
+    fn no_pause_across_nodes(&mut self, action: Action, reason: &str) -> Action {
+        if action != Action::Pause || !self.act.companion().spans_nodes() {
+            return action;
+        }
+        self.act.push(Acted::Say(format!(
+            "{reason}: the job has ranks on other nodes, and pausing this node's would stall \
+             them all; stopping it with a checkpoint instead"
+        )));
+        Action::Stop
     }
 
     fn warn(&mut self, reason: &str, sample: &Sample, view: &View, notifier: &mut dyn Notifier) {

@@ -282,6 +282,21 @@ pub fn output_event(
     }
 }
 
+/// Events that carry the job's `progress`, when it printed any. Samples
+/// carry it only when it changed.
+pub(super) const PROGRESS_EVENTS: &[&str] = &[
+    "rule",
+    "action",
+    "checkpoint",
+    "restart",
+    "oom_kill",
+    "cuda_oom",
+    "worker_died",
+    "rank_failed",
+    "run_end",
+    "phase_memory",
+];
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;

@@ -66,21 +66,6 @@ struct Envelope<'a, T: Serialize> {
     body: &'a T,
 }
 
-/// Events that carry the job's `progress`, when it printed any. Samples
-/// carry it only when it changed.
-const PROGRESS_EVENTS: &[&str] = &[
-    "rule",
-    "action",
-    "checkpoint",
-    "restart",
-    "oom_kill",
-    "cuda_oom",
-    "worker_died",
-    "rank_failed",
-    "run_end",
-    "phase_memory",
-];
-
 /// Writes events; a no-op without `--log`.
 pub struct LogWriter {
     out: Option<BufWriter<File>>,
@@ -186,7 +171,7 @@ impl LogWriter {
         let progress = if event == "sample" {
             std::mem::take(&mut self.progress_changed)
         } else {
-            PROGRESS_EVENTS.contains(&event)
+            event::PROGRESS_EVENTS.contains(&event)
         };
         let line = Envelope {
             schema: SCHEMA,
