@@ -50,10 +50,18 @@ fn replay(log: &Path, flags: &[&str]) -> (usize, usize, usize, Vec<(f64, String,
 
 /// `python3 job` under `oomguard run --budget 256MiB --grace 2s` and
 /// `flags`, in `dir` (the stop's end record goes beside the job, not into
-/// the checkout), which the policy must stop (exit 75); returns its log.
+/// the checkout), which the policy must stop (exit 75); returns its log,
+/// `dir/run.ndjson`. Where the machine can make one, the run has a memory
+/// cgroup of its own: the enclosing cgroup oomguard reports with `--cgroup
+/// off` is then the job's alone, not the usage of every test beside it.
 fn stopped_under_256_mib(dir: &Path, job: &Path, flags: &[&str]) -> std::path::PathBuf {
     let log = dir.join("run.ndjson");
-    let out = oomguard()
+    let own = MemCgroup::new("replay", 1 << 30);
+    let mut cmd = match &own {
+        Some(cg) => cg.command(Path::new(env!("CARGO_BIN_EXE_oomguard")), &[]),
+        None => oomguard(),
+    };
+    let out = cmd
         .args([
             "run", "--no-tui", "-q", "--cgroup", "off", "--budget", "256MiB",
         ])
@@ -136,18 +144,31 @@ fn a_live_run_is_reproduced_by_its_own_replay() {
 /// the lines of that stretch (`sinks::log::quiet`), then every line once
 /// memory moves toward the budget; its replay still makes the live
 /// decisions. Judged by the rate of lines before and after the 600th, not
-/// by the clock: a loaded machine ticks slower than 50 a second.
+/// by the clock: a loaded machine ticks slower than 50 a second, so the job
+/// holds still until its own log has 600 samples, and 5 s more.
 #[test]
 fn a_steady_stretch_is_thinned_and_the_run_still_replays() {
     let _machine = common::machine::beside();
     let dir = tempfile::tempdir().unwrap();
-    let hold = 24.0;
     let job = script(
         dir.path(),
         "hold_then_grow.py",
-        &format!(
-            "import time\nchunks = [bytearray(60 << 20)]\ntime.sleep({hold})\nfor _ in range(30):\n    chunks.append(bytearray(10 << 20))\n    time.sleep(0.2)\ntime.sleep(30)\n"
-        ),
+        "import time\n\
+         chunks = [bytearray(60 << 20)]\n\
+         def samples():\n    \
+             try:\n        \
+                 with open('run.ndjson') as f:\n            \
+                     return sum('\"event\":\"sample\"' in l for l in f)\n    \
+             except OSError:\n        \
+                 return 0\n\
+         give_up = time.time() + 120\n\
+         while samples() < 600 and time.time() < give_up:\n    \
+             time.sleep(0.5)\n\
+         time.sleep(5)\n\
+         for _ in range(30):\n    \
+             chunks.append(bytearray(10 << 20))\n    \
+             time.sleep(0.2)\n\
+         time.sleep(30)\n",
     );
     // At 20 ms a tick, 600 intervals are 12 s; every cadence scaled alike.
     let log = stopped_under_256_mib(
@@ -163,24 +184,37 @@ fn a_steady_stretch_is_thinned_and_the_run_still_replays() {
         ],
     );
     let lines = read_log(&log);
-    let times: Vec<f64> = lines
+    let samples: Vec<(f64, u64)> = lines
         .iter()
-        .filter(|l| matches!(l.event, schema::Event::Sample(_)))
-        .map(|l| l.t)
+        .filter_map(|l| match &l.event {
+            schema::Event::Sample(s) => Some((l.t, s.tree.footprint_bytes)),
+            _ => None,
+        })
         .collect();
+    assert!(samples.len() > 600, "{} samples", samples.len());
     // Every tick of the first 600 is a line: their rate is the tick rate.
-    let (start, warm) = (times[1], times[600]);
+    let (start, warm) = (samples[1].0, samples[600].0);
     let tick_rate = 599.0 / (warm - start);
-    let (from, to) = (warm + 1.0, hold - 0.5);
+    // The stretch ends where the job begins to grow (its first 10 MiB).
+    let held = samples[600].1;
+    let grew = (samples.iter())
+        .find(|&&(t, f)| t > warm && f > held + (8 << 20))
+        .map(|&(t, _)| t)
+        .unwrap_or(f64::INFINITY);
+    let (from, to) = (warm + 1.0, grew - 0.5);
     assert!(
         to - from >= 3.0,
-        "the first 600 ticks took until {warm:.1} s: no steady stretch left"
+        "600 ticks by {warm:.1} s, growth at {grew:.1} s: no steady stretch"
     );
-    let steady = times.iter().filter(|&&t| from <= t && t < to).count();
-    let steady_rate = steady as f64 / (to - from);
+    let steady: Vec<&schema::Line> = (lines.iter())
+        .filter(|l| matches!(l.event, schema::Event::Sample(_)) && from <= l.t && l.t < to)
+        .collect();
+    let steady_rate = steady.len() as f64 / (to - from);
     assert!(
-        steady_rate <= tick_rate / 4.0 && steady > 0,
-        "{steady_rate:.1} lines/s in the steady stretch, {tick_rate:.1} ticks/s before"
+        steady_rate <= tick_rate / 4.0 && !steady.is_empty(),
+        "{steady_rate:.1} lines/s in the steady stretch {from:.1}-{to:.1} s, \
+         {tick_rate:.1} ticks/s before; its first lines: {:#?}",
+        &steady[..steady.len().min(4)]
     );
     let (recorded, replayed, same, acts) = replay(&log, &[]);
     assert!(
