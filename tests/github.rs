@@ -100,6 +100,7 @@ fn summary_data(command: &str) -> RunSummaryData {
             largest_process_rss_bytes: 6 << 30,
             footprint_bytes: 6 << 30,
             footprint_t: 3400.0,
+            shm: None,
         },
         ceilings: vec![Ceiling {
             source: CeilingSource::Cgroup,

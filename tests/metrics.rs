@@ -107,6 +107,10 @@ fn full_sample() -> Sample {
             free_bytes: 13 * GIB,
             ..Default::default()
         }],
+        shm: Some(oomguard::vocab::model::ShmSample {
+            size_bytes: 64 * MIB,
+            used_bytes: 24 * MIB,
+        }),
         budget_bytes: Some(2 * GIB),
         others_bytes: 0,
     }
@@ -312,6 +316,7 @@ impl Feeder {
                     cgroup: cg.as_ref().and_then(CgroupReader::read),
                     psi: system.psi(),
                     gpus,
+                    shm: None,
                     budget_bytes: Some(512 * MIB),
                     others_bytes: 0,
                 };
@@ -634,6 +639,16 @@ fn promtool_accepts_the_endpoint_and_the_textfile() {
     assert_eq!(r.header("content-type"), Some(CONTENT_TYPE));
     let names = metric_names(&r.body);
     assert_eq!(names.len(), 23, "every metric of design.md §4.4: {names:?}");
+    // A /dev/shm smaller than half the machine is a ceiling like the others.
+    assert!(
+        r.body
+            .lines()
+            .any(|l| l.starts_with("oomguard_ceiling_bytes{")
+                && l.contains("source=\"shm\"")
+                && l.ends_with(" 67108864")),
+        "{}",
+        r.body
+    );
     prometheus::promtool_check_metrics(&r.body).unwrap();
     assert_eq!(
         prometheus::http_get(endpoint.addr, "/").unwrap().status,

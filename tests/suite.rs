@@ -38,6 +38,7 @@ mod restart;
 mod run;
 mod sbatch;
 mod shapes;
+mod shm;
 mod snippets;
 mod torch_stats;
 mod torchrun;

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::job::supervise::{self, Status};
 use crate::sinks::log::{Outcome, RunEnd};
-use crate::vocab::model::Sample;
+use crate::vocab::model::{CeilingSource, Sample};
 use crate::vocab::units::{HumanBytes, human_duration};
 
 impl Supervisor {
@@ -115,6 +115,10 @@ impl Supervisor {
                 );
             }
         }
+        // Only the job's parent knows it has ended for good.
+        let shm_left = (self.target.is_parent())
+            .then(|| self.sampler.remove_left_shm_segments())
+            .flatten();
         self.write_run_end(
             outcome,
             &RunEnd {
@@ -142,6 +146,7 @@ impl Supervisor {
                 wakeups: Some(self.wakeups.armed()),
                 not_saved: self.core.act().not_saved().map(str::to_string),
                 output_log_left_out_bytes: self.output_log_left_out(relay_stats.as_ref()),
+                shm_segments_removed: shm_left,
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);
@@ -155,6 +160,13 @@ impl Supervisor {
         }
         if !self.cfg.quiet {
             self.summary(status, outcome, exit_code, duration);
+            if let Some(left) = shm_left {
+                eprintln!(
+                    "oomguard: removed {} torch_* segment(s) ({}) the job's processes left in /dev/shm",
+                    left.files,
+                    HumanBytes(left.bytes)
+                );
+            }
         }
         self.child.drop_cgroup();
         exit_code
@@ -408,9 +420,15 @@ impl Supervisor {
                 if reason == words::MANUAL_STOP {
                     format!("was stopped from the dashboard; exit {exit_code}")
                 } else {
-                    format!(
-                        "was stopped by oomguard ({reason}) before the kernel OOM killer; exit {exit_code}"
-                    )
+                    // A full /dev/shm fails a write, not an allocation.
+                    let shm = (self.sinks.stats().least_headroom)
+                        .is_some_and(|l| l.ceiling.source == CeilingSource::Shm);
+                    let before = if shm {
+                        "/dev/shm filled"
+                    } else {
+                        "the kernel OOM killer"
+                    };
+                    format!("was stopped by oomguard ({reason}) before {before}; exit {exit_code}")
                 }
             }
             (_, Status::Exited(c)) if interrupted => {

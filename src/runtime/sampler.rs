@@ -13,9 +13,11 @@ use crate::engine::probe::cgroup::CgroupReader;
 use crate::engine::probe::gpu::GpuProbe;
 use crate::engine::probe::proc::{TreeScanner, totals};
 use crate::engine::probe::pss::{Member, PssSweeper, SweepConfig};
+use crate::engine::probe::shm;
 use crate::engine::probe::system::SystemReader;
 use crate::engine::probe::torch_stats::TorchStatsReader;
-use crate::vocab::model::{GpuSample, ProcSample, Sample};
+use crate::sinks::log::ShmSegments;
+use crate::vocab::model::{GpuSample, ProcSample, Role, Sample, ShmSample};
 
 pub struct Sampler {
     proc_root: PathBuf,
@@ -48,6 +50,10 @@ pub struct Sampler {
     gpu_last: Option<(Instant, Vec<GpuSample>, HashMap<Ident, u64>)>,
     /// Recent (t, used bytes) of the fullest GPU, for its ETA.
     gpu_history: VecDeque<(f64, f64)>,
+    /// Every trainer's and worker's pid seen: whose `torch_<pid>_…`
+    /// segments in `/dev/shm` are the job's to remove when it ends.
+    /// (Launchers and helpers never make one; a job's shells churn.)
+    python_pids: HashSet<u32>,
 }
 
 /// The readers a sampler is built from (plain data: `setup.rs` opens them).
@@ -83,6 +89,7 @@ impl Sampler {
             ns_pids: HashMap::new(),
             gpu_last: None,
             gpu_history: VecDeque::new(),
+            python_pids: HashSet::new(),
         }
     }
 
@@ -207,6 +214,12 @@ impl Sampler {
                 p.torch = reader.latest().get(&p.pid).cloned();
             }
         }
+        let shm = self.shm(&procs);
+        self.python_pids.extend(
+            (procs.iter())
+                .filter(|p| matches!(p.role, Role::Trainer | Role::Worker))
+                .map(|p| p.pid),
+        );
         self.tree = procs.clone();
         Sample {
             t: now.duration_since(self.started).as_secs_f64(),
@@ -216,9 +229,35 @@ impl Sampler {
             cgroup,
             psi,
             gpus,
+            shm,
             budget_bytes: self.budget_bytes,
             others_bytes: 0,
         }
+    }
+
+    /// Removes the `torch_<pid>_…` segments in `/dev/shm` (oomguard's
+    /// view: a namespace of the job's own went with it) that the job's
+    /// processes left; call once the job has ended.
+    pub fn remove_left_shm_segments(&self) -> Option<ShmSegments> {
+        let (files, bytes) = shm::remove_left_segments(
+            &self.proc_root.join("self/root/dev/shm"),
+            &self.python_pids,
+            &self.proc_root,
+        );
+        (files > 0).then_some(ShmSegments { files, bytes })
+    }
+
+    /// `/dev/shm` as the trainer sees it (the first process below the
+    /// launchers; the leader before one is known): a `docker run` or an
+    /// `unshare -m` wrapping only the job has its own. Every tick: one
+    /// `statfs`, and a 64 MiB tmpfs fills in seconds.
+    fn shm(&self, procs: &[ProcSample]) -> Option<ShmSample> {
+        let pid = procs
+            .iter()
+            .find(|p| p.role == Role::Trainer)
+            .or(procs.first())?
+            .pid;
+        shm::read(&shm::path_of(&self.proc_root, pid))
     }
 
     /// The tree's live processes (zombies are counted apart: ours are not

@@ -19,7 +19,7 @@ use crate::sinks::log::{
     ActionEvent, ActionKind, Event, LogWriter, Outcome, Peak, RuleState, RunEnd, SampleEvent,
 };
 use crate::sinks::tui::UiEvent;
-use crate::vocab::model::{CeilingState, Role, Sample, View};
+use crate::vocab::model::{CeilingSource, CeilingState, Role, Sample, View};
 use crate::vocab::units::HumanBytes;
 
 /// Running totals for `run_end` and the summary.
@@ -127,6 +127,12 @@ impl RunStats {
         p.swap_used_bytes = p.swap_used_bytes.max(sample.system.swap_used_bytes);
         let gpu: u64 = sample.gpus.iter().map(|g| g.used_bytes).sum();
         p.gpu_used_bytes = p.gpu_used_bytes.max(gpu);
+        if let Some(shm) = sample.shm
+            && shm.is_ceiling(sample.system.mem_total_bytes)
+            && p.shm.is_none_or(|s| shm.used_bytes > s.used_bytes)
+        {
+            p.shm = Some(shm);
+        }
         if let Some(n) = view.nearest
             && self
                 .least_headroom
@@ -177,7 +183,18 @@ impl RunStats {
             p.footprint_t,
             HumanBytes(p.tree_rss_bytes),
         )];
-        if let Some(l) = self.least_headroom {
+        if let Some(l) = self
+            .least_headroom
+            .filter(|l| l.ceiling.source == CeilingSource::Shm)
+        {
+            lines.push(format!(
+                "nearest ceiling: /dev/shm {} (peak {} used, {:.1}% free); peak swap used {}",
+                HumanBytes(l.ceiling.bytes),
+                HumanBytes(l.used_bytes),
+                l.headroom_percent(),
+                HumanBytes(p.swap_used_bytes),
+            ));
+        } else if let Some(l) = self.least_headroom {
             lines.push(format!(
                 "nearest ceiling: {} {} (least headroom {}, {:.1}%); peak swap used {}",
                 l.ceiling.source.as_str(),
@@ -186,6 +203,14 @@ impl RunStats {
                 l.headroom_percent(),
                 HumanBytes(p.swap_used_bytes),
             ));
+            if let Some(shm) = p.shm {
+                lines.push(format!(
+                    "/dev/shm peak {} of {} ({:.0}%)",
+                    HumanBytes(shm.used_bytes),
+                    HumanBytes(shm.size_bytes),
+                    shm.used_bytes as f64 / shm.size_bytes.max(1) as f64 * 100.0
+                ));
+            }
         }
         lines
     }
@@ -1076,6 +1101,11 @@ mod tests {
             x.psi = Some(crate::vocab::model::Psi {
                 some_avg10: 0.0,
                 full_avg10: 0.0,
+            });
+            // A DataLoader's batches in flight through a 64 MiB /dev/shm.
+            x.shm = Some(crate::vocab::model::ShmSample {
+                size_bytes: 64 * mib,
+                used_bytes: 24 * mib + u64::from(extra > 0) * 4096,
             });
             x
         };

@@ -15,7 +15,7 @@ use super::act::{Acted, Actuator, Levels, Notifier, Scene, Signaller};
 use crate::engine::policy::{Action, Decision, Engine, Readings};
 use crate::job::supervise;
 use crate::runtime::node_group::NodeRole;
-use crate::vocab::model::{History, ProcSample, Sample, View};
+use crate::vocab::model::{CeilingSource, History, ProcSample, Sample, View};
 use crate::vocab::units::{HumanBytes, human_duration};
 
 /// Fastest polling cadence (near the ceiling and while stopping).
@@ -492,9 +492,18 @@ impl Core {
     }
 }
 
-/// "headroom 1.2 GiB (7.5%) under the cgroup ceiling of 16 GiB".
+/// "headroom 1.2 GiB (7.5%) under the cgroup ceiling of 16 GiB"; for
+/// `/dev/shm`, how full it is and what fills it.
 fn headroom_text(view: &View) -> Option<String> {
     let n = view.nearest?;
+    if n.ceiling.source == CeilingSource::Shm {
+        return Some(format!(
+            "/dev/shm {} of {} ({:.1}% free): DataLoader batches held in shared memory",
+            HumanBytes(n.used_bytes),
+            HumanBytes(n.ceiling.bytes),
+            n.headroom_percent(),
+        ));
+    }
     Some(format!(
         "headroom {} ({:.1}%) under the {} ceiling of {}",
         HumanBytes(n.headroom_bytes),

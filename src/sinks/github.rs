@@ -491,6 +491,7 @@ mod tests {
                 largest_process_rss_bytes: 0,
                 footprint_bytes: 2 << 30,
                 footprint_t: 60.0,
+                shm: None,
             },
             ceilings: vec![
                 Ceiling {

@@ -221,6 +221,25 @@ pub struct GpuSample {
     pub age_seconds: Option<f64>,
 }
 
+/// The tmpfs the job sees at `/dev/shm` (`engine::probe::shm`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShmSample {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+}
+
+impl ShmSample {
+    /// Whether it is a ceiling of its own: a size someone chose (Docker's
+    /// 64 MiB, `--shm-size`, a sized `emptyDir`), below the kernel's
+    /// default of half the machine's memory. At that default (or a tmpfs as
+    /// large as memory), shared memory is memory and the memory ceilings
+    /// watch it; a ceiling there would only stand nearest on every
+    /// workstation, 0 of 12 GiB used.
+    pub fn is_ceiling(&self, mem_total_bytes: u64) -> bool {
+        mem_total_bytes == 0 || self.size_bytes < mem_total_bytes / 100 * 49
+    }
+}
+
 /// The raw readings of one tick.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Sample {
@@ -232,6 +251,8 @@ pub struct Sample {
     pub cgroup: Option<CgroupSample>,
     pub psi: Option<Psi>,
     pub gpus: Vec<GpuSample>,
+    /// `/dev/shm` as the job's trainer sees it, when it is a tmpfs.
+    pub shm: Option<ShmSample>,
     /// The user's `--budget`, resolved to bytes.
     pub budget_bytes: Option<u64>,
     /// The footprint of the node's other tasks, when this oomguard decides
@@ -247,6 +268,9 @@ pub enum CeilingSource {
     Cgroup,
     Budget,
     System,
+    /// The tmpfs at `/dev/shm`: full, it fails a write with ENOSPC or
+    /// SIGBUS, not an OOM kill.
+    Shm,
 }
 
 impl CeilingSource {
@@ -255,6 +279,15 @@ impl CeilingSource {
             CeilingSource::Cgroup => "cgroup",
             CeilingSource::Budget => "budget",
             CeilingSource::System => "system",
+            CeilingSource::Shm => "shm",
+        }
+    }
+
+    /// The name a person reads (the dashboard, messages).
+    pub fn label(self) -> &'static str {
+        match self {
+            CeilingSource::Shm => "/dev/shm",
+            other => other.as_str(),
         }
     }
 }
@@ -291,7 +324,7 @@ fn percent(part: u64, whole: u64) -> f64 {
 impl Sample {
     /// Every ceiling that applies, with the headroom under it.
     pub fn ceilings(&self) -> Vec<CeilingState> {
-        let mut out = Vec::with_capacity(3);
+        let mut out = Vec::with_capacity(4);
         if let Some(cg) = &self.cgroup
             && let Some(limit) = cg.limit_bytes
         {
@@ -327,6 +360,21 @@ impl Sample {
                     .mem_total_bytes
                     .saturating_sub(self.system.mem_available_bytes),
                 headroom_bytes: self.system.mem_available_bytes,
+            });
+        }
+        // Its bytes are memory too, already in the cgroup's and the
+        // machine's use: a ceiling beside them, never added to them.
+        if let Some(shm) = self
+            .shm
+            .filter(|s| s.is_ceiling(self.system.mem_total_bytes))
+        {
+            out.push(CeilingState {
+                ceiling: Ceiling {
+                    source: CeilingSource::Shm,
+                    bytes: shm.size_bytes,
+                },
+                used_bytes: shm.used_bytes,
+                headroom_bytes: shm.size_bytes.saturating_sub(shm.used_bytes),
             });
         }
         out

@@ -64,6 +64,8 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
     })
 }
 
+/// Lines are read a log at a time in tests: a variant's size is no cost.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
@@ -160,6 +162,9 @@ pub struct Sample {
     pub system: System,
     pub cgroup: Option<Cgroup>,
     pub psi: Option<Psi>,
+    /// `/dev/shm` as the job sees it, when it is a tmpfs (issue 50).
+    #[serde(default)]
+    pub shm: Option<Shm>,
     #[serde(default)]
     pub gpus: Vec<serde_json::Value>,
     #[serde(default)]
@@ -298,6 +303,23 @@ pub struct Peak {
     /// Absent in logs written before it.
     #[serde(default)]
     pub largest_process_rss_bytes: u64,
+    /// The fullest `/dev/shm` was, when it was a ceiling.
+    #[serde(default)]
+    pub shm: Option<Shm>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shm {
+    pub size_bytes: u64,
+    pub used_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShmSegments {
+    pub files: u32,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -334,6 +356,9 @@ pub struct RunEnd {
     pub not_saved: Option<String>,
     #[serde(default)]
     pub output_log_left_out_bytes: Option<u64>,
+    /// `torch_<pid>_…` files the job left in `/dev/shm`, removed.
+    #[serde(default)]
+    pub shm_segments_removed: Option<ShmSegments>,
     /// Which wake-ups were armed and how often each woke the loop.
     #[serde(default)]
     pub wakeups: Option<Wakeups>,

@@ -6,5 +6,6 @@ pub mod cgroup;
 pub mod gpu;
 pub mod proc;
 pub mod pss;
+pub mod shm;
 pub mod system;
 pub mod torch_stats;

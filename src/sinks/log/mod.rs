@@ -36,7 +36,9 @@ pub use event::{
     EventName, FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
 };
 use lenient::{device_index, lenient, lenient_list, lenient_vec, role_name, signal_name, truthy};
-pub use run_end::{CheapLoopStats, FailAbove, Outcome, Peak, RunEnd, WakeSource, Wakeups};
+pub use run_end::{
+    CheapLoopStats, FailAbove, Outcome, Peak, RunEnd, ShmSegments, WakeSource, Wakeups,
+};
 pub use vocab::{ActionKind, RuleState};
 
 /// The schema name every line carries.
@@ -481,6 +483,13 @@ pub struct SampleEvent {
     pub cgroup: Option<CgroupSample>,
     #[serde(default, deserialize_with = "lenient")]
     pub psi: Option<Psi>,
+    /// `/dev/shm` as the job sees it, when it is a tmpfs.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient"
+    )]
+    pub shm: Option<crate::vocab::model::ShmSample>,
     /// Per-GPU detail, on every rule/action line and on every other line
     /// that carries `procs` ([`GPU_DETAIL_EVERY`] process lists): 8 GPUs on
     /// every line would add ~180 MB a day. Left out in between.
@@ -558,6 +567,7 @@ impl SampleEvent {
                 some_avg10: (p.some_avg10 * 100.0).round() / 100.0,
                 full_avg10: (p.full_avg10 * 100.0).round() / 100.0,
             }),
+            shm: sample.shm,
             gpus: if with_procs {
                 sample.gpus.clone()
             } else {
@@ -1272,6 +1282,7 @@ mod size_tests {
                 full_avg10: f64::from(5.67f32),
             }),
             gpus: Vec::new(),
+            shm: None,
             budget_bytes: None,
             others_bytes: 0,
         }

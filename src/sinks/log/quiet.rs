@@ -41,6 +41,7 @@ pub struct LineMark {
     psi_some: Option<f64>,
     oom_kills: (Option<u64>, Option<u64>),
     gpu_bytes: Vec<u64>,
+    shm_used_bytes: Option<u64>,
     eta_near: bool,
 }
 
@@ -61,6 +62,7 @@ impl LineMark {
                 sample.cgroup.as_ref().and_then(|c| c.oom_kill_count),
             ),
             gpu_bytes: sample.gpus.iter().map(|g| g.used_bytes).collect(),
+            shm_used_bytes: sample.shm.map(|s| s.used_bytes),
             eta_near: view.eta_seconds.is_some_and(|e| e < NEAR_ETA_SECONDS),
         }
     }
@@ -85,6 +87,7 @@ impl LineMark {
             || opt_bytes(self.headroom_bytes, last.headroom_bytes)
             || bytes(self.footprint_bytes, last.footprint_bytes)
             || opt_bytes(self.cgroup_bytes, last.cgroup_bytes)
+            || opt_bytes(self.shm_used_bytes, last.shm_used_bytes)
             || bytes(self.swap_used_bytes, last.swap_used_bytes)
             || self.eta_near != last.eta_near
             || match (self.psi_some, last.psi_some) {

@@ -29,6 +29,10 @@ pub struct Peak {
     /// figure shows, is here.
     #[serde(default)]
     pub largest_process_rss_bytes: u64,
+    /// The fullest `/dev/shm` (the job's view) was, with its size, when it
+    /// was a ceiling (`ShmSample::is_ceiling`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm: Option<crate::vocab::model::ShmSample>,
 }
 
 /// `run_end`: always the last line.
@@ -88,6 +92,18 @@ pub struct RunEnd {
     /// disk to keep it (the oldest). Absent without the cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_log_left_out_bytes: Option<u64>,
+    /// `torch_<pid>_…` segments the job's processes left in `/dev/shm`
+    /// (PyTorch's `file_system` sharing strategy, a worker killed before
+    /// it unlinked them), removed after the job ended. Absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_segments_removed: Option<ShmSegments>,
+}
+
+/// `run_end.shm_segments_removed`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ShmSegments {
+    pub files: u32,
+    pub bytes: u64,
 }
 
 /// `run_end.wakeups`: each source of a wake-up, armed or not, and the
@@ -147,6 +163,7 @@ impl RunEnd {
             wakeups: None,
             not_saved: None,
             output_log_left_out_bytes: None,
+            shm_segments_removed: None,
         }
     }
 }

@@ -621,7 +621,7 @@ fn tree_families(b: &mut Builder<'_>, t: Option<&Tick>) {
     b.many(
         "oomguard_ceiling_bytes",
         Gauge,
-        "Limits the job must stay under, by source (cgroup, budget, system).",
+        "Limits the job must stay under, by source (cgroup, budget, system, shm).",
         t.map(|t| {
             t.ceilings
                 .iter()
@@ -787,6 +787,7 @@ mod tests {
                 free_bytes: 5_000_000,
                 ..Default::default()
             }],
+            shm: None,
             budget_bytes: Some(1_000_000),
             others_bytes: 0,
         }
@@ -820,7 +821,7 @@ oomguard_actions_total{action="warn",job_id="42",node="n1",rank="3"} 2
 # HELP oomguard_build_info oomguard's version; always 1.
 # TYPE oomguard_build_info gauge
 oomguard_build_info{job_id="42",node="n1",rank="3",version="9.9.9"} 1
-# HELP oomguard_ceiling_bytes Limits the job must stay under, by source (cgroup, budget, system).
+# HELP oomguard_ceiling_bytes Limits the job must stay under, by source (cgroup, budget, system, shm).
 # TYPE oomguard_ceiling_bytes gauge
 oomguard_ceiling_bytes{job_id="42",node="n1",rank="3",source="budget"} 1000000
 oomguard_ceiling_bytes{job_id="42",node="n1",rank="3",source="cgroup"} 2000000

@@ -253,6 +253,7 @@ pub fn sample(run: &Run, t: u32) -> Sample {
             full_avg10: 0.0,
         }),
         gpus,
+        shm: None,
         budget_bytes: None,
         others_bytes: 0,
     }

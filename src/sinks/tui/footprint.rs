@@ -81,7 +81,7 @@ pub(crate) fn used_label(sample: &Sample, state: &CeilingState) -> &'static str 
                 "usage"
             }
         }
-        CeilingSource::System => "used",
+        CeilingSource::System | CeilingSource::Shm => "used",
     }
 }
 

@@ -28,6 +28,7 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     super::workers::trainer_growth(log, &procs, &mut out);
     worker_fit(log, &mut out);
     prefetch_share(log, &mut out);
+    super::shm::shm_use(log, &mut out);
     swap_growth(log, &mut out);
     log_integrity(log, &mut out);
     // Stable: within a severity, the order above (causes before sizing).

@@ -9,19 +9,22 @@
 use std::collections::BTreeMap;
 
 use super::finding::{Cited, FIT_SHARE, Finding, Severity, time_text};
-use super::run_log::{RunLog, SamplePoint, Snapshot};
+use super::run_log::{CeilingInfo, RunLog, SamplePoint, Snapshot};
 use crate::sinks::log::Event as Logged;
-use crate::vocab::model::Role;
+use crate::vocab::model::{CeilingSource, Role};
 use crate::vocab::units::HumanBytes;
 
 const MIB: u64 = 1 << 20;
 
-/// The ceiling the job was closest to: that of the sample with the least
-/// headroom, else the smallest ceiling `run_start` knew.
+/// The memory ceiling the job was closest to: that of the sample with the
+/// least headroom, else the smallest ceiling `run_start` knew. `/dev/shm`
+/// is left out: the footprint and the workers that fit are memory, not
+/// shared-memory files (`report::shm` judges those).
 pub fn nearest_ceiling(log: &RunLog) -> Option<(String, u64)> {
+    let memory = |c: &&CeilingInfo| c.source != CeilingSource::Shm.as_str();
     log.samples
         .iter()
-        .filter(|s| s.ceiling.is_some())
+        .filter(|s| s.ceiling.as_ref().is_some_and(|c| memory(&c)))
         .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
         .and_then(|s| s.ceiling.as_ref())
         .map(|c| (c.source.clone(), c.bytes))
@@ -30,6 +33,7 @@ pub fn nearest_ceiling(log: &RunLog) -> Option<(String, u64)> {
                 .as_ref()?
                 .ceilings
                 .iter()
+                .filter(memory)
                 .min_by_key(|c| c.bytes)
                 .map(|c| (c.source.clone(), c.bytes))
         })

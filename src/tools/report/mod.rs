@@ -16,6 +16,7 @@ mod html;
 mod job;
 mod load;
 mod run_log;
+mod shm;
 mod svg;
 mod text;
 mod workers;

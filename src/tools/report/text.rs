@@ -9,6 +9,7 @@ use super::finding::{Finding, outcome_text, processes, time_text};
 use super::run_log::{RunLog, Timed, child_pid, degraded, said};
 use crate::sinks::log::Event as Logged;
 use crate::sinks::log::{CudaOomEvent, FaultEvent, OomKillEvent, RestartEvent, WorkerDiedEvent};
+use crate::vocab::model::CeilingSource;
 use crate::vocab::units::HumanBytes;
 
 /// One line saying what an event was, with its figures.
@@ -422,10 +423,33 @@ fn summary(o: &mut String, log: &RunLog) {
         let _ = write!(sums, " · GPU {}", HumanBytes(p.gpu));
     }
     let _ = writeln!(o, "{sums}");
+    // The ceiling with the least headroom of the run; the memory one when
+    // that was /dev/shm, with the tmpfs said on a line of its own.
+    let shm_nearest = (log.samples.iter())
+        .filter(|s| s.ceiling.is_some())
+        .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
+        .and_then(|s| s.ceiling.as_ref())
+        .filter(|c| c.source == CeilingSource::Shm.as_str());
+    if let Some(c) = shm_nearest {
+        let peak = (log.samples.iter())
+            .filter_map(|s| s.shm.map(|m| m.used_bytes))
+            .max()
+            .unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "  ceiling   /dev/shm {} · peak {} used ({:.0}%)",
+            HumanBytes(c.bytes),
+            HumanBytes(peak),
+            peak as f64 / c.bytes.max(1) as f64 * 100.0
+        );
+    }
     if let Some((source, bytes)) = super::fit::nearest_ceiling(log) {
         let least = log
             .samples
             .iter()
+            .filter(|s| {
+                shm_nearest.is_none() || s.ceiling.as_ref().is_some_and(|c| c.source == source)
+            })
             .filter_map(|s| s.headroom_percent)
             .fold(f64::INFINITY, f64::min);
         let mut line = format!("  ceiling   {source} {}", HumanBytes(bytes));

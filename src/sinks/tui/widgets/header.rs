@@ -41,7 +41,7 @@ impl HeaderView<'_> {
         let nearest_long = self.nearest.map(|n| {
             format!(
                 "{} {} · {} left",
-                n.ceiling.source.as_str(),
+                n.ceiling.source.label(),
                 theme::bytes(n.ceiling.bytes),
                 theme::bytes(n.headroom_bytes)
             )
@@ -49,7 +49,7 @@ impl HeaderView<'_> {
         let nearest_short = self.nearest.map(|n| {
             format!(
                 "{} {} left",
-                n.ceiling.source.as_str(),
+                n.ceiling.source.label(),
                 theme::bytes(n.headroom_bytes)
             )
         });

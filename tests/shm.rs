@@ -1,0 +1,306 @@
+//! `/dev/shm` as a ceiling (`engine::probe::shm`): DataLoader workers hand
+//! batches through a 64 MiB tmpfs (Docker's default) in a mount namespace
+//! of its own; a trainer that keeps every batch is asked to save and
+//! stopped before a write fails, whether oomguard is in that namespace (a
+//! container's entrypoint) or outside it (reading the trainer's view); a
+//! steady one is left alone. And the `torch_<pid>_…` files the job's
+//! killed workers leave are removed after it ends, no one else's.
+//!
+//! Mount namespaces need root here; the jobs need the torch environment.
+//! Both skip outside CI. Each run is in a memory cgroup of its own.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::MemCgroup;
+use common::schema::{self, Event, Line};
+
+const MIB: u64 = 1 << 20;
+
+fn batches() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/shm/batches.py")
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_oomguard")
+}
+
+/// What a namespace of its own with a 64 MiB `/dev/shm` runs `exec`ed.
+fn in_shm_64m(cmd: &str) -> String {
+    format!("mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {cmd}")
+}
+
+struct Run {
+    out: Output,
+    lines: Vec<Line>,
+    raw: String,
+    dir: tempfile::TempDir,
+}
+
+impl Run {
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+    fn why(&self) -> String {
+        let out = self.stdout();
+        let tail: Vec<&str> = out.lines().rev().take(6).collect();
+        format!(
+            "exit {:?}\nstderr:\n{}\nstdout tail:\n{}\nlog tail:\n{}",
+            self.out.status.code(),
+            self.stderr(),
+            tail.join("\n"),
+            self.raw
+                .lines()
+                .rev()
+                .take(4)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    }
+    /// `oomguard report --format text` of the run's log.
+    fn report(&self) -> String {
+        let out = common::oomguard()
+            .args(["report", "--format", "text"])
+            .arg(self.dir.path().join("run.ndjson"))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    fn actions(&self, kind: &str) -> usize {
+        (self.lines.iter())
+            .filter(|l| matches!(&l.event, Event::Action(a) if a.action == kind))
+            .count()
+    }
+}
+
+/// The batches job (`env`) under `oomguard run --cgroup off`, with
+/// oomguard inside the 64 MiB namespace (`oomguard_inside`) or only the
+/// job; None where this machine cannot (no root, no torch environment).
+fn run(oomguard_inside: bool, env: &[(&str, &str)]) -> Option<Run> {
+    let venv = common::torch_venv()?;
+    let cg = MemCgroup::or_skip("shm", 3 << 30)?;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("run.ndjson");
+    let py = format!(
+        "{} {}",
+        venv.join("bin/python").display(),
+        batches().display()
+    );
+    let og = format!(
+        "{} run --no-tui --cgroup off --log {}",
+        bin(),
+        log.display()
+    );
+    let script = if oomguard_inside {
+        in_shm_64m(&format!("{og} -- {py}"))
+    } else {
+        format!("{og} -- unshare -m sh -c '{}'", in_shm_64m(&py))
+    };
+    // Inside: the namespace runs oomguard. Outside: sh runs oomguard,
+    // and only the job makes a namespace.
+    let mut c = if oomguard_inside {
+        cg.command(Path::new("unshare"), &["-m", "sh", "-c", &script])
+    } else {
+        cg.command(Path::new("sh"), &["-c", &script])
+    };
+    c.env("CKPT_DIR", dir.path()).env_remove("OOMGUARD_CONTROL");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let raw = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines = common::read_log(&log);
+    Some(Run {
+        out,
+        lines,
+        raw,
+        dir,
+    })
+}
+
+/// The trainer keeps every 4 MiB batch: `/dev/shm` fills a batch a step.
+/// oomguard warns, the companion saves the last completed step, and the
+/// job leaves with 75 before any write fails; the stop, the summary and
+/// `run_end` name `/dev/shm`, its size and its peak.
+fn kept_batches_are_saved_and_stopped(oomguard_inside: bool) {
+    let _machine = common::machine::beside();
+    let Some(r) = run(oomguard_inside, &[("KEEP", "1"), ("BATCH_MB", "4")]) else {
+        return;
+    };
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    assert_eq!(r.out.status.code(), Some(75), "{}", r.why());
+    for failure in ["No space left on device", "Bus error", "Traceback"] {
+        assert!(!all.contains(failure), "{failure}\n{}", r.why());
+    }
+    assert!(r.actions("warn") >= 1, "no warning\n{}", r.why());
+    let (rule, source, bytes) = common::stop_decision(&r.lines).expect("no stop");
+    assert_eq!(
+        (source.as_str(), bytes),
+        ("shm", 64 * MIB),
+        "{rule}\n{}",
+        r.why()
+    );
+    let saved = r.lines.iter().rev().find_map(|l| match &l.event {
+        Event::CheckpointDone(v) => v["step"].as_u64(),
+        _ => None,
+    });
+    let last = (r.stdout().lines())
+        .filter_map(|l| l.strip_prefix("completed step ")?.parse::<u64>().ok())
+        .max();
+    assert!(
+        saved.is_some() && saved == last,
+        "saved {saved:?}, last {last:?}\n{}",
+        r.why()
+    );
+    let ckpt = r.dir.path().join(format!("ckpt-{}.json", saved.unwrap()));
+    assert!(ckpt.exists(), "{}", r.why());
+    let end = schema::run_end(&r.lines);
+    let peak = end.peak.shm.expect("run_end.peak.shm");
+    assert_eq!(peak.size_bytes, 64 * MIB);
+    assert!(peak.used_bytes > 40 * MIB, "{peak:?}");
+    let err = r.stderr();
+    assert!(
+        err.contains("before /dev/shm filled; exit 75")
+            && err.contains("nearest ceiling: /dev/shm 64.0 MiB (peak ")
+            && err.contains("DataLoader batches held in shared memory"),
+        "{}",
+        r.why()
+    );
+    // The report tells growth with the steps (a leak) from a size too small.
+    let report = r.report();
+    assert!(
+        report.contains("ceiling   /dev/shm 64.0 MiB · peak ")
+            && report.contains("/dev/shm filled as training went on")
+            && report.contains("stopped the job before /dev/shm filled"),
+        "{report}"
+    );
+}
+
+#[test]
+fn serial_oomguard_inside_a_64_mib_dev_shm_saves_and_stops_a_job_keeping_batches() {
+    kept_batches_are_saved_and_stopped(true);
+}
+
+/// oomguard outside the namespace sees the host's large `/dev/shm`: only
+/// reading it through the trainer's `/proc/PID/root` finds the 64 MiB one.
+#[test]
+fn serial_oomguard_outside_reads_the_jobs_own_64_mib_dev_shm() {
+    kept_batches_are_saved_and_stopped(false);
+}
+
+/// Batches not kept: shared memory holds steady at the batches in flight
+/// (2 workers × prefetch 2 of 6 MiB, and the one in hand), about half of
+/// 64 MiB. Not stopped, not warned; the peak share is said.
+#[test]
+fn serial_a_steady_half_full_dev_shm_is_left_alone_and_its_peak_said() {
+    let _machine = common::machine::beside();
+    let env = [("KEEP", "0"), ("BATCH_MB", "6"), ("STEPS", "40")];
+    let Some(r) = run(true, &env) else {
+        return;
+    };
+    assert_eq!(r.out.status.code(), Some(0), "{}", r.why());
+    assert_eq!(r.actions("warn") + r.actions("stop"), 0, "{}", r.why());
+    let peak = schema::run_end(&r.lines)
+        .peak
+        .shm
+        .expect("run_end.peak.shm");
+    let share = peak.used_bytes as f64 / peak.size_bytes as f64;
+    assert!((0.25..0.8).contains(&share), "{peak:?}");
+    assert!(
+        r.stderr()
+            .contains("nearest ceiling: /dev/shm 64.0 MiB (peak "),
+        "{}",
+        r.why()
+    );
+    let report = r.report();
+    assert!(report.contains("/dev/shm peaked at "), "{report}");
+}
+
+/// PyTorch's `file_system` sharing strategy names a shared tensor's file
+/// `torch_<pid>_…` after the process that made it and unlinks it only when
+/// that process ends normally: a worker killed leaves it. After the job,
+/// its workers' files are gone and counted; a file of another live
+/// process is untouched. (The workers live 3 s: oomguard knows the
+/// processes its scans saw, one a second.)
+#[test]
+fn serial_segments_the_jobs_killed_workers_left_are_removed_and_no_one_elses() {
+    let _machine = common::machine::beside();
+    let Some(venv) = common::torch_venv() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let job = common::script(
+        dir.path(),
+        "leave.py",
+        "import os, signal, time\n\
+         import torch, torch.multiprocessing as mp\n\
+         mp.set_sharing_strategy('file_system')\n\
+         def worker(q):\n    \
+             t = torch.ones(1 << 20)\n    \
+             t.share_memory_()\n    \
+             q.put(t)\n    \
+             time.sleep(60)\n\
+         if __name__ == '__main__':\n    \
+             q = mp.Queue()\n    \
+             ps = [mp.Process(target=worker, args=(q,)) for _ in range(2)]\n    \
+             for p in ps:\n        \
+                 p.start()\n    \
+             got = [q.get() for _ in ps]\n    \
+             print('segments', *[p.pid for p in ps], flush=True)\n    \
+             time.sleep(3)\n    \
+             for p in ps:\n        \
+                 os.kill(p.pid, signal.SIGKILL)\n    \
+             for p in ps:\n        \
+                 p.join()\n    \
+             os._exit(0)\n",
+    );
+    // Another job's segment: its pid alive throughout.
+    let mut other = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let theirs = PathBuf::from(format!("/dev/shm/torch_{}_4242_0", other.id()));
+    std::fs::write(&theirs, b"not the job's").unwrap();
+    let log = dir.path().join("run.ndjson");
+    let out = common::oomguard()
+        .args(["run", "--no-tui", "--cgroup", "off", "--log"])
+        .arg(&log)
+        .arg("--")
+        .arg(venv.join("bin/python"))
+        .arg(&job)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let kept = theirs.exists();
+    let _ = std::fs::remove_file(&theirs);
+    let _ = other.kill();
+    let _ = other.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let pids: Vec<&str> = (stdout.lines())
+        .find_map(|l| l.strip_prefix("segments "))
+        .expect("no worker pids")
+        .split(' ')
+        .collect();
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("torch_{p}_"))))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}\n{stderr}");
+    assert!(kept, "another process's segment was removed");
+    let end = schema::run_end(&common::read_log(&log)).shm_segments_removed;
+    let end = end.expect("run_end.shm_segments_removed");
+    assert_eq!(end.files, 2, "{stderr}");
+    assert!(end.bytes >= 2 * 4 * MIB, "{end:?}");
+    assert!(stderr.contains("removed 2 torch_* segment(s)"), "{stderr}");
+}
