@@ -13,6 +13,7 @@
 
 use crate::common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -21,8 +22,10 @@ use common::schema::{self, Event, Line};
 
 const MIB: u64 = 1 << 20;
 
-fn batches() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/shm/batches.py")
+fn job(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/jobs/shm")
+        .join(name)
 }
 
 fn bin() -> &'static str {
@@ -81,10 +84,11 @@ impl Run {
     }
 }
 
-/// The batches job (`env`) under `oomguard run --cgroup off`, with
-/// oomguard inside the 64 MiB namespace (`oomguard_inside`) or only the
-/// job; None where this machine cannot (no root, no torch environment).
-fn run(oomguard_inside: bool, env: &[(&str, &str)]) -> Option<Run> {
+/// A job of `tests/fixtures/jobs/shm` (`env`) under `oomguard run
+/// --cgroup off`, with oomguard inside the 64 MiB namespace
+/// (`oomguard_inside`) or only the job; None where this machine cannot
+/// (no root, no torch environment).
+fn run(oomguard_inside: bool, script: &str, env: &[(&str, &str)]) -> Option<Run> {
     let venv = common::torch_venv()?;
     let cg = MemCgroup::or_skip("shm", 3 << 30)?;
     let dir = tempfile::tempdir().unwrap();
@@ -92,7 +96,7 @@ fn run(oomguard_inside: bool, env: &[(&str, &str)]) -> Option<Run> {
     let py = format!(
         "{} {}",
         venv.join("bin/python").display(),
-        batches().display()
+        job(script).display()
     );
     let og = format!(
         "{} run --no-tui --cgroup off --log {}",
@@ -132,7 +136,11 @@ fn run(oomguard_inside: bool, env: &[(&str, &str)]) -> Option<Run> {
 /// `run_end` name `/dev/shm`, its size and its peak.
 fn kept_batches_are_saved_and_stopped(oomguard_inside: bool) {
     let _machine = common::machine::beside();
-    let Some(r) = run(oomguard_inside, &[("KEEP", "1"), ("BATCH_MB", "4")]) else {
+    let Some(r) = run(
+        oomguard_inside,
+        "batches.py",
+        &[("KEEP", "1"), ("BATCH_MB", "4")],
+    ) else {
         return;
     };
     let all = format!("{}{}", r.stdout(), r.stderr());
@@ -140,7 +148,12 @@ fn kept_batches_are_saved_and_stopped(oomguard_inside: bool) {
     for failure in ["No space left on device", "Bus error", "Traceback"] {
         assert!(!all.contains(failure), "{failure}\n{}", r.why());
     }
-    assert!(r.actions("warn") >= 1, "no warning\n{}", r.why());
+    // Warned: the warn rule fired (its action is left out when a checkpoint
+    // or stop level was crossed at the same tick, a step of 4 MiB later).
+    let warned = r.lines.iter().any(
+        |l| matches!(&l.event, Event::Rule(w) if w.rule == "warn-headroom" && w.state == "firing"),
+    );
+    assert!(warned, "no warning\n{}", r.why());
     let (rule, source, bytes) = common::stop_decision(&r.lines).expect("no stop");
     assert_eq!(
         (source.as_str(), bytes),
@@ -203,7 +216,7 @@ fn serial_oomguard_outside_reads_the_jobs_own_64_mib_dev_shm() {
 fn serial_a_steady_half_full_dev_shm_is_left_alone_and_its_peak_said() {
     let _machine = common::machine::beside();
     let env = [("KEEP", "0"), ("BATCH_MB", "6"), ("STEPS", "40")];
-    let Some(r) = run(true, &env) else {
+    let Some(r) = run(true, "batches.py", &env) else {
         return;
     };
     assert_eq!(r.out.status.code(), Some(0), "{}", r.why());
@@ -222,6 +235,131 @@ fn serial_a_steady_half_full_dev_shm_is_left_alone_and_its_peak_said() {
     );
     let report = r.report();
     assert!(report.contains("/dev/shm peaked at "), "{report}");
+}
+
+/// An unmodified Lightning script whose training step keeps its batches
+/// (2 workers) in the 64 MiB namespace: Lightning's own checkpoint of the
+/// last completed step, through the companion's callback, and exit 75.
+#[test]
+fn serial_unmodified_lightning_keeping_batches_saves_its_last_step() {
+    let _machine = common::machine::beside_with(&[common::machine::Need::Torch]);
+    let Some(r) = run(true, "lightning_batches.py", &[]) else {
+        return;
+    };
+    assert_eq!(r.out.status.code(), Some(75), "{}", r.why());
+    let all = format!("{}{}", r.stdout(), r.stderr());
+    for failure in ["No space left on device", "Bus error", "Traceback"] {
+        assert!(!all.contains(failure), "{failure}\n{}", r.why());
+    }
+    let (_, source, _) = common::stop_decision(&r.lines).expect("no stop");
+    assert_eq!(source, "shm", "{}", r.why());
+    let (step, ckpt) = r
+        .lines
+        .iter()
+        .rev()
+        .find_map(|l| match &l.event {
+            Event::CheckpointDone(v) => Some((
+                v["step"].as_u64()?,
+                PathBuf::from(v["paths"].as_array()?.first()?.as_str()?),
+            )),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no checkpoint_done\n{}", r.why()));
+    assert!(
+        r.stdout()
+            .contains(&format!("fit ended at global step {step}\n")),
+        "{}",
+        r.why()
+    );
+    assert_eq!(
+        ckpt.parent(),
+        Some(r.dir.path().join("checkpoints").as_path())
+    );
+    let py = common::torch_venv().unwrap().join("bin/python");
+    let check = std::process::Command::new(py)
+        .arg("-c")
+        .arg("import sys, torch; print(torch.load(sys.argv[1], weights_only=False)['global_step'])")
+        .arg(&ckpt)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&check.stdout).trim(),
+        step.to_string(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+/// A normal user (uid 65534) whose job makes an unprivileged user and
+/// mount namespace with a 64 MiB `/dev/shm` and keeps a 4 MiB file there
+/// each step: oomguard, outside the namespace and not root, reads the
+/// job's view, has it save its last step and stops it before a write
+/// fails. (Without torch: the torch environment is under root's home,
+/// which uid 65534 cannot enter.)
+#[test]
+fn serial_a_normal_user_in_its_own_user_and_mount_namespace_is_saved_and_stopped() {
+    let _machine = common::machine::beside();
+    let setpriv = Path::new("/usr/bin/setpriv");
+    if !common::require(setpriv.exists(), "needs setpriv (util-linux)") {
+        return;
+    }
+    let Some(cg) = MemCgroup::or_skip("shm-user", 1 << 30) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let log = dir.path().join("run.ndjson");
+    let job = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/shm/files.py");
+    let inner = in_shm_64m(&format!("python3 {}", job.display()));
+    let log_arg = log.to_str().unwrap();
+    let args = [
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        bin(),
+        "run",
+        "--no-tui",
+        "--cgroup",
+        "off",
+        "--log",
+        log_arg,
+        "--",
+        "unshare",
+        "-Urm",
+        "sh",
+        "-c",
+        &inner,
+    ];
+    let out = cg
+        .command(setpriv, &args)
+        .env("CKPT_DIR", dir.path())
+        // oomguard's own files (the companion's channel) go where it may write.
+        .env("TMPDIR", dir.path())
+        .env_remove("OOMGUARD_CONTROL")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let why = format!("exit {:?}\n{stderr}\n{stdout}", out.status.code());
+    assert_eq!(out.status.code(), Some(75), "{why}");
+    assert!(!stderr.contains("No space left"), "{why}");
+    let lines = common::read_log(&log);
+    let (_, source, bytes) = common::stop_decision(&lines).expect("no stop");
+    assert_eq!((source.as_str(), bytes), ("shm", 64 * MIB), "{why}");
+    let saved = lines.iter().rev().find_map(|l| match &l.event {
+        Event::CheckpointDone(v) => v["step"].as_u64(),
+        _ => None,
+    });
+    let last = (stdout.lines())
+        .filter_map(|l| l.strip_prefix("completed step ")?.parse::<u64>().ok())
+        .max();
+    assert!(
+        saved.is_some() && saved == last,
+        "saved {saved:?}, last {last:?}\n{why}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains(r#""owned":false"#), "{text}");
 }
 
 /// PyTorch's `file_system` sharing strategy names a shared tensor's file

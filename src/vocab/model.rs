@@ -786,6 +786,58 @@ mod tests {
     }
 
     #[test]
+    fn dev_shm_is_a_ceiling_beside_the_others_never_added_to_them() {
+        const MIB: u64 = 1 << 20;
+        let mut s = budget_sample(0.0, 0);
+        s.budget_bytes = None;
+        s.system.mem_total_bytes = 16 << 30;
+        s.system.mem_available_bytes = 15 << 30;
+        s.tree.footprint_bytes = 230 * MIB;
+        s.cgroup = Some(CgroupSample {
+            version: 2,
+            path: "/job".into(),
+            usage_bytes: 240 * MIB,
+            limit_bytes: Some(256 * MIB),
+            oom_kill_count: Some(0),
+            limit_path: None,
+            limit_working_set_bytes: Some(240 * MIB),
+            owned: true,
+        });
+        // 40 MiB of the cgroup's 240 are /dev/shm's: 24 MiB left there,
+        // 16 MiB under the cgroup limit. The cgroup is nearer, and stops
+        // the job; neither figure counts the 40 MiB twice.
+        s.shm = Some(ShmSample {
+            size_bytes: 64 * MIB,
+            used_bytes: 40 * MIB,
+        });
+        let all = s.ceilings();
+        assert_eq!(all.len(), 3);
+        let n = s.nearest().unwrap();
+        assert_eq!(
+            (n.ceiling.source, n.used_bytes),
+            (CeilingSource::Cgroup, 240 * MIB)
+        );
+        let shm = all
+            .iter()
+            .find(|c| c.ceiling.source == CeilingSource::Shm)
+            .unwrap();
+        assert_eq!((shm.used_bytes, shm.headroom_bytes), (40 * MIB, 24 * MIB));
+        // Nearer when the job's other memory is small.
+        s.cgroup.as_mut().unwrap().limit_working_set_bytes = Some(60 * MIB);
+        assert_eq!(s.nearest().unwrap().ceiling.source, CeilingSource::Shm);
+        // The kernel's default size (half of memory) is memory, not a ceiling.
+        s.shm = Some(ShmSample {
+            size_bytes: 8 << 30,
+            used_bytes: 40 * MIB,
+        });
+        assert!(
+            s.ceilings()
+                .iter()
+                .all(|c| c.ceiling.source != CeilingSource::Shm)
+        );
+    }
+
+    #[test]
     fn over_budget_headroom_is_zero_not_negative() {
         let s = budget_sample(0.0, 5000);
         assert_eq!(s.nearest().unwrap().headroom_bytes, 0);

@@ -263,6 +263,27 @@ mod tests {
     }
 
     #[test]
+    fn a_dev_shm_nearest_is_named_as_the_path() {
+        let mut v = view("python train.py");
+        v.nearest = Some(CeilingState {
+            ceiling: Ceiling {
+                source: CeilingSource::Shm,
+                bytes: 64 << 20,
+            },
+            used_bytes: 52 << 20,
+            headroom_bytes: 12 << 20,
+        });
+        let area = Rect::new(0, 0, 120, 1);
+        let mut buf = Buffer::empty(area);
+        (&v).render(area, &mut buf);
+        let text = row_text(&buf, 0);
+        assert!(
+            text.ends_with("nearest /dev/shm 64.0 MiB · 12.0 MiB left"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn narrow_header_cuts_the_command_not_the_state() {
         let area = Rect::new(0, 0, 80, 1);
         let mut buf = Buffer::empty(area);
