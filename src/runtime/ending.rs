@@ -115,10 +115,7 @@ impl Supervisor {
                 );
             }
         }
-        // Only the job's parent knows it has ended for good.
-        let shm_left = (self.target.is_parent())
-            .then(|| self.sampler.remove_left_shm_segments())
-            .flatten();
+        let shm_left = self.remove_left_shm_segments();
         self.write_run_end(
             outcome,
             &RunEnd {
@@ -160,16 +157,26 @@ impl Supervisor {
         }
         if !self.cfg.quiet {
             self.summary(status, outcome, exit_code, duration);
-            if let Some(left) = shm_left {
-                eprintln!(
-                    "oomguard: removed {} torch_* segment(s) ({}) the job's processes left in /dev/shm",
-                    left.files,
-                    HumanBytes(left.bytes)
-                );
-            }
         }
         self.child.drop_cgroup();
         exit_code
+    }
+
+    /// Removes the `torch_<pid>_…` files the job's processes left in
+    /// `/dev/shm`, and says so. Only the job's parent knows it has ended
+    /// for good.
+    fn remove_left_shm_segments(&self) -> Option<crate::sinks::log::ShmSegments> {
+        let left = (self.target.is_parent())
+            .then(|| self.sampler.remove_left_shm_segments())
+            .flatten()?;
+        if !self.cfg.quiet {
+            eprintln!(
+                "oomguard: removed {} torch_* segment(s) ({}) the job's processes left in /dev/shm",
+                left.files,
+                HumanBytes(left.bytes)
+            );
+        }
+        Some(left)
     }
 
     /// What the next run of this job resumes from (`resume.rs`): the save
