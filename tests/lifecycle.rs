@@ -113,12 +113,14 @@ fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let job = script(dir.path(), "trainer.py", SAVES_ON_TERM);
     let pid_file = dir.path().join("job.pid");
-    // A rule that always holds: the job is paused 3 s in (by then its
-    // handler is set: it writes its pid file after).
+    // A rule that always holds: the job is paused 10 s in (by then its
+    // handler is set: it writes its pid file after). 3 s was once too
+    // short for python3 to start while the suite kept both cores busy:
+    // paused before its pid file, the trainer never wrote it.
     let cfg = dir.path().join("pause.toml");
     fs::write(
         &cfg,
-        "[[rule]]\nname = \"always\"\nmetric = \"headroom_percent\"\nbelow = \"100%\"\nfor = \"3s\"\naction = \"pause\"\n",
+        "[[rule]]\nname = \"always\"\nmetric = \"headroom_percent\"\nbelow = \"100%\"\nfor = \"10s\"\naction = \"pause\"\n",
     )
     .unwrap();
     let mut og = oomguard()
@@ -148,7 +150,7 @@ fn a_killed_oomguard_lets_a_paused_trainer_checkpoint() {
         .parse()
         .unwrap();
     assert!(
-        wait_for(Duration::from_secs(10), || proc_state(job_pid) == Some('T')),
+        wait_for(Duration::from_secs(20), || proc_state(job_pid) == Some('T')),
         "the job was never paused"
     );
     // In oomguard's session, the paused job's group would be orphaned by

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::store_proxy::StoreProxy;
 use common::MemCgroup;
 use common::schema::Event;
 
@@ -728,4 +729,95 @@ fn serial_a_rank_that_raises_on_one_node_is_named_on_the_other() {
 #[test]
 fn serial_a_rank_killed_while_the_others_wait_on_the_store_is_named_within_10_s() {
     a_rank_of_node_a_ends(29696, &[("IDLE_AT_STEP", "10")], true, "rank-killed");
+}
+
+/// A store link rides out a hiccup: the port oomguard's links reach the
+/// job's store through (a proxy; the ranks keep their own connections)
+/// cuts both nodes' waiting connections and refuses new ones for 5 s.
+/// Each link says so once, connects again within its 10 s, and the
+/// healthy job trains to its end on both nodes: nothing is stopped as
+/// "store-lost".
+#[test]
+fn serial_a_store_refusing_connections_for_5_s_does_not_stop_a_healthy_job() {
+    let _serial = common::machine::beside_with(&[
+        common::machine::Need::Multinode,
+        common::machine::Need::Torch,
+    ]);
+    let port = 29698;
+    let proxy = StoreProxy::start(port, true);
+    let proxy_port = proxy.port.to_string();
+    let shared = [("STORE_PROXY_PORT", proxy_port.as_str())];
+    let a = NodeA {
+        leak: "99",
+        limit: 4 << 30,
+        env: &[],
+        shared: &shared,
+    };
+    let mut connected = false;
+    let Some(r) = two_nodes_during(port, &[], &[], &a, "600", |_| {
+        // Both nodes' listeners wait in the store: cut them.
+        connected = common::wait_for(Duration::from_secs(120), || proxy.accepted() >= 2);
+        std::thread::sleep(Duration::from_secs(1));
+        proxy.outage(Duration::from_secs(5));
+        Some(Instant::now())
+    }) else {
+        return;
+    };
+    let why = r.why();
+    assert!(
+        connected,
+        "the links never connected through the proxy\n{why}"
+    );
+    for (node, out) in ["a", "b"].iter().zip(&r.out) {
+        assert_eq!(out.status.code(), Some(0), "node {node}\n{why}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let said = format!("the job's store at 127.0.0.1:{}: ", proxy.port);
+        assert!(
+            (1..=2).contains(&err.matches(&said).count()),
+            "node {node}\n{why}"
+        );
+        assert!(!err.contains("store-lost"), "node {node}\n{why}");
+    }
+    for log in &r.logs {
+        assert!(stop_reasons(log).is_empty(), "{why}");
+        // Said once for the outage; the store going away with the job at
+        // its end (node 0's launcher exits) may be said once more.
+        let end = log.last().map_or(0.0, |l| l.t);
+        let at: Vec<f64> = (log.iter())
+            .filter(|l| {
+                matches!(&l.event, Event::StoreUnsteady(u)
+                if u.addr.as_deref() == Some(format!("127.0.0.1:{}", proxy.port).as_str()))
+            })
+            .map(|l| l.t)
+            .collect();
+        assert_eq!(
+            at.iter().filter(|&&t| t < end - 3.0).count(),
+            1,
+            "store_unsteady at {at:?}, the run ended at {end:.1}\n{why}"
+        );
+        // The outage did not shorten the window of a later break.
+        let lost: Vec<f64> = (log.iter())
+            .filter(|l| matches!(l.event, Event::StoreLost(_)))
+            .map(|l| l.t)
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "store_lost at {lost:?} (run ended at {end:.1})\n{why}"
+        );
+    }
+    // Both links connected again after the outage.
+    assert!(
+        proxy.accepted() >= 4,
+        "{} connections\n{why}",
+        proxy.accepted()
+    );
+    let stdout: String = (r.out.iter())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .collect();
+    for rank in 0..4 {
+        assert!(
+            stdout.contains(&format!("rank {rank} finished at step 600")),
+            "rank {rank}\n{why}"
+        );
+    }
 }

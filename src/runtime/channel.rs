@@ -5,7 +5,7 @@
 
 use crate::sinks::log::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
-    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent,
+    FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, StoreUnsteadyEvent,
 };
 use crate::vocab::companion::{Channel, Kind, Record};
 use crate::vocab::forensics::progress::{Phase, ProgressUpdate};
@@ -112,6 +112,10 @@ impl Supervisor {
             }
             Record::StoreLost { addr } => {
                 self.sinks.emit(&Event::StoreLost(StoreLostEvent { addr }));
+            }
+            Record::StoreUnsteady { addr, reason } => {
+                self.sinks
+                    .emit(&Event::StoreUnsteady(StoreUnsteadyEvent { addr, reason }));
             }
             Record::FaultPublished { id } => {
                 self.sinks

@@ -158,9 +158,10 @@ pub enum News {
     Heard(Record),
     /// A fault could not be put in the store: why.
     CannotTell(String),
-    /// The store did not answer, or answered something unusable, and is
-    /// being tried again: said once per outage.
-    Unsteady(String),
+    /// The store at the address did not answer, or answered something
+    /// unusable (why), and is being tried again for up to the seconds
+    /// given: said once per outage.
+    Unsteady(String, String, u64),
 }
 
 /// The link of one attempt: its threads stop (and say nothing more) when it
@@ -235,6 +236,7 @@ impl StoreLink {
                         lost_after,
                         news: &news_tx,
                         stopped: &stopped,
+                        steady: false,
                     };
                     l.run(&waiting);
                 })?;
@@ -346,6 +348,9 @@ struct Listener<'a> {
     lost_after: Duration,
     news: &'a mpsc::Sender<News>,
     stopped: &'a AtomicBool,
+    /// The store answered on this connection: an outage before it is over
+    /// (the next break starts a new one, said again, with its own window).
+    steady: bool,
 }
 
 /// Why a connection's wait for faults ended.
@@ -380,7 +385,12 @@ impl Listener<'_> {
                             (down_since, backoff, said) = (None, RETRY_FIRST, false);
                             continue;
                         }
-                        Ended::Broken(why) => why,
+                        Ended::Broken(why) => {
+                            if std::mem::take(&mut self.steady) {
+                                (down_since, backoff, said) = (None, RETRY_FIRST, false);
+                            }
+                            why
+                        }
                     }
                 }
                 Err(e) => format!("cannot connect: {e}"),
@@ -396,11 +406,11 @@ impl Listener<'_> {
             }
             if !said {
                 said = true;
-                let _ = self.news.send(News::Unsteady(format!(
-                    "the job's store at {}: {broke}; trying again for up to {} s",
-                    self.addr,
-                    self.lost_after.as_secs()
-                )));
+                let _ = self.news.send(News::Unsteady(
+                    self.addr.to_string(),
+                    broke,
+                    self.lost_after.as_secs(),
+                ));
             }
             self.pause(backoff);
             backoff = (backoff * 2).min(RETRY_MAX);
@@ -419,14 +429,14 @@ impl Listener<'_> {
     /// first connection: the first fault of the store, so that one put
     /// before this node connected is heard).
     fn serve(&mut self, c: &mut StoreClient, next: &mut Option<i64>) -> Ended {
+        // One round trip on every connection: the store answers, so an
+        // outage before this one is over.
+        if let Err(e) = c.add(COUNT_KEY, 0) {
+            return Ended::Broken(e.to_string());
+        }
+        self.steady = true;
         loop {
-            let n = match *next {
-                Some(n) => n,
-                None => match c.add(COUNT_KEY, 0) {
-                    Ok(_) => *next.insert(1),
-                    Err(e) => return Ended::Broken(e.to_string()),
-                },
-            };
+            let n = *next.get_or_insert(1);
             let key = format!("oomguard/fault/{n}");
             match c.wait(&key, WAIT_RENEW) {
                 Ok(()) => {}
@@ -752,7 +762,7 @@ mod tests {
         });
         let unsteady = all
             .iter()
-            .filter(|n| matches!(n, News::Unsteady(_)))
+            .filter(|n| matches!(n, News::Unsteady(..)))
             .count();
         assert_eq!(unsteady, 1, "said once: {all:?}");
         assert!(
@@ -776,7 +786,7 @@ mod tests {
         });
         assert!(
             all.iter()
-                .any(|n| matches!(n, News::Unsteady(w) if w.contains("skipped"))),
+                .any(|n| matches!(n, News::Unsteady(_, w, _) if w.contains("skipped"))),
             "{all:?}"
         );
     }

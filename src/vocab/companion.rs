@@ -326,6 +326,15 @@ pub enum Record {
         #[serde(default)]
         addr: Option<String>,
     },
+    /// oomguard's own link to the job's store failed and is trying again
+    /// (said once an outage; a store that comes back within the lost
+    /// window is no fault).
+    StoreUnsteady {
+        #[serde(default)]
+        addr: Option<String>,
+        #[serde(default)]
+        reason: String,
+    },
     /// A `relieve` request was served: bytes freed by each step.
     Relieved {
         id: u64,
@@ -1090,6 +1099,10 @@ mod tests {
             .captures_iter(err.split("expected").nth(1).unwrap())
             .map(|c| c[1].to_string())
             .collect();
+        // `store_unsteady` is oomguard's own (its store link's), never
+        // the companion's.
+        let read: std::collections::BTreeSet<String> =
+            read.into_iter().filter(|t| t != "store_unsteady").collect();
         assert_eq!(written, read, "record types: Python's vs Record's");
 
         // Request kinds, and the request's and the fault's fields the

@@ -90,6 +90,7 @@ pub enum Event {
     Fault(serde_json::Value),
     FaultPublished(serde_json::Value),
     StoreLost(serde_json::Value),
+    StoreUnsteady(StoreUnsteady),
 }
 
 #[derive(Debug, Deserialize)]
@@ -306,6 +307,14 @@ pub struct Peak {
     /// The fullest `/dev/shm` was, when it was a ceiling.
     #[serde(default)]
     pub shm: Option<Shm>,
+}
+
+/// oomguard's link to the job's store failed and is trying again.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreUnsteady {
+    pub addr: Option<String>,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -165,8 +165,16 @@ impl Companion {
                 News::CannotTell(why) => {
                     out.say(format!("cannot tell the other nodes: {why}"));
                 }
-                News::Unsteady(_) if stopping || closing => {}
-                News::Unsteady(why) => out.say(why),
+                News::Unsteady(..) if stopping || closing => {}
+                News::Unsteady(addr, reason, within) => {
+                    out.say(format!(
+                        "the job's store at {addr}: {reason}; trying again for up to {within} s"
+                    ));
+                    records.push(Record::StoreUnsteady {
+                        addr: Some(addr),
+                        reason,
+                    });
+                }
             }
         }
         for r in records {
@@ -268,6 +276,7 @@ impl Companion {
             | Record::Fault { .. }
             | Record::FaultPublished { .. }
             | Record::StoreLost { .. }
+            | Record::StoreUnsteady { .. }
             | Record::Crash { .. }
             | Record::Bye { .. } => {}
         }

@@ -122,6 +122,8 @@ events! {
     FaultPublished(FaultPublishedEvent) = "fault_published",
     /// The job's store went away.
     StoreLost(StoreLostEvent) = "store_lost",
+    /// oomguard's link to the job's store failed and is trying again.
+    StoreUnsteady(StoreUnsteadyEvent) = "store_unsteady",
     /// A rank freed memory when asked to.
     Relieved(RelievedEvent) = "relieved",
     /// The run ended: how, and its peaks.
@@ -248,6 +250,17 @@ pub struct FaultPublishedEvent {
 pub struct StoreLostEvent {
     #[serde(deserialize_with = "lenient")]
     pub addr: Option<String>,
+}
+
+/// `store_unsteady`: oomguard's link to the job's store at `addr` failed
+/// (`reason`) and is trying again, once an outage; only a store unreachable
+/// for the whole lost window is `store_lost`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StoreUnsteadyEvent {
+    #[serde(deserialize_with = "lenient")]
+    pub addr: Option<String>,
+    pub reason: String,
 }
 
 /// `relieved`: what a rank freed for request `id`, per kind of memory.
@@ -418,6 +431,10 @@ mod tests {
             "fault_published" => Event::FaultPublished(FaultPublishedEvent { id: 4 }),
             "store_lost" => Event::StoreLost(StoreLostEvent {
                 addr: Some("127.0.0.1:29500".into()),
+            }),
+            "store_unsteady" => Event::StoreUnsteady(StoreUnsteadyEvent {
+                addr: Some("127.0.0.1:29500".into()),
+                reason: "cannot connect: Connection refused (os error 111)".into(),
             }),
             "relieved" => Event::Relieved(RelievedEvent {
                 id: 5,

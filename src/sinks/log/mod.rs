@@ -33,7 +33,8 @@ mod vocab;
 
 pub use event::{
     CheckpointAckEvent, CheckpointDoneEvent, CheckpointRequestEvent, CompanionEvent, Event,
-    EventName, FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, output_event,
+    EventName, FaultEvent, FaultPublishedEvent, RelievedEvent, StoreLostEvent, StoreUnsteadyEvent,
+    output_event,
 };
 use lenient::{device_index, lenient, lenient_list, lenient_vec, role_name, signal_name, truthy};
 pub use run_end::{

@@ -283,6 +283,7 @@ fn read_as(event: Logged) -> Read {
         | Logged::CheckpointAck(_)
         | Logged::FaultPublished(_)
         | Logged::StoreLost(_)
+        | Logged::StoreUnsteady(_)
         | Logged::Relieved(_) => Read::Unknown,
     }
 }
