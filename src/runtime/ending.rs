@@ -115,7 +115,6 @@ impl Supervisor {
                 );
             }
         }
-        let shm_left = self.remove_left_shm_segments();
         self.write_run_end(
             outcome,
             &RunEnd {
@@ -143,7 +142,7 @@ impl Supervisor {
                 wakeups: Some(self.wakeups.armed()),
                 not_saved: self.core.act().not_saved().map(str::to_string),
                 output_log_left_out_bytes: self.output_log_left_out(relay_stats.as_ref()),
-                shm_segments_removed: shm_left,
+                shm_segments_removed: self.remove_left_shm_segments(),
             },
         );
         self.tell_ci(&sample, outcome, exit_code, duration, fail_above);

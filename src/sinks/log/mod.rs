@@ -549,8 +549,7 @@ impl SampleEvent {
                 swap_out_bytes_per_s: sample.system.swap_out_bytes_per_s.round(),
                 ..sample.system.clone()
             },
-            // The paths are fixed for the run: on the lines with the
-            // process list only (and in `run_start`).
+            // Paths fixed for the run: on process-list lines only.
             cgroup: sample.cgroup.clone().map(|c| {
                 if with_procs {
                     c

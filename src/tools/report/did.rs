@@ -160,11 +160,7 @@ pub(super) fn what_oomguard_did(log: &RunLog, out: &mut Vec<Finding>) {
     } else if acted {
         let outcome = outcome_text(log);
         // A stop against /dev/shm prevented a failed write, not a kill.
-        let shm = (log.samples.iter())
-            .filter(|s| s.ceiling.is_some())
-            .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
-            .and_then(|s| s.ceiling.as_ref())
-            .is_some_and(|c| c.source == "shm");
+        let shm = (log.tightest_ceiling()).is_some_and(|c| c.source == "shm");
         let title = if shm {
             "oomguard stopped the job before /dev/shm filled"
         } else {

@@ -44,6 +44,15 @@ pub struct RunLog {
 }
 
 impl RunLog {
+    /// The nearest ceiling at the sample with the least headroom of the
+    /// run: the one the job came closest to.
+    pub fn tightest_ceiling(&self) -> Option<&CeilingInfo> {
+        (self.samples.iter())
+            .filter(|s| s.ceiling.is_some())
+            .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
+            .and_then(|s| s.ceiling.as_ref())
+    }
+
     /// Attempt `n`, when the log shows it.
     pub fn attempt(&self, n: u32) -> Option<&Attempt> {
         self.attempts.iter().find(|a| a.number == n)

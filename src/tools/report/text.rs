@@ -425,11 +425,7 @@ fn summary(o: &mut String, log: &RunLog) {
     let _ = writeln!(o, "{sums}");
     // The ceiling with the least headroom of the run; the memory one when
     // that was /dev/shm, with the tmpfs said on a line of its own.
-    let shm_nearest = (log.samples.iter())
-        .filter(|s| s.ceiling.is_some())
-        .min_by_key(|s| s.headroom_bytes.unwrap_or(u64::MAX))
-        .and_then(|s| s.ceiling.as_ref())
-        .filter(|c| c.source == CeilingSource::Shm.as_str());
+    let shm_nearest = (log.tightest_ceiling()).filter(|c| c.source == CeilingSource::Shm.as_str());
     if let Some(c) = shm_nearest {
         let peak = (log.samples.iter())
             .filter_map(|s| s.shm.map(|m| m.used_bytes))
