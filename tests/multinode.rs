@@ -79,6 +79,8 @@ fn two_nodes(port: u16, extra_a: &[&str], steps: &str) -> Option<TwoNodes> {
         limit: 4 << 30,
         env: &[],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     two_nodes_during(port, &a_args, &[], &a, steps, |_| None)
 }
@@ -92,6 +94,12 @@ struct NodeA<'a> {
     env: &'a [(&'a str, &'a str)],
     /// Given to both nodes.
     shared: &'a [(&'a str, &'a str)],
+    /// Given to node B alone.
+    env_b: &'a [(&'a str, &'a str)],
+    /// Node B starts once node A's launcher serves the rendezvous: node A
+    /// hosts the rendezvous store, and (its launcher's pid the lower, the
+    /// first in torch's order) node rank 0 and the job's store too.
+    b_after_rendezvous: bool,
 }
 
 /// [`two_nodes`] with each node's flags given whole, node A's differences,
@@ -150,7 +158,14 @@ fn two_nodes_during(
                 .unwrap()
         };
     let a = start(&cg_a, "a", a_args, node_a.leak, node_a.env);
-    let b = start(&cg_b, "b", b_args, "99", &[]);
+    if node_a.b_after_rendezvous {
+        let serves = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        assert!(
+            common::wait_for(Duration::from_secs(120), serves),
+            "node a's launcher never served the rendezvous on {port}"
+        );
+    }
+    let b = start(&cg_b, "b", b_args, "99", node_a.env_b);
     let waiter = |c: Child| {
         std::thread::spawn(move || {
             let out = c.wait_with_output().unwrap();
@@ -277,6 +292,8 @@ fn serial_a_sigterm_to_one_nodes_oomguard_saves_every_rank_of_both_nodes() {
         limit: 4 << 30,
         env: &[],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let Some(r) = two_nodes_during(29697, &[], &[], &a, "100000", |dir| {
         every_rank_said_hello(dir);
@@ -457,6 +474,21 @@ fn every_rank_said_hello(dir: &Path) {
 /// The pid of `node`'s rank with local rank `local` (found by its
 /// environment), once it runs.
 fn rank_pid(node: &str, local: u32) -> Option<u32> {
+    rank(node, local).map(|(pid, _)| pid)
+}
+
+/// The value of `var` in the environment of `node`'s rank `local`.
+fn rank_env(node: &str, local: u32, var: &str) -> Option<String> {
+    let (_, env) = rank(node, local)?;
+    let prefix = format!("{var}=");
+    env.split(|&b| b == 0).find_map(|v| {
+        let v = std::str::from_utf8(v).ok()?;
+        v.strip_prefix(&prefix).map(str::to_string)
+    })
+}
+
+/// `node`'s rank with local rank `local`: its pid and environment.
+fn rank(node: &str, local: u32) -> Option<(u32, Vec<u8>)> {
     for e in fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
@@ -467,7 +499,7 @@ fn rank_pid(node: &str, local: u32) -> Option<u32> {
         let vars: Vec<&[u8]> = env.split(|&b| b == 0).collect();
         let has = |v: &str| vars.contains(&v.as_bytes());
         if has(&format!("TEST_NODE={node}")) && has(&format!("LOCAL_RANK={local}")) {
-            return Some(pid);
+            return Some((pid, env));
         }
     }
     None
@@ -487,6 +519,8 @@ fn serial_a_rank_stopped_on_one_node_ends_every_node_within_the_grace() {
         limit: 4 << 30,
         env: &[],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let Some(r) = two_nodes_during(29690, &grace, &grace, &a, "100000", |dir| {
         every_rank_said_hello(dir);
@@ -537,6 +571,8 @@ fn serial_a_kernel_oom_kill_on_one_node_is_named_on_the_other() {
         limit: 1536 << 20,
         env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let Some(r) = two_nodes_during(29691, &["--policy", "none"], &[], &a, "100000", |_| None)
     else {
@@ -573,6 +609,8 @@ fn serial_a_kernel_oom_kill_on_one_node_restarts_every_node_from_the_last_save()
         limit: 1536 << 20,
         env: &[("MAX_MB", "6000"), ("LEAK_MB", "4")],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     // Only a checkpoint rule: the kernel, not oomguard, ends node a's ranks.
     let conf = tempfile::tempdir().unwrap();
@@ -636,6 +674,8 @@ fn serial_a_cuda_oom_on_one_node_is_named_on_the_other() {
         limit: 4 << 30,
         env: &[("LEAK_MB", "0"), ("FAKE_CUDA_OOM_STEP", "40")],
         shared: &[],
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let Some(r) = two_nodes_during(29693, &[], &[], &a, "100000", |_| None) else {
         return;
@@ -665,6 +705,8 @@ fn a_rank_of_node_a_ends(port: u16, shared: &[(&str, &str)], kill: bool, cause: 
         limit: 4 << 30,
         env: &[],
         shared,
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let Some(r) = two_nodes_during(port, &[], &[], &a, "100000", |dir| {
         every_rank_said_hello(dir);
@@ -744,14 +786,21 @@ fn serial_a_store_refusing_connections_for_5_s_does_not_stop_a_healthy_job() {
         common::machine::Need::Torch,
     ]);
     let port = 29698;
-    let proxy = StoreProxy::start(port, true);
+    let ports = tempfile::tempdir().unwrap();
+    let real = ports.path().join("store-port");
+    let proxy = StoreProxy::start(&real, true);
     let proxy_port = proxy.port.to_string();
-    let shared = [("STORE_PROXY_PORT", proxy_port.as_str())];
+    let shared = [
+        ("STORE_PROXY_PORT", proxy_port.as_str()),
+        ("STORE_PORT_FILE", real.to_str().unwrap()),
+    ];
     let a = NodeA {
         leak: "99",
         limit: 4 << 30,
         env: &[],
         shared: &shared,
+        env_b: &[],
+        b_after_rendezvous: false,
     };
     let mut connected = false;
     let Some(r) = two_nodes_during(port, &[], &[], &a, "600", |_| {
@@ -781,7 +830,9 @@ fn serial_a_store_refusing_connections_for_5_s_does_not_stop_a_healthy_job() {
     for log in &r.logs {
         assert!(stop_reasons(log).is_empty(), "{why}");
         // Said once for the outage; the store going away with the job at
-        // its end (node 0's launcher exits) may be said once more.
+        // its end (node 0's launcher exits) may be said once more, up to
+        // 8 s before this node's end (3.6 s in a CI run beside other
+        // tests).
         let end = log.last().map_or(0.0, |l| l.t);
         let at: Vec<f64> = (log.iter())
             .filter(|l| {
@@ -791,7 +842,7 @@ fn serial_a_store_refusing_connections_for_5_s_does_not_stop_a_healthy_job() {
             .map(|l| l.t)
             .collect();
         assert_eq!(
-            at.iter().filter(|&&t| t < end - 3.0).count(),
+            at.iter().filter(|&&t| t < end - 8.0).count(),
             1,
             "store_unsteady at {at:?}, the run ended at {end:.1}\n{why}"
         );
@@ -820,4 +871,88 @@ fn serial_a_store_refusing_connections_for_5_s_does_not_stop_a_healthy_job() {
             "rank {rank}\n{why}"
         );
     }
+}
+
+/// A fault put into the job's store before a node's listener first
+/// connected is heard when it does. Each node's link reaches the store
+/// through a proxy of its own that refuses connections at first. Node A
+/// serves the stores (the rendezvous's and the job's: the other node's
+/// launcher ends with its rank, and its stores with it) and keeps refusing
+/// until node B's rank has been killed and node B has put the fault; every
+/// rank waits on the store, so nothing but the store tells node A. Node A
+/// then names it. (Read from the count at connection instead, it is never
+/// heard: the ranks give up waiting and node A exits 1.)
+#[test]
+fn serial_a_fault_put_before_a_nodes_link_connected_is_named_there() {
+    let _serial = common::serial();
+    let ports = tempfile::tempdir().unwrap();
+    let real = ports.path().join("store-port");
+    let proxies = [
+        StoreProxy::start(&real, false),
+        StoreProxy::start(&real, false),
+    ];
+    let proxy_ports = proxies.each_ref().map(|p| p.port.to_string());
+    // Unheard, the ranks give up waiting after a minute (and exit 1).
+    let shared = [
+        ("IDLE_AT_STEP", "10"),
+        ("IDLE_SECONDS", "60"),
+        ("STORE_PORT_FILE", real.to_str().unwrap()),
+    ];
+    let env_a = [("STORE_PROXY_PORT", proxy_ports[0].as_str())];
+    let env_b = [("STORE_PROXY_PORT", proxy_ports[1].as_str())];
+    let a = NodeA {
+        leak: "99",
+        limit: 4 << 30,
+        env: &env_a,
+        shared: &shared,
+        env_b: &env_b,
+        b_after_rendezvous: true,
+    };
+    let mut seen = None;
+    let Some(r) = two_nodes_during(29699, &[], &[], &a, "100000", |dir| {
+        every_rank_said_hello(dir);
+        // Every rank is past step 10 and waits on the store.
+        std::thread::sleep(Duration::from_secs(1));
+        // Node 0's launcher serves the job's store: the node of rank 0.
+        let serving = ["a", "b"]
+            .into_iter()
+            .position(|n| rank_env(n, 0, "RANK").as_deref() == Some("0"))
+            .expect("rank 0");
+        let other = 1 - serving;
+        proxies[other].open();
+        let names = ["a", "b"];
+        let pid = rank_pid(names[other], 1).expect("the other node's local rank 1");
+        common::send(pid, "KILL");
+        let told = || {
+            fs::read_to_string(dir.join(format!("{}.ndjson", names[other])))
+                .is_ok_and(|t| t.contains("\"event\":\"fault_published\""))
+        };
+        let published = common::wait_for(Duration::from_secs(10), told);
+        seen = Some((serving, published, proxies[serving].accepted()));
+        proxies[serving].open();
+        Some(Instant::now())
+    }) else {
+        return;
+    };
+    let why = r.why();
+    let (serving, published, before) = seen.unwrap();
+    assert_eq!(serving, 0, "rank 0 is not node a's (pids wrapped?)\n{why}");
+    assert!(published, "the fault was never put in the store\n{why}");
+    assert_eq!(before, 0, "the serving node's link had connected\n{why}");
+    let log = &r.logs[serving];
+    let unsteady = log
+        .iter()
+        .any(|l| matches!(l.event, Event::StoreUnsteady(_)));
+    assert!(unsteady, "the serving node's link was never refused\n{why}");
+    assert_eq!(r.out[serving].status.code(), Some(75), "{why}");
+    let reasons = stop_reasons(log);
+    assert!(
+        reasons
+            .iter()
+            .any(|x| x.starts_with("node ") && x.contains("rank-killed: rank ")),
+        "{reasons:?}\n{why}"
+    );
+    let took = r.ended[serving].saturating_duration_since(r.marked.unwrap_or(r.ended[serving]));
+    eprintln!("the serving node ended {took:?} after its link could connect");
+    assert!(took <= Duration::from_secs(10), "{took:?}\n{why}");
 }

@@ -17,6 +17,7 @@ mod demo;
 mod diagnosis;
 mod docs;
 mod doctor;
+mod figures;
 mod forensics_kernel;
 mod github;
 mod gpu;

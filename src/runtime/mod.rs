@@ -411,14 +411,22 @@ impl Supervisor {
         wake
     }
 
-    /// The cheap loop follows this tick's limit and working set.
+    /// The cheap loops follow this tick's limit and working set, and the
+    /// job's `/dev/shm` while it is a ceiling.
     fn pace_cheap_loop(&mut self, now: Instant) {
-        let cg = self.core.last_sample().and_then(|s| s.cgroup.as_ref());
+        let levels = self.core.wake_levels();
+        let last = self.core.last_sample();
+        let cg = last.and_then(|s| s.cgroup.as_ref());
         if let (Some(reader), Some(cg)) = (self.sampler.cgroup(), cg) {
-            let levels = self.core.wake_levels();
             self.wakeups
                 .pace_cheap_loop(reader, cg, &levels, self.cfg.interval, now);
         }
+        let shm = last.and_then(|s| {
+            let shm = s.shm.filter(|m| m.is_ceiling(s.system.mem_total_bytes))?;
+            Some((self.sampler.shm_path()?, shm))
+        });
+        self.wakeups
+            .pace_shm_loop(shm, &levels, self.cfg.interval, now);
     }
 
     /// A wake-up the kernel would not arm, said once (unless `--quiet`).
@@ -573,6 +581,7 @@ impl Supervisor {
         if self.began_to_exit() {
             self.output.progress_mut().freeze();
         }
+        let t = self.run_t();
         if let Some(n) = view.nearest
             && self.output.progress().current().is_some()
         {
@@ -581,7 +590,7 @@ impl Supervisor {
                 .progress_mut()
                 // The job's own footprint: under the system ceiling the
                 // ceiling's usage is the whole machine's.
-                .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes))
+                .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes), t)
             {
                 let event = crate::sinks::log::PhaseMemoryEvent::new(&flag);
                 let advice = event.advice.clone();

@@ -4,7 +4,7 @@
 //! which is what signals may be sent to.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::act::{Ident, idents};
@@ -54,6 +54,9 @@ pub struct Sampler {
     /// segments in `/dev/shm` are the job's to remove when it ends.
     /// (Launchers and helpers never make one; a job's shells churn.)
     python_pids: HashSet<u32>,
+    /// Where the last tick read `/dev/shm` (the trainer's view), for the
+    /// cheap loop between ticks.
+    shm_path: Option<PathBuf>,
 }
 
 /// The readers a sampler is built from (plain data: `setup.rs` opens them).
@@ -90,6 +93,7 @@ impl Sampler {
             gpu_last: None,
             gpu_history: VecDeque::new(),
             python_pids: HashSet::new(),
+            shm_path: None,
         }
     }
 
@@ -251,13 +255,21 @@ impl Sampler {
     /// launchers; the leader before one is known): a `docker run` or an
     /// `unshare -m` wrapping only the job has its own. Every tick: one
     /// `statfs`, and a 64 MiB tmpfs fills in seconds.
-    fn shm(&self, procs: &[ProcSample]) -> Option<ShmSample> {
+    fn shm(&mut self, procs: &[ProcSample]) -> Option<ShmSample> {
         let pid = procs
             .iter()
             .find(|p| p.role == Role::Trainer)
             .or(procs.first())?
             .pid;
-        shm::read(&shm::path_of(&self.proc_root, pid))
+        let path = shm::path_of(&self.proc_root, pid);
+        let read = shm::read(&path);
+        self.shm_path = read.is_some().then_some(path);
+        read
+    }
+
+    /// Where the last tick read `/dev/shm` from, when it read one.
+    pub fn shm_path(&self) -> Option<&Path> {
+        self.shm_path.as_deref()
     }
 
     /// The tree's live processes (zombies are counted apart: ours are not

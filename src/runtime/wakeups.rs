@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use tokio::io::unix::AsyncFd;
 
-use super::cheap::{self, CheapLoop};
+use super::cheap::{self, CheapLoop, Counter};
 use super::rank_exits::RankExits;
 use super::tick::FAST;
 use crate::engine::probe::cgroup::{CgroupReader, Threshold, Version};
 use crate::engine::probe::system::PriWake;
 use crate::settings::values::Without;
 use crate::sinks::log::{CheapLoopStats, Wakeups as Counts};
-use crate::vocab::model::CgroupSample;
+use crate::vocab::model::{CgroupSample, ShmSample};
 
 /// What the kernel woke the loop with.
 pub(super) enum Kernel {
@@ -40,6 +40,8 @@ pub(super) struct Wakeups {
     without: Without,
     thresholds: Vec<AsyncFd<Threshold>>,
     cheap: Option<CheapLoop>,
+    /// The same over the job's `/dev/shm`, while it is a ceiling.
+    shm: Option<CheapLoop>,
     /// POLLPRI sources, each with whether it is the PSI trigger (else a
     /// `memory.events` file).
     pri: Vec<(AsyncFd<PriWake>, bool)>,
@@ -57,6 +59,7 @@ impl Wakeups {
             without,
             thresholds: Vec::new(),
             cheap: None,
+            shm: None,
             pri: Vec::new(),
             counts: Counts::default(),
             ranks: RankExits::default(),
@@ -91,10 +94,13 @@ impl Wakeups {
         }
     }
 
-    /// The timer fired: whether the cheap loop's read moved the tick to
-    /// now (the tick is then due).
+    /// The timer fired: whether a cheap loop's read moved the tick to now
+    /// (the tick is then due).
     pub fn cheap_loop_moved(&mut self, now: Instant) -> bool {
-        let moved = self.cheap.as_mut().is_some_and(|c| c.check(now));
+        let mut moved = false;
+        for c in [&mut self.cheap, &mut self.shm].into_iter().flatten() {
+            moved |= c.check(now);
+        }
         if moved {
             self.next_tick = now;
         }
@@ -116,13 +122,12 @@ impl Wakeups {
         woke.woke += 1;
     }
 
-    /// The earliest of the next tick and the cheap loop's next read.
+    /// The earliest of the next tick and the cheap loops' next reads.
     pub fn next(&self) -> Instant {
-        let tick = self.next_tick;
-        match self.cheap.as_ref().and_then(CheapLoop::due) {
-            Some(c) => tick.min(c),
-            None => tick,
-        }
+        [&self.cheap, &self.shm]
+            .into_iter()
+            .filter_map(|c| c.as_ref().and_then(CheapLoop::due))
+            .fold(self.next_tick, Instant::min)
     }
 
     /// Watches exactly these ranks' ends (see `rank_exits.rs`).
@@ -301,9 +306,36 @@ impl Wakeups {
         let levels = cheap::levels(limit, levels);
         CheapLoop::follow(
             &mut self.cheap,
-            reader.usage_file(path),
+            Counter::Usage(reader.usage_file(path)),
             interval,
             (levels, ws),
+            now,
+        );
+    }
+
+    /// Hands the `/dev/shm` loop this tick's reading of the tmpfs at
+    /// `path` while it is a ceiling (a v1 threshold never watches it);
+    /// drops the loop when it is not.
+    pub fn pace_shm_loop(
+        &mut self,
+        shm: Option<(&Path, ShmSample)>,
+        levels: &[f64],
+        interval: Duration,
+        now: Instant,
+    ) {
+        let Some((path, s)) = shm.filter(|_| !self.without.cheap_loop) else {
+            // Kept with its counts, reading nothing.
+            if let Some(c) = self.shm.as_mut() {
+                c.update(Vec::new(), 0, None, now);
+            }
+            return;
+        };
+        let levels = cheap::levels(s.size_bytes, levels);
+        CheapLoop::follow(
+            &mut self.shm,
+            Counter::shm(path),
+            interval,
+            (levels, s.used_bytes),
             now,
         );
     }
@@ -314,19 +346,25 @@ impl Wakeups {
         w.usage_threshold.armed = !self.thresholds.is_empty();
         w.psi.armed = self.pri.iter().any(|(_, psi)| *psi);
         w.memory_events.armed = self.pri.iter().any(|(_, psi)| !*psi);
-        w.cheap_loop.armed = self.cheap.is_some();
+        w.cheap_loop.armed = self.cheap.is_some() || self.shm.is_some();
         w.poll.armed = true;
         w
     }
 
     /// `run_end.cheap_loop`: its reads and their time, when it ran.
+    /// Both loops' (the limit's and `/dev/shm`'s) together.
     pub fn cheap_loop_stats(&self) -> Option<CheapLoopStats> {
-        self.cheap.as_ref().map(|c| {
-            let (reads, time) = c.reads();
-            CheapLoopStats {
-                reads,
-                seconds: (time.as_secs_f64() * 1e6).round() / 1e6,
-            }
+        let loops: Vec<(u64, Duration)> = [&self.cheap, &self.shm]
+            .into_iter()
+            .flatten()
+            .map(CheapLoop::reads)
+            .collect();
+        let (reads, time) = loops
+            .iter()
+            .fold((0, Duration::ZERO), |(n, t), (rn, rt)| (n + rn, t + *rt));
+        (!loops.is_empty()).then(|| CheapLoopStats {
+            reads,
+            seconds: (time.as_secs_f64() * 1e6).round() / 1e6,
         })
     }
 }

@@ -503,9 +503,16 @@ impl History {
         let headroom_slope = self.slope();
         // The trend alone would still show a ramp that ended seconds ago:
         // only growth that continues at the newest ticks has an ETA.
+        let span = match (self.points.front(), self.points.back()) {
+            (Some(a), Some(b)) => b.t - a.t,
+            _ => 0.0,
+        };
         let eta_seconds = match (nearest, headroom_slope) {
             (Some(n), Some(slope)) if slope < 0.0 && self.tail.continuing(-slope) => {
-                Some((n.headroom_bytes as f64 / -slope).max(0.0))
+                let eta = (n.headroom_bytes as f64 / -slope).max(0.0);
+                growth::keep_eta(eta, -slope, span, || {
+                    self.points.iter().map(|p| (p.t, -p.headroom)).collect()
+                })
             }
             _ => None,
         };

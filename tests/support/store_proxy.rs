@@ -7,6 +7,7 @@
 
 use std::io;
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,15 +30,18 @@ struct Shared {
 }
 
 impl StoreProxy {
-    /// Forwards `127.0.0.1:<port>` to `127.0.0.1:<target>`; `open`: takes
+    /// Forwards `127.0.0.1:<port>` to `127.0.0.1:<the port written in
+    /// target>` (read at each connection: the job's store port is the
+    /// job's to choose, and `plain.py` writes it down); `open`: takes
     /// connections from the start (else only after [`Self::open`]).
-    pub fn start(target: u16, open: bool) -> Self {
+    pub fn start(target: &Path, open: bool) -> Self {
         let first = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = first.local_addr().unwrap().port();
         let shared = Arc::new(Shared::default());
         shared.open.store(open, Ordering::SeqCst);
         let s = shared.clone();
-        std::thread::spawn(move || accept_loop(first, port, target, &s));
+        let target = target.to_path_buf();
+        std::thread::spawn(move || accept_loop(first, port, &target, &s));
         StoreProxy { port, shared }
     }
 
@@ -74,7 +78,7 @@ impl Drop for StoreProxy {
     }
 }
 
-fn accept_loop(first: TcpListener, port: u16, target: u16, s: &Shared) {
+fn accept_loop(first: TcpListener, port: u16, target: &PathBuf, s: &Shared) {
     let mut listener = Some(first);
     while !s.stop.load(Ordering::SeqCst) {
         if !s.open.load(Ordering::SeqCst) {
@@ -100,7 +104,10 @@ fn accept_loop(first: TcpListener, port: u16, target: u16, s: &Shared) {
         match l.accept() {
             Ok((client, _)) => {
                 let _ = client.set_nonblocking(false);
-                if let Ok(store) = TcpStream::connect(("127.0.0.1", target)) {
+                let target = std::fs::read_to_string(target)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u16>().ok());
+                if let Some(Ok(store)) = target.map(|t| TcpStream::connect(("127.0.0.1", t))) {
                     s.accepted.fetch_add(1, Ordering::SeqCst);
                     forward(client, store, s);
                 }

@@ -6,6 +6,7 @@
 //! strategy.
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use crate::vocab::model::ShmSample;
@@ -22,12 +23,34 @@ pub fn path_of(proc_root: &Path, pid: u32) -> PathBuf {
 /// unreadable (another user's process), or not a tmpfs (then it is disk,
 /// not memory, and not a ceiling of this kind).
 pub fn read(path: &Path) -> Option<ShmSample> {
-    let st = rustix::fs::statfs(path).ok()?;
-    #[allow(clippy::unnecessary_cast)] // the field's type differs by target
+    of_statfs(&rustix::fs::statfs(path).ok()?)
+}
+
+/// The same through a directory held open (`O_PATH`): between ticks the
+/// path through `/proc/PID/root` is not looked up again (measured by
+/// `run_end.cheap_loop` on a 64 MiB tmpfs: 15 µs a read by path, 7.7 µs
+/// through the held directory).
+pub fn read_fd(dir: &OwnedFd) -> Option<ShmSample> {
+    of_statfs(&rustix::fs::fstatfs(dir).ok()?)
+}
+
+/// `path` held open for [`read_fd`].
+pub fn open(path: &Path) -> Option<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+}
+
+// The fields' types differ by target.
+#[allow(clippy::unnecessary_cast)]
+fn of_statfs(st: &rustix::fs::StatFs) -> Option<ShmSample> {
     if st.f_type as i64 != TMPFS_MAGIC {
         return None;
     }
-    #[allow(clippy::unnecessary_cast)]
     let block = st.f_bsize as u64;
     let size_bytes = (st.f_blocks as u64).saturating_mul(block);
     let free = (st.f_bfree as u64).saturating_mul(block);

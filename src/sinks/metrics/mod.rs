@@ -633,7 +633,7 @@ fn tree_families(b: &mut Builder<'_>, t: Option<&Tick>) {
     b.one(
             "oomguard_eta_seconds",
             Gauge,
-            "Predicted seconds until headroom reaches zero at the current growth; absent when not growing.",
+            "Predicted seconds until headroom reaches zero at the current growth; absent when not growing for sure or further than an hour.",
             t.and_then(|t| t.eta)
                 .map(|e| Value::Float((e * 1000.0).round() / 1000.0)),
         );
@@ -832,7 +832,7 @@ oomguard_cgroup_memory_usage_bytes{job_id="42",node="n1",rank="3"} 900000
 # HELP oomguard_cgroup_oom_kills_total Processes the kernel OOM killer killed in the job's cgroup.
 # TYPE oomguard_cgroup_oom_kills_total counter
 oomguard_cgroup_oom_kills_total{job_id="42",node="n1",rank="3"} 1
-# HELP oomguard_eta_seconds Predicted seconds until headroom reaches zero at the current growth; absent when not growing.
+# HELP oomguard_eta_seconds Predicted seconds until headroom reaches zero at the current growth; absent when not growing for sure or further than an hour.
 # TYPE oomguard_eta_seconds gauge
 oomguard_eta_seconds{job_id="42",node="n1",rank="3"} 81.5
 # HELP oomguard_footprint_bytes The job's memory footprint, the figure compared with its ceilings: the working set of the cgroup oomguard runs it in, or else the PSS sum.

@@ -270,7 +270,7 @@ pub(crate) struct ProcRow {
     pub gpu: Option<u64>,
     /// Bytes per minute, of the process's family when it has children
     /// (see `growth`).
-    pub growth: Option<f64>,
+    pub growth: crate::vocab::growth::Figure,
     /// Whether the process has children, so `growth` is its family's.
     pub family: bool,
 }
@@ -643,10 +643,10 @@ impl App {
     }
 
     /// The process table's rows in display order.
-    /// The growth column's figure for a process (bytes per minute of its
-    /// family's PSS), when it has enough history.
-    pub(crate) fn growth_per_minute(&self, pid: u32, start_time: u64) -> Option<f64> {
-        self.growth.per_minute(pid, start_time)
+    /// The growth column's figure for a process (its family's PSS,
+    /// bytes/s).
+    pub(crate) fn growth(&self, pid: u32, start_time: u64) -> crate::vocab::growth::Figure {
+        self.growth.figure(pid, start_time)
     }
 
     pub(crate) fn proc_rows(&self) -> Vec<ProcRow> {
@@ -683,7 +683,13 @@ impl App {
                         uss: held(p.uss_bytes),
                         swap: p.swap_bytes,
                         gpu: p.gpu_bytes,
-                        growth: self.growth.per_minute(p.pid, p.start_time),
+                        // Nor a growth from readings of a tree that is
+                        // going: its last one is far off any line.
+                        growth: if super::footprint::tree_released(sample) {
+                            crate::vocab::growth::Figure::Unknown
+                        } else {
+                            self.growth.figure(p.pid, p.start_time)
+                        },
                         family: parents[i],
                     },
                 )
@@ -701,10 +707,7 @@ impl App {
                 SortKey::Uss => a.uss.cmp(&b.uss),
                 SortKey::Swap => a.swap.cmp(&b.swap),
                 SortKey::Gpu => a.gpu.cmp(&b.gpu),
-                SortKey::Growth => a
-                    .growth
-                    .unwrap_or(f64::NEG_INFINITY)
-                    .total_cmp(&b.growth.unwrap_or(f64::NEG_INFINITY)),
+                SortKey::Growth => sort_value(a.growth).total_cmp(&sort_value(b.growth)),
             };
             let by = if key.descending_by_default() != self.sort_reverse {
                 by.reverse()
@@ -723,6 +726,17 @@ impl App {
 
 /// New scroll offset from the bottom after moving by `delta` rows (down is
 /// positive, towards the newest line).
+/// A growth figure's place in the growth sort: rates by value, flat as
+/// none, unknown below every fall.
+fn sort_value(g: crate::vocab::growth::Figure) -> f64 {
+    use crate::vocab::growth::Figure;
+    match g {
+        Figure::Rate(r) => r,
+        Figure::Flat => 0.0,
+        Figure::Unknown => f64::NEG_INFINITY,
+    }
+}
+
 fn scroll_from_bottom(cur: usize, delta: isize, max: usize) -> usize {
     match delta {
         isize::MIN => max,
@@ -774,6 +788,7 @@ fn tree_order(sample: &Sample) -> Vec<(usize, usize)> {
 mod tests {
     use super::*;
     use crate::sinks::tui::fixtures::{bare_proc as proc, bare_sample as sample};
+    use crate::vocab::growth::Figure;
     use crossterm::event::KeyEventState;
 
     fn key(code: KeyCode) -> KeyEvent {
@@ -927,18 +942,18 @@ mod tests {
     #[test]
     fn growth_per_minute_from_pss_history() {
         let mut app = App::new("x".into());
-        for i in 0..10 {
+        for i in 0..20 {
             let t = i as f64;
             app.on_sample(
-                &sample(t, vec![proc(10, 1, 1000), proc(11, 1, 1000 + 100 * i)]),
+                &sample(t, vec![proc(10, 1, 1000), proc(11, 1, (1 + i) << 20)]),
                 &view(t),
             );
         }
         app.on_key(ch('g'));
         let rows = app.proc_rows();
         assert_eq!(rows[0].pid, 11);
-        assert!((rows[0].growth.unwrap() - 6000.0).abs() < 1e-6);
-        assert!(rows[1].growth.unwrap().abs() < 1e-6);
+        assert_eq!(rows[0].growth, Figure::Rate((1 << 20) as f64));
+        assert_eq!(rows[1].growth, Figure::Flat);
     }
 
     /// A process seen for 2 s, whose first PSS was not read yet (0), shows
@@ -949,7 +964,7 @@ mod tests {
         for (t, pss) in [(0.0, 0), (1.0, 13 << 20), (2.0, 13 << 20)] {
             app.on_sample(&sample(t, vec![proc(10, 1, pss)]), &view(t));
         }
-        assert_eq!(app.proc_rows()[0].growth, None);
+        assert_eq!(app.proc_rows()[0].growth, Figure::Unknown);
     }
 
     #[test]

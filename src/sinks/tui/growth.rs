@@ -9,25 +9,34 @@
 //! nothing was freed; when a worker exits, its share comes back. Summed
 //! over the family, those moves cancel, and what is left is what the
 //! family allocated or freed: a trainer releasing memory still shows as a
-//! decrease, a worker that exits takes its private pages with it. The
+//! decrease, a worker that exits takes its private pages with it (a
+//! one-off drop, so no rate: the family reads flat, not growing). The
 //! sampler reads a family in one burst (see `probe::pss`), so a sum never
 //! mixes readings from before and after a fork. A process without children
 //! is its own family. The table marks a family figure with `Σ`.
+//!
+//! The figure itself is [`growth::figure`]'s, the one every growth figure
+//! goes through: "…" until a minute's readings can say, "flat" where they
+//! are not sure of a direction or growth stopped (a load at start-up), a
+//! rate only where they are.
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::vocab::model::{Sample, least_squares_slope};
+use crate::vocab::growth::{self, Figure};
+use crate::vocab::model::Sample;
 
 /// Seconds of history a process needs before it shows a growth rate.
 const MIN_GROWTH_SPAN_SECONDS: f64 = 5.0;
-/// Seconds of per-process history behind the growth column.
-const GROWTH_WINDOW_SECONDS: f64 = 60.0;
 
 /// Per-process family PSS over the last minute.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Growth {
-    /// (pid, start time) -> (t, family PSS) oldest first.
-    series: HashMap<(u32, u64), VecDeque<(f64, u64)>>,
+    /// (pid, start time) -> (t, family PSS) oldest first, as
+    /// `growth::keep_for_figure` keeps it.
+    series: HashMap<(u32, u64), VecDeque<(f64, f64)>>,
+    /// Each series' figure, made when a reading was added to it (not at
+    /// each frame drawn).
+    figures: HashMap<(u32, u64), Figure>,
 }
 
 impl Growth {
@@ -39,6 +48,7 @@ impl Growth {
                 .iter()
                 .any(|p| p.pid == pid && p.start_time == start)
         });
+        self.figures.retain(|key, _| self.series.contains_key(key));
         let family = family_pss(sample);
         // A PSS of 0 is one not read yet (a process newer than the last
         // sweep), not a size: a rate from it would be the whole process.
@@ -48,33 +58,25 @@ impl Growth {
             if p.pss_bytes == 0 {
                 continue;
             }
-            let s = self.series.entry((p.pid, p.start_time)).or_default();
-            if s.back().is_some_and(|&(last, _)| t < last) {
-                s.clear();
-            }
-            s.push_back((t, sum));
-            while s
-                .front()
-                .is_some_and(|&(old, _)| t - old > GROWTH_WINDOW_SECONDS)
-                && s.len() > 2
-            {
-                s.pop_front();
+            let key = (p.pid, p.start_time);
+            let s = self.series.entry(key).or_default();
+            let replace = growth::keep_for_figure(s, t, sum as f64);
+            if !replace || !self.figures.contains_key(&key) {
+                let points: Vec<(f64, f64)> = s.iter().copied().collect();
+                let figure = growth::figure(&points, MIN_GROWTH_SPAN_SECONDS);
+                self.figures.insert(key, figure);
             }
         }
     }
 
-    /// Bytes per minute, `None` with too little history: a few seconds
-    /// of a process's start-up (loading a model) are not a trend.
-    pub(crate) fn per_minute(&self, pid: u32, start: u64) -> Option<f64> {
-        let s = self.series.get(&(pid, start))?;
-        let span = match (s.front(), s.back()) {
-            (Some(&(first, _)), Some(&(last, _))) => last - first,
-            _ => 0.0,
-        };
-        if s.len() < 2 || span < MIN_GROWTH_SPAN_SECONDS {
-            return None;
-        }
-        least_squares_slope(s.iter().map(|&(t, b)| (t, b as f64))).map(|v| v * 60.0)
+    /// The family's growth (a rate in bytes/s): unknown with too little
+    /// history, since a few seconds of a process's start-up (loading a
+    /// model) are not a trend.
+    pub(crate) fn figure(&self, pid: u32, start: u64) -> Figure {
+        self.figures
+            .get(&(pid, start))
+            .copied()
+            .unwrap_or(Figure::Unknown)
     }
 }
 
@@ -137,11 +139,11 @@ mod tests {
     /// A trainer (10) of 3 GiB, 2 GiB of it shared, under a launcher (1),
     /// forks 4 workers at `fork` s; every process allocates `own` bytes a
     /// second of its own. Returns the growth of the launcher, the trainer
-    /// and a worker at 20 s.
-    fn fork_run(fork: f64, own: u64) -> [Option<f64>; 3] {
+    /// and a worker at 30 s.
+    fn fork_run(fork: f64, own: u64) -> [Figure; 3] {
         let shared = 2048 * MIB;
         let mut g = Growth::default();
-        for i in 0..=20 {
+        for i in 0..=30 {
             let t = f64::from(i);
             let grown = i as u64 * own;
             let mut procs = vec![proc(1, 0, 4 * MIB)];
@@ -157,11 +159,7 @@ mod tests {
             }
             g.push(&sample(t, procs));
         }
-        [
-            g.per_minute(1, 1),
-            g.per_minute(10, 10),
-            g.per_minute(20, 20),
-        ]
+        [g.figure(1, 1), g.figure(10, 10), g.figure(20, 20)]
     }
 
     #[test]
@@ -169,21 +167,23 @@ mod tests {
         // Nothing allocated: the fork moved 1.6 GiB of PSS from the trainer
         // to its workers, plus 64 MiB the workers own.
         let [launcher, trainer, worker] = fork_run(10.0, 0);
-        let trainer = trainer.unwrap();
-        // A step of 64 MiB (the workers' own pages) halfway through a 20 s
-        // window: its least-squares slope, not the -1.6 GiB the trainer's
-        // own PSS dropped by.
-        assert!(trainer > 0.0 && trainer < 300.0 * MIB as f64, "{trainer}");
-        assert!((launcher.unwrap() - trainer).abs() < 1.0);
+        // The family's one step of 64 MiB (the workers' own pages) stopped
+        // at once: flat, not the -1.6 GiB the trainer's own PSS dropped by
+        // nor a rate spread over the window.
+        assert_eq!(trainer, Figure::Flat);
+        assert_eq!(launcher, Figure::Flat);
         // The workers' own PSS stood still since they were forked.
-        assert!(worker.unwrap().abs() < 1.0);
+        assert_eq!(worker, Figure::Flat);
     }
 
     #[test]
     fn family_growth_adds_up_what_the_family_allocates() {
+        let per_minute = |f: Figure| match f {
+            Figure::Rate(r) => r * 60.0 / MIB as f64,
+            other => panic!("{other:?}"),
+        };
         let [_, trainer, worker] = fork_run(0.0, MIB);
-        let trainer = trainer.unwrap() / MIB as f64;
-        let worker = worker.unwrap() / MIB as f64;
+        let (trainer, worker) = (per_minute(trainer), per_minute(worker));
         // 60 MiB/min each, five processes.
         assert!((worker - 60.0).abs() < 1e-6, "{worker}");
         assert!((trainer - 300.0).abs() < 1e-6, "{trainer}");
@@ -201,22 +201,44 @@ mod tests {
             ];
             g.push(&sample(t, procs));
         }
-        let trainer = g.per_minute(10, 10).unwrap() / MIB as f64;
-        assert!((trainer + 600.0).abs() < 1e-6, "{trainer}");
+        assert_eq!(g.figure(10, 10), Figure::Rate(-10.0 * MIB as f64));
     }
 
     #[test]
     fn a_worker_that_exits_frees_its_private_pages() {
+        // The trainer grows 1 MiB/s; its worker of 512 MiB exits at 10 s.
         let mut g = Growth::default();
-        for i in 0..=20 {
+        for i in 0..=40 {
             let t = f64::from(i);
-            let mut procs = vec![proc(10, 1, 1024 * MIB)];
+            let mut procs = vec![proc(10, 1, 1024 * MIB + i as u64 * MIB)];
             if i < 10 {
                 procs.push(proc(20, 10, 512 * MIB));
             }
             g.push(&sample(t, procs));
         }
-        assert!(g.per_minute(10, 10).unwrap() < -512.0 * MIB as f64);
+        // The drop is the worker's pages going, once: neither a fall nor
+        // a rise of the family, whose rate since is the trainer's own.
+        assert_eq!(g.figure(10, 10), Figure::Rate(MIB as f64));
+    }
+
+    /// Ticks every 20 ms near a ceiling: the series keeps a reading a
+    /// second, and the figure is the growth's.
+    #[test]
+    fn fast_ticks_keep_a_reading_a_second() {
+        let mut g = Growth::default();
+        for i in 0..=2000u64 {
+            let t = i as f64 * 0.02;
+            g.push(&sample(t, vec![proc(10, 1, 1024 * MIB + i * MIB / 50)]));
+        }
+        assert!(
+            g.series[&(10, 10)].len() <= 42,
+            "{}",
+            g.series[&(10, 10)].len()
+        );
+        let Figure::Rate(r) = g.figure(10, 10) else {
+            panic!("{:?}", g.figure(10, 10));
+        };
+        assert!((r / MIB as f64 - 1.0).abs() < 0.01, "{r}");
     }
 
     #[test]

@@ -510,7 +510,7 @@ fn past_the_window_the_chart_spans_the_window() {
 #[test]
 fn right_after_the_fork_the_trainer_shows_its_familys_growth() {
     let run = Run {
-        seconds: 40,
+        seconds: 60,
         forked_at: Some(24),
         ..Run::default()
     };

@@ -311,10 +311,12 @@ fn draw_gauges(app: &App, area: Rect, buf: &mut Buffer) {
         // The process the table marks, with the table's own figure for it
         // (its growth over the last minute): one figure per process on the
         // screen, not a second rate over another window.
+        // None where that figure is not a rising rate: the policy's pick
+        // rests on a 10 s window, the figure on the table's minute.
         let fastest = view.fastest.and_then(|(pid, _)| {
             let p = sample.procs.iter().find(|p| p.pid == pid)?;
-            let per_minute = app.growth_per_minute(p.pid, p.start_time)?;
-            Some((pid, p.comm.as_str(), per_minute / 60.0))
+            let r = app.growth(p.pid, p.start_time).rate()?;
+            (r > 0.0).then_some((pid, p.comm.as_str(), r))
         });
         (&SummaryView {
             tree: &sample.tree,

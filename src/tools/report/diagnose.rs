@@ -42,8 +42,8 @@ fn progress(log: &RunLog, out: &mut Vec<Finding>) {
         .progress
         .iter()
         .rev()
-        .find(|p| p.bytes_per_step.is_some_and(|b| b > 0))
-        && let Some(per) = p.bytes_per_step
+        .find(|p| p.bytes_per_step.is_some())
+        && let Some(per) = p.bytes_per_step.filter(|&b| b > 0)
     {
         let at = p.ceiling_step.map_or(String::new(), |c| {
             format!(", so the ceiling is reached near step {c}")
@@ -879,6 +879,95 @@ mod tests {
         assert!(!kinds(&f).contains(&"worker_leak"));
         // Not a single rule: nothing to prevent, nothing fired.
         assert!(kinds(&f).contains(&"quiet"), "{:?}", kinds(&f));
+    }
+
+    /// A log of a trainer and two workers read at `(t, worker MiB)`.
+    fn worker_readings(readings: &[(f64, f64)]) -> String {
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            1024 * MIB
+        )];
+        for &(t, mib) in readings {
+            let w = (mib * MIB as f64) as u64;
+            let procs: Vec<String> = std::iter::once(format!(
+                r#"{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{},"pss_bytes":{},"uss_bytes":{}}}"#,
+                300 * MIB,
+                250 * MIB,
+                200 * MIB
+            ))
+            .chain((101..103).map(|pid| {
+                format!(
+                    r#"{{"pid":{pid},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{},"pss_bytes":{},"uss_bytes":{w}}}"#,
+                    w + 100 * MIB,
+                    w + 30 * MIB
+                )
+            }))
+            .collect();
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{},"rss_bytes":{}}},"procs":[{}]}}"#,
+                600 * MIB,
+                1024 * MIB,
+                400 * MIB,
+                700 * MIB,
+                procs.join(",")
+            ));
+        }
+        lines.join("\n")
+    }
+
+    fn drift(f: &[Finding]) -> Option<f64> {
+        let flat = f.iter().find(|f| f.kind == "worker_flat")?;
+        flat.numbers
+            .iter()
+            .find(|c| c.name == "max_growth_bytes_per_second")
+            .map(|c| c.value)
+    }
+
+    #[test]
+    fn flat_workers_cite_a_drift_only_where_their_readings_support_one() {
+        // Caught starting by the first lists (every 60 s after the first
+        // 10 s), then level: a least-squares slope (+3.5 MiB/min), not a
+        // drift.
+        let start = [(2.0, 14.0), (5.0, 18.0), (10.0, 20.0), (60.0, 20.0)];
+        let log = load(&worker_readings(&start)).unwrap();
+        let f = diagnose(&log);
+        assert!(kinds(&f).contains(&"worker_flat"), "{:?}", kinds(&f));
+        assert_eq!(drift(&f), None);
+        // The HTML's process table says the same: too few readings ("—").
+        let html = crate::tools::report::html::render_html(&log, &f);
+        let cells = |pid: &str| {
+            let row = html
+                .split("<tr>")
+                .find(|r| r.contains(&format!(">{pid}</td>")))?;
+            row.split(r#"<td class="num">"#)
+                .nth(6)
+                .map(|c| c.split('<').next().unwrap_or("").to_string())
+        };
+        assert_eq!(cells("101").as_deref(), Some("—"), "{html}");
+        // Level for 20 readings with allocator noise: flat, no drift.
+        let noisy: Vec<(f64, f64)> = (0..20)
+            .map(|i| (f64::from(i), 20.0 + f64::from(i % 3) * 0.3))
+            .collect();
+        let f = diagnose(&load(&worker_readings(&noisy)).unwrap());
+        assert_eq!(drift(&f), None, "{:?}", kinds(&f));
+        // A steady 0.25 MiB/s over 20 readings (5 MiB: under a leak's
+        // 8 MiB): the drift the readings support.
+        let rising: Vec<(f64, f64)> = (0..20)
+            .map(|i| (f64::from(i), 20.0 + f64::from(i) * 0.25))
+            .collect();
+        let log = load(&worker_readings(&rising)).unwrap();
+        let f = diagnose(&log);
+        let d = drift(&f).map(|d| d / MIB as f64);
+        assert!(
+            d.is_some_and(|d| (d - 0.25).abs() < 0.01),
+            "{d:?} {:?}",
+            kinds(&f)
+        );
+        let html = crate::tools::report::html::render_html(&log, &f);
+        assert!(html.contains(r#"<td class="num">256 KiB/s</td>"#), "{html}");
+        let noisy = load(&worker_readings(&noisy)).unwrap();
+        let html = crate::tools::report::html::render_html(&noisy, &diagnose(&noisy));
+        assert!(html.contains(r#"<td class="num">flat</td>"#), "{html}");
     }
 
     #[test]

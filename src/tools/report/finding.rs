@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::run_log::RunLog;
 use crate::sinks::log::ActionEvent;
 use crate::sinks::log::Event as Logged;
-use crate::vocab::growth;
+use crate::vocab::growth::{self, Figure};
 use crate::vocab::model::{Role, least_squares_slope};
 use crate::vocab::units::{HumanBytes, human_duration};
 
@@ -163,6 +163,11 @@ pub struct ProcSummary {
     /// Least-squares growth of USS, bytes/s (`None` with fewer than two
     /// readings at distinct times).
     pub uss_slope: Option<f64>,
+    /// The growth figure of its USS readings (`growth::figure`): what the
+    /// report shows as its rate, a number only where the readings support
+    /// one. `uss_slope` stays the leak test's trend.
+    #[serde(skip)]
+    pub uss_figure: Figure,
     /// Its private memory grew and then stopped (no longer growing at its
     /// last readings, by the policy's definition in `growth`): a one-off
     /// load, `(bytes, seconds)` from its first reading to the level.
@@ -253,6 +258,7 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
                         first_uss_bytes: p.uss_bytes,
                         last_uss_bytes: p.uss_bytes,
                         uss_slope: None,
+                        uss_figure: Figure::Unknown,
                         ramp: None,
                     },
                     Vec::new(),
@@ -300,6 +306,7 @@ pub fn processes(log: &RunLog) -> Vec<ProcSummary> {
         .filter(|(s, _)| s.snapshots > 0)
         .map(|(mut s, pts)| {
             s.uss_slope = least_squares_slope(pts.iter().copied());
+            s.uss_figure = growth::figure(&pts, 0.0);
             if let growth::Shape::Ramp { bytes, seconds } =
                 growth::shape(&pts, crate::vocab::model::ETA_WINDOW_SECONDS)
             {

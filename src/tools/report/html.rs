@@ -13,6 +13,7 @@ use super::run_log::{RunLog, Timed};
 use super::svg::{esc, timeline};
 use super::text::{command_text, duration, event_summary, peaks};
 use crate::sinks::log::Event as Logged;
+use crate::vocab::growth::Figure;
 use crate::vocab::units::HumanBytes;
 
 /// Rows shown before a table folds the rest into a `<details>`.
@@ -470,16 +471,16 @@ fn processes_section(h: &mut String, log: &RunLog) {
         }
     );
     let row = |h: &mut String, p: &super::finding::ProcSummary| {
-        // Less than 8 MiB of change over the whole time seen is noise.
-        let moved = |s: f64| (s * (p.last_t - p.first_t)).abs() >= 8.0 * 1048576.0;
-        let growth = match p.uss_slope {
-            Some(s) if p.leaks() => format!(
+        // The figure the readings support (`growth::figure`), as on the
+        // dashboard: a rate, "flat", or "—" with too few readings.
+        let growth = match p.uss_figure {
+            Figure::Rate(s) if p.leaks() && s > 0.0 => format!(
                 r#"<span class="leak">+{}</span>"#,
                 esc(&super::finding::rate_text(s))
             ),
-            Some(s) if moved(s) => esc(&super::finding::rate_text(s)),
-            Some(_) => "flat".to_string(),
-            None => "—".to_string(),
+            Figure::Rate(s) => esc(&super::finding::rate_text(s)),
+            Figure::Flat => "flat".to_string(),
+            Figure::Unknown => "—".to_string(),
         };
         let _ = write!(
             h,

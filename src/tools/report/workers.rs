@@ -24,7 +24,7 @@ use super::finding::{
     time_text,
 };
 use super::run_log::{RunLog, SamplePoint};
-use crate::vocab::growth;
+use crate::vocab::growth::{self, lower_median};
 use crate::vocab::model::{ETA_WINDOW_SECONDS, Role};
 use crate::vocab::units::HumanBytes;
 
@@ -167,12 +167,6 @@ fn growth_of(pts: &[Reading]) -> Growth {
             }
         }
     }
-}
-
-/// The middle value (the lower of the two middle ones); 0 for none.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
 }
 
 /// The worker findings: leak, copy-on-write growth, a one-off load, or
@@ -331,10 +325,21 @@ fn worker_flat(workers: &[(&ProcSummary, Growth)]) -> Finding {
         .map(|(p, _)| p.peak_uss_bytes)
         .max()
         .unwrap_or(0);
-    let drift = workers
-        .iter()
-        .map(|(p, _)| p.uss_slope.unwrap_or(0.0))
-        .fold(0.0_f64, f64::max);
+    // A drift only where a worker's readings support a rate (`growth::
+    // figure`): a worker caught mid-start by its first readings has a
+    // least-squares slope, not a drift.
+    let drift = (workers.iter())
+        .filter_map(|(p, _)| p.uss_figure.rate())
+        .reduce(f64::max);
+    let mut numbers = vec![
+        Cited::count("workers", "workers observed", workers.len() as u64),
+        Cited::bytes(
+            "per_worker_private_peak_bytes",
+            "per-worker private peak",
+            peak,
+        ),
+    ];
+    numbers.extend(drift.map(|d| Cited::rate("max_growth_bytes_per_second", "largest drift", d)));
     Finding {
         kind: "worker_flat",
         severity: Severity::Info,
@@ -344,15 +349,7 @@ fn worker_flat(workers: &[(&ProcSummary, Growth)]) -> Finding {
             workers.len(),
             HumanBytes(peak)
         ),
-        numbers: vec![
-            Cited::count("workers", "workers observed", workers.len() as u64),
-            Cited::bytes(
-                "per_worker_private_peak_bytes",
-                "per-worker private peak",
-                peak,
-            ),
-            Cited::rate("max_growth_bytes_per_second", "largest drift", drift),
-        ],
+        numbers,
     }
 }
 
@@ -554,15 +551,15 @@ fn generations(log: &RunLog, n: usize) -> usize {
 }
 
 fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize, started: usize) -> Finding {
-    let growth = median(cow.iter().map(|c| c.bytes).collect());
-    let seconds = median(cow.iter().map(|c| c.seconds).collect());
+    let growth = lower_median(cow.iter().map(|c| c.bytes).collect());
+    let seconds = lower_median(cow.iter().map(|c| c.seconds).collect());
     let settled = cow.iter().all(|c| c.settled);
     // Settled: the level they reached; otherwise the bound of the copying
     // (their RSS), also for those of them that had settled.
     let level = if settled {
-        median(cow.iter().map(|c| c.level).collect())
+        lower_median(cow.iter().map(|c| c.level).collect())
     } else {
-        median(cow.iter().map(|c| c.rss).collect())
+        lower_median(cow.iter().map(|c| c.rss).collect())
     };
     // What the lists missed between readings counts in the peak too.
     let peak = cow
@@ -637,15 +634,15 @@ fn worker_cow(log: &RunLog, cow: &[Copied<'_>], observed: usize, started: usize)
             Cited::seconds(
                 "first_read_seconds",
                 "run time of a worker's first reading (median)",
-                median(cow.iter().map(|c| c.first_read).collect()),
+                lower_median(cow.iter().map(|c| c.first_read).collect()),
             ),
         ],
     }
 }
 
 fn worker_load(loads: &[(&ProcSummary, f64, f64, f64)], observed: usize) -> Finding {
-    let growth = median(loads.iter().map(|c| c.1).collect());
-    let level = median(loads.iter().map(|c| c.3).collect());
+    let growth = lower_median(loads.iter().map(|c| c.1).collect());
+    let level = lower_median(loads.iter().map(|c| c.3).collect());
     let names = name_workers(&loads.iter().map(|c| c.0).collect::<Vec<_>>());
     Finding {
         kind: "worker_load",
@@ -735,46 +732,52 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             .filter(|q| q.attempt == p.attempt && q.role == Role::Trainer)
             .count()
             == 1;
-        if let (true, Growth::Continuing { .. }) = (sole, growth) {
-            let role: Vec<(f64, f64)> = log
-                .samples
+        let role: Vec<(f64, f64)> = if sole {
+            log.samples
                 .iter()
                 .filter(|s| s.attempt == p.attempt && s.t <= p.last_t)
                 .filter_map(|s| {
                     let pss = s.role_pss.iter().find(|r| r.0 == Role::Trainer)?.1;
                     Some((s.t, pss as f64))
                 })
-                .collect();
-            if role.len() >= growth::TAIL {
-                match growth::shape(&role, ETA_WINDOW_SECONDS) {
-                    growth::Shape::Growing { rate } => {
-                        if let Growth::Continuing { rate: r, .. } = &mut growth {
-                            *r = rate;
-                        }
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if matches!(growth, Growth::Continuing { .. }) && role.len() >= growth::TAIL {
+            match growth::shape(&role, ETA_WINDOW_SECONDS) {
+                growth::Shape::Growing { rate } => {
+                    if let Growth::Continuing { rate: r, .. } = &mut growth {
+                        *r = rate;
                     }
-                    growth::Shape::Ramp { bytes, seconds } => {
-                        let level = pts.last().map_or(0.0, |r| r.uss);
-                        // The size in its own private memory, as the
-                        // finding's other figures: the role's PSS, which
-                        // keeps the shape steady through the fork, also
-                        // carries its share of the pages its workers map
-                        // (+10–17 % against the truth in the worker cases).
-                        let own = p.peak_uss_bytes.saturating_sub(p.first_uss_bytes) as f64;
-                        let bytes = if own >= RISE_MIN_BYTES { own } else { bytes };
-                        growth = Growth::Ramp {
-                            bytes,
-                            seconds,
-                            level,
-                            rss_rise: 0.0,
-                        };
-                    }
-                    growth::Shape::Flat => growth = Growth::Flat,
                 }
+                growth::Shape::Ramp { bytes, seconds } => {
+                    let level = pts.last().map_or(0.0, |r| r.uss);
+                    // The size in its own private memory, as the
+                    // finding's other figures: the role's PSS, which
+                    // keeps the shape steady through the fork, also
+                    // carries its share of the pages its workers map
+                    // (+10–17 % against the truth in the worker cases).
+                    let own = p.peak_uss_bytes.saturating_sub(p.first_uss_bytes) as f64;
+                    let bytes = if own >= RISE_MIN_BYTES { own } else { bytes };
+                    growth = Growth::Ramp {
+                        bytes,
+                        seconds,
+                        level,
+                        rss_rise: 0.0,
+                    };
+                }
+                growth::Shape::Flat => growth = Growth::Flat,
             }
         }
         match growth {
             Growth::Continuing { rate, .. } if p.leaks() && allocating(pts) => {
-                out.push(trainer_leak(p, rate));
+                let shown = if role.len() >= growth::TAIL {
+                    shown_rate(&role, rate)
+                } else {
+                    shown_rate(&pts.iter().map(|r| (r.t, r.uss)).collect::<Vec<_>>(), rate)
+                };
+                out.push(trainer_leak(p, shown));
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
@@ -847,15 +850,34 @@ fn released(pts: &[Reading]) -> Option<(f64, f64)> {
     (rise >= worth && freed >= worth && freed >= rise / 2.0).then_some((rise, freed))
 }
 
-fn trainer_leak(p: &ProcSummary, rate: f64) -> Finding {
+/// The rate a growing trainer is reported with, `(bytes/s, seconds)`: the
+/// figure the dashboard showed for it at the end (`growth::newest_figure`:
+/// its newest minute, a reading a second), over the seconds that figure
+/// spans; where those readings cannot say (a leak stopped seconds after it
+/// began), `trend`, the least-squares rate of its last
+/// [`ETA_WINDOW_SECONDS`] that found it growing.
+fn shown_rate(series: &[(f64, f64)], trend: f64) -> (f64, f64) {
+    let (figure, span) = growth::newest_figure(series, 0.0);
+    if let Some(r) = figure.rate().filter(|&r| r > 0.0) {
+        return (r, span);
+    }
+    let last = series.last().map_or(0.0, |p| p.0);
+    let first = (series.iter())
+        .find(|p| last - p.0 <= ETA_WINDOW_SECONDS)
+        .map_or(last, |p| p.0);
+    (trend, last - first)
+}
+
+fn trainer_leak(p: &ProcSummary, (rate, seconds): (f64, f64)) -> Finding {
     Finding {
         kind: "trainer_growth",
         severity: Severity::Warning,
         title: format!(
-            "The trainer ({} {}) grew +{} and was still growing at the end",
+            "The trainer ({} {}) grew +{} over its last {} and was still growing at the end",
             p.pid,
             p.comm,
-            rate_text(rate)
+            rate_text(rate),
+            time_text(seconds)
         ),
         advice: format!(
             "The training process's private memory went from {} to {} and did not level off: something accumulates across steps. Usually losses or outputs kept with their autograd graph (use loss.item() / detach()), a growing list of metrics, or a cache in the model code.",
@@ -865,6 +887,7 @@ fn trainer_leak(p: &ProcSummary, rate: f64) -> Finding {
         numbers: vec![
             Cited::count("pid", "trainer pid", u64::from(p.pid)),
             Cited::rate("growth_bytes_per_second", "growth", rate),
+            Cited::seconds("growth_window_seconds", "over the last", seconds),
             Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
         ],
     }

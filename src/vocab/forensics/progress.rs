@@ -29,6 +29,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use crate::vocab::growth::{self, Figure};
+
 /// What the job is doing in the training loop, as its progress output says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -521,7 +523,10 @@ const MAX_RATE_POINTS: usize = 512;
 const MAX_MEMORY_POINTS: usize = 64;
 
 /// Memory pairs needed before a growth per step is stated.
-const MIN_MEMORY_POINTS: usize = 4;
+const MIN_MEMORY_POINTS: usize = growth::SURE_POINTS + 1;
+/// A step told longer ago than this (seconds), with no rate to carry it
+/// forward, is not the step of a reading taken now.
+const STALE_WORD: f64 = 0.5;
 
 /// A phase must change memory by this much at least to be flagged …
 const PHASE_MEMORY_MIN_BYTES: u64 = 256 << 20;
@@ -574,7 +579,10 @@ pub struct ProgressTracker {
     advanced: u64,
     rate_points: VecDeque<(f64, u64)>,
     printed_rate: Option<f64>,
-    memory_points: VecDeque<(u64, f64)>,
+    /// (steps advanced, usage) at the ticks that followed a step's word.
+    memory_points: VecDeque<(f64, f64)>,
+    /// `advanced` at the newest memory point.
+    memory_advanced: Option<u64>,
     phase_entry: Option<PhaseEntry>,
     /// The job began to exit: its teardown (freeing, or a last burst of
     /// allocations while steps still print) says nothing about training,
@@ -651,6 +659,12 @@ impl ProgressTracker {
         }
         match self.last_train_step {
             Some(prev) if step >= prev => self.advanced += step - prev,
+            // A step a little behind the last is the same count told late
+            // (the companion's word, sent before the output line read
+            // first: 350 then 345 at a resume), not a new count: counted
+            // as one, it made 345 steps in a second, and the growth per
+            // step a sixth too low.
+            Some(prev) if step > prev / 2 => {}
             // The counter started again (a new epoch's bar).
             Some(_) => self.advanced += step,
             None => {}
@@ -674,13 +688,34 @@ impl ProgressTracker {
         {
             self.rate_points.pop_front();
         }
-        let measured = match (self.rate_points.front(), self.rate_points.back()) {
+        let measured = self.measured_rate();
+        let p = self.current.get_or_insert_with(Progress::default);
+        p.steps_per_second = measured.or(self.printed_rate).map(round3);
+    }
+
+    /// Steps the job has likely made since it last told its step, at run
+    /// time `t`: the measured rate times the word's age (at most 2 s).
+    /// `None` when the word is older than [`STALE_WORD`] and there is no
+    /// rate yet to carry it forward: such a reading belongs to no step
+    /// known.
+    fn since_word(&self, t: f64) -> Option<f64> {
+        let &(t1, _) = self.rate_points.back()?;
+        let age = (t - t1).clamp(0.0, 2.0);
+        match self.measured_rate() {
+            Some(rate) => Some(rate * age),
+            None => (age <= STALE_WORD).then_some(0.0),
+        }
+    }
+
+    /// Training steps a second over the rate window (at least 1 s of it,
+    /// with steps made), from the job's own words.
+    fn measured_rate(&self) -> Option<f64> {
+        match (self.rate_points.front(), self.rate_points.back()) {
             (Some(&(t0, a0)), Some(&(t1, a1))) if t1 - t0 >= 1.0 && a1 > a0 => {
                 Some((a1 - a0) as f64 / (t1 - t0))
             }
             _ => None,
-        };
-        p.steps_per_second = measured.or(self.printed_rate).map(round3);
+        }
     }
 
     /// The job began to exit (a stop, a signal, Ctrl-C, its main process
@@ -693,24 +728,37 @@ impl ProgressTracker {
     /// Ties the progress to memory at run time `t`: `used` is the usage
     /// toward the nearest ceiling, `headroom` what is left below it.
     /// Returns a phase, just ended, that grew memory sharply while it ran.
-    pub fn observe_memory(&mut self, used: u64, headroom: Option<u64>) -> Option<PhaseMemory> {
+    ///
+    /// The step a reading belongs to is the one the job had reached when
+    /// it was taken, not the last one it told: the companion tells at most
+    /// once a second and the ticks come once a second, so the word can be
+    /// up to a second old (20 steps of a 20-step/s loop: a leak of 4 MiB a
+    /// step read as 3.0 MiB 58 steps in). The steps since are the measured
+    /// rate times the word's age, for at most 2 s.
+    pub fn observe_memory(
+        &mut self,
+        used: u64,
+        headroom: Option<u64>,
+        t: f64,
+    ) -> Option<PhaseMemory> {
+        let since_word = self.since_word(t);
         let p = self.current.as_mut()?;
-        if p.phase == Some(Phase::Train)
+        if let Some(since_word) = since_word
+            && p.phase == Some(Phase::Train)
             && !self.frozen
             && self.last_train_step.is_some()
-            && self
-                .memory_points
-                .back()
-                .is_none_or(|&(a, _)| a != self.advanced)
+            && self.memory_advanced != Some(self.advanced)
         {
-            self.memory_points.push_back((self.advanced, used as f64));
+            self.memory_advanced = Some(self.advanced);
+            let x = self.advanced as f64 + since_word;
+            self.memory_points.push_back((x, used as f64));
             if self.memory_points.len() > MAX_MEMORY_POINTS {
                 self.memory_points.pop_front();
             }
             p.bytes_per_step = slope(&self.memory_points).map(|s| s.round() as i64);
             p.ceiling_step = match (p.bytes_per_step, headroom, self.last_train_step) {
                 (Some(per), Some(room), Some(step)) if per > 0 => {
-                    Some(step.saturating_add(room / per.unsigned_abs()))
+                    Some((step as f64 + since_word).round() as u64 + room / per.unsigned_abs())
                 }
                 _ => None,
             };
@@ -755,22 +803,27 @@ struct PhaseEntry {
     peak: u64,
 }
 
-/// The least-squares slope of bytes over steps; `None` until the points span
-/// enough steps to mean something.
-fn slope(points: &VecDeque<(u64, f64)>) -> Option<f64> {
+/// The growth of bytes per step: the median slope ([`growth::Trend`]), not
+/// least squares, since a
+/// training run has readings far off the line at its ends. Measured: a
+/// loop leaking 1 MiB a step read 1.00 MiB/step until its last reading,
+/// taken while the interpreter freed what it held (footprint 597 → 64 MiB
+/// at the same step count), which made the least-squares figure 852 KiB.
+/// `None` until there are enough points; 0 (flat) where
+/// [`growth::figure`], the rule every growth figure follows, finds no
+/// rate: a flat loop's allocator noise read "1.9 KiB per training step, so
+/// the ceiling is reached near step 11549577", and the workers' start-up
+/// in its first 80 steps "ceiling ≈ step 2742".
+fn slope(points: &VecDeque<(f64, f64)>) -> Option<f64> {
     if points.len() < MIN_MEMORY_POINTS {
         return None;
     }
-    let n = points.len() as f64;
-    let mx = points.iter().map(|&(a, _)| a as f64).sum::<f64>() / n;
-    let my = points.iter().map(|&(_, b)| b).sum::<f64>() / n;
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for &(a, b) in points {
-        let dx = a as f64 - mx;
-        sxy += dx * (b - my);
-        sxx += dx * dx;
+    let points: Vec<(f64, f64)> = points.iter().copied().collect();
+    match growth::figure(&points, 0.0) {
+        Figure::Rate(per_step) => Some(per_step),
+        Figure::Flat => Some(0.0),
+        Figure::Unknown => None,
     }
-    (sxx > 0.0).then(|| sxy / sxx)
 }
 
 fn round3(x: f64) -> f64 {
@@ -1018,13 +1071,96 @@ mod tests {
         for step in (0..=200u64).step_by(10) {
             feed(&mut t, &format!("step {step}/2000"), step as f64);
             let used = 4096 * mib + step * 3 * mib / 2;
-            t.observe_memory(used, Some(8192 * mib - used));
+            t.observe_memory(used, Some(8192 * mib - used), step as f64);
         }
         let c = t.current().cloned().unwrap_or_default();
         assert_eq!(c.bytes_per_step, Some((3 * mib / 2) as i64));
         // 4096 MiB left at step 0 / 1.5 MiB per step: step 2730.
         let at = c.ceiling_step.unwrap_or(0);
         assert!((2729..=2731).contains(&at), "{at}");
+    }
+
+    /// Readings at a run's ends that are no step's cost: the first ones
+    /// after a resume can hold a checkpoint being loaded, the last one
+    /// before the job's end is noticed can be the interpreter freeing what
+    /// it held (at the same step count). Neither moves the growth per step.
+    #[test]
+    fn readings_off_the_line_at_the_ends_do_not_move_the_growth_per_step() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        for step in 4001..=4064u64 {
+            feed(&mut t, &format!("step {step}/9000"), step as f64);
+            let mut used = 1024 * mib + (step - 4000) * mib;
+            if step <= 4003 {
+                used += 900 * mib;
+            }
+            if step == 4064 {
+                used = 64 * mib;
+            }
+            t.observe_memory(used, Some((8192 * mib).saturating_sub(used)), step as f64);
+        }
+        let c = t.current().cloned().unwrap_or_default();
+        let per = c.bytes_per_step.unwrap_or(0) as f64 / mib as f64;
+        assert!((per - 1.0).abs() < 0.02, "{per} MiB/step");
+        // The least-squares line through the same points reads far off.
+        let pts = t.memory_points.iter().copied();
+        let ls = crate::vocab::growth::least_squares_slope(pts).unwrap() / mib as f64;
+        assert!(ls < 0.5, "least squares {ls}");
+    }
+
+    /// The companion tells its step once a second and the ticks come once
+    /// a second on their own clock: a reading's step is the one the job
+    /// had reached when it was taken, not the last one told (which lags it
+    /// by 0 to 20 steps of a 20-step/s loop as the two clocks drift).
+    #[test]
+    fn a_reading_belongs_to_the_step_reached_when_it_was_taken() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        let (mut word, mut tick) = (0.0f64, 0.35f64);
+        while tick < 19.5 {
+            if word <= tick {
+                feed(&mut t, &format!("step {}/9000", (word * 20.0) as u64), word);
+                word += 1.0;
+            } else {
+                let used = 1024 * mib + (tick * 20.0 * 4.0 * mib as f64) as u64;
+                t.observe_memory(used, Some(8192 * mib - used), tick);
+                tick += 1.13;
+            }
+        }
+        let c = t.current().cloned().unwrap_or_default();
+        let per = c.bytes_per_step.unwrap_or(0) as f64 / mib as f64;
+        assert!((per - 4.0).abs() < 0.001, "{per} MiB/step");
+    }
+
+    /// Two sources of one count disagree for a moment (the output's line
+    /// read before the companion's older word): no steps are made up.
+    #[test]
+    fn a_step_told_late_is_not_a_new_count() {
+        let mut t = ProgressTracker::new();
+        feed(&mut t, "step 350/9000", 1.0);
+        feed(&mut t, "step 345/9000", 2.0);
+        feed(&mut t, "step 365/9000", 3.0);
+        feed(&mut t, "step 385/9000", 4.0);
+        assert_eq!(t.advanced, 40);
+        // A new epoch's bar is a new count.
+        feed(&mut t, "step 2/9000", 5.0);
+        assert_eq!(t.advanced, 42);
+    }
+
+    /// Memory that grows in steps (an allocator taking 16 MiB every 16
+    /// training steps) reads near its mean growth per step.
+    #[test]
+    fn growth_in_stairs_reads_near_its_mean() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        for step in 1..=64u64 {
+            feed(&mut t, &format!("step {step}/9000"), step as f64);
+            let used = 1024 * mib + (step / 16) * 16 * mib;
+            t.observe_memory(used, Some(8192 * mib - used), step as f64);
+        }
+        let c = t.current().cloned().unwrap_or_default();
+        let per = c.bytes_per_step.unwrap_or(0) as f64 / mib as f64;
+        assert!((per - 1.0).abs() < 0.15, "{per} MiB/step");
     }
 
     #[test]
@@ -1034,7 +1170,7 @@ mod tests {
         for step in (0..=100u64).step_by(10) {
             feed(&mut t, &format!("step {step}/2000"), step as f64);
             let used = 4096 * mib + step * mib;
-            t.observe_memory(used, Some(8192 * mib - used));
+            t.observe_memory(used, Some(8192 * mib - used), step as f64);
         }
         let before = t.current().cloned().unwrap_or_default();
         t.freeze();
@@ -1042,7 +1178,7 @@ mod tests {
         for step in (110..=150u64).step_by(10) {
             feed(&mut t, &format!("step {step}/2000"), step as f64);
             let used = 4096 * mib + step * 40 * mib;
-            t.observe_memory(used, Some((8192 * mib).saturating_sub(used)));
+            t.observe_memory(used, Some((8192 * mib).saturating_sub(used)), step as f64);
         }
         let after = t.current().cloned().unwrap_or_default();
         assert_eq!(after.bytes_per_step, before.bytes_per_step);
@@ -1061,7 +1197,7 @@ mod tests {
             1.0,
         );
         assert_eq!(
-            t.observe_memory(4096 * mib, Some(ceiling - 4096 * mib)),
+            t.observe_memory(4096 * mib, Some(ceiling - 4096 * mib), 0.0),
             None
         );
         feed(
@@ -1070,12 +1206,12 @@ mod tests {
             2.0,
         );
         assert_eq!(
-            t.observe_memory(4100 * mib, Some(ceiling - 4100 * mib)),
+            t.observe_memory(4100 * mib, Some(ceiling - 4100 * mib), 0.0),
             None
         );
         let mut flagged = Vec::new();
         for used in [4400, 4700, 4900, 4600] {
-            flagged.extend(t.observe_memory(used * mib, Some(ceiling - used * mib)));
+            flagged.extend(t.observe_memory(used * mib, Some(ceiling - used * mib), 0.0));
         }
         assert!(flagged.is_empty(), "flagged before the phase ended");
         feed(
@@ -1083,8 +1219,8 @@ mod tests {
             "Epoch 1:  51%|█████     | 51/100 [00:05<00:05, 10it/s]",
             3.0,
         );
-        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib)));
-        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib)));
+        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib), 0.0));
+        flagged.extend(t.observe_memory(4600 * mib, Some(ceiling - 4600 * mib), 0.0));
         assert_eq!(flagged.len(), 1, "{flagged:?}");
         assert_eq!(flagged[0].phase, Phase::Validation);
         assert_eq!(flagged[0].added_bytes, 800 * mib);
@@ -1127,7 +1263,7 @@ mod tests {
             if let Some(u) = parse(&s) {
                 let mut t = ProgressTracker::new();
                 t.update(u, 0.0);
-                let _ = t.observe_memory(1, Some(1));
+                let _ = t.observe_memory(1, Some(1), 0.0);
             }
         }
 

@@ -14,6 +14,7 @@ use ratatui::widgets::{
 
 use crate::sinks::tui::app::{ProcRow, SortKey};
 use crate::sinks::tui::theme;
+use crate::vocab::growth::Figure;
 use crate::vocab::model::Role;
 
 /// What the table shows (inside its pane frame).
@@ -197,8 +198,10 @@ impl ProcTableView {
 /// The growth column of row `r`: `Σ` where the figure is the family's,
 /// `▲` on the fastest grower otherwise.
 fn growth_cell(r: &ProcRow, fastest: bool) -> Line<'static> {
-    let Some(g) = r.growth else {
-        return Line::styled("…", Style::new().fg(theme::DIM));
+    let g = match r.growth {
+        Figure::Rate(per_second) => per_second * 60.0,
+        Figure::Flat => return Line::styled("flat", Style::new().fg(theme::DIM)),
+        Figure::Unknown => return Line::styled("…", Style::new().fg(theme::DIM)),
     };
     // The fastest grower is the one whose own PSS grows fastest: a family
     // figure beside its `▲` would read as that rate (the row's colour
@@ -327,7 +330,7 @@ mod tests {
             uss: pss / 2,
             swap: 0,
             gpu: None,
-            growth: Some(growth),
+            growth: Figure::Rate(growth / 60.0),
             family: false,
         }
     }
