@@ -12,6 +12,11 @@ use crate::vocab::forensics::progress::{Phase, ProgressUpdate};
 
 use super::Supervisor;
 
+/// A progress word older than this (seconds, by the companion's stamp) is
+/// taken as this old: the records are read every tick, so only a clock
+/// stepped between writing and reading makes one older.
+const MAX_WORD_AGE: f64 = 5.0;
+
 impl Supervisor {
     /// A request went to the companion.
     pub(super) fn log_request(&mut self, id: u64, kind: Kind, reason: &str) {
@@ -33,8 +38,12 @@ impl Supervisor {
                 }
             }
             Record::Progress {
-                step, epoch, phase, ..
-            } => self.companion_progress(step, epoch, phase.as_deref()),
+                step,
+                epoch,
+                phase,
+                t,
+                ..
+            } => self.companion_progress(step, epoch, phase.as_deref(), t),
             Record::Ack { id, rank, step } => {
                 let ack = CheckpointAckEvent { id, rank, step };
                 self.sinks.emit(&Event::CheckpointAck(ack));
@@ -133,9 +142,16 @@ impl Supervisor {
         }
     }
 
-    /// A rank's progress record: the run's progress (the companion's is
-    /// exact; the output's guesses give way to it).
-    fn companion_progress(&mut self, step: Option<u64>, epoch: Option<f64>, phase: Option<&str>) {
+    /// A rank's progress record, written at `sent` (Unix seconds): the
+    /// run's progress (the companion's is exact; the output's guesses give
+    /// way to it).
+    fn companion_progress(
+        &mut self,
+        step: Option<u64>,
+        epoch: Option<f64>,
+        phase: Option<&str>,
+        sent: Option<f64>,
+    ) {
         let u = ProgressUpdate {
             step,
             total: None,
@@ -149,8 +165,18 @@ impl Supervisor {
             phase: phase.and_then(phase_of),
             printed_rate: None,
         };
-        let t = self.run_t();
-        self.output.progress_mut().update(u, t);
+        // The step was reached when the word was written, not when this
+        // tick read it: stamped with the reading's time, a word up to a
+        // second old put the step of every reading 0 to 20 steps behind
+        // (as the two clocks drift), and the growth per step read low.
+        let age = sent.map_or(0.0, |sent| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(sent, |d| d.as_secs_f64());
+            (now - sent).clamp(0.0, MAX_WORD_AGE)
+        });
+        let t = (self.run_t() - age).max(0.0);
+        self.output.progress_mut().update_exact(u, t);
         self.publish_progress();
     }
 

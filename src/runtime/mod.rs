@@ -33,7 +33,7 @@ use crate::job::supervise::{self, Job, Status};
 use crate::sinks::log::{
     CgroupInfo, ChildExit, Event, GpuInfo, LogWriter, Outcome, RunEnd, RunStart,
 };
-use crate::vocab::model::{ProcSample, Sample, View};
+use crate::vocab::model::{ProcSample, Role, Sample, View};
 
 mod act;
 mod attach;
@@ -581,16 +581,25 @@ impl Supervisor {
         if self.began_to_exit() {
             self.output.progress_mut().freeze();
         }
-        let t = self.run_t();
         if let Some(n) = view.nearest
             && self.output.progress().current().is_some()
         {
+            let unread = (sample.procs.iter())
+                .filter(|p| p.role != Role::Worker && p.read_age_seconds.is_none())
+                .count();
+            self.output.progress_mut().unread(unread);
             if let Some(flag) = self
                 .output
                 .progress_mut()
                 // The job's own footprint: under the system ceiling the
-                // ceiling's usage is the whole machine's.
-                .observe_memory(sample.tree.footprint_bytes, Some(n.headroom_bytes), t)
+                // ceiling's usage is the whole machine's. At the time it
+                // was read, which a slow tick's sampling puts well before
+                // this line.
+                .observe_memory(
+                    sample.tree.footprint_bytes,
+                    Some(n.headroom_bytes),
+                    sample.t,
+                )
             {
                 let event = crate::sinks::log::PhaseMemoryEvent::new(&flag);
                 let advice = event.advice.clone();

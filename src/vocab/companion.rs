@@ -254,6 +254,10 @@ pub enum Record {
         epoch: Option<f64>,
         #[serde(default)]
         phase: Option<String>,
+        /// When the companion wrote it (Unix seconds, this node's clock):
+        /// the record is read at the next tick, up to a second later.
+        #[serde(default)]
+        t: Option<f64>,
     },
     /// The ranks agreed to serve request `id` at `step`.
     Ack {

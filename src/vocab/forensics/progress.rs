@@ -589,6 +589,10 @@ pub struct ProgressTracker {
     /// so the estimate of the ceiling's step stays the last one made
     /// before.
     frozen: bool,
+    /// The companion has spoken: its words are the count.
+    exact: bool,
+    /// See [`ProgressTracker::unread`].
+    unread: usize,
 }
 
 impl ProgressTracker {
@@ -615,6 +619,24 @@ impl ProgressTracker {
         }
         self.reported = Some(now);
         true
+    }
+
+    /// Applies the companion's word, written at run time `t`. Its count
+    /// is exact and replaces the output's: at its first word the count the
+    /// output gave so far, and the readings tied to it, are set aside. The
+    /// output's lines are read as they are printed, the companion's first
+    /// word up to a second late: "step 1" came after the output's "step
+    /// 15", and taken as a new count it put every later reading's step 15
+    /// ahead of the earlier ones' (0.94 MiB a step read for 1.0).
+    pub fn update_exact(&mut self, u: ProgressUpdate, t: f64) {
+        if !self.exact {
+            self.exact = true;
+            self.last_train_step = None;
+            self.rate_points.clear();
+            self.memory_points.clear();
+            self.memory_advanced = None;
+        }
+        self.update(u, t);
     }
 
     /// Applies one update printed at run time `t` (seconds).
@@ -651,6 +673,18 @@ impl ProgressTracker {
                 }
             }
         };
+        // A training step a little behind the last is the same count told
+        // late (the companion's word, sent before the output line read
+        // first: 350 then 345), not a new count. It moves nothing: taken
+        // as the new last step, the steps from it to the last were counted
+        // again by the next word (12 of them when the companion took over
+        // from the output 1.5 s in, and every reading's step then stood 12
+        // ahead of the early ones': 0.87 MiB a step read for 1.0).
+        // Counted as a new count, it made 345 steps in a second.
+        let late = |prev: u64| step < prev && step > prev / 2;
+        if phase == Phase::Train && self.last_train_step.is_some_and(late) {
+            return;
+        }
         p.step = Some(step);
         p.total = u.total;
         p.phase = Some(phase);
@@ -659,12 +693,6 @@ impl ProgressTracker {
         }
         match self.last_train_step {
             Some(prev) if step >= prev => self.advanced += step - prev,
-            // A step a little behind the last is the same count told late
-            // (the companion's word, sent before the output line read
-            // first: 350 then 345 at a resume), not a new count: counted
-            // as one, it made 345 steps in a second, and the growth per
-            // step a sixth too low.
-            Some(prev) if step > prev / 2 => {}
             // The counter started again (a new epoch's bar).
             Some(_) => self.advanced += step,
             None => {}
@@ -700,7 +728,9 @@ impl ProgressTracker {
     /// known.
     fn since_word(&self, t: f64) -> Option<f64> {
         let &(t1, _) = self.rate_points.back()?;
-        let age = (t - t1).clamp(0.0, 2.0);
+        // Negative for a word written after the reading was taken (both
+        // come to the tick that reads them).
+        let age = (t - t1).clamp(-2.0, 2.0);
         match self.measured_rate() {
             Some(rate) => Some(rate * age),
             None => (age <= STALE_WORD).then_some(0.0),
@@ -723,6 +753,22 @@ impl ProgressTracker {
     /// they are now.
     pub fn freeze(&mut self) {
         self.frozen = true;
+    }
+
+    /// How many of the job's processes that are not workers have not had
+    /// their memory read yet (`smaps_rollup`). Until read, such a process
+    /// counts only what it wrote since oomguard first saw it; its first
+    /// reading adds what it held then (the interpreter) less its share of
+    /// the libraries: a step in the footprint that is no step's cost
+    /// (5 MiB, 3 s into a run, read 0.97 MiB a step for 1.0). When the
+    /// count falls, the readings tied to steps before it are set aside.
+    /// A process that is never read leaves them as they are.
+    pub fn unread(&mut self, count: usize) {
+        if count < self.unread {
+            self.memory_points.clear();
+            self.memory_advanced = None;
+        }
+        self.unread = count;
     }
 
     /// Ties the progress to memory at run time `t`: `used` is the usage
@@ -1132,6 +1178,77 @@ mod tests {
         assert!((per - 4.0).abs() < 0.001, "{per} MiB/step");
     }
 
+    /// The companion takes over from the job's output, as measured: the
+    /// output told each step as it ended (1 to 22 at 20 steps a second),
+    /// and the companion's words, written once a second from step 1 on,
+    /// are read at the ticks that follow (the first one a second late).
+    /// Every figure reads the leak of 1 MiB a step.
+    #[test]
+    fn the_companion_taking_over_from_the_output_counts_no_step_twice() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        let step_at = |at: f64| (at * 20.0) as u64 + 1;
+        let ticks: Vec<f64> = (0..19).map(|j| 1.07 + j as f64 * 1.02).collect();
+        // (when it is read, what): a line, a word (with when it was
+        // written) or a reading; a tick reads memory first, then words.
+        let mut events: Vec<(f64, u8, u64, f64)> = (1..=22u64)
+            .map(|s| ((s - 1) as f64 / 20.0, 0, s, 0.0))
+            .collect();
+        for k in 0..19 {
+            let written = k as f64;
+            let read = ticks
+                .iter()
+                .copied()
+                .find(|&tk| tk > written)
+                .unwrap_or(99.0);
+            events.push((read + 0.01, 1, step_at(written), written));
+        }
+        events.extend(ticks.iter().map(|&tk| (tk, 2, step_at(tk), tk)));
+        events.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut figures = Vec::new();
+        for (at, kind, step, written) in events {
+            let line = format!("step {step}/9000");
+            match kind {
+                0 if !t.exact => feed(&mut t, &line, at),
+                1 => t.update_exact(p(&line), written),
+                2 => {
+                    let used = 14 * mib + step * mib;
+                    t.observe_memory(used, Some(8192 * mib - used), at);
+                    figures.extend(t.current().and_then(|c| c.bytes_per_step));
+                }
+                _ => {}
+            }
+        }
+        assert!(figures.len() >= 8, "{figures:?}");
+        for per in figures {
+            let per = per as f64 / mib as f64;
+            assert!((per - 1.0).abs() < 0.01, "{per} MiB/step");
+        }
+    }
+
+    /// The trainer's first reading, 4 s in: before it, its figure was what
+    /// it wrote since first seen; after it, its share of everything, 5 MiB
+    /// less. The growth per step is read from the readings after it.
+    #[test]
+    fn the_first_reading_of_a_process_sets_the_earlier_readings_aside() {
+        let mut t = ProgressTracker::new();
+        let mib = 1u64 << 20;
+        for tick in 1..=14u64 {
+            let step = tick * 20;
+            feed(&mut t, &format!("step {step}/9000"), tick as f64);
+            t.unread(usize::from(tick <= 4));
+            let base = if tick <= 4 { 19 * mib } else { 14 * mib };
+            let used = base + step * mib;
+            t.observe_memory(used, Some(8192 * mib - used), tick as f64);
+            // Every figure stated along the way.
+            if let Some(per) = t.current().and_then(|c| c.bytes_per_step) {
+                let per = per as f64 / mib as f64;
+                assert!((per - 1.0).abs() < 0.005, "tick {tick}: {per} MiB/step");
+            }
+        }
+        assert!(t.current().is_some_and(|c| c.bytes_per_step.is_some()));
+    }
+
     /// Two sources of one count disagree for a moment (the output's line
     /// read before the companion's older word): no steps are made up.
     #[test]
@@ -1139,12 +1256,14 @@ mod tests {
         let mut t = ProgressTracker::new();
         feed(&mut t, "step 350/9000", 1.0);
         feed(&mut t, "step 345/9000", 2.0);
+        assert_eq!(t.current().and_then(|c| c.step), Some(350));
         feed(&mut t, "step 365/9000", 3.0);
         feed(&mut t, "step 385/9000", 4.0);
-        assert_eq!(t.advanced, 40);
+        // 350 to 385: the 5 steps from 345 to 350 are not counted twice.
+        assert_eq!(t.advanced, 35);
         // A new epoch's bar is a new count.
         feed(&mut t, "step 2/9000", 5.0);
-        assert_eq!(t.advanced, 42);
+        assert_eq!(t.advanced, 37);
     }
 
     /// Memory that grows in steps (an allocator taking 16 MiB every 16
