@@ -633,10 +633,16 @@ impl ProgressTracker {
             self.exact = true;
             self.last_train_step = None;
             self.rate_points.clear();
-            self.memory_points.clear();
-            self.memory_advanced = None;
+            self.set_readings_aside();
         }
         self.update(u, t);
+    }
+
+    /// The readings tied to steps so far stand on another basis than the
+    /// ones to come: the growth per step is fitted afresh.
+    fn set_readings_aside(&mut self) {
+        self.memory_points.clear();
+        self.memory_advanced = None;
     }
 
     /// Applies one update printed at run time `t` (seconds).
@@ -677,10 +683,8 @@ impl ProgressTracker {
         // late (the companion's word, sent before the output line read
         // first: 350 then 345), not a new count. It moves nothing: taken
         // as the new last step, the steps from it to the last were counted
-        // again by the next word (12 of them when the companion took over
-        // from the output 1.5 s in, and every reading's step then stood 12
-        // ahead of the early ones': 0.87 MiB a step read for 1.0).
-        // Counted as a new count, it made 345 steps in a second.
+        // again by the next word (40 steps for 350 to 385). Counted as a
+        // new count, it made 345 steps in a second.
         let late = |prev: u64| step < prev && step > prev / 2;
         if phase == Phase::Train && self.last_train_step.is_some_and(late) {
             return;
@@ -765,8 +769,7 @@ impl ProgressTracker {
     /// A process that is never read leaves them as they are.
     pub fn unread(&mut self, count: usize) {
         if count < self.unread {
-            self.memory_points.clear();
-            self.memory_advanced = None;
+            self.set_readings_aside();
         }
         self.unread = count;
     }
