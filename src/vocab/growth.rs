@@ -111,15 +111,6 @@ pub fn lower_median(mut v: Vec<f64>) -> f64 {
     v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0)
 }
 
-/// The Theil–Sen slope of y over x: the median of the slopes between every
-/// two points with distinct x. One point far off the line (a reading taken
-/// while a job freed what it held, or loaded a checkpoint) moves it
-/// little, where it pulls [`least_squares_slope`]. `None` for fewer than
-/// two distinct x values.
-pub fn median_slope(points: &[(f64, f64)]) -> Option<f64> {
-    Trend::of(points).map(|t| t.slope)
-}
-
 /// Mann–Kendall z from which a trend's direction is taken as sure: about
 /// one flat series in 700 reads as growing by chance, and a series needs 7
 /// readings, every one above those before it, to reach it.
