@@ -777,7 +777,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
                 } else {
                     shown_rate(&pts.iter().map(|r| (r.t, r.uss)).collect::<Vec<_>>(), rate)
                 };
-                out.push(trainer_leak(p, shown));
+                out.extend(shown.map(|shown| trainer_leak(p, shown)));
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
@@ -853,19 +853,24 @@ fn released(pts: &[Reading]) -> Option<(f64, f64)> {
 /// The rate a growing trainer is reported with, `(bytes/s, seconds)`: the
 /// figure the dashboard showed for it at the end (`growth::newest_figure`:
 /// its newest minute, a reading a second), over the seconds that figure
-/// spans; where those readings cannot say (a leak stopped seconds after it
-/// began), `trend`, the least-squares rate of its last
-/// [`ETA_WINDOW_SECONDS`] that found it growing.
-fn shown_rate(series: &[(f64, f64)], trend: f64) -> (f64, f64) {
+/// spans; where those readings are too few to say (a leak stopped seconds
+/// after it began), `trend`, the least-squares rate of its last
+/// [`ETA_WINDOW_SECONDS`] that found it growing. `None` where they say it
+/// is flat: allocator noise on a plateau lined up in the last seconds
+/// ("+4.4 MiB/s over its last 9.2s, still growing" on `load_plateau`, in 2
+/// of 7 runs) is no leak.
+fn shown_rate(series: &[(f64, f64)], trend: f64) -> Option<(f64, f64)> {
     let (figure, span) = growth::newest_figure(series, 0.0);
-    if let Some(r) = figure.rate().filter(|&r| r > 0.0) {
-        return (r, span);
+    match figure {
+        growth::Figure::Rate(r) if r > 0.0 => return Some((r, span)),
+        growth::Figure::Unknown => {}
+        growth::Figure::Rate(_) | growth::Figure::Flat => return None,
     }
     let last = series.last().map_or(0.0, |p| p.0);
     let first = (series.iter())
         .find(|p| last - p.0 <= ETA_WINDOW_SECONDS)
         .map_or(last, |p| p.0);
-    (trend, last - first)
+    Some((trend, last - first))
 }
 
 fn trainer_leak(p: &ProcSummary, (rate, seconds): (f64, f64)) -> Finding {
