@@ -7,7 +7,7 @@
 //! - the findings name the right cause, and no finding calls a start-up
 //!   load, a plateau or copy-on-read growth that levelled off a leak;
 //! - every per-worker or per-process figure a finding states is within
-//!   20 % of the truth (the JSON findings carry them as numbers);
+//!   15 % of the truth (the JSON findings carry them as numbers);
 //! - the worker count advised never exceeds what the true peaks allow
 //!   (in the terms of the footprint the policy compared with the ceiling:
 //!   the cgroup's working set, which the reader reads too);
@@ -29,7 +29,7 @@ use serde_json::Value;
 
 const MIB: f64 = 1048576.0;
 /// How far a stated figure may be from the truth.
-const TOLERANCE: f64 = 0.2;
+const TOLERANCE: f64 = 0.15;
 
 fn jobs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jobs/diagnosis")
@@ -439,13 +439,16 @@ fn figures(c: &Case) {
             close("trainer released", v, trainer[top].rss - low);
         }
         if let Some(v) = number(f, "growth_bytes_per_second") {
-            // Like with like: the finding's rate is the least-squares
-            // slope over oomguard's own sample lines of the last 10 s
-            // before its last reading of the trainer, so the truth is read
-            // at those same times, not at the reader's cadence. (The job
-            // ends without the interpreter's teardown, seconds of plateau
-            // and a late step on a loaded machine that the reader, a
-            // second apart by then, could miss or catch: job.py.)
+            // Like with like: the truth read at oomguard's own sample
+            // times over the window the finding names, ending at its last
+            // reading of the trainer, and its slope taken as the finding's
+            // is (the median of the pairwise slopes), which the start-up's
+            // last readings do not tilt: on a busy machine the leak case's
+            // torch import ran into the window, and a least-squares slope
+            // of the truth read +34.0 MiB/s for a leak of 27.5 that the
+            // finding stated as 27.9. (The job ends without the
+            // interpreter's teardown, seconds of plateau and a late step on
+            // a loaded machine: job.py.)
             let end = c.json["processes"]
                 .as_array()
                 .unwrap()
@@ -453,19 +456,12 @@ fn figures(c: &Case) {
                 .find(|p| p["pid"].as_f64() == number(f, "pid"))
                 .and_then(|p| p["last_t"].as_f64())
                 .unwrap_or(trainer[trainer.len() - 1].t);
-            let times: Vec<f64> = c
-                .sample_times
-                .iter()
-                .copied()
-                .filter(|t| *t <= end)
+            let window = number(f, "growth_window_seconds").unwrap();
+            let pts: Vec<(f64, f64)> = (c.sample_times.iter().copied())
+                .filter(|t| *t <= end && end - *t <= window + 0.01)
+                .map(|t| (t, at(trainer, t)))
                 .collect();
-            let last = times.last().copied().unwrap_or(end);
-            let pts: Vec<(f64, f64)> = times
-                .iter()
-                .filter(|t| last - **t <= 10.0)
-                .map(|t| (*t, at(trainer, *t)))
-                .collect();
-            close("trainer growth per second", v, slope(&pts));
+            close("trainer growth per second", v, median_slope(&pts));
         }
         if let Some(fit) = number(f, "workers_fit") {
             let worker = workers
@@ -536,13 +532,18 @@ fn at(pts: &[Point], t: f64) -> f64 {
     before.uss + (after.uss - before.uss) * (t - before.t) / (after.t - before.t)
 }
 
-fn slope(pts: &[(f64, f64)]) -> f64 {
-    let n = pts.len() as f64;
-    let mx = pts.iter().map(|p| p.0).sum::<f64>() / n;
-    let my = pts.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    sxy / sxx
+/// The median of the slopes between every two points (Theil and Sen).
+fn median_slope(pts: &[(f64, f64)]) -> f64 {
+    let mut slopes = Vec::new();
+    for (i, a) in pts.iter().enumerate() {
+        for b in &pts[i + 1..] {
+            if b.0 != a.0 {
+                slopes.push((b.1 - a.1) / (b.0 - a.0));
+            }
+        }
+    }
+    assert!(!slopes.is_empty(), "no two readings to take a slope from");
+    median(slopes)
 }
 
 /// Text, HTML and JSON show the same findings.
