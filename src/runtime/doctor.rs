@@ -8,8 +8,14 @@
 //! job's own checkpoints, and a script that resumes from its newest file,
 //! or Lightning's `last.ckpt`, would then resume from the doctor's step).
 
+use std::time::Duration;
+
 use super::Supervisor;
 use super::act::{self, stop_saves};
+
+/// How long a job that shows steps has to say hello before it is judged
+/// without its companion.
+const HELLO_GRACE: Duration = Duration::from_secs(3);
 
 impl Supervisor {
     /// Once per run, on a tick: judges the trainer when progress has been
@@ -28,6 +34,14 @@ impl Supervisor {
         let waited = self.attempts.age(crate::vocab::clock::now());
         let step = self.output.progress().current().and_then(|p| p.step);
         if step.is_none() && waited < watch.wait {
+            return;
+        }
+        // The companion's hello is a record read once a tick, the step a
+        // line read as it is printed: a Lightning job judged at its first
+        // step, beside other tests, had said hello but was judged as
+        // "companion: false". Its first step gives it a few ticks.
+        let connected = self.core.act().companion().connected;
+        if !connected && waited < watch.wait && watch.stepping_for(waited) < HELLO_GRACE {
             return;
         }
         let mut verdict = stop_saves::stop_verdict(

@@ -43,6 +43,8 @@ impl StopVerdict {
 pub struct Watch {
     pub wait: Duration,
     finding: Arc<Mutex<Option<Finding>>>,
+    /// The run's age when the job first showed a step.
+    stepped: Arc<Mutex<Option<Duration>>>,
 }
 
 /// What the supervisor saw when it judged the job.
@@ -60,7 +62,17 @@ impl Watch {
         Self {
             wait,
             finding: Arc::new(Mutex::new(None)),
+            stepped: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// How long the job has shown steps, `age` being the run's age now
+    /// (the first call starts the count).
+    pub fn stepping_for(&self, age: Duration) -> Duration {
+        let Ok(mut first) = self.stepped.lock() else {
+            return Duration::MAX;
+        };
+        age.saturating_sub(*first.get_or_insert(age))
     }
 
     /// Whether the supervisor already judged the job.
