@@ -143,8 +143,19 @@ fn serial_pid_reuse_during_a_throttled_stop_is_met_and_refused() {
         .split_whitespace()
         .map(|p| p.parse().unwrap())
         .collect();
-    // Let the throttle take hold of the growing workers.
-    std::thread::sleep(Duration::from_millis(400));
+    // The throttle holds the growing workers (its `pause` action is
+    // logged when it first holds them): only a held pid can be met again.
+    // Waited for, not timed: on a busy machine 400 ms was not always enough.
+    assert!(
+        wait_for(Duration::from_secs(10), || fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .any(
+                |l| l.contains(r#""action":"pause""#) && l.contains("throttle")
+            )),
+        "the throttle never held the growing workers"
+    );
+    std::thread::sleep(Duration::from_millis(100));
 
     // For each worker: with oomguard held still (so no scan sees the gap),
     // kill it, let the trainer reap it, and give its pid to an outsider.
@@ -191,11 +202,19 @@ fn serial_pid_reuse_during_a_throttled_stop_is_met_and_refused() {
         alive.iter().all(|&(_, a, st)| a && st != Some('T')),
         "an outsider was signalled (pid, alive, state): {alive:?}"
     );
-    assert_eq!(status.code(), Some(75));
+    let mut stderr = String::new();
+    if let Some(mut e) = og.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    assert_eq!(status.code(), Some(75), "oomguard's stderr:\n{stderr}");
     let lines = read_log(&log);
     schema::check_envelope(&lines);
     // The outsiders were met, not merely missed: oomguard went to signal a
     // held worker's pid and refused, because its start time had changed.
     let refused = schema::run_end(&lines).reused_pids_refused.unwrap_or(0);
-    assert!(refused >= 1, "no reused pid was met and refused");
+    assert!(
+        refused >= 1,
+        "no reused pid was met and refused (workers {workers:?}, outsiders {:?})",
+        outsiders.iter().map(Child::id).collect::<Vec<_>>()
+    );
 }

@@ -67,8 +67,10 @@ impl Session {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Lines the terminal wrapped are joined (`-J`): a long temporary
+    /// directory in the summary's job line must not split its words.
     fn screen(&self) -> String {
-        self.tmux(&["capture-pane", "-t", &self.0, "-p"])
+        self.tmux(&["capture-pane", "-t", &self.0, "-p", "-J"])
     }
 
     fn keys(&self, keys: &str) {

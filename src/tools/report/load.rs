@@ -12,8 +12,6 @@
 //! file with no oomguard line at all, is an error, since reading it as
 //! `oomguard/1` would mislead.
 
-use std::collections::{HashMap, HashSet};
-
 use super::error::ReportError;
 pub use super::run_log::{
     Attempt, CeilingInfo, EndInfo, GpuPoint, PeakInfo, PolicyRule, ProcPoint, ProgressPoint,
@@ -101,9 +99,6 @@ struct Reader {
     first_foreign: Option<usize>,
     /// The last marker number given.
     seq: usize,
-    /// Each process's USS in its last list without a worker of its own
-    /// that was not read yet, by attempt and pid (see [`across_forks`]).
-    before_fork: HashMap<(u32, u32), u64>,
 }
 
 impl Reader {
@@ -204,13 +199,11 @@ impl Reader {
 
     fn snapshot(&mut self, procs: Option<&[ProcSample]>, t: f64, attempt: u32, age: Option<f64>) {
         if let Some(procs) = procs {
-            let mut procs: Vec<ProcPoint> = procs.iter().map(proc_point).collect();
-            across_forks(&mut procs, attempt, &mut self.before_fork);
             self.log.snapshots.push(Snapshot {
                 t,
                 attempt,
                 pss_age_seconds: age,
-                procs,
+                procs: procs.iter().map(proc_point).collect(),
             });
         }
     }
@@ -444,30 +437,6 @@ fn end_info(e: &RunEnd, t: f64) -> EndInfo {
     }
 }
 
-/// A parent listed with a worker not read since its fork carries its
-/// reading from before the fork plus the RSS it gained since (the
-/// sweeper's estimate): the pages it now shares with the worker still
-/// count as its own, and what it allocated after the fork comes on top
-/// (a trainer listed at 621 MiB private that never held more than 537,
-/// +16 %). Such a list states no more for it than its last list before
-/// the fork did; growth between that list and the fork (a list or two
-/// seconds) is lost, and the next reading, which the fork hastens, shows
-/// where it stands.
-fn across_forks(procs: &mut [ProcPoint], attempt: u32, before: &mut HashMap<(u32, u32), u64>) {
-    let forked: HashSet<u32> = (procs.iter())
-        .filter(|p| p.estimated)
-        .filter_map(|p| p.ppid)
-        .collect();
-    for p in procs.iter_mut().filter(|p| !p.estimated) {
-        let key = (attempt, p.pid);
-        if !forked.contains(&p.pid) {
-            before.insert(key, p.uss_bytes);
-        } else if let Some(&uss) = before.get(&key) {
-            p.uss_bytes = p.uss_bytes.min(uss);
-        }
-    }
-}
-
 fn proc_point(p: &ProcSample) -> ProcPoint {
     ProcPoint {
         estimated: p.role == Role::Worker && p.pss_bytes == p.uss_bytes,
@@ -623,55 +592,6 @@ mod tests {
         assert_eq!(a2.exit_code, Some(0));
         assert_eq!(a2.ended_by, "exited");
         assert!(a2.start_t >= a1.end_t);
-    }
-
-    /// The lists of tests/diagnosis.rs's numpy case on a busy machine: the
-    /// trainer at 541 MiB before the fork; listed with its two workers not
-    /// yet read, at 621 (its estimate: the pages it now shared, and 80 MiB
-    /// of RSS gained after the fork); read after it, at 308. The reader
-    /// saw it peak at 537.
-    #[test]
-    fn a_parent_listed_with_unread_workers_states_no_more_than_before_the_fork() {
-        const MIB: u64 = 1 << 20;
-        let proc = |pid: u32, ppid: u32, role: &str, rss: u64, pss: u64, uss: u64| {
-            format!(
-                r#"{{"pid":{pid},"ppid":{ppid},"role":"{role}","comm":"python","rss_bytes":{},"pss_bytes":{},"uss_bytes":{}}}"#,
-                rss * MIB,
-                pss * MIB,
-                uss * MIB
-            )
-        };
-        let list = |t: f64, procs: &[String]| {
-            line("sample", t, 1, &format!(r#""procs":[{}]"#, procs.join(",")))
-        };
-        let text = [
-            list(2.27, &[proc(10, 1, "trainer", 543, 541, 541)]),
-            list(
-                4.48,
-                &[
-                    proc(10, 1, "trainer", 623, 621, 621),
-                    proc(11, 10, "worker", 321, 9, 9),
-                    proc(12, 10, "worker", 327, 11, 11),
-                ],
-            ),
-            list(
-                6.49,
-                &[
-                    proc(10, 1, "trainer", 623, 470, 308),
-                    proc(11, 10, "worker", 328, 170, 12),
-                    proc(12, 10, "worker", 328, 170, 12),
-                ],
-            ),
-        ]
-        .join("\n");
-        let log = load(&text).unwrap();
-        let trainer: Vec<u64> = (log.snapshots.iter())
-            .map(|s| s.procs[0].uss_bytes / MIB)
-            .collect();
-        assert_eq!(trainer, [541, 541, 308]);
-        // The workers' own figures are left as they were listed.
-        assert_eq!(log.snapshots[1].procs[1].uss_bytes, 9 * MIB);
-        assert!(log.snapshots[1].procs[1].estimated);
     }
 
     #[test]

@@ -245,8 +245,8 @@ pub struct ProcPoint {
     /// gained as both its PSS and USS (a worker that was read shares pages
     /// with its parent, so its PSS is above its USS). Its parent's figure
     /// in the same list is an estimate too (its reading from before the
-    /// fork plus the RSS it gained since): the loader holds it to the
-    /// parent's last list before the fork (`load::across_forks`).
+    /// fork plus the RSS it gained since), which the sweeper holds to its
+    /// figure at the last tick before the fork (`pss::across_forks`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub estimated: bool,
 }
