@@ -1049,11 +1049,14 @@ mod tests {
         let snap = vec![(parent.key(), reading(541 * MIB, 541 * MIB, 543 * MIB, None))];
         let mut st = state(vec![parent], snap, parent.key());
         let t0 = Instant::now();
-        let uss = |st: &mut State, at: Instant| -> Vec<u64> {
+        let apply = |st: &mut State, at: Instant| -> Vec<ProcSample> {
             let mut procs: Vec<ProcSample> = st.members.iter().map(proc).collect();
             estimate(st, &mut procs, at);
             across_forks(&mut procs, &mut st.before_fork, at);
-            procs.iter().map(|p| p.uss_bytes / MIB).collect()
+            procs
+        };
+        let uss = |st: &mut State, at: Instant| -> Vec<u64> {
+            apply(st, at).iter().map(|p| p.uss_bytes / MIB).collect()
         };
         assert_eq!(uss(&mut st, t0), [541]);
         st.members[0].rss = 623 * MIB;
@@ -1072,10 +1075,7 @@ mod tests {
         let t1 = t0 + Duration::from_secs(2);
         assert_eq!(uss(&mut st, t1), [541, 0, 0]);
         // The sum is left whole: the shared pages stay the parent's.
-        let mut procs: Vec<ProcSample> = st.members.iter().map(proc).collect();
-        estimate(&st, &mut procs, t1);
-        across_forks(&mut procs, &mut st.before_fork, t1);
-        assert_eq!(procs[0].pss_bytes, 621 * MIB);
+        assert_eq!(apply(&mut st, t1)[0].pss_bytes, 621 * MIB);
         // Children left unread past the hold: the estimate is shown again.
         assert_eq!(
             uss(&mut st, t0 + FORK_HOLD + Duration::from_secs(1)),
