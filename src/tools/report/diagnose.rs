@@ -755,6 +755,37 @@ mod tests {
         assert!(!kinds(&f).contains(&"trainer_load"));
     }
 
+    #[test]
+    fn a_load_is_named_though_the_trainer_reads_lower_after_its_workers_exit() {
+        // 40 MiB, 500 MiB read in 1 s, workers forked at 4 s (the trainer's
+        // private figure falls to its part beside them, its PSS stays), and
+        // a last list after they exited read at 200 MiB (an estimate: RSS
+        // fell by 60 MiB, taken from private pages first). The trainer's
+        // whole-run USS slope is negative; it loaded 500 MiB all the same.
+        let uss: [u64; 12] = [40, 540, 540, 300, 310, 320, 330, 330, 330, 330, 330, 200];
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            4096 * MIB
+        )];
+        for (s, &u) in uss.iter().enumerate() {
+            let (u, pss) = (u * MIB, if s == 0 { 40 * MIB } else { 540 * MIB });
+            let rss = if s == 11 { 500 * MIB } else { pss.max(u) };
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{pss},"rss_bytes":{rss}}},"roles":[{{"role":"trainer","pss_bytes":{pss},"rss_bytes":{rss}}}],"procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{rss},"pss_bytes":{pss},"uss_bytes":{u}}}]}}"#,
+                s + 1,
+                4096 * MIB - pss,
+                4096 * MIB
+            ));
+        }
+        let log = load(&lines.join("\n")).unwrap();
+        let procs = processes(&log);
+        let trainer = &procs[0];
+        assert!(trainer.uss_slope.unwrap() < 0.0, "{trainer:?}");
+        let f = diagnose(&log);
+        let l = f.iter().find(|f| f.kind == "trainer_load");
+        assert!(l.is_some_and(|l| l.title.contains("500 MiB")), "{f:#?}");
+    }
+
     /// tests/diagnosis.rs's pandas case (pytorch#5902), recorded with both
     /// cores busy (tests/fixtures/logs/README.md): lists 3 s apart read
     /// the two workers last at 106.3 MiB, a sweep before they exited and

@@ -177,6 +177,10 @@ fn fit_with_peak(log: &RunLog, raised: Option<u64>) -> Option<WorkerFit> {
         .snapshots
         .iter()
         .flat_map(|s| s.procs.iter().filter(|p| p.role == Role::Worker))
+        // A worker not read since its fork is listed with what its RSS
+        // gained, an estimate (15.1 MiB for a worker read at 12.5 MiB in a
+        // quiet run): the peak is of readings, as every worker finding's.
+        .filter(|w| !w.estimated)
         .map(|w| w.uss_bytes)
         .max()
         .unwrap_or(0)
@@ -716,5 +720,28 @@ mod tests {
             "{}",
             fit.title
         );
+    }
+
+    #[test]
+    fn a_worker_not_yet_read_does_not_set_the_per_worker_peak() {
+        // A third worker forked at t = 15, listed before its first reading
+        // with its RSS gain (70 MiB, PSS = USS): not a reading.
+        let mut text = forked_log(700);
+        text.push_str(&format!(
+            r#"
+{{{ENV},"event":"sample","t":15,"attempt":1,"headroom_bytes":{h},"ceiling":{{"source":"cgroup","bytes":{c}}},"tree":{{"pss_bytes":{f},"uss_bytes":{f},"rss_bytes":{f},"footprint_bytes":{f}}},"roles":[],"procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":1,"pss_bytes":{t},"uss_bytes":{t}}},{{"pid":103,"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":1,"pss_bytes":{w},"uss_bytes":{w}}}]}}"#,
+            h = 524 * MIB,
+            c = 1024 * MIB,
+            f = 500 * MIB,
+            t = 200 * MIB,
+            w = 70 * MIB,
+        ));
+        let log = load(&text).unwrap();
+        assert!(
+            log.snapshots
+                .iter()
+                .any(|s| s.procs.iter().any(|p| p.estimated))
+        );
+        assert_eq!(worker_fit_numbers(&log).unwrap().per_worker_bytes, 50 * MIB);
     }
 }

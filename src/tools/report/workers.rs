@@ -781,7 +781,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             }
             Growth::Ramp { bytes, seconds, .. } => match released(pts) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
-                None if p.leaks() => out.push(trainer_load(log, p, pts, bytes, seconds)),
+                None if p.rose() => out.push(trainer_load(log, p, pts, bytes, seconds)),
                 None => {}
             },
             _ => {}
