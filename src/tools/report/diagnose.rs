@@ -819,6 +819,30 @@ mod tests {
         assert_eq!(num("num_workers", "workers_fit"), 16.0);
     }
 
+    /// tests/diagnosis.rs's re-forked case, recorded with both cores busy
+    /// (tests/fixtures/logs/README.md): the trainer's PSS and USS fell at
+    /// each fork and rose as each set of workers exited, the second set
+    /// seconds before the end, so both read as still growing there; its RSS
+    /// was level from 3 s. Judged by its PSS, no trainer finding was made.
+    #[test]
+    fn a_trainer_that_re_forks_its_workers_is_judged_by_what_it_maps() {
+        let log = load(include_str!(
+            "../../../tests/fixtures/logs/cow-reforked-busy.ndjson"
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+        let loaded = (f.iter().find(|f| f.kind == "trainer_load"))
+            .and_then(|f| f.numbers.iter().find(|c| c.name == "loaded_bytes"))
+            .map(|c| c.value / MIB as f64);
+        // The reader: 14 MiB at the start, 579.9 MiB before the fork.
+        assert!(
+            loaded.is_some_and(|l| (l - 566.0).abs() <= 566.0 * 0.05),
+            "loaded {loaded:?} MiB in {:?}",
+            kinds(&f)
+        );
+    }
+
     #[test]
     fn pages_shared_with_workers_that_exit_are_not_a_trainer_leak() {
         // A 600 MiB data set read at start-up; workers fork at 7 s (the

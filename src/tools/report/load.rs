@@ -395,6 +395,7 @@ fn sample_point(s: &SampleEvent, t: f64, attempt: u32) -> SamplePoint {
         oom_kill_count: cgroup.and_then(|c| c.oom_kill_count),
         cgroup_owned: cgroup.is_some_and(|c| c.owned),
         role_pss: s.roles.iter().map(|r| (r.role, r.pss_bytes)).collect(),
+        role_rss: s.roles.iter().map(|r| (r.role, r.rss_bytes)).collect(),
         shm: s.shm,
         gpus: s
             .gpus

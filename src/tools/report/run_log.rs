@@ -180,6 +180,9 @@ pub struct SamplePoint {
     /// PSS by role at this tick (lines that carry `roles`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub role_pss: Vec<(Role, u64)>,
+    /// RSS by role at this tick (lines that carry `roles`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub role_rss: Vec<(Role, u64)>,
     /// `/dev/shm` as the job saw it (lines that carry `shm`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shm: Option<crate::vocab::model::ShmSample>,

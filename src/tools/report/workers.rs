@@ -732,21 +732,39 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             .filter(|q| q.attempt == p.attempt && q.role == Role::Trainer)
             .count()
             == 1;
-        let role: Vec<(f64, f64)> = if sole {
-            log.samples
-                .iter()
+        let by_role = |of: fn(&SamplePoint) -> &[(Role, u64)]| -> Vec<(f64, f64)> {
+            if !sole {
+                return Vec::new();
+            }
+            (log.samples.iter())
                 .filter(|s| s.attempt == p.attempt && s.t <= p.last_t)
                 .filter_map(|s| {
-                    let pss = s.role_pss.iter().find(|r| r.0 == Role::Trainer)?.1;
-                    Some((s.t, pss as f64))
+                    let b = of(s).iter().find(|r| r.0 == Role::Trainer)?.1;
+                    Some((s.t, b as f64))
                 })
                 .collect()
-        } else {
-            Vec::new()
         };
-        if matches!(growth, Growth::Continuing { .. }) && role.len() >= growth::TAIL {
-            match growth::shape(&role, ETA_WINDOW_SECONDS) {
+        let role = by_role(|s| &s.role_pss);
+        // Beside workers, its PSS falls as they are read and rises as they
+        // exit and hand their shares back, with no byte allocated (a
+        // trainer re-forking its workers each epoch read as still growing
+        // at the end, and its load went unnamed); its RSS moves only with
+        // what it maps.
+        let rss;
+        let judged = if with_workers(log, p.attempt) {
+            rss = by_role(|s| &s.role_rss);
+            &rss
+        } else {
+            &role
+        };
+        if matches!(growth, Growth::Continuing { .. }) && judged.len() >= growth::TAIL {
+            match growth::shape(judged, ETA_WINDOW_SECONDS) {
                 growth::Shape::Growing { rate } => {
+                    // The rate stated is its PSS's, as the policy's.
+                    let rate = match growth::shape(&role, ETA_WINDOW_SECONDS) {
+                        growth::Shape::Growing { rate } => rate,
+                        _ => rate,
+                    };
                     if let Growth::Continuing { rate: r, .. } = &mut growth {
                         *r = rate;
                     }
@@ -787,6 +805,13 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             _ => {}
         }
     }
+}
+
+/// Whether any list of `attempt` holds a DataLoader worker.
+fn with_workers(log: &RunLog, attempt: u32) -> bool {
+    (log.snapshots.iter())
+        .filter(|s| s.attempt == attempt)
+        .any(|s| s.procs.iter().any(|q| q.role == Role::Worker))
 }
 
 /// Whether the growth of the last window was allocated: RSS rose, by
