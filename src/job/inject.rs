@@ -14,7 +14,7 @@ use std::io::{self, ErrorKind, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::engine::probe::torch_stats::{TorchStatsError, TorchStatsReader};
 
@@ -173,9 +173,7 @@ impl Drop for TorchStatsInjector {
 
 /// Creates `parent/oomguard-torch-<pid>-<n>` with mode 0700, exclusively.
 fn create_private_dir(parent: &Path) -> Result<PathBuf, TorchStatsError> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let nanos = crate::vocab::clock::nonce();
     let pid = std::process::id();
     let mut last_error = None;
     for attempt in 0..64u32 {

@@ -161,7 +161,9 @@ pub async fn start_user_scope(
     proc_root: &Path,
 ) -> Result<(String, Location), ScopeError> {
     let pid = std::process::id();
-    let unit = format!("oomguard-{pid}-{:08x}.scope", nonce());
+    // Unique when a pid is reused while an old scope of the same name is
+    // still being collected.
+    let unit = format!("oomguard-{pid}-{:08x}.scope", crate::vocab::clock::nonce());
     let conn = zbus::connection::Builder::address(bus.address.as_str())
         .build()
         .await
@@ -218,15 +220,6 @@ fn connect_error(bus: &UserBus, source: zbus::Error) -> ScopeError {
         found_in: bus.found_in,
         source,
     }
-}
-
-/// Makes the unit name unique when a pid is reused while an old scope of
-/// the same name is still being collected.
-fn nonce() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

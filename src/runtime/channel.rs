@@ -170,10 +170,7 @@ impl Supervisor {
         // second old put the step of every reading 0 to 20 steps behind
         // (as the two clocks drift), and the growth per step read low.
         let age = sent.map_or(0.0, |sent| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(sent, |d| d.as_secs_f64());
-            (now - sent).clamp(0.0, MAX_WORD_AGE)
+            (crate::vocab::clock::unix_seconds() - sent).clamp(0.0, MAX_WORD_AGE)
         });
         let t = (self.run_t() - age).max(0.0);
         self.output.progress_mut().update_exact(u, t);

@@ -100,9 +100,7 @@ impl Supervisor {
             stops_without_progress: stalls,
             requeue,
             why,
-            ended_at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
+            ended_at: crate::vocab::clock::unix_seconds(),
         };
         if let Err(e) = resume::write(&path, &rec)
             && !self.cfg.quiet

@@ -212,9 +212,7 @@ impl Supervisor {
                         .policy_reason()
                         .map(str::to_string)
                         .unwrap_or_else(|| "a stop".into()),
-                    saved_at: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64()),
+                    saved_at: crate::vocab::clock::unix_seconds(),
                 };
                 if let Err(e) = resume::write(&path, &rec) {
                     self.say(format!(

@@ -22,7 +22,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::vocab::companion::{Fault, Record};
 
@@ -277,12 +277,6 @@ impl Drop for StoreLink {
     }
 }
 
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
 /// The outgoing thread: each fault goes into the store on a connection
 /// made for it (a fault is rare; a connection kept open could be stale).
 fn tell(
@@ -300,7 +294,7 @@ fn tell(
         body["id"] = id.into();
         body["node"] = place.node.into();
         body["origin"] = place.origin().into();
-        body["t"] = unix_now().into();
+        body["t"] = crate::vocab::clock::unix_seconds().into();
         let put = connect_soon(addr, stopped).and_then(|mut c| {
             let n = c.add(COUNT_KEY, 1)?;
             c.set(&format!("oomguard/fault/{n}"), body.to_string().as_bytes())?;
@@ -728,7 +722,7 @@ mod tests {
     }
 
     fn other_nodes_fault(id: u64) -> serde_json::Value {
-        serde_json::json!({"id": id, "node": 0, "reason": "rank-killed", "t": unix_now()})
+        serde_json::json!({"id": id, "node": 0, "reason": "rank-killed", "t": crate::vocab::clock::unix_seconds()})
     }
 
     /// The fake store, on the port of `addr`, once that is free.

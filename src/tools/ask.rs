@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::vocab::companion::{Channel, Kind, Record};
 
@@ -234,10 +234,7 @@ fn pending(dir: &Path, said: &[Record]) -> Option<(u64, f64)> {
     let answered = said
         .iter()
         .any(|r| matches!(r, Record::Done { id, .. } if *id == req.id));
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64();
+    let now = crate::vocab::clock::unix_seconds();
     (!answered && req.deadline > now).then_some((req.id, req.deadline - now))
 }
 

@@ -72,9 +72,7 @@ fn private_dir(base: &Path, names: impl Iterator<Item = String>) -> std::io::Res
 /// nanoseconds, new for each try.
 fn demo_names() -> impl Iterator<Item = String> {
     (0..64).map(|_| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
+        let nanos = crate::vocab::clock::nonce();
         format!("oomguard-demo-{}-{nanos:08x}", std::process::id())
     })
 }

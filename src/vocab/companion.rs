@@ -14,7 +14,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -549,16 +549,13 @@ impl Channel {
         cause_rank: Option<u32>,
     ) -> Result<u64, ChannelError> {
         let id = self.next_id();
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
         let req = Request {
             v: PROTOCOL,
             id,
             kind,
             reason: reason.to_string(),
             detail: detail.map(str::to_string),
-            deadline: (now + wait).as_secs_f64(),
+            deadline: super::clock::unix_seconds() + wait.as_secs_f64(),
             then: restart.then(|| "restart".to_string()),
             cause_rank,
         };
@@ -586,10 +583,8 @@ impl Channel {
     /// Ids grow with the clock (a restarted oomguard's requests stay newer
     /// than its last run's) and never repeat.
     fn next_id(&mut self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let id = (now.as_millis() as u64).max(self.last_id + 1);
+        let millis = (super::clock::unix_seconds() * 1000.0) as u64;
+        let id = millis.max(self.last_id + 1);
         self.last_id = id;
         id
     }

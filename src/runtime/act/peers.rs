@@ -123,9 +123,7 @@ impl Peers {
     /// The peers of an attempt that begins now.
     pub fn begun() -> Self {
         Peers {
-            began: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
+            began: crate::vocab::clock::unix_seconds(),
             ..Peers::default()
         }
     }

@@ -128,12 +128,12 @@ pub fn constant_labels() -> ConstantLabels {
     constant_labels_from_env(env, hostname().as_deref())
 }
 
-/// The host name (`/proc/sys/kernel/hostname`, what `uname -n` prints), or
+/// The wall clock in seconds, to the millisecond as the log writes times.
 fn unix_now() -> f64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    (now.map_or(0.0, |d| d.as_secs_f64()) * 1000.0).round() / 1000.0
+    (crate::vocab::clock::unix_seconds() * 1000.0).round() / 1000.0
 }
 
+/// The host name (`/proc/sys/kernel/hostname`, what `uname -n` prints), or
 /// `None` when it cannot be read.
 pub fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
