@@ -25,7 +25,7 @@ pub fn diagnose(log: &RunLog) -> Vec<Finding> {
     worker_deaths(log, &mut out);
     super::did::what_oomguard_did(log, &mut out);
     super::workers::worker_growth(log, &procs, &mut out);
-    super::workers::trainer_growth(log, &procs, &mut out);
+    super::trainer::trainer_growth(log, &procs, &mut out);
     worker_fit(log, &mut out);
     prefetch_share(log, &mut out);
     super::shm::shm_use(log, &mut out);
@@ -841,6 +841,68 @@ mod tests {
             "loaded {loaded:?} MiB in {:?}",
             kinds(&f)
         );
+    }
+
+    /// tests/diagnosis.rs's leak case, recorded with both cores busy
+    /// (tests/fixtures/logs/README.md): its last list 2.9 s before its end,
+    /// and the start-up in the lists' last 10 s, so that they read as a
+    /// load that had stopped; every sample after them shows the leak.
+    #[test]
+    fn a_leak_after_the_last_list_is_still_a_leak() {
+        let log = load(include_str!(
+            "../../../tests/fixtures/logs/leak-busy.ndjson"
+        ))
+        .unwrap();
+        let f = diagnose(&log);
+        assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
+        let rate = (f.iter().find(|f| f.kind == "trainer_growth"))
+            .and_then(|f| {
+                f.numbers
+                    .iter()
+                    .find(|c| c.name == "growth_bytes_per_second")
+            })
+            .map(|c| c.value / MIB as f64);
+        // The reader: 36–38 MiB/s over the trainer's last seconds.
+        assert!(
+            rate.is_some_and(|r| (r - 37.0).abs() <= 37.0 * 0.1),
+            "{rate:?} MiB/s in {:?}",
+            kinds(&f)
+        );
+    }
+
+    #[test]
+    fn growth_after_the_last_list_is_judged_on_every_sample() {
+        // 10 MiB, then 900 MiB at 2 s and +36 MiB/s; lists at 1, 6 and
+        // 10 s, samples to 14 s, the last one as the trainer tears its
+        // memory down. To 10 s, the start-up's jump in the trend's window
+        // makes the newest seconds look slow (72 MiB over 2 s against a
+        // trend of 82.6 MiB/s): a load that stopped. To 13 s, +36 MiB/s.
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            4096 * MIB
+        )];
+        for t in 1..=14u64 {
+            let b = match t {
+                1 => 10,
+                14 => 300,
+                _ => 900 + 36 * (t - 2),
+            } * MIB;
+            let procs = if [1, 6, 10].contains(&t) {
+                format!(
+                    r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]"#
+                )
+            } else {
+                String::new()
+            };
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"roles":[{{"role":"trainer","pss_bytes":{b},"rss_bytes":{b}}}]{procs}}}"#,
+                4096 * MIB - b,
+                4096 * MIB
+            ));
+        }
+        let f = diagnose(&load(&lines.join("\n")).unwrap());
+        assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+        assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
     }
 
     #[test]

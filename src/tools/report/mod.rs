@@ -19,6 +19,7 @@ mod run_log;
 mod shm;
 mod svg;
 mod text;
+mod trainer;
 mod workers;
 
 use std::path::{Path, PathBuf};
