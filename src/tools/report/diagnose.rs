@@ -564,6 +564,13 @@ mod tests {
         f.iter().map(|f| f.kind).collect()
     }
 
+    /// The number `name` of the first `kind` finding, in MiB (or MiB/s).
+    fn cited(f: &[Finding], kind: &str, name: &str) -> Option<f64> {
+        (f.iter().find(|f| f.kind == kind))
+            .and_then(|f| f.numbers.iter().find(|c| c.name == name))
+            .map(|c| c.value / MIB as f64)
+    }
+
     #[test]
     fn leaking_workers_are_named_with_their_rate_and_a_count_that_fits() {
         let log = load(&workers_log(4, 20, 5, 10, &[])).unwrap();
@@ -832,9 +839,7 @@ mod tests {
         .unwrap();
         let f = diagnose(&log);
         assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
-        let loaded = (f.iter().find(|f| f.kind == "trainer_load"))
-            .and_then(|f| f.numbers.iter().find(|c| c.name == "loaded_bytes"))
-            .map(|c| c.value / MIB as f64);
+        let loaded = cited(&f, "trainer_load", "loaded_bytes");
         // The reader: 14 MiB at the start, 579.9 MiB before the fork.
         assert!(
             loaded.is_some_and(|l| (l - 566.0).abs() <= 566.0 * 0.05),
@@ -855,13 +860,7 @@ mod tests {
         .unwrap();
         let f = diagnose(&log);
         assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
-        let rate = (f.iter().find(|f| f.kind == "trainer_growth"))
-            .and_then(|f| {
-                f.numbers
-                    .iter()
-                    .find(|c| c.name == "growth_bytes_per_second")
-            })
-            .map(|c| c.value / MIB as f64);
+        let rate = cited(&f, "trainer_growth", "growth_bytes_per_second");
         // The reader: 36–38 MiB/s over the trainer's last seconds.
         assert!(
             rate.is_some_and(|r| (r - 37.0).abs() <= 37.0 * 0.1),
@@ -903,6 +902,24 @@ mod tests {
         let f = diagnose(&load(&lines.join("\n")).unwrap());
         assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
         assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
+    }
+
+    /// tests/diagnosis.rs's evaluation case in a clean-clone CI run
+    /// (tests/fixtures/logs/README.md): only the trainer's last list read
+    /// the release, which the samples after it held for 5 s.
+    #[test]
+    fn a_release_the_samples_hold_after_the_last_list_is_an_accumulation() {
+        let log = load(include_str!("../../../tests/fixtures/logs/eval-ci.ndjson")).unwrap();
+        let f = diagnose(&log);
+        assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
+        let freed = cited(&f, "trainer_accumulation", "released_bytes");
+        // The reader: 292.4 MiB; the ticks, 1.1 s apart, miss up to 50 MiB
+        // of the peak of a 50 MiB/s accumulation.
+        assert!(
+            freed.is_some_and(|r| (r - 292.4).abs() <= 292.4 * 0.15),
+            "{freed:?} MiB in {:?}",
+            kinds(&f)
+        );
     }
 
     #[test]

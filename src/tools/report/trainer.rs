@@ -35,7 +35,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             .filter(|q| q.attempt == p.attempt && q.role == Role::Trainer)
             .count()
             == 1;
-        let (role, judged) = if sole {
+        let (role, judged, rss) = if sole {
             // Its PSS to its last reading, for the rate it states (over
             // the window of its readings); for its shape, every sample to
             // the one before its last (a leak's last list 2 s before its
@@ -64,11 +64,28 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             (
                 role_series(log, p.attempt, p.last_t, |s| &s.role_pss),
                 role_series(log, p.attempt, until, of),
+                role_series(log, p.attempt, until, |s| &s.role_rss),
             )
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
         let growth = judge(growth_of(pts), pts, p, &role, &judged);
+        // Whether it gave memory back is a matter of RSS, which every
+        // sample line carries: a release read by the trainer's last list
+        // was held for 5 s on the samples after it, and read as a load.
+        let mut seen = pts.clone();
+        let last = pts.last().map_or(0.0, |r| r.t);
+        seen.extend(
+            rss.iter()
+                .filter(|&&(t, _)| t > last)
+                .map(|&(t, b)| Reading {
+                    t,
+                    read_t: t,
+                    uss: b,
+                    rss: b,
+                    rss_peak: b,
+                }),
+        );
         match growth {
             Growth::Continuing { rate, .. } if p.leaks() && allocating(pts) => {
                 let shown = if role.len() >= growth::TAIL {
@@ -78,7 +95,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
                 };
                 out.extend(shown.map(|shown| trainer_leak(p, shown)));
             }
-            Growth::Ramp { bytes, seconds, .. } => match released(pts) {
+            Growth::Ramp { bytes, seconds, .. } => match released(&seen) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
                 None if p.rose() => out.push(trainer_load(log, p, pts, bytes, seconds)),
                 None => {}
@@ -139,9 +156,9 @@ fn judge(
         }
         growth::Shape::Ramp { bytes, seconds } if continuing => {
             // The size in its own private memory, as the finding's other
-            // figures: the role's PSS, which keeps the shape steady through
-            // the fork, also carries its share of the pages its workers map
-            // (+10–17 % against the truth in the worker cases).
+            // figures: the series judged (its RSS beside workers, else its
+            // PSS) also counts pages it shares with its workers (its PSS
+            // stated loads +10–17 % over the truth in the worker cases).
             let own = p.peak_uss_bytes.saturating_sub(p.first_uss_bytes) as f64;
             Growth::Ramp {
                 bytes: if own >= RISE_MIN_BYTES { own } else { bytes },
