@@ -923,6 +923,38 @@ mod tests {
     }
 
     #[test]
+    fn a_leak_stopped_by_oomguard_is_judged_up_to_the_stop() {
+        // +20 MiB/s from 100 MiB; oomguard stops it at 20.5 s and it is
+        // level for 5 s while it saves and exits (lists at 1, 4, …, 25).
+        let mut lines = vec![format!(
+            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
+            4096 * MIB
+        )];
+        for t in 1..=26u64 {
+            let b = (100 + 20 * t.min(20)) * MIB;
+            let procs = if t % 3 == 1 {
+                format!(
+                    r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]"#
+                )
+            } else {
+                String::new()
+            };
+            lines.push(format!(
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"roles":[{{"role":"trainer","pss_bytes":{b},"rss_bytes":{b}}}]{procs}}}"#,
+                4096 * MIB - b,
+                4096 * MIB
+            ));
+            if t == 20 {
+                lines.push(format!(
+                    r#"{{{ENV},"event":"action","t":20.5,"attempt":1,"action":"stop","pids":[100],"reason":"critical-headroom","result":"ok","signal":"SIGTERM"}}"#
+                ));
+            }
+        }
+        let f = diagnose(&load(&lines.join("\n")).unwrap());
+        assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
+    }
+
+    #[test]
     fn pages_shared_with_workers_that_exit_are_not_a_trainer_leak() {
         // A 600 MiB data set read at start-up; workers fork at 7 s (the
         // trainer's USS falls to 270 MiB, its RSS stays), copy until 14 s,

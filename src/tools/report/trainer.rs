@@ -7,6 +7,8 @@
 use super::finding::{Cited, EARLY_SECONDS, Finding, ProcSummary, Severity, rate_text, time_text};
 use super::run_log::{RunLog, SamplePoint};
 use super::workers::{Growth, RISE_MIN_BYTES, Reading, growth_of, readings};
+use crate::sinks::log::ActionKind;
+use crate::sinks::log::Event as Logged;
 use crate::vocab::growth;
 use crate::vocab::model::{ETA_WINDOW_SECONDS, Role};
 use crate::vocab::units::HumanBytes;
@@ -51,18 +53,23 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
                 .filter(|s| s.role_pss.iter().any(|r| r.0 == Role::Trainer))
                 .map(|s| s.t)
                 .collect();
+            // Neither past oomguard's first hand on the job: a trainer
+            // saving after a stop is level for seconds, and a leak
+            // stopped at its budget read as a load, or as flat.
+            let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
             let until = carrying
                 .iter()
                 .rev()
                 .nth(1)
-                .map_or(p.last_t, |&t| t.max(p.last_t));
+                .map_or(p.last_t, |&t| t.max(p.last_t))
+                .min(acted);
             let of: fn(&SamplePoint) -> &[(Role, u64)] = if with_workers(log, p.attempt) {
                 |s| &s.role_rss
             } else {
                 |s| &s.role_pss
             };
             (
-                role_series(log, p.attempt, p.last_t, |s| &s.role_pss),
+                role_series(log, p.attempt, p.last_t.min(acted), |s| &s.role_pss),
                 role_series(log, p.attempt, until, of),
                 role_series(log, p.attempt, until, |s| &s.role_rss),
             )
@@ -103,6 +110,24 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             _ => {}
         }
     }
+}
+
+/// When oomguard first paused, stopped, checkpointed, restarted or killed
+/// the job in `attempt`.
+fn acted_at(log: &RunLog, attempt: u32) -> Option<f64> {
+    (log.events.iter())
+        .filter(|e| e.attempt == attempt)
+        .find(|e| {
+            matches!(&e.event, Logged::Action(a) if matches!(
+                a.action,
+                ActionKind::Checkpoint
+                    | ActionKind::Pause
+                    | ActionKind::Restart
+                    | ActionKind::Stop
+                    | ActionKind::Kill
+            ))
+        })
+        .map(|e| e.t)
 }
 
 /// The trainer role's figure (`of`) on each sample line of `attempt` up to
