@@ -869,24 +869,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn growth_after_the_last_list_is_judged_on_every_sample() {
-        // 10 MiB, then 900 MiB at 2 s and +36 MiB/s; lists at 1, 6 and
-        // 10 s, samples to 14 s, the last one as the trainer tears its
-        // memory down. To 10 s, the start-up's jump in the trend's window
-        // makes the newest seconds look slow (72 MiB over 2 s against a
-        // trend of 82.6 MiB/s): a load that stopped. To 13 s, +36 MiB/s.
+    /// A log of one trainer at `mib[t − 1]` MiB (its RSS, PSS and USS) on a
+    /// sample line each second from t = 1, with its process list where
+    /// `listed(t)`, and `extra(t)` after that line.
+    fn sampled_trainer(
+        mib: &[u64],
+        listed: impl Fn(u64) -> bool,
+        extra: impl Fn(u64) -> Option<String>,
+    ) -> String {
         let mut lines = vec![format!(
             r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
             4096 * MIB
         )];
-        for t in 1..=14u64 {
-            let b = match t {
-                1 => 10,
-                14 => 300,
-                _ => 900 + 36 * (t - 2),
-            } * MIB;
-            let procs = if [1, 6, 10].contains(&t) {
+        for (t, b) in (1u64..).zip(mib.iter().map(|m| m * MIB)) {
+            let procs = if listed(t) {
                 format!(
                     r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]"#
                 )
@@ -898,8 +894,27 @@ mod tests {
                 4096 * MIB - b,
                 4096 * MIB
             ));
+            lines.extend(extra(t));
         }
-        let f = diagnose(&load(&lines.join("\n")).unwrap());
+        lines.join("\n")
+    }
+
+    #[test]
+    fn growth_after_the_last_list_is_judged_on_every_sample() {
+        // 10 MiB, then 900 MiB at 2 s and +36 MiB/s; lists at 1, 6 and
+        // 10 s, samples to 14 s, the last one as the trainer tears its
+        // memory down. To 10 s, the start-up's jump in the trend's window
+        // makes the newest seconds look slow (72 MiB over 2 s against a
+        // trend of 82.6 MiB/s): a load that stopped. To 13 s, +36 MiB/s.
+        let mib: Vec<u64> = (1..=14u64)
+            .map(|t| match t {
+                1 => 10,
+                14 => 300,
+                _ => 900 + 36 * (t - 2),
+            })
+            .collect();
+        let log = sampled_trainer(&mib, |t| [1, 6, 10].contains(&t), |_| None);
+        let f = diagnose(&load(&log).unwrap());
         assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
         assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
     }
@@ -926,31 +941,16 @@ mod tests {
     fn a_leak_stopped_by_oomguard_is_judged_up_to_the_stop() {
         // +20 MiB/s from 100 MiB; oomguard stops it at 20.5 s and it is
         // level for 5 s while it saves and exits (lists at 1, 4, …, 25).
-        let mut lines = vec![format!(
-            r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
-            4096 * MIB
-        )];
-        for t in 1..=26u64 {
-            let b = (100 + 20 * t.min(20)) * MIB;
-            let procs = if t % 3 == 1 {
+        let mib: Vec<u64> = (1..=26u64).map(|t| 100 + 20 * t.min(20)).collect();
+        let stop = |t| {
+            (t == 20).then(|| {
                 format!(
-                    r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]"#
-                )
-            } else {
-                String::new()
-            };
-            lines.push(format!(
-                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"roles":[{{"role":"trainer","pss_bytes":{b},"rss_bytes":{b}}}]{procs}}}"#,
-                4096 * MIB - b,
-                4096 * MIB
-            ));
-            if t == 20 {
-                lines.push(format!(
                     r#"{{{ENV},"event":"action","t":20.5,"attempt":1,"action":"stop","pids":[100],"reason":"critical-headroom","result":"ok","signal":"SIGTERM"}}"#
-                ));
-            }
-        }
-        let f = diagnose(&load(&lines.join("\n")).unwrap());
+                )
+            })
+        };
+        let log = sampled_trainer(&mib, |t| t % 3 == 1, stop);
+        let f = diagnose(&load(&log).unwrap());
         assert!(kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
     }
 
