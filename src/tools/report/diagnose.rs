@@ -564,6 +564,19 @@ mod tests {
         f.iter().map(|f| f.kind).collect()
     }
 
+    /// The report of a recorded run (`text`): no `not` finding, and the
+    /// `kind` finding's `name` within `share` of the reader's `truth` (MiB).
+    fn recorded(text: &str, not: &str, kind: &str, name: &str, truth: f64, share: f64) {
+        let f = diagnose(&load(text).unwrap());
+        assert!(!kinds(&f).contains(&not), "{:?}", kinds(&f));
+        let v = cited(&f, kind, name);
+        assert!(
+            v.is_some_and(|v| (v - truth).abs() <= truth * share),
+            "{name} {v:?} MiB against {truth} in {:?}",
+            kinds(&f)
+        );
+    }
+
     /// The number `name` of the first `kind` finding, in MiB (or MiB/s).
     fn cited(f: &[Finding], kind: &str, name: &str) -> Option<f64> {
         (f.iter().find(|f| f.kind == kind))
@@ -833,18 +846,14 @@ mod tests {
     /// was level from 3 s. Judged by its PSS, no trainer finding was made.
     #[test]
     fn a_trainer_that_re_forks_its_workers_is_judged_by_what_it_maps() {
-        let log = load(include_str!(
-            "../../../tests/fixtures/logs/cow-reforked-busy.ndjson"
-        ))
-        .unwrap();
-        let f = diagnose(&log);
-        assert!(!kinds(&f).contains(&"trainer_growth"), "{:?}", kinds(&f));
-        let loaded = cited(&f, "trainer_load", "loaded_bytes");
         // The reader: 14 MiB at the start, 579.9 MiB before the fork.
-        assert!(
-            loaded.is_some_and(|l| (l - 566.0).abs() <= 566.0 * 0.05),
-            "loaded {loaded:?} MiB in {:?}",
-            kinds(&f)
+        recorded(
+            include_str!("../../../tests/fixtures/logs/cow-reforked-busy.ndjson"),
+            "trainer_growth",
+            "trainer_load",
+            "loaded_bytes",
+            566.0,
+            0.05,
         );
     }
 
@@ -854,18 +863,14 @@ mod tests {
     /// load that had stopped; every sample after them shows the leak.
     #[test]
     fn a_leak_after_the_last_list_is_still_a_leak() {
-        let log = load(include_str!(
-            "../../../tests/fixtures/logs/leak-busy.ndjson"
-        ))
-        .unwrap();
-        let f = diagnose(&log);
-        assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
-        let rate = cited(&f, "trainer_growth", "growth_bytes_per_second");
         // The reader: 36–38 MiB/s over the trainer's last seconds.
-        assert!(
-            rate.is_some_and(|r| (r - 37.0).abs() <= 37.0 * 0.1),
-            "{rate:?} MiB/s in {:?}",
-            kinds(&f)
+        recorded(
+            include_str!("../../../tests/fixtures/logs/leak-busy.ndjson"),
+            "trainer_load",
+            "trainer_growth",
+            "growth_bytes_per_second",
+            37.0,
+            0.1,
         );
     }
 
@@ -924,16 +929,15 @@ mod tests {
     /// the release, which the samples after it held for 5 s.
     #[test]
     fn a_release_the_samples_hold_after_the_last_list_is_an_accumulation() {
-        let log = load(include_str!("../../../tests/fixtures/logs/eval-ci.ndjson")).unwrap();
-        let f = diagnose(&log);
-        assert!(!kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
-        let freed = cited(&f, "trainer_accumulation", "released_bytes");
         // The reader: 292.4 MiB; the ticks, 1.1 s apart, miss up to 50 MiB
         // of the peak of a 50 MiB/s accumulation.
-        assert!(
-            freed.is_some_and(|r| (r - 292.4).abs() <= 292.4 * 0.15),
-            "{freed:?} MiB in {:?}",
-            kinds(&f)
+        recorded(
+            include_str!("../../../tests/fixtures/logs/eval-ci.ndjson"),
+            "trainer_load",
+            "trainer_accumulation",
+            "released_bytes",
+            292.4,
+            0.15,
         );
     }
 

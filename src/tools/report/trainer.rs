@@ -48,20 +48,13 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             // allocated (a trainer re-forking its workers each epoch read as
             // still growing at the end, and its load went unnamed): its
             // RSS moves only with what it maps.
-            let carrying: Vec<f64> = (log.samples.iter())
+            let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
+            let until = (log.samples.iter())
                 .filter(|s| s.attempt == p.attempt)
                 .filter(|s| s.role_pss.iter().any(|r| r.0 == Role::Trainer))
-                .map(|s| s.t)
-                .collect();
-            // Neither past oomguard's first hand on the job: a trainer
-            // saving after a stop is level for seconds, and a leak
-            // stopped at its budget read as a load, or as flat.
-            let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
-            let until = carrying
-                .iter()
                 .rev()
                 .nth(1)
-                .map_or(p.last_t, |&t| t.max(p.last_t))
+                .map_or(p.last_t, |s| s.t.max(p.last_t))
                 .min(acted);
             let of: fn(&SamplePoint) -> &[(Role, u64)] = if with_workers(log, p.attempt) {
                 |s| &s.role_rss
