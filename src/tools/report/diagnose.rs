@@ -882,26 +882,102 @@ mod tests {
         listed: impl Fn(u64) -> bool,
         extra: impl Fn(u64) -> Option<String>,
     ) -> String {
+        let ticks: Vec<Tick> = (mib.iter())
+            .map(|&m| Tick {
+                rss: m,
+                pss: m,
+                workers: 0,
+            })
+            .collect();
+        sampled(&ticks, listed, extra)
+    }
+
+    /// One second of a sampled trainer: its RSS and its PSS (also its USS)
+    /// in MiB, and how many DataLoader workers share its RSS.
+    #[derive(Clone, Copy)]
+    struct Tick {
+        rss: u64,
+        pss: u64,
+        workers: u32,
+    }
+
+    /// [`sampled_trainer`] of `ticks[t − 1]`: each worker maps all the
+    /// trainer's pages and 1 MiB of its own.
+    fn sampled(
+        ticks: &[Tick],
+        listed: impl Fn(u64) -> bool,
+        extra: impl Fn(u64) -> Option<String>,
+    ) -> String {
         let mut lines = vec![format!(
             r#"{{{ENV},"event":"run_start","t":0,"attempt":1,"argv":["python","train.py"],"ceilings":[{{"source":"cgroup","bytes":{}}}],"policy":{{"rules":[]}}}}"#,
             4096 * MIB
         )];
-        for (t, b) in (1u64..).zip(mib.iter().map(|m| m * MIB)) {
-            let procs = if listed(t) {
+        for (t, k) in (1u64..).zip(ticks) {
+            let (r, p, n) = (k.rss * MIB, k.pss * MIB, u64::from(k.workers));
+            // What the trainer does not hold of its pages, its workers do.
+            let w = (r - p) / n.max(1) + MIB;
+            let mut procs = vec![format!(
+                r#"{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{r},"pss_bytes":{p},"uss_bytes":{p}}}"#
+            )];
+            procs.extend((0..n).map(|i| {
                 format!(
-                    r#","procs":[{{"pid":100,"ppid":1,"role":"trainer","comm":"python","rss_bytes":{b},"pss_bytes":{b},"uss_bytes":{b}}}]"#
+                    r#"{{"pid":{},"ppid":100,"role":"worker","comm":"pt_data_worker","rss_bytes":{},"pss_bytes":{w},"uss_bytes":{MIB}}}"#,
+                    101 + i,
+                    r + MIB
+                )
+            }));
+            let procs = if listed(t) {
+                format!(r#","procs":[{}]"#, procs.join(","))
+            } else {
+                String::new()
+            };
+            let roles = if n > 0 {
+                format!(
+                    r#",{{"role":"worker","pss_bytes":{},"rss_bytes":{}}}"#,
+                    w * n,
+                    (r + MIB) * n
                 )
             } else {
                 String::new()
             };
+            let tree = p + w * n;
             lines.push(format!(
-                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{b},"rss_bytes":{b}}},"roles":[{{"role":"trainer","pss_bytes":{b},"rss_bytes":{b}}}]{procs}}}"#,
-                4096 * MIB - b,
-                4096 * MIB
+                r#"{{{ENV},"event":"sample","t":{t},"attempt":1,"headroom_bytes":{},"ceiling":{{"source":"cgroup","bytes":{}}},"tree":{{"pss_bytes":{tree},"rss_bytes":{}}},"roles":[{{"role":"trainer","pss_bytes":{p},"rss_bytes":{r}}}{roles}]{procs}}}"#,
+                4096 * MIB - tree,
+                4096 * MIB,
+                r + (r + MIB) * n
             ));
             lines.extend(extra(t));
         }
         lines.join("\n")
+    }
+
+    #[test]
+    fn a_trainer_beside_workers_is_judged_by_what_it_maps() {
+        // 600 MiB loaded at start-up, four workers forked at 5 s (its PSS
+        // falls to a fifth), exiting one by one from 12 s: its PSS climbs
+        // back to 600 MiB to the end, with no byte allocated, its RSS level
+        // from 3 s. Judged by its PSS, it is still growing at its end and
+        // not allocating: nothing is said of it.
+        let ticks: Vec<Tick> = (1..=17u64)
+            .map(|t| {
+                let workers = match t {
+                    ..5 => 0,
+                    5..12 => 4,
+                    _ => 16u32.saturating_sub(t as u32),
+                };
+                let rss = [10, 300].get(t as usize - 1).copied().unwrap_or(600);
+                let rss = if t == 17 { 200 } else { rss };
+                Tick {
+                    rss,
+                    pss: rss / (u64::from(workers) + 1),
+                    workers,
+                }
+            })
+            .collect();
+        let log = sampled(&ticks, |t| t % 3 == 1, |_| None);
+        let f = diagnose(&load(&log).unwrap());
+        assert!(kinds(&f).contains(&"trainer_load"), "{:?}", kinds(&f));
     }
 
     #[test]
