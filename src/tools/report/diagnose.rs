@@ -857,6 +857,25 @@ mod tests {
         );
     }
 
+    /// tests/diagnosis.rs's pandas case, recorded with both cores busy
+    /// (tests/fixtures/logs/README.md): the trainer's lists read its
+    /// private memory at 621 MiB at 7.0 s, 334–372 MiB after its workers
+    /// forked, so their last 10 s fell and rose again (flat), and its last
+    /// list came after the workers exited, its RSS 14 MiB up on a level
+    /// held from 4.6 s. No trainer finding was made.
+    #[test]
+    fn a_load_hidden_by_the_fork_in_the_lists_window_is_named() {
+        // The reader: 7 MiB at the start, 626.1 MiB before the fork.
+        recorded(
+            include_str!("../../../tests/fixtures/logs/cow-pandas-fork-in-window.ndjson"),
+            "trainer_growth",
+            "trainer_load",
+            "loaded_bytes",
+            618.2,
+            0.05,
+        );
+    }
+
     /// tests/diagnosis.rs's leak case, recorded with both cores busy
     /// (tests/fixtures/logs/README.md): its last list 2.9 s before its end,
     /// and the start-up in the lists' last 10 s, so that they read as a

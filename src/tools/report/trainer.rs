@@ -43,7 +43,9 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             // the one before its last (a leak's last list 2 s before its
             // end left the start-up in the trend's window, and it read as
             // a load; its last sample can catch its exit tearing its memory
-            // down). Beside workers, its PSS falls as they are read and
+            // down, or its workers' exit: where its last list was on that
+            // sample, its RSS 14 MiB up on a level held for 11 s read as
+            // still growing, and its load went unnamed). Beside workers, its PSS falls as they are read and
             // rises as they exit and hand their shares back, with no byte
             // allocated (a trainer re-forking its workers each epoch read as
             // still growing at the end, and its load went unnamed): its
@@ -54,7 +56,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
                 .filter(|s| s.role_pss.iter().any(|r| r.0 == Role::Trainer))
                 .rev()
                 .nth(1)
-                .map_or(p.last_t, |s| s.t.max(p.last_t))
+                .map_or(p.last_t, |s| s.t)
                 .min(acted);
             let of: fn(&SamplePoint) -> &[(Role, u64)] = if with_workers(log, p.attempt) {
                 |s| &s.role_rss
