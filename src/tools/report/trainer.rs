@@ -45,11 +45,12 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             // a load; its last sample can catch its exit tearing its memory
             // down, or its workers' exit: where its last list was on that
             // sample, its RSS 14 MiB up on a level held for 11 s read as
-            // still growing, and its load went unnamed). Beside workers, its PSS falls as they are read and
-            // rises as they exit and hand their shares back, with no byte
-            // allocated (a trainer re-forking its workers each epoch read as
-            // still growing at the end, and its load went unnamed): its
-            // RSS moves only with what it maps.
+            // still growing, and its load went unnamed). Beside workers,
+            // its PSS falls as they are read and rises as they exit and
+            // hand their shares back, with no byte allocated (a trainer
+            // re-forking its workers each epoch read as still growing at
+            // the end, and its load went unnamed): its RSS moves only with
+            // what it maps.
             let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
             let until = (log.samples.iter())
                 .filter(|s| s.attempt == p.attempt)

@@ -524,6 +524,10 @@ const MAX_MEMORY_POINTS: usize = 64;
 
 /// Memory pairs needed before a growth per step is stated.
 const MIN_MEMORY_POINTS: usize = growth::SURE_POINTS + 1;
+/// Points from which no rate is said to be flat: twice the fewest with
+/// which a trend can be sure, so that one test on a short series does not
+/// call a leak flat.
+const FLAT_MEMORY_POINTS: usize = 2 * growth::SURE_POINTS;
 /// A step told longer ago than this (seconds), with no rate to carry it
 /// forward, is not the step of a reading taken now.
 const STALE_WORD: f64 = 0.5;
@@ -862,16 +866,20 @@ struct PhaseEntry {
 /// [`growth::figure`], the rule every growth figure follows, finds no
 /// rate: a flat loop's allocator noise read "1.9 KiB per training step, so
 /// the ceiling is reached near step 11549577", and the workers' start-up
-/// in its first 80 steps "ceiling ≈ step 2742".
+/// in its first 80 steps "ceiling ≈ step 2742". Flat only from
+/// [`FLAT_MEMORY_POINTS`] points on: with fewer, the figure tries the
+/// whole series alone, and a leak of 4 MiB a step, its first figure on
+/// eight points with a word read late among them, was logged as 0 B/step.
 fn slope(points: &VecDeque<(f64, f64)>) -> Option<f64> {
     if points.len() < MIN_MEMORY_POINTS {
         return None;
     }
+    let n = points.len();
     let points: Vec<(f64, f64)> = points.iter().copied().collect();
     match growth::figure(&points, 0.0) {
         Figure::Rate(per_step) => Some(per_step),
-        Figure::Flat => Some(0.0),
-        Figure::Unknown => None,
+        Figure::Flat if n >= FLAT_MEMORY_POINTS => Some(0.0),
+        Figure::Flat | Figure::Unknown => None,
     }
 }
 
@@ -1127,6 +1135,27 @@ mod tests {
         // 4096 MiB left at step 0 / 1.5 MiB per step: step 2730.
         let at = c.ceiling_step.unwrap_or(0);
         assert!((2729..=2731).contains(&at), "{at}");
+    }
+
+    #[test]
+    fn no_rate_on_few_readings_is_no_figure_not_flat() {
+        let mib = (1u64 << 20) as f64;
+        // 4 MiB a step, then level for the newest three: no rate.
+        let few: VecDeque<(f64, f64)> = (0..8u32)
+            .map(|i| (f64::from(i) * 15.0, f64::from(i.min(5)) * 60.0 * mib))
+            .collect();
+        assert_eq!(growth::figure(&Vec::from(few.clone()), 0.0), Figure::Flat);
+        assert_eq!(slope(&few), None);
+        // Level over sixteen: flat.
+        let level: VecDeque<(f64, f64)> = (0..16u32)
+            .map(|i| {
+                (
+                    f64::from(i) * 15.0,
+                    300.0 * mib + f64::from(i % 2) * 0.1 * mib,
+                )
+            })
+            .collect();
+        assert_eq!(slope(&level), Some(0.0));
     }
 
     /// Readings at a run's ends that are no step's cost: the first ones
