@@ -51,6 +51,9 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             // re-forking its workers each epoch read as still growing at
             // the end, and its load went unnamed): its RSS moves only with
             // what it maps.
+            // Neither past oomguard's first hand on the job: a trainer
+            // saving after a stop is level for seconds, and a leak stopped
+            // at its budget read as a load.
             let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
             let until = (log.samples.iter())
                 .filter(|s| s.attempt == p.attempt)

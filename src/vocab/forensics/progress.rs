@@ -868,17 +868,16 @@ struct PhaseEntry {
 /// the ceiling is reached near step 11549577", and the workers' start-up
 /// in its first 80 steps "ceiling ≈ step 2742". Flat only from
 /// [`FLAT_MEMORY_POINTS`] points on: with fewer, the figure tries the
-/// whole series alone, and a leak of 4 MiB a step, its first figure on
-/// eight points with a word read late among them, was logged as 0 B/step.
+/// whole series alone, and a leak of 4 MiB a step was logged as 0 B/step
+/// at its first figure (eight points at least), its step words lagging.
 fn slope(points: &VecDeque<(f64, f64)>) -> Option<f64> {
     if points.len() < MIN_MEMORY_POINTS {
         return None;
     }
-    let n = points.len();
     let points: Vec<(f64, f64)> = points.iter().copied().collect();
     match growth::figure(&points, 0.0) {
         Figure::Rate(per_step) => Some(per_step),
-        Figure::Flat if n >= FLAT_MEMORY_POINTS => Some(0.0),
+        Figure::Flat if points.len() >= FLAT_MEMORY_POINTS => Some(0.0),
         Figure::Flat | Figure::Unknown => None,
     }
 }
