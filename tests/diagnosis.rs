@@ -468,7 +468,8 @@ fn figures(c: &Case) {
         if let Some(v) = number(f, "growth_bytes_per_second") {
             // Like with like: the truth read at oomguard's own sample
             // times over the window the finding names, ending at its last
-            // reading of the trainer, and its slope taken as the finding's
+            // reading of the trainer (or at oomguard's first action, where
+            // the finding says so), and its slope taken as the finding's
             // is (the median of the pairwise slopes), which the start-up's
             // last readings do not tilt: on a busy machine the leak case's
             // torch import ran into the window, and a least-squares slope
@@ -476,12 +477,12 @@ fn figures(c: &Case) {
             // finding stated as 27.9. (The job ends without the
             // interpreter's teardown, seconds of plateau and a late step on
             // a loaded machine: job.py.)
-            let end = c.json["processes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["pid"].as_f64() == number(f, "pid"))
-                .and_then(|p| p["last_t"].as_f64())
+            let end = number(f, "growth_window_end_seconds")
+                .or_else(|| {
+                    (c.json["processes"].as_array().unwrap().iter())
+                        .find(|p| p["pid"].as_f64() == number(f, "pid"))
+                        .and_then(|p| p["last_t"].as_f64())
+                })
                 .unwrap_or(trainer[trainer.len() - 1].t);
             let window = number(f, "growth_window_seconds").unwrap();
             let pts: Vec<(f64, f64)> = (c.sample_times.iter().copied())

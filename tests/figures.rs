@@ -267,17 +267,17 @@ fn assert_figures(leg: &Leg, n: u64, what: &str) {
         );
     }
     // The report's rate for the trainer, against the test's own readings
-    // over the window it names (its newest seconds up to the peak).
+    // over the window it names (its newest seconds up to the peak, or up
+    // to oomguard's first action).
     let title = figure(&leg.report, "The trainer (", " and was still growing")
         .unwrap_or_else(|| panic!("report: no growing trainer\n{}\n{why}", leg.report));
     let rate = figure(title, "grew +", "/s over").and_then(size);
-    let window = title.split("over its last ").nth(1).and_then(seconds);
-    let (Some(rate), Some(window)) = (rate, window) else {
+    let (Some(rate), Some((window, end))) = (rate, named_window(title)) else {
         panic!("report: {title}\n{why}");
     };
-    let end = leg.sampled.last().map_or(0.0, |r| r.0);
+    let end = end.unwrap_or_else(|| leg.sampled.last().map_or(0.0, |r| r.0));
     let sampled: Vec<(f64, f64)> = (leg.sampled.iter())
-        .filter(|r| r.0 >= end - window)
+        .filter(|r| r.0 >= end - window && r.0 <= end)
         .copied()
         .collect();
     let slope = slope(&sampled);
@@ -297,6 +297,21 @@ fn assert_figures(leg: &Leg, n: u64, what: &str) {
         "ceiling step {near:?}, truth {:.0}\n{why}",
         leg.truth_ceiling_step
     );
+}
+
+/// The window a `trainer_growth` title names: its seconds, and its end
+/// where that is oomguard's first action, not the trainer's end ("over its
+/// last 9.0s"; "over the 9.1s before oomguard's checkpoint at 12.2s").
+fn named_window(title: &str) -> Option<(f64, Option<f64>)> {
+    if let Some(rest) = title.split("over its last ").nth(1) {
+        return Some((seconds(rest)?, None));
+    }
+    let (window, action) = title
+        .split(" over the ")
+        .nth(1)?
+        .split_once(" before oomguard's ")?;
+    let at = action.split(" at ").nth(1)?;
+    Some((seconds(window)?, Some(seconds(at)?)))
 }
 
 /// "48.2s" or "1m 05s" → seconds.
@@ -429,15 +444,16 @@ fn serial_a_leaking_trainer_reads_one_rate_on_the_dashboard_in_the_report_and_by
     let title = figure(&report, "The trainer (", " and was still growing")
         .unwrap_or_else(|| panic!("report: no growing trainer\n{why}"));
     let said = figure(title, "grew +", "/s over").and_then(size);
-    let window = title.split("over its last ").nth(1).and_then(seconds);
-    let (Some(said), Some(window)) = (said, window) else {
+    let (Some(said), Some((window, end))) = (said, named_window(title)) else {
         panic!("report: {title}\n{why}");
     };
-    // The report's window ends at the trainer's peak, as the test's does.
+    // The report's window ends at the trainer's peak, as the test's does,
+    // or where it says (oomguard's first action).
     let peak_at = (sampled.iter())
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map_or(0.0, |r| r.0);
-    let want = truth(peak_at - window, peak_at);
+    let end = end.unwrap_or(peak_at);
+    let want = truth(end - window, end);
     assert!(
         within(said, want, 0.15),
         "report: {:.1} MiB/s over {window} s, the test's readings {:.1} MiB/s\n{why}",

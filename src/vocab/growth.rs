@@ -206,7 +206,9 @@ impl Trend {
 /// one.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Figure {
-    /// Too few readings, or too short a span, to tell ("…").
+    /// Too few readings, or too short a span, to tell ("…"); or a rise
+    /// whose pace changed in its newest readings, too few to read the new
+    /// pace from.
     Unknown,
     /// No growth or fall that the readings are sure of, or growth that has
     /// stopped at the newest readings ("flat").
@@ -236,9 +238,10 @@ fn span(series: &[(f64, f64)]) -> f64 {
 /// The growth figure of a series of readings `(t, bytes)`, oldest first:
 /// unknown with [`SURE_POINTS`] readings or fewer, or under `min_span`
 /// seconds; else the rate of the longest of the whole series, its newest
-/// half and its newest quarter (at least twice [`SURE_POINTS`] readings) that has a
-/// [`sure_rate`]; else flat. The shorter stretches speak when the window
-/// holds two regimes: a load or a fork's jump and then a steady rise (the
+/// half and its newest quarter (at least twice [`SURE_POINTS`] readings)
+/// that has a [`sure_rate`]; else flat, or unknown where the shortest
+/// tried still rose, slower than its trend ([`Verdict::Slowed`]). The
+/// shorter stretches speak when the window holds two regimes: a load or a fork's jump and then a steady rise (the
 /// whole window's slope is the jump's), or a long flat stretch and then a
 /// leak that began seconds ago (too few rising pairs for the whole to be
 /// sure, and a slope that lags the leak's).
@@ -253,26 +256,44 @@ pub fn figure(series: &[(f64, f64)], min_span: f64) -> Figure {
     let shortest = (n / 4).max(2 * SURE_POINTS).min(n);
     let mut len = n;
     loop {
-        if let Some(rate) = sure_rate(&series[n - len..]) {
-            return Figure::Rate(rate);
-        }
-        if len == shortest {
-            return Figure::Flat;
+        match sure_rate(&series[n - len..]) {
+            Verdict::Sure(rate) => return Figure::Rate(rate),
+            // No stretch left that is short enough to read the slower pace
+            // from: a rise it cannot state is not flat (a leak stopped at
+            // its budget had halved its pace in its last 2 s, beside other
+            // work, and read flat over its 13 readings).
+            Verdict::Slowed if len == shortest => return Figure::Unknown,
+            _ if len == shortest => return Figure::Flat,
+            _ => {}
         }
         len = (len / 2).max(shortest);
     }
 }
 
-/// The slope of `series` when its [`Trend`] is sure, moved more than
-/// [`FLOOR_BYTES`], and its newer half's middle reading moved from its
-/// older half's by [`KEEP_UP`] to 1/[`KEEP_UP`] times what the slope
-/// predicts: a load at start-up followed by a plateau (or a worker's exit
+/// What [`sure_rate`] finds in a stretch of readings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Verdict {
+    /// A rate that holds over the whole stretch.
+    Sure(f64),
+    /// A rate that held, but the newest quarter moved, beyond its noise,
+    /// at less than [`KEEP_UP`] of it: growth that slowed, not stopped.
+    Slowed,
+    /// No rate.
+    None,
+}
+
+/// The slope of `series` ([`Verdict::Sure`]) when its [`Trend`] is sure,
+/// moved more than [`FLOOR_BYTES`], and its newer half's middle reading
+/// moved from its older half's by [`KEEP_UP`] to 1/[`KEEP_UP`] times what
+/// the slope predicts: a load at start-up followed by a plateau (or a worker's exit
 /// followed by a level) has none once the plateau holds the older half's
 /// middle, and a leak that sped up is read from its newer readings.
 /// Unlike [`continuing`], a slow rise (a worker's 4 MiB a minute) need
 /// not pass the floor within two ticks to count.
-fn sure_rate(series: &[(f64, f64)]) -> Option<f64> {
-    let trend = Trend::of(series)?;
+fn sure_rate(series: &[(f64, f64)]) -> Verdict {
+    let Some(trend) = Trend::of(series) else {
+        return Verdict::None;
+    };
     // The halves' middles: a stair (an allocator taking 16 MiB every 16
     // steps) or one reading far off moves neither, where the newest few
     // readings alone would read a stair's flat top as growth ended.
@@ -305,7 +326,15 @@ fn sure_rate(series: &[(f64, f64)]) -> Option<f64> {
     });
     let recent_span = recent[recent.len() - 1].0 - recent[0].0;
     let moving = hi - lo >= KEEP_UP * trend.slope.abs() * recent_span;
-    (trend.sure(FLOOR_BYTES) && on_line && newer_sure && moving).then_some(trend.slope)
+    if !(trend.sure(FLOOR_BYTES) && on_line && newer_sure) {
+        Verdict::None
+    } else if moving {
+        Verdict::Sure(trend.slope)
+    } else if hi - lo > FLOOR_BYTES.max(2.0 * trend.spread) {
+        Verdict::Slowed
+    } else {
+        Verdict::None
+    }
 }
 
 /// The fewest readings with which [`SURE_Z`] can be reached; a figure
@@ -587,6 +616,29 @@ mod tests {
             Figure::Rate(r) => assert!((2.0 * MIB..=3.0 * MIB).contains(&r), "{}", r / MIB),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_rise_that_slowed_with_no_shorter_stretch_to_read_is_unknown_not_flat() {
+        // 13 readings a second: 64 MiB/s, then 28 from the tenth (a leak
+        // beside other work); no stretch of 14 to read the newer pace from.
+        let slowed: Vec<(f64, f64)> = (0..13)
+            .map(|i| {
+                let t = f64::from(i);
+                (t, 64.0 * MIB * t.min(9.0) + 28.0 * MIB * (t - 9.0).max(0.0))
+            })
+            .collect();
+        assert_eq!(figure(&slowed, 5.0), Figure::Unknown);
+        // Stopped instead: flat.
+        let stopped: Vec<(f64, f64)> = (0..13)
+            .map(|i| (f64::from(i), 64.0 * MIB * f64::from(i.min(9))))
+            .collect();
+        assert_eq!(figure(&stopped, 5.0), Figure::Flat);
+        // And at an even pace, its rate.
+        let even: Vec<(f64, f64)> = (0..13)
+            .map(|i| (f64::from(i), 64.0 * MIB * f64::from(i)))
+            .collect();
+        assert_eq!(figure(&even, 5.0), Figure::Rate(64.0 * MIB));
     }
 
     #[test]

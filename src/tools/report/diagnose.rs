@@ -876,6 +876,48 @@ mod tests {
         );
     }
 
+    /// tests/figures.rs's 4 MiB-a-step leak in a clean-clone CI run
+    /// (tests/fixtures/logs/README.md): beside other tests its pace halved
+    /// from 10.2 s (from 64 to about 32 MiB/s), oomguard checkpointed it at
+    /// 12.2 s and stopped it at 13.9 s. Its readings a second apart to the
+    /// checkpoint are 13, too few for a stretch of the newer pace, and the
+    /// whole read flat: no finding.
+    #[test]
+    fn a_leak_that_slowed_before_oomguard_acted_is_named_with_its_window() {
+        let f = leak_up_to_a_checkpoint(
+            include_str!("../../../tests/fixtures/logs/leak-4mib-stopped-ci.ndjson"),
+            12.207,
+        );
+        // No reader ran beside it: the rate lies between the two paces.
+        let rate = cited(&f, "trainer_growth", "growth_bytes_per_second").unwrap();
+        assert!((32.0..=64.0).contains(&rate), "{rate} MiB/s");
+    }
+
+    /// The same leak run here, its `python3` started through a pyenv shim:
+    /// the first list holds a `pyenv-hooks` process of 0 MiB with the
+    /// trainer's role. The trainer is still the only one: its rate is taken
+    /// on every sample line, up to oomguard's checkpoint, and says so.
+    #[test]
+    fn a_trainer_listed_once_is_no_rank_beside_the_trainer() {
+        leak_up_to_a_checkpoint(
+            include_str!("../../../tests/fixtures/logs/leak-4mib-pyenv-shim.ndjson"),
+            9.082,
+        );
+    }
+
+    /// The findings of `text`, whose `trainer_growth` names a window that
+    /// ends at oomguard's checkpoint at `at` s.
+    fn leak_up_to_a_checkpoint(text: &str, at: f64) -> Vec<Finding> {
+        let f = diagnose(&load(text).unwrap());
+        let leak = f.iter().find(|f| f.kind == "trainer_growth");
+        let leak = leak.unwrap_or_else(|| panic!("{:?}", kinds(&f)));
+        let end = (leak.numbers.iter()).find(|c| c.name == "growth_window_end_seconds");
+        assert_eq!(end.map(|c| c.value), Some(at), "{}", leak.title);
+        let named = format!("before oomguard's checkpoint at {at:.1}s and");
+        assert!(leak.title.contains(&named), "{}", leak.title);
+        f
+    }
+
     /// tests/diagnosis.rs's leak case, recorded with both cores busy
     /// (tests/fixtures/logs/README.md): its last list 2.9 s before its end,
     /// and the start-up in the lists' last 10 s, so that they read as a

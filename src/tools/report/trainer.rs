@@ -31,12 +31,16 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
         // two still spans their tail, and growth after the last is not in
         // them. With one trainer in its attempt, the trainer's figures on
         // every sample line (they follow RSS between readings) answer the
-        // policy's question at the policy's cadence.
-        let sole = procs
-            .iter()
-            .filter(|q| q.attempt == p.attempt && q.role == Role::Trainer)
-            .count()
-            == 1;
+        // policy's question at the policy's cadence. Another trainer listed
+        // once is no rank beside it: a `python3` started through a pyenv
+        // shim lists a `pyenv-hooks` trainer of 0 MiB at start-up, and its
+        // leak was judged on its lists alone.
+        let sole = !procs.iter().any(|q| {
+            q.attempt == p.attempt && q.role == Role::Trainer && q.pid != p.pid && q.snapshots > 1
+        });
+        // oomguard's first hand on the job, where the trainer was read after
+        // it: the figures below stop there, and the finding says so.
+        let acted = acted_at(log, p.attempt).filter(|a| sole && a.0 < p.last_t);
         let (role, judged, rss) = if sole {
             // Its PSS to its last reading, for the rate it states (over
             // the window of its readings); for its shape, every sample to
@@ -54,7 +58,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
             // Neither past oomguard's first hand on the job: a trainer
             // saving after a stop is level for seconds, and a leak stopped
             // at its budget read as a load.
-            let acted = acted_at(log, p.attempt).unwrap_or(f64::INFINITY);
+            let acted = acted.map_or(f64::INFINITY, |a| a.0);
             let until = (log.samples.iter())
                 .filter(|s| s.attempt == p.attempt)
                 .filter(|s| s.role_pss.iter().any(|r| r.0 == Role::Trainer))
@@ -99,7 +103,7 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
                 } else {
                     shown_rate(&pts.iter().map(|r| (r.t, r.uss)).collect::<Vec<_>>(), rate)
                 };
-                out.extend(shown.map(|shown| trainer_leak(p, shown)));
+                out.extend(shown.map(|shown| trainer_leak(p, shown, acted)));
             }
             Growth::Ramp { bytes, seconds, .. } => match released(&seen) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
@@ -112,21 +116,25 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
 }
 
 /// When oomguard first paused, stopped, checkpointed, restarted or killed
-/// the job in `attempt`.
-fn acted_at(log: &RunLog, attempt: u32) -> Option<f64> {
+/// the job in `attempt`, and which.
+fn acted_at(log: &RunLog, attempt: u32) -> Option<(f64, ActionKind)> {
     (log.events.iter())
         .filter(|e| e.attempt == attempt)
-        .find(|e| {
-            matches!(&e.event, Logged::Action(a) if matches!(
-                a.action,
-                ActionKind::Checkpoint
-                    | ActionKind::Pause
-                    | ActionKind::Restart
-                    | ActionKind::Stop
-                    | ActionKind::Kill
-            ))
+        .find_map(|e| match &e.event {
+            Logged::Action(a)
+                if matches!(
+                    a.action,
+                    ActionKind::Checkpoint
+                        | ActionKind::Pause
+                        | ActionKind::Restart
+                        | ActionKind::Stop
+                        | ActionKind::Kill
+                ) =>
+            {
+                Some((e.t, a.action))
+            }
+            _ => None,
         })
-        .map(|e| e.t)
 }
 
 /// The trainer role's figure (`of`) on each sample line of `attempt` up to
@@ -287,16 +295,35 @@ fn shown_rate(series: &[(f64, f64)], trend: f64) -> Option<(f64, f64)> {
     Some((trend, last - first))
 }
 
-fn trainer_leak(p: &ProcSummary, (rate, seconds): (f64, f64)) -> Finding {
+/// The leak finding, its rate over the `seconds` up to the trainer's end,
+/// or up to oomguard's first action where it was read after that (`acted`):
+/// a window that ends before the trainer did is named as such, so that
+/// nobody reads the rate against its last seconds (a leak's pace halved
+/// in the 2 s between a checkpoint and the stop, beside other work).
+fn trainer_leak(
+    p: &ProcSummary,
+    (rate, seconds): (f64, f64),
+    acted: Option<(f64, ActionKind)>,
+) -> Finding {
+    let (window, then) = match acted {
+        Some((t, action)) => (
+            format!(
+                "the {} before oomguard's {action} at {}",
+                time_text(seconds),
+                time_text(t)
+            ),
+            "then",
+        ),
+        None => (format!("its last {}", time_text(seconds)), "at the end"),
+    };
     Finding {
         kind: "trainer_growth",
         severity: Severity::Warning,
         title: format!(
-            "The trainer ({} {}) grew +{} over its last {} and was still growing at the end",
+            "The trainer ({} {}) grew +{} over {window} and was still growing {then}",
             p.pid,
             p.comm,
             rate_text(rate),
-            time_text(seconds)
         ),
         advice: format!(
             "The training process's private memory went from {} to {} and did not level off: something accumulates across steps. Usually losses or outputs kept with their autograd graph (use loss.item() / detach()), a growing list of metrics, or a cache in the model code.",
@@ -306,9 +333,14 @@ fn trainer_leak(p: &ProcSummary, (rate, seconds): (f64, f64)) -> Finding {
         numbers: vec![
             Cited::count("pid", "trainer pid", u64::from(p.pid)),
             Cited::rate("growth_bytes_per_second", "growth", rate),
-            Cited::seconds("growth_window_seconds", "over the last", seconds),
+            Cited::seconds("growth_window_seconds", "over", seconds),
             Cited::bytes("peak_private_bytes", "private peak", p.peak_uss_bytes),
-        ],
+        ]
+        .into_iter()
+        .chain(
+            acted.map(|(t, _)| Cited::seconds("growth_window_end_seconds", "window ending at", t)),
+        )
+        .collect(),
     }
 }
 
