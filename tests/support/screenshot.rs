@@ -10,21 +10,17 @@ use std::time::{Duration, Instant};
 /// The page's DOM after Chromium ran it, and whether its console logged an
 /// error.
 pub fn dump_dom(chrome: &Path, html: &Path) -> (String, bool) {
-    // Chromium keeps a core busy for seconds.
-    let _lock = crate::common::machine::beside();
-    let out = Command::new(chrome)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--enable-logging=stderr",
-            "--v=0",
-            "--dump-dom",
-        ])
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
+    let out = headless(
+        chrome,
+        html,
+        &["--enable-logging=stderr", "--v=0", "--dump-dom"],
+    );
     let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "chromium failed ({}): {log}",
+        out.status
+    );
     let errors = log
         .lines()
         .any(|l| l.contains("CONSOLE") && l.contains("ERROR"));
@@ -45,12 +41,35 @@ pub fn chromium() -> Option<PathBuf> {
     None
 }
 
-/// Renders `html` at `width`×`height` CSS pixels into `png`. Chromium runs
-/// offline: no network, no first-run work, a throwaway profile.
+/// Renders `html` at `width`×`height` CSS pixels into `png`.
 pub fn screenshot(chrome: &Path, html: &Path, png: &Path, width: u32, height: u32) {
+    let _ = std::fs::remove_file(png);
+    let out = headless(
+        chrome,
+        html,
+        &[
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            &format!("--window-size={width},{height}"),
+            &format!("--screenshot={}", png.display()),
+        ],
+    );
+    assert!(
+        out.status.success() && png.exists(),
+        "chromium failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Headless Chromium on `html` with `args`, its output, within 90 s (the
+/// DOM dump had no deadline, and a failure showed only as a DOM without
+/// the finding). It runs offline (no network, no first-run work) with a
+/// throwaway profile, so that nothing from an earlier run is read.
+fn headless(chrome: &Path, html: &Path, args: &[&str]) -> std::process::Output {
+    // Chromium keeps a core busy for seconds.
     let _lock = crate::common::machine::beside();
     let profile = tempfile::tempdir().unwrap();
-    let _ = std::fs::remove_file(png);
     let mut child = Command::new(chrome)
         .args([
             "--headless",
@@ -62,36 +81,43 @@ pub fn screenshot(chrome: &Path, html: &Path, png: &Path, width: u32, height: u3
             "--disable-component-update",
             "--disable-sync",
             "--disable-extensions",
-            "--hide-scrollbars",
-            "--force-device-scale-factor=1",
         ])
+        .args(args)
         .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--window-size={width},{height}"))
-        .arg(format!("--screenshot={}", png.display()))
         .arg(format!("file://{}", html.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Drained as it runs: a page's DOM can outgrow the pipe.
+    let stdout = drain(child.stdout.take().unwrap());
+    let stderr = drain(child.stderr.take().unwrap());
     let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
+    let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                status.success() && png.exists(),
-                "chromium failed ({status}): {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            return;
+            break status;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("chromium did not finish its screenshot in 90 s");
+            panic!("chromium did not finish in 90 s");
         }
         std::thread::sleep(Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
+}
+
+fn drain(mut from: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let _ = from.read_to_end(&mut all);
+        all
+    })
 }
 
 /// A decoded RGB(A) image.
