@@ -98,12 +98,14 @@ pub(super) fn trainer_growth(log: &RunLog, procs: &[ProcSummary], out: &mut Vec<
         );
         match growth {
             Growth::Continuing { rate, .. } if p.leaks() && allocating(pts) => {
-                let shown = if role.len() >= growth::TAIL {
-                    shown_rate(&role, rate)
+                // Only the sample lines' series stops at oomguard's action.
+                let (shown, cut) = if role.len() >= growth::TAIL {
+                    (shown_rate(&role, rate), acted)
                 } else {
-                    shown_rate(&pts.iter().map(|r| (r.t, r.uss)).collect::<Vec<_>>(), rate)
+                    let lists: Vec<(f64, f64)> = pts.iter().map(|r| (r.t, r.uss)).collect();
+                    (shown_rate(&lists, rate), None)
                 };
-                out.extend(shown.map(|shown| trainer_leak(p, shown, acted)));
+                out.extend(shown.map(|shown| trainer_leak(p, shown, cut)));
             }
             Growth::Ramp { bytes, seconds, .. } => match released(&seen) {
                 Some((held, freed)) => out.push(trainer_accumulation(p, held, freed)),
