@@ -1096,6 +1096,42 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_window_is_said_to_end_at_oomguards_action_only_where_it_does() {
+        // +20 MiB/s from 100 MiB to the end; oomguard checkpoints it at
+        // 10.5 s and it goes on (lists at 1, 4, …, 25).
+        let mib: Vec<u64> = (1..=26u64).map(|t| 100 + 20 * t).collect();
+        let checkpoint = |t| {
+            (t == 10).then(|| {
+                format!(
+                    r#"{{{ENV},"event":"action","t":10.5,"attempt":1,"action":"checkpoint","pids":[100],"reason":"checkpoint-headroom","result":"ok"}}"#
+                )
+            })
+        };
+        let log = sampled_trainer(&mib, |t| t % 3 == 1, checkpoint);
+        let leak = |log: &str| {
+            let f = diagnose(&load(log).unwrap());
+            let leak = f.iter().find(|f| f.kind == "trainer_growth").cloned();
+            leak.unwrap_or_else(|| panic!("{:?}", kinds(&f)))
+        };
+        let cut = leak(&log);
+        let named = "before oomguard's checkpoint at 10.5s";
+        assert!(cut.title.contains(named), "{}", cut.title);
+        // Sample lines without role figures (an older oomguard's log): the
+        // rate comes from the lists, to the last, and its window is its
+        // last seconds.
+        let bare: Vec<String> = (log.lines())
+            .map(|l| match l.split_once(r#","roles":["#) {
+                Some((head, tail)) => format!("{head}{}", &tail[tail.find(']').unwrap() + 1..]),
+                None => l.to_string(),
+            })
+            .collect();
+        let lists = leak(&bare.join("\n"));
+        assert!(lists.title.contains("over its last"), "{}", lists.title);
+        let end = (lists.numbers.iter()).find(|c| c.name == "growth_window_end_seconds");
+        assert!(end.is_none(), "{}", lists.title);
+    }
+
+    #[test]
     fn pages_shared_with_workers_that_exit_are_not_a_trainer_leak() {
         // A 600 MiB data set read at start-up; workers fork at 7 s (the
         // trainer's USS falls to 270 MiB, its RSS stays), copy until 14 s,
