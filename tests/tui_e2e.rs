@@ -117,9 +117,12 @@ fn dashboard_in_tmux_pauses_resumes_and_quits_cleanly() {
     let stty = dir.path().join("stty.txt");
     let s = Session::start(format!("oomguard-test-{}", std::process::id()), 160, 48);
     let cmd = format!(
-        "{} demo --tui; echo EXIT=$?; stty -a > {}",
+        // Written aside and renamed: the redirection creates the file
+        // before `stty` writes it, and the test read it empty (once in CI,
+        // once here beside the other dashboard tests).
+        "{} demo --tui; echo EXIT=$?; stty -a > {stty}.part && mv {stty}.part {stty}",
         env!("CARGO_BIN_EXE_oomguard"),
-        stty.display()
+        stty = stty.display()
     );
     s.tmux(&["send-keys", "-t", &s.0, &cmd, "Enter"]);
     assert!(
