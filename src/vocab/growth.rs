@@ -241,8 +241,9 @@ fn span(series: &[(f64, f64)]) -> f64 {
 /// half and its newest quarter (at least twice [`SURE_POINTS`] readings)
 /// that has a [`sure_rate`]; else flat, or unknown where the shortest
 /// tried still rose, slower than its trend ([`Verdict::Slowed`]). The
-/// shorter stretches speak when the window holds two regimes: a load or a fork's jump and then a steady rise (the
-/// whole window's slope is the jump's), or a long flat stretch and then a
+/// shorter stretches speak when the window holds two regimes: a load or a
+/// fork's jump and then a steady rise (the whole window's slope is the
+/// jump's), or a long flat stretch and then a
 /// leak that began seconds ago (too few rising pairs for the whole to be
 /// sure, and a slope that lags the leak's).
 pub fn figure(series: &[(f64, f64)], min_span: f64) -> Figure {
@@ -285,8 +286,8 @@ enum Verdict {
 /// The slope of `series` ([`Verdict::Sure`]) when its [`Trend`] is sure,
 /// moved more than [`FLOOR_BYTES`], and its newer half's middle reading
 /// moved from its older half's by [`KEEP_UP`] to 1/[`KEEP_UP`] times what
-/// the slope predicts: a load at start-up followed by a plateau (or a worker's exit
-/// followed by a level) has none once the plateau holds the older half's
+/// the slope predicts: a load at start-up followed by a plateau (or a
+/// worker's exit followed by a level) has none once the plateau holds the older half's
 /// middle, and a leak that sped up is read from its newer readings.
 /// Unlike [`continuing`], a slow rise (a worker's 4 MiB a minute) need
 /// not pass the floor within two ticks to count.
