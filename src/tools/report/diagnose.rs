@@ -908,14 +908,19 @@ mod tests {
     /// The findings of `text`, whose `trainer_growth` names a window that
     /// ends at oomguard's checkpoint at `at` s.
     fn leak_up_to_a_checkpoint(text: &str, at: f64) -> Vec<Finding> {
-        let f = diagnose(&load(text).unwrap());
-        let leak = f.iter().find(|f| f.kind == "trainer_growth");
-        let leak = leak.unwrap_or_else(|| panic!("{:?}", kinds(&f)));
+        let (leak, f) = growing_trainer(text);
         let end = (leak.numbers.iter()).find(|c| c.name == "growth_window_end_seconds");
         assert_eq!(end.map(|c| c.value), Some(at), "{}", leak.title);
         let named = format!("before oomguard's checkpoint at {at:.1}s and");
         assert!(leak.title.contains(&named), "{}", leak.title);
         f
+    }
+
+    /// The `trainer_growth` finding of `text`, and all its findings.
+    fn growing_trainer(text: &str) -> (Finding, Vec<Finding>) {
+        let f = diagnose(&load(text).unwrap());
+        let leak = f.iter().find(|f| f.kind == "trainer_growth").cloned();
+        (leak.unwrap_or_else(|| panic!("{:?}", kinds(&f))), f)
     }
 
     /// tests/diagnosis.rs's leak case, recorded with both cores busy
@@ -1108,12 +1113,7 @@ mod tests {
             })
         };
         let log = sampled_trainer(&mib, |t| t % 3 == 1, checkpoint);
-        let leak = |log: &str| {
-            let f = diagnose(&load(log).unwrap());
-            let leak = f.iter().find(|f| f.kind == "trainer_growth").cloned();
-            leak.unwrap_or_else(|| panic!("{:?}", kinds(&f)))
-        };
-        let cut = leak(&log);
+        let (cut, _) = growing_trainer(&log);
         let named = "before oomguard's checkpoint at 10.5s";
         assert!(cut.title.contains(named), "{}", cut.title);
         // Sample lines without role figures (an older oomguard's log): the
@@ -1125,7 +1125,7 @@ mod tests {
                 None => l.to_string(),
             })
             .collect();
-        let lists = leak(&bare.join("\n"));
+        let (lists, _) = growing_trainer(&bare.join("\n"));
         assert!(lists.title.contains("over its last"), "{}", lists.title);
         let end = (lists.numbers.iter()).find(|c| c.name == "growth_window_end_seconds");
         assert!(end.is_none(), "{}", lists.title);
